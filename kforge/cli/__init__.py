@@ -1,0 +1,1 @@
+"""The kforge command line."""

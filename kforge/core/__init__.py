@@ -1,0 +1,1 @@
+"""Pure core: data and decisions, no I/O."""

@@ -1,0 +1,162 @@
+"""Candidates (a kernel proposal) and evaluation outcomes: the data that crosses the
+proposer -> engine -> evaluator boundary and is stored per search node.
+
+A candidate is CUDA C++ device code compiled with NVRTC plus a small Python launcher; see
+``docs/candidate-format.md`` for the contract both sides follow.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """CUDA source + launcher for one op card.
+
+    ``meta`` carries what produced it (``family``, ``approach``, ``params`` for the built-in
+    library; ``model`` and ``notes`` for an LLM) so a later refine or repair can build on it.
+    """
+
+    source: str
+    launcher: str
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256((self.source + "\0" + self.launcher).encode()).hexdigest()[:16]
+
+    @property
+    def approach(self) -> str:
+        return str(self.meta.get("approach", ""))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Candidate:
+        return cls(source=data["source"], launcher=data["launcher"], meta=dict(data.get("meta") or {}))
+
+
+class EvalStatus(StrEnum):
+    """What happened to a candidate. Only OK counts as a success."""
+
+    OK = "ok"
+    COMPILE_ERROR = "compile_error"  # NVRTC rejected the source
+    LAUNCH_ERROR = "launch_error"  # the launcher raised, or a launch was refused
+    CRASH = "crash"  # the worker died (illegal address, trap): the CUDA context is gone
+    TIMEOUT = "timeout"  # the kernel hung; the worker was killed
+    MISMATCH = "mismatch"  # ran, but the output differs from eager
+    CHEAT = "cheat"  # caught doing something other than computing the op
+    INFRA = "infra"  # the evaluator itself failed; not the candidate's fault
+
+    @property
+    def repairable(self) -> bool:
+        """Failures a repair prompt can act on (it gets the compiler or mismatch log)."""
+        return self in (EvalStatus.COMPILE_ERROR, EvalStatus.LAUNCH_ERROR, EvalStatus.CRASH,
+                        EvalStatus.TIMEOUT, EvalStatus.MISMATCH)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Per-call statistics of one timed subject, in microseconds."""
+
+    median_us: float
+    p10_us: float
+    p90_us: float
+    reps: int
+
+    @property
+    def spread(self) -> float:
+        """Relative width of the p10..p90 band around the median."""
+        return (self.p90_us - self.p10_us) / self.median_us if self.median_us > 0 else math.inf
+
+
+@dataclass(frozen=True)
+class EvalOutcome:
+    """The full verdict on one candidate: compile, correctness and timing.
+
+    ``speedup`` is eager median over candidate median, measured interleaved in the same run.
+    """
+
+    status: EvalStatus
+    summary: str = ""
+    compile_log: str = ""
+    correctness: dict = field(default_factory=dict)
+    timing: Timing | None = None
+    eager: Timing | None = None
+    speedup: float | None = None
+    bandwidth_gbs: float | None = None
+    floor_fraction: float | None = None
+    wall_s: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status is EvalStatus.OK
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["status"] = self.status.value
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> EvalOutcome:
+        def timing(value: Any) -> Timing | None:
+            return Timing(**value) if value else None
+
+        return cls(
+            status=EvalStatus(data["status"]),
+            summary=data.get("summary", ""),
+            compile_log=data.get("compile_log", ""),
+            correctness=data.get("correctness") or {},
+            timing=timing(data.get("timing")),
+            eager=timing(data.get("eager")),
+            speedup=data.get("speedup"),
+            bandwidth_gbs=data.get("bandwidth_gbs"),
+            floor_fraction=data.get("floor_fraction"),
+            wall_s=data.get("wall_s", 0.0),
+            extra=data.get("extra") or {},
+        )
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """Eager and torch.compile times for a card, and its physical floor, measured once per card."""
+
+    eager: Timing
+    compiled: Timing | None = None
+    compile_s: float | None = None
+    floor_us: float | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class LlmCall:
+    """One request to a language model, as recorded for cost accounting (never holds secrets)."""
+
+    model: str
+    input_tokens: int
+    output_tokens: int
+    usd: float
+    seconds: float
+    prompt: str = ""
+    reply: str = ""
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """What a proposer returns: zero or more candidates, the calls it made, and why if none."""
+
+    candidates: list[Candidate] = field(default_factory=list)
+    calls: list[LlmCall] = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def usd(self) -> float:
+        return sum(c.usd for c in self.calls)

@@ -1,0 +1,163 @@
+"""Op cards: one operator variant a model runs (op + shapes + dtypes + strides + scalar args).
+
+Plain data and pure functions only. An argument is described by a JSON-able *arg spec*:
+
+- a tensor:  ``{"t": "tensor", "shape": [..], "stride": [..], "dtype": "bfloat16", "offset": 0}``
+- a list/tuple of specs: ``{"t": "list", "items": [...]}``
+- a dtype / device / layout / memory format: ``{"t": "dtype", "v": "float32"}`` (and so on)
+- any other scalar (int, float, bool, None, str) as itself.
+
+Two calls belong to the same card exactly when their op and arg specs are equal, so the card key
+is a hash of the canonical JSON of both. The same key guards integration at dispatch time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+# Where eager time goes for an op. Native kernels are PyTorch's own and the best targets;
+# vendor-library ops (cuBLAS, cuDNN, flash attention) rarely lose to a generated kernel.
+NATIVE = "native"
+VENDOR_LIBRARIES = ("cublas", "cudnn", "flash", "cutlass", "nccl")
+# Ops that move no data or only copy it: listed in a profile, never offered as targets.
+VIEW_OR_COPY = "view"
+
+DTYPE_BYTES = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4,
+    "int16": 2, "int8": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
+    "complex64": 8, "complex128": 16,
+}
+
+
+def canonical_json(value: Any) -> str:
+    """A stable text form of an arg spec: sorted keys, no spaces, floats written exactly."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=True)
+
+
+def variant_key(op: str, args: list, kwargs: dict) -> str:
+    """The identity of one op variant; equal keys mean 'the same call up to tensor values'."""
+    digest = hashlib.sha256(canonical_json([op, args, kwargs]).encode()).hexdigest()
+    return digest[:20]
+
+
+def tensor_specs(spec: Any) -> list[dict]:
+    """Every tensor spec inside an arg spec, in argument order."""
+    if isinstance(spec, dict):
+        if spec.get("t") == "tensor":
+            return [spec]
+        if spec.get("t") == "list":
+            return [t for item in spec["items"] for t in tensor_specs(item)]
+        return []
+    if isinstance(spec, (list, tuple)):
+        return [t for item in spec for t in tensor_specs(item)]
+    return []
+
+
+def tensor_bytes(spec: dict) -> int:
+    """Bytes a tensor spec occupies when each element is read once."""
+    numel = math.prod(spec["shape"]) if spec["shape"] else 1
+    return numel * DTYPE_BYTES.get(spec["dtype"], 4)
+
+
+def describe_tensor(spec: dict) -> str:
+    """Short human form, e.g. ``bf16[8,4096]`` or ``f32[64,64]T`` for a non-contiguous tensor."""
+    short = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "float64": "f64",
+             "int64": "i64", "int32": "i32", "bool": "b8", "uint8": "u8", "int8": "i8"}
+    dims = ",".join(str(d) for d in spec["shape"])
+    mark = "" if is_contiguous(spec["shape"], spec["stride"]) else "*"
+    return f"{short.get(spec['dtype'], spec['dtype'])}[{dims}]{mark}"
+
+
+def is_contiguous(shape: list[int], stride: list[int]) -> bool:
+    """Row-major contiguity, ignoring strides of size-1 dimensions as PyTorch does."""
+    expected = 1
+    for size, step in zip(reversed(shape), reversed(stride)):
+        if size != 1 and step != expected:
+            return False
+        expected *= size
+    return True
+
+
+def describe_args(args: list, kwargs: dict) -> str:
+    """One-line human form of a call's arguments for tables and prompts."""
+
+    def one(spec: Any) -> str:
+        if isinstance(spec, dict):
+            kind = spec.get("t")
+            if kind == "tensor":
+                return describe_tensor(spec)
+            if kind == "list":
+                return "[" + ", ".join(one(i) for i in spec["items"]) + "]"
+            if "v" in spec:
+                return str(spec["v"])
+        return repr(spec)
+
+    parts = [one(a) for a in args] + [f"{k}={one(v)}" for k, v in sorted(kwargs.items())]
+    return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class OpCard:
+    """One operator variant of a profiled model, with where its time goes.
+
+    Times are per call in microseconds; ``total_us`` is the card's GPU time over one model run and
+    ``share`` its fraction of the model's total operator time. ``floor_us`` is the physical floor
+    (bytes moved at the measured copy bandwidth, or FLOPs at peak rate), when known.
+    """
+
+    op: str
+    args: list
+    kwargs: dict = field(default_factory=dict)
+    calls: int = 1
+    total_us: float = 0.0
+    share: float = 0.0
+    library: str = NATIVE
+    target: bool = True
+    eager_us: float | None = None
+    compiled_us: float | None = None
+    floor_us: float | None = None
+    id: int | None = None
+    key: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.key:
+            object.__setattr__(self, "key", variant_key(self.op, self.args, self.kwargs))
+
+    @property
+    def short_op(self) -> str:
+        """``aten._softmax.default`` -> ``_softmax``."""
+        parts = self.op.split(".")
+        return parts[1] if len(parts) >= 2 and parts[0] == "aten" else self.op
+
+    @property
+    def signature(self) -> str:
+        return describe_args(self.args, self.kwargs)
+
+    @property
+    def io_bytes(self) -> int:
+        """Bytes of tensor inputs (each read once); outputs are counted by the evaluator."""
+        return sum(tensor_bytes(t) for t in tensor_specs([self.args, list(self.kwargs.values())]))
+
+    @property
+    def vendor(self) -> bool:
+        return self.library in VENDOR_LIBRARIES
+
+    def with_(self, **changes: Any) -> OpCard:
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> OpCard:
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def rank_cards(cards: list[OpCard]) -> list[OpCard]:
+    """Targets first, then by time share, largest first; ties by op name for a stable order."""
+    return sorted(cards, key=lambda c: (not c.target, -c.share, c.op, c.key))

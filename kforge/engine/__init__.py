@@ -1,0 +1,1 @@
+"""The asyncio engine that runs a search through a proposer and an evaluator."""

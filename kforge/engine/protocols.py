@@ -1,0 +1,94 @@
+"""The two seams of a search: a Proposer writes candidates, an Evaluator judges them.
+
+The engine knows nothing else about either. Real ones (the GPU evaluator, the kernel library, the LLM
+agent) and test doubles plug in the same way, by a factory named in the CLI or config: a built-in
+name (see ``kforge.engine.plugins``) or ``module:function``. A factory takes a ``SearchContext``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from kforge.core.candidate import Baseline, Candidate, EvalOutcome, Proposal
+from kforge.core.gpu import GpuInfo
+from kforge.core.mcts import Action
+from kforge.core.opcard import OpCard
+
+
+@dataclass(frozen=True)
+class SearchContext:
+    """What a factory may need to build a proposer or evaluator for one session."""
+
+    session_id: int
+    samples_dir: Path  # where capture saved this session's sample inputs, per card key
+    settings: dict = field(default_factory=dict)  # the session's settings (budgets, dtype, ...)
+    config: dict = field(default_factory=dict)  # the user's config file (LLM endpoint, prices)
+    gpu: GpuInfo | None = None
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """A search node as a proposer sees it."""
+
+    id: int
+    action: Action
+    candidate: Candidate | None
+    outcome: EvalOutcome | None
+
+    @property
+    def speedup(self) -> float | None:
+        return self.outcome.speedup if self.outcome and self.outcome.ok else None
+
+
+@dataclass(frozen=True)
+class ProposalRequest:
+    """Everything a proposer gets to write the next candidate for ``card``.
+
+    ``parent`` is the node being refined or repaired (None for a new approach); ``lineage`` runs
+    from the oldest ancestor kept down to the parent; ``tried`` holds the meta of every candidate
+    already in this card's tree, so a proposer does not repeat itself; ``failed`` summarises
+    approaches that failed for this card.
+    """
+
+    card: OpCard
+    action: Action
+    gpu: GpuInfo
+    parent: NodeView | None = None
+    lineage: list[NodeView] = field(default_factory=list)
+    tried: list[dict] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    best: NodeView | None = None
+    seed: int = 0
+
+
+@runtime_checkable
+class Proposer(Protocol):
+    name: str
+
+    async def propose(self, request: ProposalRequest) -> Proposal:
+        """Return candidates for the request. A proposer that cannot help returns a Proposal
+        with no candidates and an ``error``; it raises only for a failure of its own setup."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class Evaluator(Protocol):
+    gpu: GpuInfo
+    capacity: int  # evaluations that may run at once (one per GPU)
+
+    async def start(self) -> None: ...
+
+    async def baseline(self, card: OpCard) -> Baseline:
+        """Time eager PyTorch (and torch.compile) for the card and give its physical floor."""
+        ...
+
+    async def evaluate(self, card: OpCard, candidate: Candidate) -> EvalOutcome:
+        """Compile, verify and time a candidate. Never raises for a bad candidate: its failure is
+        the outcome. Raises only when the evaluator itself cannot go on."""
+        ...
+
+    async def close(self) -> None: ...

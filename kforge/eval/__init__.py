@@ -1,0 +1,1 @@
+"""Evaluation: compile, verify and time candidates (GPU work runs in worker processes)."""

@@ -1,0 +1,226 @@
+"""Compile candidate CUDA source to a cubin with NVRTC (through ``cuda.core``), with a cache.
+
+Works without a GPU: compiling to cubin for a named architecture needs only the NVRTC library and
+the CUDA headers (``nvidia-cuda-nvrtc`` and ``nvidia-cuda-runtime`` wheels, or a CUDA toolkit).
+The compile log keeps NVRTC's errors and warnings and ptxas' register, stack and spill report.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import re
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kforge.errors import KforgeError
+
+# NVRTC has no C standard library headers: what kernels commonly reach for, defined here.
+PRELUDE = r"""
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+#ifndef NAN
+#define NAN __int_as_float(0x7fffffff)
+#endif
+#ifndef FLT_MAX
+#define FLT_MAX 3.402823466e+38f
+#endif
+#ifndef FLT_MIN
+#define FLT_MIN 1.175494351e-38f
+#endif
+typedef signed char int8_t;
+typedef unsigned char uint8_t;
+typedef short int16_t;
+typedef unsigned short uint16_t;
+typedef int int32_t;
+typedef unsigned int uint32_t;
+typedef long long int64_t;
+typedef unsigned long long uint64_t;
+#line 1 "candidate.cu"
+"""
+
+# Options a candidate may ask for in meta["nvrtc_options"]; anything else is refused.
+_ALLOWED_OPTION = re.compile(
+    r"^(--use_fast_math|--extra-device-vectorization|-lineinfo|-maxrregcount=\d{1,3})$")
+
+_PTXAS_FUNC = re.compile(r"Function properties for (\w+)")
+_PTXAS_SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_PTXAS_REGS = re.compile(r"Used (\d+) registers")
+
+
+@dataclass(frozen=True)
+class KernelResources:
+    registers: int = 0
+    stack_bytes: int = 0
+    spill_stores: int = 0
+    spill_loads: int = 0
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    ok: bool
+    arch: str
+    log: str
+    cubin: bytes = b""
+    seconds: float = 0.0
+    resources: dict[str, KernelResources] = field(default_factory=dict)
+    cached: bool = False
+
+    @property
+    def spills(self) -> bool:
+        return any(r.spill_stores or r.spill_loads for r in self.resources.values())
+
+
+def parse_ptxas_report(log: str) -> dict[str, KernelResources]:
+    """Per-kernel registers, stack and spills from ptxas' verbose report."""
+    out: dict[str, KernelResources] = {}
+    current: str | None = None
+    spill: tuple[int, int, int] = (0, 0, 0)
+    for line in log.splitlines():
+        if m := _PTXAS_FUNC.search(line):
+            current, spill = m.group(1), (0, 0, 0)
+        elif (m := _PTXAS_SPILL.search(line)) and current:
+            spill = (int(m.group(1)), int(m.group(2)), int(m.group(3)))
+        elif (m := _PTXAS_REGS.search(line)) and current:
+            out[current] = KernelResources(int(m.group(1)), *spill)
+            current = None
+    return out
+
+
+def check_options(options: list[str]) -> list[str]:
+    bad = [o for o in options if not _ALLOWED_OPTION.match(o)]
+    if bad:
+        raise ValueError(f"NVRTC options not allowed: {', '.join(bad)}")
+    return list(options)
+
+
+def _include_dirs() -> list[str]:
+    from cuda import pathfinder
+
+    try:
+        found = pathfinder.find_nvidia_header_directory("cudart")
+    except Exception:  # pathfinder raises its own error types per lookup failure
+        found = None
+    if not found:
+        raise KforgeError("CUDA headers (cuda_fp16.h) not found: install the 'nvidia-cuda-runtime' "
+                          "wheel (pip install 'kforge[cuda]') or set CUDA_HOME to a CUDA toolkit")
+    return [found]
+
+
+class Compiler:
+    """NVRTC with an in-memory LRU cache and an optional on-disk cache of cubins.
+
+    The cache key covers the source, architecture, options and the NVRTC version, so a cache
+    directory may be shared between sessions and GPUs.
+    """
+
+    def __init__(self, cache_dir: Path | None = None, memory_entries: int = 256) -> None:
+        self.cache_dir = cache_dir
+        self._memory: OrderedDict[str, CompileResult] = OrderedDict()
+        self._memory_entries = memory_entries
+        self._lock = threading.Lock()
+        self._includes: list[str] | None = None
+        self._version: str | None = None
+
+    def version(self) -> str:
+        if self._version is None:
+            from cuda.core import system
+
+            try:
+                self._version = ".".join(str(v) for v in system.get_nvrtc_version())  # type: ignore[attr-defined]
+            except Exception:  # older cuda.core: fall back to the bindings
+                from cuda.bindings import nvrtc
+
+                _, major, minor = nvrtc.nvrtcVersion()
+                self._version = f"{major}.{minor}"
+        return self._version
+
+    def key(self, source: str, arch: str, options: list[str]) -> str:
+        text = "\0".join([self.version(), arch, *options, source])
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+    def compile(self, source: str, arch: str, options: list[str] | None = None) -> CompileResult:
+        """Compile ``source`` (the prelude is added) for ``arch`` such as ``sm_90``."""
+        import time
+
+        options = check_options(options or [])
+        key = self.key(source, arch, options)
+        with self._lock:
+            hit = self._memory.get(key)
+            if hit is not None:
+                self._memory.move_to_end(key)
+                return CompileResult(**{**hit.__dict__, "cached": True})
+        disk = self._load(key, arch)
+        if disk is not None:
+            self._remember(key, disk)
+            return disk
+        start = time.perf_counter()
+        result = self._nvrtc(source, arch, options)
+        result = CompileResult(**{**result.__dict__, "seconds": time.perf_counter() - start})
+        self._remember(key, result)
+        self._save(key, result)
+        return result
+
+    def _nvrtc(self, source: str, arch: str, options: list[str]) -> CompileResult:
+        from cuda.core import Program, ProgramOptions
+
+        if self._includes is None:
+            self._includes = _include_dirs()
+        opts = ProgramOptions(
+            arch=arch, std="c++17", include_path=self._includes, ptxas_options=["-v"],
+            use_fast_math="--use_fast_math" in options,
+            extra_device_vectorization="--extra-device-vectorization" in options,
+            lineinfo="-lineinfo" in options,
+            max_register_count=next((int(o.split("=")[1]) for o in options
+                                     if o.startswith("-maxrregcount=")), None),
+        )
+        log = io.StringIO()
+        try:
+            code = Program(PRELUDE + source, code_type="c++", options=opts).compile("cubin", logs=log)
+        except Exception as exc:  # NVRTCError carries the compile log in its message
+            text = str(exc)
+            marker = "compilation log:"
+            text = text.split(marker, 1)[1].strip() if marker in text else text
+            return CompileResult(ok=False, arch=arch, log=_tidy(text))
+        text = _tidy(log.getvalue())
+        return CompileResult(ok=True, arch=arch, log=text, cubin=bytes(code.code),
+                             resources=parse_ptxas_report(text))
+
+    def _remember(self, key: str, result: CompileResult) -> None:
+        with self._lock:
+            self._memory[key] = result
+            self._memory.move_to_end(key)
+            while len(self._memory) > self._memory_entries:
+                self._memory.popitem(last=False)
+
+    def _load(self, key: str, arch: str) -> CompileResult | None:
+        if self.cache_dir is None:
+            return None
+        cubin, log = self.cache_dir / f"{key}.cubin", self.cache_dir / f"{key}.log"
+        if not log.exists():
+            return None
+        text = log.read_text()
+        data = cubin.read_bytes() if cubin.exists() else b""
+        return CompileResult(ok=bool(data), arch=arch, log=text, cubin=data,
+                             resources=parse_ptxas_report(text), cached=True)
+
+    def _save(self, key: str, result: CompileResult) -> None:
+        if self.cache_dir is None:
+            return
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        if result.ok:
+            tmp = self.cache_dir / f"{key}.cubin.tmp"
+            tmp.write_bytes(result.cubin)
+            tmp.replace(self.cache_dir / f"{key}.cubin")
+        (self.cache_dir / f"{key}.log").write_text(result.log)
+
+
+def _tidy(log: str) -> str:
+    """Drop NVRTC's own banner lines; keep errors, warnings and the ptxas report."""
+    lines = [ln.rstrip() for ln in log.splitlines()]
+    return "\n".join(ln for ln in lines if ln.strip()).strip()

@@ -1,0 +1,1 @@
+"""The session store: one SQLite file per workspace."""
