@@ -129,10 +129,10 @@ class Tree:
         p = self._nodes[parent]
         if p.state is NodeState.IN_FLIGHT:
             raise ValueError(f"parent {parent} is still in flight")
-        if (action is Action.REPAIR) != (p.state is NodeState.FAILED):
-            raise ValueError(f"{action} cannot expand a node that is {p.state}")
-        if action is Action.NEW and parent != ROOT:
-            raise ValueError("a new approach starts at the root")
+        expected = (Action.NEW if parent == ROOT
+                    else Action.REPAIR if p.state is NodeState.FAILED else Action.REFINE)
+        if action is not expected:
+            raise ValueError(f"node {parent} is expanded by {expected}, not {action}")
         node = _Node(node_id, parent, action, NodeState.IN_FLIGHT, depth=p.depth + 1)
         self._nodes[node_id] = node
         p.children.append(node_id)

@@ -1,0 +1,168 @@
+"""`kforge doctor`: what works on this machine and what is missing, in plain words."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import platform
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kforge.cli.common import add_db_option, out, resolve_db
+from kforge.config import config_path, load_config
+from kforge.errors import KforgeError
+
+OK, WARN, FAIL = "ok", "warn", "fail"
+_MARK = {OK: "[green]ok  [/green]", WARN: "[yellow]warn[/yellow]", FAIL: "[red]FAIL[/red]"}
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    level: str
+    detail: str
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("doctor", help="check Python, torch, the GPU, NVRTC and the database")
+    add_db_option(p)
+    p.set_defaults(func=cmd_doctor)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    checks: list[Check] = []
+    arch = "sm_90"
+    for probe in (check_python, check_torch, check_gpu):
+        result = probe()
+        checks.append(result)
+        if result.name == "GPU" and result.level == OK:
+            arch = result.detail.split("(")[-1].rstrip(")")
+    checks.append(check_nvrtc(arch))
+    checks.append(check_database(args))
+    checks.append(check_config())
+    checks.append(check_llm())
+    checks.append(check_tui())
+    width = max(len(c.name) for c in checks)
+    for c in checks:
+        out.print(f"{_MARK[c.level]}  {c.name.ljust(width)}  {c.detail}")
+    failed = [c.name for c in checks if c.level == FAIL]
+    if failed:
+        out.print(f"\nnot working: {', '.join(failed)}")
+    return 1 if any(c.name in ("database", "config") for c in checks if c.level == FAIL) else 0
+
+
+def _guard(name: str, probe: Callable[[], Check]) -> Check:
+    try:
+        return probe()
+    except Exception as exc:  # a doctor reports every failure instead of stopping at one
+        return Check(name, FAIL, f"{type(exc).__name__}: {exc}")
+
+
+def check_python() -> Check:
+    version = platform.python_version()
+    level = OK if sys.version_info >= (3, 11) else FAIL
+    return Check("Python", level, f"{version} at {sys.executable}")
+
+
+def check_torch() -> Check:
+    def probe() -> Check:
+        import torch
+
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU-only build"
+        return Check("torch", OK, f"{torch.__version__} ({build})")
+
+    return _guard("torch", probe)
+
+
+def check_gpu() -> Check:
+    def probe() -> Check:
+        import torch
+
+        if not torch.cuda.is_available():
+            return Check("GPU", WARN, "no CUDA device: browsing sessions works; profiling on "
+                                      "the GPU, search, apply and e2e need one")
+        props = torch.cuda.get_device_properties(0)
+        count = torch.cuda.device_count()
+        more = f", {count} devices" if count > 1 else ""
+        return Check("GPU", OK, f"{props.name}{more}, {props.multi_processor_count} SMs, "
+                                f"{props.total_memory / 2**30:.0f} GiB "
+                                f"(sm_{props.major}{props.minor})")
+
+    return _guard("GPU", probe)
+
+
+def check_nvrtc(arch: str) -> Check:
+    def probe() -> Check:
+        try:
+            importlib.import_module("cuda.core")
+        except ImportError:
+            return Check("NVRTC", FAIL, "cuda-core is not installed: pip install 'kforge[cuda]'")
+        from kforge.eval.nvrtc import Compiler
+
+        compiler = Compiler()
+        result = compiler.compile('extern "C" __global__ void probe(float* x) { x[0] = 1.f; }',
+                                  arch)
+        if not result.ok:
+            return Check("NVRTC", FAIL, f"test compile for {arch} failed: {result.log[:200]}")
+        return Check("NVRTC", OK, f"NVRTC {compiler.version()} compiles for {arch} "
+                                  f"in {1000 * result.seconds:.0f} ms")
+
+    return _guard("NVRTC", probe)
+
+
+def check_database(args: argparse.Namespace) -> Check:
+    path = resolve_db(args)
+    if not path.exists():
+        return Check("database", OK, f"{path} (not created yet: the first profile creates it)")
+
+    async def probe() -> Check:
+        from kforge.store import Store
+
+        store = await Store.open(path, create=False)
+        try:
+            sessions = await store.list_sessions()
+        finally:
+            await store.close()
+        return Check("database", OK, f"{path} ({len(sessions)} sessions)")
+
+    try:
+        return asyncio.run(probe())
+    except KforgeError as exc:
+        return Check("database", FAIL, str(exc))
+
+
+def check_config() -> Check:
+    path = config_path()
+    try:
+        load_config(path)
+    except KforgeError as exc:
+        return Check("config", FAIL, str(exc))
+    return Check("config", OK, f"{path}" + ("" if path.exists() else " (none: defaults apply)"))
+
+
+def check_llm() -> Check:
+    def probe() -> Check:
+        try:
+            from kforge.propose.llm.settings import llm_settings
+        except ImportError:
+            return Check("LLM", WARN, "the LLM proposer is not installed in this build")
+        try:
+            s = llm_settings(load_config())
+        except KforgeError as exc:
+            return Check("LLM", WARN, f"not configured ({exc}); the built-in kernel library "
+                                      "works offline")
+        key = "key set" if s.api_key else "no key"
+        return Check("LLM", OK, f"model {s.model} at {s.base_url or 'api.openai.com'} ({key})")
+
+    return _guard("LLM", probe)
+
+
+def check_tui() -> Check:
+    def probe() -> Check:
+        textual = importlib.import_module("textual")
+        importlib.import_module("tree_sitter_cuda")
+        return Check("TUI", OK, f"textual {textual.__version__}, tree-sitter-cuda present")
+
+    return _guard("TUI", probe)

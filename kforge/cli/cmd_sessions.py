@@ -1,0 +1,122 @@
+"""`kforge sessions`, `kforge show SESSION` and `kforge delete SESSION`: browse what is stored."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from rich.markup import escape
+from rich.table import Table
+
+from kforge.cli.common import (
+    add_db_option,
+    fmt_age,
+    fmt_speedup,
+    fmt_us,
+    out,
+    session_id,
+    with_store,
+)
+from kforge.config import db_path
+from kforge.errors import KforgeError
+from kforge.store import Store
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sessions", help="list the sessions in the database")
+    add_db_option(p)
+    p.set_defaults(func=cmd_sessions)
+
+    p = sub.add_parser("show", help="a session's op cards (ranked by time share) and best kernels")
+    p.add_argument("session", type=session_id)
+    p.add_argument("--targets", action="store_true", help="hide views and copies")
+    add_db_option(p)
+    p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("delete", help="delete a session, its search tree and its samples")
+    p.add_argument("session", type=session_id)
+    p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    add_db_option(p)
+    p.set_defaults(func=cmd_delete)
+
+
+def cmd_sessions(args: argparse.Namespace) -> int:
+    if not db_path(args.db).exists():
+        out.print(f"no sessions yet (database {db_path(args.db)} does not exist)")
+        return 0
+    summaries = with_store(args, lambda store: store.list_sessions())
+    if not summaries:
+        out.print("no sessions yet")
+        return 0
+    table = Table(box=None, header_style="bold")
+    for name in ("id", "model", "gpu", "status", "ops", "nodes", "improved", "best", "cost",
+                 "last activity"):
+        table.add_column(name, justify="right" if name in ("id", "ops", "nodes", "improved",
+                                                            "best", "cost") else "left")
+    now = time.time()
+    for s in summaries:
+        table.add_row(str(s.session.id), s.session.model, s.session.gpu_label, s.session.status,
+                      f"{s.targets}/{s.cards}", str(s.nodes), str(s.improved),
+                      fmt_speedup(s.best_speedup), f"${s.session.usd_spent:.2f}",
+                      fmt_age(now - s.last_activity))
+    out.print(table)
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    async def work(store: Store):
+        return await store.get_session(args.session), await store.list_cards(args.session)
+
+    session, cards = with_store(args, work)
+    settings = session.settings
+    search = settings.get("search", {})
+    out.print(f"[bold]session {session.id}[/bold]  {escape(session.model)}  on "
+              f"{escape(session.gpu_label)}  {escape(f'[{session.status}]')}")
+    details = {k: settings[k] for k in ("dtype", "batch", "seq_len", "mode") if k in settings}
+    if details:
+        out.print("  " + "  ".join(f"{k}={v}" for k, v in details.items()))
+    out.print(f"  proposer={search.get('proposer', 'library')}  "
+              f"spent ${session.usd_spent:.2f}  ran {session.run_seconds / 60:.1f} min")
+    if session.error:
+        out.print(f"  [red]error:[/red] {escape(session.error)}")
+    table = Table(box=None, header_style="bold")
+    for name, right in (("card", True), ("op", False), ("arguments", False), ("calls", True),
+                        ("share", True), ("kind", False), ("eager", True), ("compile", True),
+                        ("best", True), ("tries", True), ("status", False)):
+        table.add_column(name, justify="right" if right else "left", overflow="fold")
+    hidden = 0
+    for row in cards:
+        c = row.card
+        if args.targets and not c.target:
+            hidden += 1
+            continue
+        status = row.status + (f": {row.stop_reason}" if row.stop_reason else "")
+        table.add_row(str(row.id), c.short_op, c.signature[:70], str(c.calls),
+                      f"{100 * c.share:.1f}%", c.library, fmt_us(c.eager_us),
+                      fmt_us(c.compiled_us), fmt_speedup(row.best_speedup), str(row.spent),
+                      status, style=None if c.target else "dim")
+    out.print(table)
+    if hidden:
+        out.print(f"  ({hidden} views and copies hidden: they are never targets)")
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    async def work(store: Store) -> None:
+        session = await store.get_session(args.session)
+        if session.engine_pid:
+            from kforge.store.store import engine_alive
+
+            if engine_alive(session.engine_pid, session.engine_host, session.heartbeat_at):
+                raise KforgeError(f"session {args.session} is being searched right now: "
+                                  f"`kforge stop {args.session}` first")
+        if not args.yes:
+            answer = input(f"delete session {args.session} ({session.model}) and all its "
+                           "kernels? [y/N] ")
+            if answer.strip().lower() not in ("y", "yes"):
+                raise KforgeError("nothing deleted")
+        await store.delete_session(args.session)
+
+    with_store(args, work)
+    out.print(f"deleted session {args.session}")
+    return 0

@@ -1,0 +1,79 @@
+"""What the CLI's commands share: the --db option, opening the store, and printing."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+from rich.console import Console
+
+from kforge.config import db_path
+from kforge.store import Store
+
+T = TypeVar("T")
+
+# Piped output is not folded to 80 columns: tables stay one row per line for grep and less.
+out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def add_db_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--db", metavar="PATH",
+                        help="session database (default: $KFORGE_DB or the user data folder)")
+
+
+def resolve_db(args: argparse.Namespace) -> Path:
+    return db_path(getattr(args, "db", None))
+
+
+def with_store(args: argparse.Namespace, work: Callable[[Store], Awaitable[T]], *,
+               create: bool = False) -> T:
+    """Open the database (never creating it unless ``create``), run ``work``, close it."""
+
+    async def go() -> T:
+        store = await Store.open(resolve_db(args), create=create)
+        try:
+            return await work(store)
+        finally:
+            await store.close()
+
+    return asyncio.run(go())
+
+
+def session_id(text: str) -> int:
+    """argparse type for a session id."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a session is named by its number, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("session numbers start at 1")
+    return value
+
+
+def fmt_speedup(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def fmt_us(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value / 1000:.2f} ms" if value >= 1000 else f"{value:.1f} us"
+
+
+def fmt_age(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f}s ago"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f}m ago"
+    if seconds < 172800:
+        return f"{seconds / 3600:.0f}h ago"
+    return f"{seconds / 86400:.0f}d ago"
+
+
+def is_tty() -> bool:
+    return sys.stderr.isatty()

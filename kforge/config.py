@@ -1,0 +1,122 @@
+"""Where kforge keeps its files, and the user's config file.
+
+Paths follow platformdirs (``~/.local/share/kforge``, ``~/.config/kforge``, ``~/.cache/kforge`` on
+Linux) and each can be overridden by an environment variable. The config file is TOML::
+
+    [search]                 # defaults for `kforge search`
+    proposer = "library"     # library | llm | both | module:factory
+    iterations_per_op = 24
+    usd = 5.0
+
+    [llm]                    # any OpenAI-compatible server
+    base_url = "http://localhost:8000/v1"
+    model = "my-model"
+    api_key = "..."          # or KFORGE_LLM_API_KEY / OPENAI_API_KEY in the environment
+
+    [tui]
+    theme = "kforge-dark"
+
+    [keys]                   # remap a TUI binding by its id
+    prune = "x"
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from kforge.errors import KforgeError
+
+APP = "kforge"
+ENV_DB = "KFORGE_DB"
+ENV_CONFIG = "KFORGE_CONFIG"
+ENV_CACHE = "KFORGE_CACHE_DIR"
+
+
+def data_dir() -> Path:
+    from platformdirs import user_data_dir
+
+    return Path(user_data_dir(APP))
+
+
+def config_path() -> Path:
+    if env := os.environ.get(ENV_CONFIG):
+        return Path(env).expanduser()
+    from platformdirs import user_config_dir
+
+    return Path(user_config_dir(APP)) / "config.toml"
+
+
+def config_dir() -> Path:
+    return config_path().parent
+
+
+def cache_dir() -> Path:
+    if env := os.environ.get(ENV_CACHE):
+        return Path(env).expanduser()
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir(APP))
+
+
+def db_path(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """The session database: ``--db``, else ``$KFORGE_DB``, else the user data directory."""
+    if explicit:
+        return Path(explicit).expanduser()
+    if env := os.environ.get(ENV_DB):
+        return Path(env).expanduser()
+    return data_dir() / "kforge.db"
+
+
+def load_config(path: Path | None = None) -> dict[str, Any]:
+    """The user's config as a dict; an absent file is an empty config, a broken one an error."""
+    path = path or config_path()
+    if not path.exists():
+        return {}
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise KforgeError(f"config file {path} is not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise KforgeError(f"cannot read config file {path}: {exc.strerror}") from None
+
+
+def save_config_value(section: str, key: str, value: str | int | float | bool,
+                      path: Path | None = None) -> None:
+    """Set one ``[section] key = value`` in the config file, keeping everything else.
+
+    Written by hand because tomllib only reads: the line is replaced in place or appended to the
+    section, so the user's comments and layout survive.
+    """
+    path = path or config_path()
+    lines = path.read_text().splitlines() if path.exists() else []
+    rendered = f"{key} = {_toml_value(value)}"
+    header = f"[{section}]"
+    start = next((i for i, ln in enumerate(lines) if ln.strip() == header), None)
+    if start is None:
+        lines += ([""] if lines else []) + [header, rendered]
+    else:
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].strip().startswith("[")),
+                   len(lines))
+        for i in range(start + 1, end):
+            if lines[i].split("=", 1)[0].strip() == key:
+                lines[i] = rendered
+                break
+        else:
+            lines.insert(end, rendered)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.replace(path)
+
+
+def _toml_value(value: str | int | float | bool) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'

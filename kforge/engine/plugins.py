@@ -1,0 +1,56 @@
+"""Turn a proposer or evaluator name from the CLI or config into an object.
+
+A name is either built in (proposers: library, llm, both; evaluator: gpu) or ``module:function``,
+a factory that takes a ``SearchContext``; that is how test doubles and users' own proposers plug in.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from kforge.engine.protocols import Evaluator, Proposer, SearchContext
+from kforge.errors import KforgeError
+
+
+def load_factory(spec: str) -> Any:
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise KforgeError(f"{spec!r} is not of the form module:function")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise KforgeError(f"cannot import {module_name!r} for {spec!r}: {exc}") from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise KforgeError(f"{module_name!r} has no {attr!r}") from None
+
+
+BUILTIN_PROPOSERS = ("library", "llm", "both")
+BUILTIN_EVALUATORS = ("gpu",)
+
+
+def check_spec(spec: str, builtins: tuple[str, ...], what: str) -> None:
+    """Fail early, before anything is saved or started, on a name that cannot be loaded."""
+    if ":" in spec:
+        load_factory(spec)
+    elif spec not in builtins:
+        raise KforgeError(f"unknown {what} {spec!r}: use {', '.join(builtins)} or module:function")
+
+
+def make_proposer(spec: str, ctx: SearchContext) -> Proposer:
+    if ":" in spec:
+        return load_factory(spec)(ctx)
+    from kforge.propose import resolve_proposer
+
+    return resolve_proposer(spec, ctx)
+
+
+def make_evaluator(spec: str, ctx: SearchContext) -> Evaluator:
+    if ":" in spec:
+        return load_factory(spec)(ctx)
+    check_spec(spec, BUILTIN_EVALUATORS, "evaluator")
+    from kforge.eval import make_gpu_evaluator
+
+    return make_gpu_evaluator(ctx)

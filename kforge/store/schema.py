@@ -1,0 +1,114 @@
+"""The session database schema and its forward migrations.
+
+``PRAGMA user_version`` holds the schema version. Each migration is applied once, in order, inside
+the transaction that bumps the version; a database from a newer kforge is refused, never altered.
+"""
+
+from __future__ import annotations
+
+MIGRATIONS: list[str] = [
+    # 1: sessions, op cards, search nodes, evaluations, LLM calls, commands, events
+    """
+    CREATE TABLE sessions (
+        id          INTEGER PRIMARY KEY AUTOINCREMENT,
+        model       TEXT NOT NULL,
+        gpu         TEXT NOT NULL DEFAULT '{}',
+        settings    TEXT NOT NULL DEFAULT '{}',
+        status      TEXT NOT NULL,
+        error       TEXT NOT NULL DEFAULT '',
+        created_at  REAL NOT NULL,
+        updated_at  REAL NOT NULL,
+        engine_pid  INTEGER,
+        engine_host TEXT,
+        heartbeat_at REAL,
+        usd_spent   REAL NOT NULL DEFAULT 0,
+        run_seconds REAL NOT NULL DEFAULT 0
+    );
+    CREATE TABLE op_cards (
+        id          INTEGER PRIMARY KEY AUTOINCREMENT,
+        session_id  INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+        key         TEXT NOT NULL,
+        op          TEXT NOT NULL,
+        args        TEXT NOT NULL,
+        kwargs      TEXT NOT NULL,
+        calls       INTEGER NOT NULL,
+        total_us    REAL NOT NULL,
+        share       REAL NOT NULL,
+        library     TEXT NOT NULL,
+        target      INTEGER NOT NULL,
+        modules     TEXT NOT NULL DEFAULT '[]',
+        eager_us    REAL,
+        compiled_us REAL,
+        floor_us    REAL,
+        baseline    TEXT,
+        status      TEXT NOT NULL DEFAULT 'pending',
+        stop_reason TEXT NOT NULL DEFAULT '',
+        spent       INTEGER NOT NULL DEFAULT 0,
+        best_node   INTEGER,
+        best_speedup REAL,
+        UNIQUE (session_id, key)
+    );
+    CREATE TABLE nodes (
+        id          INTEGER PRIMARY KEY AUTOINCREMENT,
+        session_id  INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+        card_id     INTEGER NOT NULL REFERENCES op_cards(id) ON DELETE CASCADE,
+        parent_id   INTEGER REFERENCES nodes(id) ON DELETE CASCADE,
+        action      TEXT NOT NULL,
+        status      TEXT NOT NULL,
+        source      TEXT,
+        launcher    TEXT,
+        meta        TEXT NOT NULL DEFAULT '{}',
+        reward      REAL,
+        speedup     REAL,
+        median_us   REAL,
+        repairable  INTEGER NOT NULL DEFAULT 0,
+        pruned      INTEGER NOT NULL DEFAULT 0,
+        summary     TEXT NOT NULL DEFAULT '',
+        usd         REAL NOT NULL DEFAULT 0,
+        created_at  REAL NOT NULL,
+        finished_at REAL
+    );
+    CREATE INDEX nodes_by_card ON nodes (card_id, id);
+    CREATE INDEX nodes_by_session ON nodes (session_id, id);
+    CREATE TABLE evaluations (
+        node_id     INTEGER PRIMARY KEY REFERENCES nodes(id) ON DELETE CASCADE,
+        outcome     TEXT NOT NULL
+    );
+    CREATE TABLE llm_calls (
+        id          INTEGER PRIMARY KEY AUTOINCREMENT,
+        session_id  INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+        card_id     INTEGER REFERENCES op_cards(id) ON DELETE CASCADE,
+        node_id     INTEGER REFERENCES nodes(id) ON DELETE SET NULL,
+        model       TEXT NOT NULL,
+        input_tokens INTEGER NOT NULL,
+        output_tokens INTEGER NOT NULL,
+        usd         REAL NOT NULL,
+        seconds     REAL NOT NULL,
+        prompt      TEXT NOT NULL DEFAULT '',
+        reply       TEXT NOT NULL DEFAULT '',
+        error       TEXT NOT NULL DEFAULT '',
+        created_at  REAL NOT NULL
+    );
+    CREATE INDEX llm_calls_by_node ON llm_calls (node_id);
+    CREATE TABLE commands (
+        id          INTEGER PRIMARY KEY AUTOINCREMENT,
+        session_id  INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+        kind        TEXT NOT NULL,
+        arg         TEXT NOT NULL DEFAULT 'null',
+        created_at  REAL NOT NULL,
+        done_at     REAL,
+        result      TEXT NOT NULL DEFAULT ''
+    );
+    CREATE INDEX commands_pending ON commands (session_id, done_at);
+    CREATE TABLE events (
+        seq         INTEGER PRIMARY KEY AUTOINCREMENT,
+        session_id  INTEGER,
+        kind        TEXT NOT NULL,
+        data        TEXT NOT NULL DEFAULT '{}',
+        at          REAL NOT NULL
+    );
+    CREATE INDEX events_by_session ON events (session_id, seq);
+    """,
+]
+
+LATEST = len(MIGRATIONS)

@@ -1,0 +1,595 @@
+"""The session store: one SQLite file (WAL) per workspace, shared by one engine and many viewers.
+
+Every state change is one transaction that also appends to the numbered ``events`` table, so a viewer
+in another process can tail ``events_since(seq)`` and never miss or half-see a change. Sample inputs
+live beside the database in ``samples/<session id>/``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import sqlite3
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+
+from kforge.core.candidate import Candidate, EvalOutcome, LlmCall
+from kforge.core.opcard import OpCard
+from kforge.errors import KforgeError
+from kforge.store.records import (
+    CardRow,
+    CardStatus,
+    Command,
+    Event,
+    NodeDetail,
+    NodeRow,
+    NodeStatus,
+    Session,
+    SessionStatus,
+    SessionSummary,
+    dumps,
+    loads,
+)
+from kforge.store.schema import LATEST, MIGRATIONS
+
+# An engine that has not written a heartbeat for this long is taken to be gone.
+ENGINE_STALE_S = 20.0
+_CARD_FIELDS = ("status", "stop_reason", "spent", "best_node", "best_speedup", "eager_us",
+                "compiled_us", "floor_us", "baseline")
+_NODE_COLUMNS = ("id, session_id, card_id, parent_id, action, status, meta, reward, speedup, "
+                 "median_us, repairable, pruned, summary, usd, created_at, finished_at")
+
+
+class Store:
+    """Async access to one kforge database file. Open with ``await Store.open(path)``."""
+
+    def __init__(self, db: aiosqlite.Connection, path: Path) -> None:
+        self._db = db
+        self.path = path
+        self._lock = asyncio.Lock()
+
+    # ----- opening -----
+
+    @classmethod
+    async def open(cls, path: Path | str, *, create: bool = True, timeout_s: float = 5.0) -> Store:
+        """Open (and if needed create and migrate) the database at ``path``.
+
+        With ``create=False`` a missing file is an error instead of a new database, so read-only
+        commands change nothing on disk.
+        """
+        path = Path(path)
+        if not path.exists():
+            if not create:
+                raise KforgeError(f"no kforge database at {path} (profile a model first, "
+                                  "or point --db / KFORGE_DB at an existing one)")
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise KforgeError(f"cannot create the database folder {path.parent}: "
+                                  f"{exc.strerror}") from None
+        elif path.is_dir():
+            raise KforgeError(f"{path} is a folder, not a kforge database file")
+        try:
+            db = await aiosqlite.connect(path, isolation_level=None, timeout=timeout_s)
+        except sqlite3.Error as exc:
+            raise _explain(exc, path) from None
+        store = cls(db, path)
+        try:
+            await store._setup(timeout_s)
+        except BaseException:
+            await db.close()
+            raise
+        return store
+
+    async def _setup(self, timeout_s: float) -> None:
+        db = self._db
+        db.row_factory = aiosqlite.Row
+        try:
+            await db.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
+            await db.execute("PRAGMA foreign_keys = ON")
+            version = (await (await db.execute("PRAGMA user_version")).fetchone())[0]
+            if version > LATEST:
+                raise KforgeError(f"{self.path} was written by a newer kforge (schema {version}, "
+                                  f"this one knows {LATEST}): upgrade kforge")
+            mode = (await (await db.execute("PRAGMA journal_mode = WAL")).fetchone())[0]
+            if mode.lower() != "wal":
+                raise KforgeError(f"{self.path} cannot use write-ahead logging (journal mode "
+                                  f"stays {mode!r}); put the database on a local disk")
+            await db.execute("PRAGMA synchronous = NORMAL")
+            if version < LATEST:
+                await self._migrate()
+        except sqlite3.Error as exc:
+            raise _explain(exc, self.path) from None
+
+    async def _migrate(self) -> None:
+        async with self.transaction() as db:
+            version = (await (await db.execute("PRAGMA user_version")).fetchone())[0]
+            if version == 0:
+                tables = await (await db.execute(
+                    "SELECT count(*) FROM sqlite_master WHERE type = 'table'")).fetchone()
+                if tables[0]:
+                    raise KforgeError(f"{self.path} is an SQLite file but not a kforge database")
+            for step in range(version, LATEST):
+                for statement in MIGRATIONS[step].split(";"):
+                    if statement.strip():
+                        await db.execute(statement)
+            await db.execute(f"PRAGMA user_version = {LATEST}")
+
+    async def close(self) -> None:
+        await self._db.close()
+
+    async def __aenter__(self) -> Store:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[aiosqlite.Connection]:
+        """One write transaction (BEGIN IMMEDIATE: it takes the write lock up front)."""
+        async with self._lock:
+            try:
+                await self._db.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise _explain(exc, self.path) from None
+            try:
+                yield self._db
+            except BaseException:
+                await self._db.execute("ROLLBACK")
+                raise
+            try:
+                await self._db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                await self._db.execute("ROLLBACK")
+                raise _explain(exc, self.path) from None
+
+    async def _read(self, sql: str, params: Iterable[Any] = ()) -> list[aiosqlite.Row]:
+        async with self._lock:
+            try:
+                return list(await (await self._db.execute(sql, tuple(params))).fetchall())
+            except sqlite3.Error as exc:
+                raise _explain(exc, self.path) from None
+
+    @staticmethod
+    async def _event(db: aiosqlite.Connection, session_id: int | None, kind: str, /,
+                     **data: Any) -> None:
+        await db.execute("INSERT INTO events (session_id, kind, data, at) VALUES (?, ?, ?, ?)",
+                         (session_id, kind, dumps(data), time.time()))
+
+    # ----- files beside the database -----
+
+    @property
+    def samples_root(self) -> Path:
+        return self.path.parent / "samples"
+
+    def samples_dir(self, session_id: int) -> Path:
+        return self.samples_root / str(session_id)
+
+    def new_staging_dir(self) -> Path:
+        """A fresh folder to write a profile's samples into before its session exists."""
+        path = self.samples_root / f".staging-{uuid.uuid4().hex[:12]}"
+        path.mkdir(parents=True)
+        return path
+
+    # ----- sessions -----
+
+    async def create_session(self, model: str, settings: dict, gpu: dict,
+                             status: SessionStatus = SessionStatus.READY) -> int:
+        async with self.transaction() as db:
+            return await self._insert_session(db, model, settings, gpu, status)
+
+    async def _insert_session(self, db: aiosqlite.Connection, model: str, settings: dict,
+                              gpu: dict, status: SessionStatus) -> int:
+        now = time.time()
+        cur = await db.execute(
+            "INSERT INTO sessions (model, gpu, settings, status, created_at, updated_at) "
+            "VALUES (?, ?, ?, ?, ?, ?)", (model, dumps(gpu), dumps(settings), status, now, now))
+        session_id = cur.lastrowid
+        await self._event(db, session_id, "session_created", model=model, status=status)
+        return session_id
+
+    async def create_profiled_session(self, model: str, settings: dict, gpu: dict,
+                                      cards: list[OpCard], staging_dir: Path | None = None,
+                                      modules: dict[str, list[str]] | None = None) -> int:
+        """Create a session and its op cards in one transaction, then move the profile's
+        samples from ``staging_dir`` into the session's samples folder."""
+        async with self.transaction() as db:
+            session_id = await self._insert_session(db, model, settings, gpu, SessionStatus.READY)
+            await self._insert_cards(db, session_id, cards, modules or {})
+        if staging_dir is not None and staging_dir.exists():
+            target = self.samples_dir(session_id)
+            if target.exists():  # left by a session id reused after a crash: not ours
+                shutil.rmtree(target)
+            staging_dir.replace(target)
+        return session_id
+
+    async def get_session(self, session_id: int) -> Session:
+        rows = await self._read("SELECT * FROM sessions WHERE id = ?", (session_id,))
+        if not rows:
+            raise KforgeError(f"no session {session_id} in {self.path} (see `kforge sessions`)")
+        return _session(rows[0])
+
+    async def list_sessions(self) -> list[SessionSummary]:
+        rows = await self._read(
+            """SELECT s.*,
+                 (SELECT count(*) FROM op_cards c WHERE c.session_id = s.id) AS n_cards,
+                 (SELECT count(*) FROM op_cards c WHERE c.session_id = s.id AND c.target)
+                     AS n_targets,
+                 (SELECT count(*) FROM nodes n WHERE n.session_id = s.id) AS n_nodes,
+                 (SELECT count(*) FROM op_cards c WHERE c.session_id = s.id
+                     AND c.best_speedup > 1) AS n_improved,
+                 (SELECT max(c.best_speedup) FROM op_cards c WHERE c.session_id = s.id)
+                     AS top_speedup,
+                 max(s.updated_at, coalesce((SELECT max(at) FROM events e
+                     WHERE e.session_id = s.id), 0)) AS last_activity
+               FROM sessions s ORDER BY s.id""")
+        return [SessionSummary(session=_session(r), cards=r["n_cards"], targets=r["n_targets"],
+                               nodes=r["n_nodes"], improved=r["n_improved"],
+                               best_speedup=r["top_speedup"], last_activity=r["last_activity"])
+                for r in rows]
+
+    async def set_session_status(self, session_id: int, status: SessionStatus,
+                                 error: str = "") -> None:
+        async with self.transaction() as db:
+            await db.execute("UPDATE sessions SET status = ?, error = ?, updated_at = ? "
+                             "WHERE id = ?", (status, error, time.time(), session_id))
+            await self._event(db, session_id, "session_status", status=status, error=error)
+
+    async def update_settings(self, session_id: int, changes: dict) -> dict:
+        async with self.transaction() as db:
+            row = await (await db.execute("SELECT settings FROM sessions WHERE id = ?",
+                                          (session_id,))).fetchone()
+            if row is None:
+                raise KforgeError(f"no session {session_id} in {self.path}")
+            settings = {**loads(row["settings"], {}), **changes}
+            await db.execute("UPDATE sessions SET settings = ?, updated_at = ? WHERE id = ?",
+                             (dumps(settings), time.time(), session_id))
+            await self._event(db, session_id, "session_settings", changes=changes)
+            return settings
+
+    async def delete_session(self, session_id: int) -> None:
+        await self.get_session(session_id)
+        async with self.transaction() as db:
+            await db.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
+            await self._event(db, session_id, "session_deleted")
+        shutil.rmtree(self.samples_dir(session_id), ignore_errors=True)
+
+    # ----- the engine lease -----
+
+    async def claim_engine(self, session_id: int, pid: int | None = None,
+                           host: str | None = None) -> None:
+        """Mark this process as the session's engine; refuse if another live engine holds it."""
+        pid, host = pid or os.getpid(), host or socket.gethostname()
+        async with self.transaction() as db:
+            row = await (await db.execute(
+                "SELECT engine_pid, engine_host, heartbeat_at FROM sessions WHERE id = ?",
+                (session_id,))).fetchone()
+            if row is None:
+                raise KforgeError(f"no session {session_id} in {self.path}")
+            if row["engine_pid"] and row["engine_pid"] != pid and engine_alive(
+                    row["engine_pid"], row["engine_host"], row["heartbeat_at"]):
+                raise KforgeError(f"session {session_id} is already being searched by process "
+                                  f"{row['engine_pid']} on {row['engine_host']}")
+            await db.execute(
+                "UPDATE sessions SET engine_pid = ?, engine_host = ?, heartbeat_at = ?, "
+                "updated_at = ? WHERE id = ?", (pid, host, time.time(), time.time(), session_id))
+            await self._event(db, session_id, "engine_attached", pid=pid, host=host)
+
+    async def heartbeat(self, session_id: int, run_seconds: float) -> None:
+        """Prove the engine is alive and add the wall time it ran since the last beat."""
+        async with self.transaction() as db:
+            await db.execute("UPDATE sessions SET heartbeat_at = ?, "
+                             "run_seconds = run_seconds + ? WHERE id = ?",
+                             (time.time(), run_seconds, session_id))
+
+    async def release_engine(self, session_id: int, status: SessionStatus, error: str = "") -> None:
+        async with self.transaction() as db:
+            await db.execute(
+                "UPDATE sessions SET engine_pid = NULL, engine_host = NULL, heartbeat_at = NULL, "
+                "status = ?, error = ?, updated_at = ? WHERE id = ?",
+                (status, error, time.time(), session_id))
+            await self._event(db, session_id, "session_status", status=status, error=error)
+
+    # ----- op cards -----
+
+    async def add_cards(self, session_id: int, cards: list[OpCard],
+                        modules: dict[str, list[str]] | None = None) -> list[CardRow]:
+        async with self.transaction() as db:
+            await self._insert_cards(db, session_id, cards, modules or {})
+        return await self.list_cards(session_id)
+
+    async def _insert_cards(self, db: aiosqlite.Connection, session_id: int, cards: list[OpCard],
+                            modules: dict[str, list[str]]) -> None:
+        for c in cards:
+            status = CardStatus.PENDING if c.target else CardStatus.SKIPPED
+            await db.execute(
+                "INSERT INTO op_cards (session_id, key, op, args, kwargs, calls, total_us, share, "
+                "library, target, modules, eager_us, compiled_us, floor_us, status) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (session_id, c.key, c.op, dumps(c.args), dumps(c.kwargs), c.calls, c.total_us,
+                 c.share, c.library, int(c.target), dumps(modules.get(c.key, [])), c.eager_us,
+                 c.compiled_us, c.floor_us, status))
+        await self._event(db, session_id, "cards_added", count=len(cards))
+
+    async def list_cards(self, session_id: int) -> list[CardRow]:
+        rows = await self._read("SELECT * FROM op_cards WHERE session_id = ? "
+                                "ORDER BY target DESC, share DESC, id", (session_id,))
+        return [_card(r) for r in rows]
+
+    async def get_card(self, card_id: int) -> CardRow:
+        rows = await self._read("SELECT * FROM op_cards WHERE id = ?", (card_id,))
+        if not rows:
+            raise KforgeError(f"no op card {card_id}")
+        return _card(rows[0])
+
+    async def update_card(self, card_id: int, **changes: Any) -> None:
+        async with self.transaction() as db:
+            await self._update_card(db, card_id, changes)
+
+    async def _update_card(self, db: aiosqlite.Connection, card_id: int,
+                           changes: dict[str, Any]) -> None:
+        bad = set(changes) - set(_CARD_FIELDS)
+        if bad:
+            raise ValueError(f"not card fields: {sorted(bad)}")
+        if not changes:
+            return
+        values = [dumps(v) if k == "baseline" else v for k, v in changes.items()]
+        sets = ", ".join(f"{k} = ?" for k in changes)
+        cur = await db.execute(f"UPDATE op_cards SET {sets} WHERE id = ? RETURNING session_id",
+                               (*values, card_id))
+        row = await cur.fetchone()
+        await cur.close()
+        if row is None:
+            raise KforgeError(f"no op card {card_id}")
+        await self._event(db, row[0], "card_updated", card_id=card_id,
+                          **{k: v for k, v in changes.items() if k != "baseline"})
+
+    # ----- search nodes -----
+
+    async def add_node(self, session_id: int, card_id: int, parent_id: int | None,
+                       action: str) -> int:
+        async with self.transaction() as db:
+            cur = await db.execute(
+                "INSERT INTO nodes (session_id, card_id, parent_id, action, status, created_at) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (session_id, card_id, parent_id, action, NodeStatus.PROPOSING, time.time()))
+            node_id = cur.lastrowid
+            await self._event(db, session_id, "node_added", node_id=node_id, card_id=card_id,
+                              parent_id=parent_id, action=action)
+            return node_id
+
+    async def set_candidate(self, node_id: int, candidate: Candidate,
+                            calls: list[LlmCall] = ()) -> None:
+        """The proposer delivered: store the code and what it cost, in one transaction."""
+        async with self.transaction() as db:
+            row = await self._node_owner(db, node_id)
+            usd = sum(c.usd for c in calls)
+            await db.execute(
+                "UPDATE nodes SET status = ?, source = ?, launcher = ?, meta = ?, usd = usd + ? "
+                "WHERE id = ?", (NodeStatus.EVALUATING, candidate.source, candidate.launcher,
+                                 dumps(candidate.meta), usd, node_id))
+            await self._insert_calls(db, row["session_id"], row["card_id"], node_id, calls)
+            await self._event(db, row["session_id"], "node_updated", node_id=node_id,
+                              card_id=row["card_id"], status=NodeStatus.EVALUATING)
+
+    async def fail_proposal(self, node_id: int, error: str, calls: list[LlmCall] = (),
+                            card_changes: dict | None = None) -> None:
+        """The proposer gave nothing usable: the node is final, and its cost is still counted."""
+        async with self.transaction() as db:
+            row = await self._node_owner(db, node_id)
+            await db.execute(
+                "UPDATE nodes SET status = ?, summary = ?, usd = usd + ?, finished_at = ? "
+                "WHERE id = ?", (NodeStatus.NO_CANDIDATE, error[:500], sum(c.usd for c in calls),
+                                 time.time(), node_id))
+            await self._insert_calls(db, row["session_id"], row["card_id"], node_id, calls)
+            if card_changes:
+                await self._update_card(db, row["card_id"], card_changes)
+            await self._event(db, row["session_id"], "node_finished", node_id=node_id,
+                              card_id=row["card_id"], status=NodeStatus.NO_CANDIDATE)
+
+    async def finish_node(self, node_id: int, outcome: EvalOutcome, reward: float | None,
+                          card_changes: dict | None = None) -> None:
+        """Record an evaluation and the card's new search state in one transaction."""
+        async with self.transaction() as db:
+            row = await self._node_owner(db, node_id)
+            median = outcome.timing.median_us if outcome.timing else None
+            await db.execute(
+                "UPDATE nodes SET status = ?, reward = ?, speedup = ?, median_us = ?, "
+                "repairable = ?, summary = ?, finished_at = ? WHERE id = ?",
+                (outcome.status.value, reward, outcome.speedup if outcome.ok else None, median,
+                 int(outcome.status.repairable), outcome.summary[:500], time.time(), node_id))
+            await db.execute("INSERT OR REPLACE INTO evaluations (node_id, outcome) VALUES (?, ?)",
+                             (node_id, dumps(outcome.to_dict())))
+            if card_changes:
+                await self._update_card(db, row["card_id"], card_changes)
+            await self._event(db, row["session_id"], "node_finished", node_id=node_id,
+                              card_id=row["card_id"], status=outcome.status.value,
+                              speedup=outcome.speedup)
+
+    async def delete_node(self, node_id: int) -> None:
+        """Drop an in-flight node whose work will be redone (after a crash)."""
+        async with self.transaction() as db:
+            row = await self._node_owner(db, node_id)
+            await db.execute("DELETE FROM nodes WHERE id = ?", (node_id,))
+            await self._event(db, row["session_id"], "node_deleted", node_id=node_id,
+                              card_id=row["card_id"])
+
+    async def set_pruned(self, node_id: int, pruned: bool) -> None:
+        async with self.transaction() as db:
+            row = await self._node_owner(db, node_id)
+            await db.execute("UPDATE nodes SET pruned = ? WHERE id = ?", (int(pruned), node_id))
+            await self._event(db, row["session_id"], "node_pruned", node_id=node_id,
+                              card_id=row["card_id"], pruned=pruned)
+
+    async def list_nodes(self, session_id: int, card_id: int | None = None,
+                         after_id: int = 0) -> list[NodeRow]:
+        sql = f"SELECT {_NODE_COLUMNS} FROM nodes WHERE session_id = ? AND id > ?"
+        params: list[Any] = [session_id, after_id]
+        if card_id is not None:
+            sql += " AND card_id = ?"
+            params.append(card_id)
+        return [_node(r) for r in await self._read(sql + " ORDER BY id", params)]
+
+    async def get_nodes(self, node_ids: Iterable[int]) -> list[NodeRow]:
+        ids = list(node_ids)
+        if not ids:
+            return []
+        marks = ",".join("?" * len(ids))
+        rows = await self._read(f"SELECT {_NODE_COLUMNS} FROM nodes WHERE id IN ({marks}) "
+                                "ORDER BY id", ids)
+        return [_node(r) for r in rows]
+
+    async def get_node(self, node_id: int) -> NodeDetail:
+        rows = await self._read(f"SELECT {_NODE_COLUMNS}, source, launcher FROM nodes "
+                                "WHERE id = ?", (node_id,))
+        if not rows:
+            raise KforgeError(f"no search node {node_id}")
+        r = rows[0]
+        row = _node(r)
+        candidate = (Candidate(source=r["source"], launcher=r["launcher"] or "", meta=row.meta)
+                     if r["source"] is not None else None)
+        ev = await self._read("SELECT outcome FROM evaluations WHERE node_id = ?", (node_id,))
+        outcome = EvalOutcome.from_dict(loads(ev[0]["outcome"])) if ev else None
+        calls = await self._read("SELECT model, input_tokens, output_tokens, usd, seconds, prompt, "
+                                 "reply, error, created_at FROM llm_calls WHERE node_id = ? "
+                                 "ORDER BY id", (node_id,))
+        return NodeDetail(row=row, candidate=candidate, outcome=outcome,
+                          llm_calls=[dict(c) for c in calls])
+
+    async def _node_owner(self, db: aiosqlite.Connection, node_id: int) -> aiosqlite.Row:
+        row = await (await db.execute("SELECT session_id, card_id FROM nodes WHERE id = ?",
+                                      (node_id,))).fetchone()
+        if row is None:
+            raise KforgeError(f"no search node {node_id}")
+        return row
+
+    # ----- LLM calls and cost -----
+
+    async def _insert_calls(self, db: aiosqlite.Connection, session_id: int, card_id: int,
+                            node_id: int, calls: Iterable[LlmCall]) -> None:
+        total = 0.0
+        for c in calls:
+            total += c.usd
+            await db.execute(
+                "INSERT INTO llm_calls (session_id, card_id, node_id, model, input_tokens, "
+                "output_tokens, usd, seconds, prompt, reply, error, created_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (session_id, card_id, node_id, c.model, c.input_tokens, c.output_tokens, c.usd,
+                 c.seconds, c.prompt, c.reply, c.error, time.time()))
+        if total:
+            await db.execute("UPDATE sessions SET usd_spent = usd_spent + ? WHERE id = ?",
+                             (total, session_id))
+
+    async def cost_by_card(self, session_id: int) -> dict[int, float]:
+        rows = await self._read("SELECT card_id, sum(usd) AS usd FROM llm_calls "
+                                "WHERE session_id = ? GROUP BY card_id", (session_id,))
+        return {r["card_id"]: r["usd"] for r in rows}
+
+    # ----- commands from viewers to the engine -----
+
+    async def send_command(self, session_id: int, kind: str, arg: Any = None) -> int:
+        await self.get_session(session_id)
+        async with self.transaction() as db:
+            cur = await db.execute("INSERT INTO commands (session_id, kind, arg, created_at) "
+                                   "VALUES (?, ?, ?, ?)", (session_id, kind, dumps(arg),
+                                                           time.time()))
+            await self._event(db, session_id, "command", command_id=cur.lastrowid, kind=kind,
+                              arg=arg)
+            return cur.lastrowid
+
+    async def pending_commands(self, session_id: int) -> list[Command]:
+        rows = await self._read("SELECT * FROM commands WHERE session_id = ? AND done_at IS NULL "
+                                "ORDER BY id", (session_id,))
+        return [Command(id=r["id"], session_id=r["session_id"], kind=r["kind"],
+                        arg=loads(r["arg"]), created_at=r["created_at"], done_at=r["done_at"],
+                        result=r["result"]) for r in rows]
+
+    async def ack_command(self, command_id: int, result: str) -> None:
+        async with self.transaction() as db:
+            row = await (await db.execute("SELECT session_id FROM commands WHERE id = ?",
+                                          (command_id,))).fetchone()
+            await db.execute("UPDATE commands SET done_at = ?, result = ? WHERE id = ?",
+                             (time.time(), result, command_id))
+            await self._event(db, row["session_id"] if row else None, "command_done",
+                              command_id=command_id, result=result)
+
+    # ----- events and the session log -----
+
+    async def log(self, session_id: int, message: str, level: str = "info") -> None:
+        async with self.transaction() as db:
+            await self._event(db, session_id, "log", level=level, message=message)
+
+    async def events_since(self, after_seq: int = 0, session_id: int | None = None,
+                           limit: int = 1000) -> list[Event]:
+        sql, params = "SELECT * FROM events WHERE seq > ?", [after_seq]
+        if session_id is not None:
+            sql += " AND session_id = ?"
+            params.append(session_id)
+        rows = await self._read(sql + " ORDER BY seq LIMIT ?", [*params, limit])
+        return [Event(seq=r["seq"], session_id=r["session_id"], kind=r["kind"],
+                      data=loads(r["data"], {}), at=r["at"]) for r in rows]
+
+    async def last_seq(self) -> int:
+        rows = await self._read("SELECT coalesce(max(seq), 0) FROM events")
+        return rows[0][0]
+
+
+def engine_alive(pid: int | None, host: str | None, heartbeat_at: float | None) -> bool:
+    """Whether a recorded engine still runs: checked directly on this host, else by heartbeat."""
+    if not pid:
+        return False
+    if host == socket.gethostname():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass  # exists, owned by someone else
+    return heartbeat_at is not None and time.time() - heartbeat_at < ENGINE_STALE_S
+
+
+def _explain(exc: sqlite3.Error, path: Path) -> KforgeError:
+    text = str(exc)
+    if "locked" in text or "busy" in text:
+        return KforgeError(f"database {path} is locked by another process; try again in a moment")
+    if "not a database" in text or "malformed" in text or "corrupt" in text:
+        return KforgeError(f"{path} is not a kforge database or it is corrupt ({text})")
+    if "unable to open" in text or "readonly" in text or "read-only" in text:
+        return KforgeError(f"cannot open database {path}: {text}")
+    return KforgeError(f"database error in {path}: {text}")
+
+
+def _session(r: aiosqlite.Row) -> Session:
+    return Session(id=r["id"], model=r["model"], gpu=loads(r["gpu"], {}),
+                   settings=loads(r["settings"], {}), status=r["status"], error=r["error"],
+                   created_at=r["created_at"], updated_at=r["updated_at"],
+                   engine_pid=r["engine_pid"], engine_host=r["engine_host"],
+                   heartbeat_at=r["heartbeat_at"], usd_spent=r["usd_spent"],
+                   run_seconds=r["run_seconds"])
+
+
+def _card(r: aiosqlite.Row) -> CardRow:
+    card = OpCard(op=r["op"], args=loads(r["args"]), kwargs=loads(r["kwargs"], {}),
+                  calls=r["calls"], total_us=r["total_us"], share=r["share"],
+                  library=r["library"], target=bool(r["target"]), eager_us=r["eager_us"],
+                  compiled_us=r["compiled_us"], floor_us=r["floor_us"], id=r["id"], key=r["key"])
+    return CardRow(card=card, status=r["status"], stop_reason=r["stop_reason"], spent=r["spent"],
+                   best_node=r["best_node"], best_speedup=r["best_speedup"],
+                   modules=loads(r["modules"], []), baseline=loads(r["baseline"]))
+
+
+def _node(r: aiosqlite.Row) -> NodeRow:
+    return NodeRow(id=r["id"], session_id=r["session_id"], card_id=r["card_id"],
+                   parent_id=r["parent_id"], action=r["action"], status=r["status"],
+                   meta=loads(r["meta"], {}), reward=r["reward"], speedup=r["speedup"],
+                   median_us=r["median_us"], repairable=bool(r["repairable"]),
+                   pruned=bool(r["pruned"]), summary=r["summary"], usd=r["usd"],
+                   created_at=r["created_at"], finished_at=r["finished_at"])

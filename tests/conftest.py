@@ -1,0 +1,35 @@
+"""Test-wide settings: GPU tests skip with a reason where there is no CUDA device, and no test
+touches the user's real kforge data or config."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _cuda_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU: torch.cuda.is_available() is False here")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_kforge_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
+    """Point kforge's database, config and cache at a per-test folder."""
+    home = tmp_path_factory.mktemp("kforge-home")
+    monkeypatch.setenv("KFORGE_DB", str(home / "kforge.db"))
+    monkeypatch.setenv("KFORGE_CONFIG", str(home / "config.toml"))
+    monkeypatch.setenv("KFORGE_CACHE_DIR", str(home / "cache"))
+    for secret in ("KFORGE_LLM_API_KEY", "OPENAI_API_KEY"):
+        monkeypatch.delenv(secret, raising=False)
+    return home

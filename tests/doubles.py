@@ -1,0 +1,161 @@
+"""Test doubles at the proposer/evaluator boundary: deterministic, instant, no GPU.
+
+Usable in-process and, through ``module:function`` specs, by an engine in a subprocess
+(``proposer = "tests.doubles:make_proposer"``). Behaviour is steered by the session settings'
+``fake`` section:
+
+- ``delay_s``: seconds each evaluation takes (default 0)
+- ``journal``: a file each evaluation appends ``start <digest>`` / ``end <digest>`` to
+- ``usd``: what each proposal costs (default 0)
+- ``fail_every``: every n-th proposal compiles badly (default 0: never)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+
+from kforge.core.candidate import (
+    Baseline,
+    Candidate,
+    EvalOutcome,
+    EvalStatus,
+    LlmCall,
+    Proposal,
+    Timing,
+)
+from kforge.core.gpu import GpuInfo
+from kforge.core.opcard import OpCard
+from kforge.engine.protocols import ProposalRequest, SearchContext
+
+FAKE_GPU = GpuInfo(name="Fake GPU", arch="sm_90", sm_count=132, bandwidth_gbs=4300.0)
+EAGER_US = 100.0
+
+
+def timing(us: float) -> Timing:
+    return Timing(median_us=us, p10_us=us * 0.98, p90_us=us * 1.02, reps=50)
+
+
+class FakeProposer:
+    """Writes a 'kernel' whose speed is drawn from its seed; refinements of a good parent are
+    usually a little better, repairs usually work."""
+
+    name = "fake"
+
+    def __init__(self, usd: float = 0.0, fail_every: int = 0, empty_every: int = 0,
+                 speeds: tuple[float, float] = (0.5, 2.0)) -> None:
+        self.usd = usd
+        self.speeds = speeds
+        self.fail_every = fail_every
+        self.empty_every = empty_every
+        self.requests: list[ProposalRequest] = []
+
+    async def propose(self, request: ProposalRequest) -> Proposal:
+        self.requests.append(request)
+        n = len(self.requests)
+        calls = [LlmCall(model="fake", input_tokens=100, output_tokens=50, usd=self.usd,
+                         seconds=0.0)] if self.usd else []
+        if self.empty_every and n % self.empty_every == 0:
+            return Proposal(candidates=[], calls=calls, error="reply had no code block")
+        rng = random.Random(request.seed)
+        parent_speed = (request.parent.candidate.meta.get("speed", 1.0)
+                        if request.parent and request.parent.candidate else 1.0)
+        speed = round(max(0.2, parent_speed * rng.uniform(0.85, 1.3)
+                          if request.action == "refine" else rng.uniform(*self.speeds)), 4)
+        broken = bool(self.fail_every and n % self.fail_every == 0)
+        meta = {"approach": f"fake-{request.action}", "speed": speed, "seed": request.seed,
+                "broken": broken}
+        source = f'extern "C" __global__ void k_{request.seed}(float* x) {{ /* {speed} */ }}'
+        return Proposal(candidates=[Candidate(source=source, launcher="def launch(k, *a): pass",
+                                              meta=meta)], calls=calls)
+
+    async def close(self) -> None:
+        pass
+
+
+class FakeEvaluator:
+    """Judges a fake candidate by its meta: broken ones fail to compile, others run at
+    ``EAGER_US / speed``."""
+
+    def __init__(self, delay_s: float = 0.0, journal: str | None = None,
+                 infra_first: int = 0) -> None:
+        self.gpu = FAKE_GPU
+        self.capacity = 1
+        self.delay_s = delay_s
+        self.journal = journal
+        self.infra_left = infra_first
+        self.evaluated: list[str] = []
+        self.running = 0
+        self.max_running = 0
+        self.baselines: list[str] = []
+
+    async def start(self) -> None:
+        pass
+
+    async def baseline(self, card: OpCard) -> Baseline:
+        self.baselines.append(card.key)
+        return Baseline(eager=timing(EAGER_US), compiled=timing(EAGER_US * 1.1), compile_s=0.0,
+                        floor_us=EAGER_US / 4)
+
+    async def evaluate(self, card: OpCard, candidate: Candidate) -> EvalOutcome:
+        self._write(f"start {candidate.digest}")
+        self.running += 1
+        self.max_running = max(self.max_running, self.running)
+        try:
+            if self.delay_s:
+                await asyncio.sleep(self.delay_s)
+        finally:
+            self.running -= 1
+        if self.infra_left > 0:
+            self.infra_left -= 1
+            return EvalOutcome(EvalStatus.INFRA, summary="worker restarted")
+        self.evaluated.append(candidate.digest)
+        self._write(f"end {candidate.digest}")
+        if candidate.meta.get("broken"):
+            return EvalOutcome(EvalStatus.COMPILE_ERROR, summary="error: expected ';'",
+                               compile_log="candidate.cu(3): error: expected a ';'")
+        speed = float(candidate.meta.get("speed", 1.0))
+        return EvalOutcome(EvalStatus.OK, summary=f"{speed:.2f}x", timing=timing(EAGER_US / speed),
+                           eager=timing(EAGER_US), speedup=speed)
+
+    def _write(self, line: str) -> None:
+        if self.journal:
+            with open(self.journal, "a") as fh:
+                fh.write(line + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+
+    async def close(self) -> None:
+        pass
+
+
+def make_proposer(ctx: SearchContext) -> FakeProposer:
+    fake = ctx.settings.get("fake", {})
+    return FakeProposer(usd=fake.get("usd", 0.0), fail_every=fake.get("fail_every", 0))
+
+
+def make_evaluator(ctx: SearchContext) -> FakeEvaluator:
+    fake = ctx.settings.get("fake", {})
+    return FakeEvaluator(delay_s=fake.get("delay_s", 0.0), journal=fake.get("journal"))
+
+
+def tensor(shape: list[int], dtype: str = "float16") -> dict:
+    stride, step = [], 1
+    for size in reversed(shape):
+        stride.insert(0, step)
+        step *= size
+    return {"t": "tensor", "shape": shape, "stride": stride, "dtype": dtype, "offset": 0}
+
+
+def sample_cards() -> list[OpCard]:
+    """Three target ops with different shares, and a view that is never a target."""
+    return [
+        OpCard(op="aten._softmax.default", args=[tensor([8, 1024]), -1, False], calls=12,
+               total_us=600.0, share=0.6),
+        OpCard(op="aten.add.Tensor", args=[tensor([8, 1024]), tensor([8, 1024])], calls=30,
+               total_us=300.0, share=0.3),
+        OpCard(op="aten.relu.default", args=[tensor([64])], calls=4, total_us=50.0, share=0.05),
+        OpCard(op="aten.view.default", args=[tensor([8, 1024]), [8192]], calls=40, total_us=50.0,
+               share=0.05, library="view", target=False),
+    ]

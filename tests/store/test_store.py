@@ -1,0 +1,253 @@
+"""The session store: schema versions, transactions, events, concurrent access, bad files."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from kforge.core.candidate import Candidate, EvalOutcome, EvalStatus, LlmCall, Timing
+from kforge.errors import KforgeError
+from kforge.store import CardStatus, NodeStatus, SessionStatus, Store
+from kforge.store.schema import LATEST
+from tests.doubles import sample_cards
+
+
+@pytest.fixture
+async def store(tmp_path: Path):
+    s = await Store.open(tmp_path / "k.db")
+    yield s
+    await s.close()
+
+
+async def make_session(store: Store) -> int:
+    return await store.create_profiled_session("toy", {"dtype": "float16"},
+                                               {"name": "H200", "arch": "sm_90"}, sample_cards())
+
+
+async def test_new_database_is_at_the_latest_schema_in_wal_mode(tmp_path: Path):
+    s = await Store.open(tmp_path / "k.db")
+    await s.close()
+    con = sqlite3.connect(tmp_path / "k.db")
+    assert con.execute("PRAGMA user_version").fetchone()[0] == LATEST
+    assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+async def test_profiled_session_holds_cards_and_moves_staged_samples(store: Store):
+    staging = store.new_staging_dir()
+    (staging / "abc").mkdir()
+    (staging / "abc" / "0.pt").write_bytes(b"x")
+    sid = await store.create_profiled_session("toy", {}, {}, sample_cards(), staging,
+                                              modules={sample_cards()[0].key: ["model.attn"]})
+    cards = await store.list_cards(sid)
+    assert [c.card.short_op for c in cards] == ["_softmax", "add", "relu", "view"]
+    assert cards[0].modules == ["model.attn"]
+    assert cards[-1].status == CardStatus.SKIPPED and not cards[-1].card.target
+    assert (store.samples_dir(sid) / "abc" / "0.pt").read_bytes() == b"x"
+    assert not staging.exists()
+
+
+async def test_node_lifecycle_records_outcome_cost_and_events(store: Store):
+    sid = await make_session(store)
+    card = (await store.list_cards(sid))[0]
+    start = await store.last_seq()
+    node = await store.add_node(sid, card.id, None, "new")
+    call = LlmCall(model="m", input_tokens=1000, output_tokens=200, usd=0.25, seconds=1.0,
+                   prompt="p", reply="r")
+    await store.set_candidate(node, Candidate("src", "def launch(k, *a): pass", {"a": 1}), [call])
+    outcome = EvalOutcome(EvalStatus.OK, "1.50x", compile_log="ptxas info",
+                          timing=Timing(10.0, 9.0, 11.0, 100), speedup=1.5)
+    await store.finish_node(node, outcome, 0.405, {"spent": 1, "best_node": node,
+                                                   "best_speedup": 1.5})
+    detail = await store.get_node(node)
+    assert detail.row.status == NodeStatus.OK and detail.row.speedup == 1.5
+    assert detail.candidate.meta == {"a": 1}
+    assert detail.outcome.timing.median_us == 10.0 and detail.outcome.compile_log == "ptxas info"
+    assert detail.llm_calls[0]["usd"] == 0.25
+    assert (await store.get_session(sid)).usd_spent == 0.25
+    assert (await store.get_card(card.id)).best_speedup == 1.5
+    kinds = [e.kind for e in await store.events_since(start)]
+    assert kinds == ["node_added", "node_updated", "card_updated", "node_finished"]
+
+
+async def test_a_failed_change_leaves_nothing_behind(store: Store):
+    sid = await make_session(store)
+    card = (await store.list_cards(sid))[0]
+    node = await store.add_node(sid, card.id, None, "new")
+    await store.set_candidate(node, Candidate("s", "l"))
+    seq = await store.last_seq()
+    with pytest.raises(ValueError):  # a bad card field aborts the whole transaction
+        await store.finish_node(node, EvalOutcome(EvalStatus.OK, speedup=2.0), 0.69,
+                                {"not_a_field": 1})
+    assert (await store.get_node(node)).row.status == NodeStatus.EVALUATING
+    assert (await store.get_node(node)).outcome is None
+    assert await store.last_seq() == seq
+
+
+async def test_commands_flow_from_viewer_to_engine(tmp_path: Path):
+    engine = await Store.open(tmp_path / "k.db")
+    viewer = await Store.open(tmp_path / "k.db", create=False)
+    try:
+        sid = await make_session(engine)
+        await viewer.send_command(sid, "prune", 7)
+        pending = await engine.pending_commands(sid)
+        assert [(c.kind, c.arg) for c in pending] == [("prune", 7)]
+        await engine.ack_command(pending[0].id, "pruned node 7")
+        assert await engine.pending_commands(sid) == []
+        with pytest.raises(KforgeError, match="no session 99"):
+            await viewer.send_command(99, "stop")
+    finally:
+        await viewer.close()
+        await engine.close()
+
+
+async def test_delete_session_removes_its_rows_and_samples(store: Store):
+    sid = await make_session(store)
+    store.samples_dir(sid).mkdir(parents=True)
+    card = (await store.list_cards(sid))[0]
+    await store.add_node(sid, card.id, None, "new")
+    await store.delete_session(sid)
+    assert await store.list_sessions() == []
+    assert await store.list_nodes(sid) == []
+    assert not store.samples_dir(sid).exists()
+
+
+async def test_engine_lease_refuses_a_second_live_engine(store: Store):
+    sid = await make_session(store)
+    await store.claim_engine(sid)  # this process
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        with pytest.raises(KforgeError, match="already being searched"):
+            await store.claim_engine(sid, pid=sleeper.pid)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    await store.release_engine(sid, SessionStatus.STOPPED)
+    await store.claim_engine(sid, pid=sleeper.pid)  # a dead process's lease is free again
+    session = await store.get_session(sid)
+    assert session.engine_pid == sleeper.pid
+
+
+# ----- bad files -----
+
+async def test_missing_database_is_not_created_by_readers(tmp_path: Path):
+    with pytest.raises(KforgeError, match="no kforge database"):
+        await Store.open(tmp_path / "nope.db", create=False)
+    assert not (tmp_path / "nope.db").exists()
+
+
+async def test_garbage_file_is_refused_and_left_unchanged(tmp_path: Path):
+    path = tmp_path / "k.db"
+    path.write_bytes(b"this is not sqlite" * 100)
+    before = path.read_bytes()
+    with pytest.raises(KforgeError, match="not a kforge database or it is corrupt"):
+        await Store.open(path)
+    assert path.read_bytes() == before
+
+
+async def test_foreign_sqlite_file_is_refused(tmp_path: Path):
+    path = tmp_path / "other.db"
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE songs (title TEXT)")
+    con.commit()
+    con.close()
+    with pytest.raises(KforgeError, match="not a kforge database"):
+        await Store.open(path)
+    assert sqlite3.connect(path).execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 1
+
+
+async def test_newer_schema_is_refused(tmp_path: Path):
+    path = tmp_path / "k.db"
+    (await Store.open(path)).__class__  # create
+    con = sqlite3.connect(path)
+    con.execute(f"PRAGMA user_version = {LATEST + 1}")
+    con.commit()
+    con.close()
+    with pytest.raises(KforgeError, match="newer kforge"):
+        await Store.open(path)
+
+
+async def test_folder_instead_of_file_is_refused(tmp_path: Path):
+    with pytest.raises(KforgeError, match="is a folder"):
+        await Store.open(tmp_path)
+
+
+async def test_locked_database_gives_a_clear_error(tmp_path: Path):
+    path = tmp_path / "k.db"
+    s = await Store.open(path, timeout_s=0.2)
+    sid = await make_session(s)
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+    try:
+        with pytest.raises(KforgeError, match="locked by another process"):
+            await s.set_session_status(sid, SessionStatus.STOPPED)
+        assert (await s.get_session(sid)).status == SessionStatus.READY  # reads still work
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+        await s.close()
+
+
+# ----- one writer, several readers, separate processes -----
+
+WRITER = textwrap.dedent("""
+    import asyncio, sys
+    from kforge.core.candidate import Candidate, EvalOutcome, EvalStatus
+    from kforge.store import Store
+
+    async def main(path, sid, card, n):
+        s = await Store.open(path)
+        for i in range(n):
+            node = await s.add_node(sid, card, None, "new")
+            await s.set_candidate(node, Candidate(f"src{i}", "l"))
+            await s.finish_node(node, EvalOutcome(EvalStatus.OK, speedup=1.0 + i), 0.0,
+                                {"spent": i + 1})
+        await s.close()
+
+    asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])))
+""")
+
+
+async def test_one_writer_and_several_readers_in_other_processes(tmp_path: Path):
+    path = tmp_path / "k.db"
+    s = await Store.open(path)
+    sid = await make_session(s)
+    card = (await s.list_cards(sid))[0].id
+    start = await s.last_seq()
+    n = 60
+    writer = await asyncio.create_subprocess_exec(sys.executable, "-c", WRITER, str(path),
+                                                  str(sid), str(card), str(n))
+    readers = [await Store.open(path, create=False) for _ in range(3)]
+
+    async def tail(reader: Store) -> list[int]:
+        seen, seq = [], start
+        while True:
+            for event in await reader.events_since(seq, session_id=sid):
+                seq = event.seq
+                if event.kind == "node_finished":
+                    # every event a reader sees refers to fully committed state
+                    detail = await reader.get_node(event.data["node_id"])
+                    assert detail.row.status == NodeStatus.OK
+                    assert detail.outcome is not None
+                    seen.append(event.data["node_id"])
+            if len(seen) == n:
+                return seen
+            await asyncio.sleep(0.01)
+
+    try:
+        results = await asyncio.wait_for(asyncio.gather(*(tail(r) for r in readers)), 60)
+        assert await writer.wait() == 0
+    finally:
+        for r in readers:
+            await r.close()
+    for seen in results:
+        assert seen == sorted(seen) and len(set(seen)) == n
+    events = await s.events_since(start, session_id=sid)
+    assert [e.seq for e in events] == sorted(e.seq for e in events)
+    assert (await s.get_card(card)).spent == n
+    await s.close()
