@@ -30,6 +30,7 @@ def _isolated_kforge_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch:
     monkeypatch.setenv("KFORGE_DB", str(home / "kforge.db"))
     monkeypatch.setenv("KFORGE_CONFIG", str(home / "config.toml"))
     monkeypatch.setenv("KFORGE_CACHE_DIR", str(home / "cache"))
-    for secret in ("KFORGE_LLM_API_KEY", "OPENAI_API_KEY"):
-        monkeypatch.delenv(secret, raising=False)
+    for name in ("KFORGE_LLM_API_KEY", "KFORGE_LLM_BASE_URL", "KFORGE_LLM_MODEL",
+                 "OPENAI_API_KEY", "OPENAI_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
     return home

@@ -10,12 +10,14 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from rich.text import Text
+
 from kforge.cli.common import add_db_option, out, resolve_db
 from kforge.config import config_path, load_config
 from kforge.errors import KforgeError
 
 OK, WARN, FAIL = "ok", "warn", "fail"
-_MARK = {OK: "[green]ok  [/green]", WARN: "[yellow]warn[/yellow]", FAIL: "[red]FAIL[/red]"}
+_MARK = {OK: ("ok  ", "green"), WARN: ("warn", "yellow"), FAIL: ("FAIL", "bold red")}
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     checks.append(check_tui())
     width = max(len(c.name) for c in checks)
     for c in checks:
-        out.print(f"{_MARK[c.level]}  {c.name.ljust(width)}  {c.detail}")
+        out.print(Text.assemble(_MARK[c.level], f"  {c.name.ljust(width)}  {c.detail}"))
     failed = [c.name for c in checks if c.level == FAIL]
     if failed:
         out.print(f"\nnot working: {', '.join(failed)}")
@@ -144,16 +146,16 @@ def check_config() -> Check:
 
 def check_llm() -> Check:
     def probe() -> Check:
+        import os
+
+        from kforge.propose.llm.settings import PLACEHOLDER_KEY, load_llm_settings
+
         try:
-            from kforge.propose.llm.settings import llm_settings
-        except ImportError:
-            return Check("LLM", WARN, "the LLM proposer is not installed in this build")
-        try:
-            s = llm_settings(load_config())
+            s = load_llm_settings(load_config(), os.environ)
         except KforgeError as exc:
             return Check("LLM", WARN, f"not configured ({exc}); the built-in kernel library "
                                       "works offline")
-        key = "key set" if s.api_key else "no key"
+        key = "no key" if s.api_key == PLACEHOLDER_KEY else "key set"
         return Check("LLM", OK, f"model {s.model} at {s.base_url or 'api.openai.com'} ({key})")
 
     return _guard("LLM", probe)

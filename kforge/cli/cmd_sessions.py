@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from kforge.cli.common import (
     add_db_option,
@@ -70,15 +70,15 @@ def cmd_show(args: argparse.Namespace) -> int:
     session, cards = with_store(args, work)
     settings = session.settings
     search = settings.get("search", {})
-    out.print(f"[bold]session {session.id}[/bold]  {escape(session.model)}  on "
-              f"{escape(session.gpu_label)}  {escape(f'[{session.status}]')}")
+    out.print(Text.assemble((f"session {session.id}", "bold"),
+                            f"  {session.model}  on {session.gpu_label}  [{session.status}]"))
     details = {k: settings[k] for k in ("dtype", "batch", "seq_len", "mode") if k in settings}
     if details:
         out.print("  " + "  ".join(f"{k}={v}" for k, v in details.items()))
     out.print(f"  proposer={search.get('proposer', 'library')}  "
               f"spent ${session.usd_spent:.2f}  ran {session.run_seconds / 60:.1f} min")
     if session.error:
-        out.print(f"  [red]error:[/red] {escape(session.error)}")
+        out.print(Text.assemble("  ", ("error:", "red"), f" {session.error}"))
     table = Table(box=None, header_style="bold")
     for name, right in (("card", True), ("op", False), ("arguments", False), ("calls", True),
                         ("share", True), ("kind", False), ("eager", True), ("compile", True),

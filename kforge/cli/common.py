@@ -17,8 +17,10 @@ from kforge.store import Store
 T = TypeVar("T")
 
 # Piped output is not folded to 80 columns: tables stay one row per line for grep and less.
-out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+# Markup is off: op signatures like "bf16[8,4096]" and "[llm]" must print as they are.
+out = Console(highlight=False, markup=False, soft_wrap=True,
+              width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True, highlight=False, markup=False, soft_wrap=True)
 
 
 def add_db_option(parser: argparse.ArgumentParser) -> None:

@@ -147,6 +147,9 @@ class OpCard:
         return self.library in VENDOR_LIBRARIES
 
     def with_(self, **changes: Any) -> OpCard:
+        """A copy with ``changes``; the key follows if the op or its arguments change."""
+        if {"op", "args", "kwargs"} & changes.keys():
+            changes.setdefault("key", "")
         return replace(self, **changes)
 
     def to_dict(self) -> dict:

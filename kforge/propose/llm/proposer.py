@@ -1,0 +1,161 @@
+"""The LLM agent: asks a model behind any OpenAI-compatible endpoint for a candidate kernel.
+
+One request, one chat completion. Transient failures are retried here with backoff (the SDK's own
+retries are off); every attempt is recorded as an ``LlmCall`` with its tokens and cost, and what
+cannot be fixed by retrying ends as a Proposal error, never as an exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+
+import openai
+from openai.types.chat import ChatCompletion
+
+from kforge.config import config_path
+from kforge.core.candidate import Candidate, LlmCall, Proposal
+from kforge.core.mcts import Action
+from kforge.engine.protocols import ProposalRequest, SearchContext
+from kforge.propose.llm.parse import UnusableReply, parse_reply
+from kforge.propose.llm.prompt import build_messages, effective_action, render_messages
+from kforge.propose.llm.retry import Backoff, classify
+from kforge.propose.llm.settings import LlmSettings, load_llm_settings
+
+log = logging.getLogger(__name__)
+
+PROPOSER = "llm"
+DEFAULT_BACKOFF = Backoff()
+MALFORMED = "the server's answer is not a chat completion"
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """What a completed call returned: the reply text, why it ended, and its cost note."""
+
+    text: str
+    finish_reason: str
+    cost_note: str
+
+
+class LlmProposer:
+    """Writes one candidate per request with a chat model."""
+
+    name = PROPOSER
+
+    def __init__(self, settings: LlmSettings, *,
+                 sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+                 rng: random.Random | None = None, backoff: Backoff = DEFAULT_BACKOFF) -> None:
+        self.settings = settings
+        self._client = openai.AsyncOpenAI(api_key=settings.api_key, base_url=settings.base_url,
+                                          timeout=settings.timeout_s, max_retries=0)
+        self._sleep = sleep
+        self._rng = rng or random.Random()
+        self._backoff = backoff
+        self._noted: set[str] = set()
+
+    async def propose(self, request: ProposalRequest) -> Proposal:
+        messages = build_messages(request)
+        prompt = self.settings.redact(render_messages(messages))
+        answer, calls, failure = await self._complete(messages, prompt)
+        if answer is None:
+            return Proposal(calls=calls, error=f"LLM call failed: {failure}")
+        try:
+            parsed = parse_reply(answer.text)
+        except UnusableReply as exc:
+            reason = f"unusable reply: {exc}"
+            if answer.finish_reason == "length":
+                reason += (f" (the reply was cut at max_tokens={self.settings.max_tokens}: "
+                           "raise [llm] max_tokens)")
+            calls[-1] = replace(calls[-1], error=reason)
+            return Proposal(calls=calls, error=reason)
+        action = effective_action(request)
+        redact = self.settings.redact
+        meta = {
+            "proposer": PROPOSER,
+            "model": self.settings.model,
+            "approach": redact(parsed.approach) or f"{action.value} by {self.settings.model}",
+            "notes": redact(parsed.notes),
+            "action": action.value,
+            "kernels": parsed.kernels,
+        }
+        if request.parent is not None and action is not Action.NEW:
+            meta["parent"] = request.parent.id
+        if answer.cost_note:
+            meta["cost_note"] = answer.cost_note
+        candidate = Candidate(redact(parsed.source), redact(parsed.launcher), meta)
+        return Proposal(candidates=[candidate], calls=calls)
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    async def _complete(self, messages: list[dict[str, str]],
+                        prompt: str) -> tuple[_Answer | None, list[LlmCall], str]:
+        """Send the request, retrying transient failures; every attempt is recorded as a call."""
+        settings = self.settings
+        tries = settings.max_retries + 1
+        calls: list[LlmCall] = []
+        attempt = 0
+        while True:
+            attempt += 1
+            started = time.monotonic()
+            try:
+                response = await self._client.chat.completions.create(
+                    model=settings.model, messages=messages, **self._options())
+            except openai.OpenAIError as exc:
+                failure = classify(exc, settings.timeout_s)
+                cause = settings.redact(failure.cause)
+                calls.append(LlmCall(model=settings.model, input_tokens=0, output_tokens=0, usd=0.0,
+                                     seconds=time.monotonic() - started, prompt=prompt, error=cause))
+                if not failure.retryable or attempt == tries:
+                    return None, calls, settings.redact(failure.report(attempt))
+                delay = self._backoff.delay(attempt, self._rng.random(), failure.retry_after)
+                log.warning("LLM request %s; retry %d of %d in %.1f s", cause, attempt,
+                            tries - 1, delay)
+                await self._sleep(delay)
+                continue
+            seconds = time.monotonic() - started
+            try:
+                answer, call = self._record(response, prompt, seconds)
+            except (AttributeError, TypeError):  # a payload the SDK could not shape
+                calls.append(LlmCall(model=settings.model, input_tokens=0, output_tokens=0, usd=0.0,
+                                     seconds=seconds, prompt=prompt, error=MALFORMED))
+                return None, calls, MALFORMED
+            calls.append(call)
+            return answer, calls, ""
+
+    def _options(self) -> dict:
+        options: dict = {self.settings.token_limit_field: self.settings.max_tokens}
+        if self.settings.temperature is not None:
+            options["temperature"] = self.settings.temperature
+        return options
+
+    def _record(self, response: ChatCompletion, prompt: str, seconds: float) -> tuple[_Answer, LlmCall]:
+        settings = self.settings
+        choice = response.choices[0] if response.choices else None
+        text = (choice.message.content or "") if choice is not None else ""
+        usage = response.usage
+        input_tokens = (usage.prompt_tokens or 0) if usage is not None else 0
+        output_tokens = (usage.completion_tokens or 0) if usage is not None else 0
+        reported = getattr(response, "model", None)  # servers may name the exact snapshot served
+        usd, note = settings.cost(input_tokens, output_tokens, settings.model,
+                                  *([reported] if reported else []))
+        if note and note not in self._noted:
+            self._noted.add(note)
+            log.warning(note)
+        call = LlmCall(model=settings.model, input_tokens=input_tokens, output_tokens=output_tokens,
+                       usd=usd, seconds=seconds, prompt=prompt, reply=settings.redact(text))
+        finish = (choice.finish_reason or "") if choice is not None else ""
+        return _Answer(text, finish, note), call
+
+
+def make_llm_proposer(ctx: SearchContext) -> LlmProposer:
+    """The factory behind ``--proposer llm``: settings from the config file, the environment and
+    the session's ``llm_model`` override."""
+    settings = load_llm_settings(ctx.config, os.environ, ctx.settings, config_file=str(config_path()))
+    return LlmProposer(settings)
