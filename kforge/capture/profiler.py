@@ -1,0 +1,211 @@
+"""Profile a loaded model into op cards: what each aten op variant costs and which library runs it.
+
+The model runs three ways. A warm-up forward settles lazy initialisation and autotuning. Timed
+forwards run under ``torch.profiler`` and a ``CallRecorder``, which wraps each aten call in a
+profiler range named after its card key: the CUDA kernels launched inside a range are that call's
+GPU time (on a CPU-only run, the range's CPU time is used instead). A last forward under a
+``SampleRecorder`` saves the inputs of a few calls per target card, spread over the model's calls,
+into the staging folder, within the byte caps of ``kforge.capture.samples``. The caller owns the
+staging folder: it hands it to the store with the cards, or removes it if anything fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.autograd import DeviceType
+
+from kforge.capture.classify import op_library
+from kforge.capture.loader import LoadedModel, first_line
+from kforge.capture.recorder import RANGE_PREFIX, CallRecorder, ModuleTracker, SampleRecorder
+from kforge.capture.samples import SampleBudget, spread
+from kforge.core.opcard import OpCard, rank_cards
+from kforge.errors import KforgeError
+
+Progress = Callable[[str, int, int], None]
+# Kernel time outside any aten op (custom extensions, Triton) above this share earns a warning.
+UNATTRIBUTED_WARN_SHARE = 0.01
+
+
+@dataclass
+class Profile:
+    """A profiled model: its op cards ranked, and what else the session should keep."""
+
+    cards: list[OpCard]
+    total_us: float  # operator time of one forward (GPU kernel time; CPU time on a CPU run)
+    modules: dict[str, list[str]]  # card key -> module paths that issued it, in first-use order
+    timing: str  # "cuda" (kernel time) or "cpu" (CPU time)
+    samples_saved: int = 0
+    sample_bytes: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _RangeTimes:
+    """Time measured inside the profiler ranges of one card key."""
+
+    us: float = 0.0
+    kernels: dict[str, float] = field(default_factory=dict)
+
+
+def profile(loaded: LoadedModel, *, samples_per_card: int, staging_dir: Path,
+            progress: Progress | None = None, repeats: int | None = None,
+            budget: SampleBudget | None = None) -> Profile:
+    """Profile ``loaded`` into op cards, saving sample inputs into ``staging_dir``.
+
+    ``repeats`` timed forwards are averaged (default 3 on a GPU, 1 on the CPU).
+    """
+    report = progress or (lambda stage, done, total: None)
+    on_gpu = loaded.device.type == "cuda"
+    repeats = repeats or (3 if on_gpu else 1)
+
+    report("warmup", 0, 1)
+    _guarded(loaded, lambda: _forward(loaded, on_gpu))
+    report("warmup", 1, 1)
+
+    recorder, times, unattributed_us = _timed_passes(loaded, on_gpu, repeats, report)
+    cards = _cards(recorder, times, repeats)
+    total_us = sum(card.total_us for card in cards)
+    result = Profile(
+        cards=rank_cards([c.with_(share=c.total_us / total_us if total_us else 0.0)
+                          for c in cards]),
+        total_us=total_us, timing="cuda" if on_gpu else "cpu",
+        modules={key: list(paths) for key, paths in recorder.modules.items()})
+    if not on_gpu:
+        result.warnings.append("profiled on the CPU: times are CPU times, libraries not known")
+    else:
+        share = unattributed_us / max(total_us * repeats + unattributed_us, 1e-9)
+        if share > UNATTRIBUTED_WARN_SHARE:
+            result.warnings.append(f"{share:.0%} of GPU time ran in kernels launched outside "
+                                   "aten ops (custom extensions or Triton); they have no op card")
+    if samples_per_card > 0:
+        _save_samples(loaded, on_gpu, result, samples_per_card, staging_dir,
+                      budget or SampleBudget(), report)
+    return result
+
+
+def _timed_passes(loaded: LoadedModel, on_gpu: bool, repeats: int, report: Progress
+                  ) -> tuple[CallRecorder, dict[str, _RangeTimes], float]:
+    """Run ``repeats`` profiled forwards; the recorder, time per card key, unattributed time."""
+    tracker = ModuleTracker(loaded.model)
+    recorder = CallRecorder(tracker)
+    times: dict[str, _RangeTimes] = {}
+    unattributed_us = 0.0
+    for done in range(repeats):
+        report("profile", done, repeats)
+        prof = _guarded(loaded, lambda: _timed_forward(loaded, on_gpu, tracker, recorder))
+        unattributed_us += _collect(prof.events(), on_gpu, times)
+    report("profile", repeats, repeats)
+    return recorder, times, unattributed_us
+
+
+def _save_samples(loaded: LoadedModel, on_gpu: bool, result: Profile, per_card: int,
+                  staging_dir: Path, budget: SampleBudget, report: Progress) -> None:
+    """Save up to ``per_card`` inputs of each target card, spread over its calls."""
+    plan = {c.key: spread(c.calls, per_card) for c in result.cards if c.target}
+    if not plan:
+        return
+    total_calls = sum(c.calls for c in result.cards)
+    report("samples", 0, total_calls)
+    sampler = SampleRecorder(plan, staging_dir, budget, on_progress=lambda passed: report(
+        "samples", min(passed, total_calls), total_calls))
+    _guarded(loaded, lambda: _sampled_forward(loaded, on_gpu, sampler))
+    report("samples", total_calls, total_calls)
+    result.samples_saved = sum(sampler.saved.values())
+    result.sample_bytes = budget.used
+    if budget.tensors_left_out:
+        result.warnings.append(f"{budget.tensors_left_out} sample tensors were over the byte caps "
+                               "and not saved; the evaluator fills those with random values")
+
+
+def _forward(loaded: LoadedModel, on_gpu: bool) -> None:
+    loaded.run()
+    if on_gpu:
+        torch.cuda.synchronize(loaded.device)
+
+
+def _timed_forward(loaded: LoadedModel, on_gpu: bool, tracker: ModuleTracker,
+                   recorder: CallRecorder) -> torch.profiler.profile:
+    loaded.prepare()
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if on_gpu:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+        torch.cuda.synchronize(loaded.device)
+    with torch.profiler.profile(activities=activities) as prof:
+        with tracker, recorder:
+            loaded.step()
+        if on_gpu:
+            torch.cuda.synchronize(loaded.device)
+    return prof
+
+
+def _sampled_forward(loaded: LoadedModel, on_gpu: bool, sampler: SampleRecorder) -> None:
+    loaded.prepare()
+    with sampler:
+        loaded.step()
+    if on_gpu:
+        torch.cuda.synchronize(loaded.device)
+
+
+def _guarded(loaded: LoadedModel, work: Callable[[], Any]) -> Any:
+    """Run ``work``, turning the ways a model fails to run into one clear KforgeError."""
+    try:
+        return work()
+    except torch.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        raise KforgeError(f"out of GPU memory running {loaded.name} on {loaded.device}: try a "
+                          "smaller --batch, --seq-len or --layers") from None
+    except KforgeError:
+        raise
+    except Exception as exc:
+        dtype = str(loaded.dtype).removeprefix("torch.")
+        raise KforgeError(f"{loaded.name} failed to run on {loaded.device} in {dtype}: "
+                          f"{type(exc).__name__}: {first_line(exc)}") from None
+
+
+def _collect(events: Iterable[Any], on_gpu: bool, times: dict[str, _RangeTimes]) -> float:
+    """Add each card range's time in ``events`` to ``times``; return kernel time outside them."""
+    device_total = 0.0
+    attributed = 0.0
+    for evt in events:
+        if evt.device_type == DeviceType.CUDA:
+            if not evt.name.startswith(RANGE_PREFIX):  # skip the ranges' GPU-side annotations
+                device_total += evt.time_range.elapsed_us()
+            continue
+        if evt.device_type != DeviceType.CPU or not evt.name.startswith(RANGE_PREFIX):
+            continue
+        entry = times.setdefault(evt.name[len(RANGE_PREFIX):], _RangeTimes())
+        if on_gpu:
+            for kernel, us in _kernels(evt):
+                entry.kernels[kernel] = entry.kernels.get(kernel, 0.0) + us
+                entry.us += us
+                attributed += us
+        else:
+            entry.us += evt.cpu_time_total
+    return max(0.0, device_total - attributed)
+
+
+def _kernels(evt: Any) -> Iterable[tuple[str, float]]:
+    """``(kernel name, us)`` of every device kernel launched inside ``evt``, children included."""
+    for kernel in evt.kernels:
+        if not kernel.name.startswith(RANGE_PREFIX):  # the range's own GPU-side annotation
+            yield kernel.name, kernel.duration
+    for child in evt.cpu_children:
+        yield from _kernels(child)
+
+
+def _cards(recorder: CallRecorder, times: dict[str, _RangeTimes], repeats: int) -> list[OpCard]:
+    cards = []
+    for key, spec in recorder.specs.items():
+        measured = times.get(key, _RangeTimes())
+        calls = max(1, round(recorder.calls[key] / repeats))
+        total_us = measured.us / repeats
+        cards.append(OpCard(
+            op=spec.op, args=spec.args, kwargs=spec.kwargs, calls=calls, total_us=total_us,
+            library=op_library(spec.op, spec.view_or_copy, measured.kernels),
+            target=not spec.view_or_copy, eager_us=total_us / calls))
+    return cards

@@ -1,0 +1,167 @@
+"""Watch a model run at the aten level: which op variants it calls, from which module, with which
+inputs.
+
+Two TorchDispatchModes share one job each: ``CallRecorder`` names every call (card key), notes the
+module that issued it and wraps it in a profiler range named after its key, so kernel time can be
+joined back to the card; ``SampleRecorder`` saves the inputs of chosen calls. A dispatch mode sees
+ops after composite ops (``linear``, ``scaled_dot_product_attention``) have been decomposed, which
+is exactly the level that guarded integration replaces.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from torch._C._profiler import _RecordFunctionFast
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from kforge.capture.classify import is_view_or_copy
+from kforge.capture.samples import SampleBudget, save_sample
+from kforge.capture.spec import encode_call
+from kforge.core.opcard import variant_key
+
+RANGE_PREFIX = "kforge:"
+PROGRESS_EVERY = 256  # calls between progress reports while saving samples
+# Namespaces whose ops are bookkeeping, not model work.
+_SKIPPED_NAMESPACES = frozenset({"profiler"})
+
+
+@dataclass(frozen=True)
+class CallSpec:
+    """One op variant as first seen: what a card is made of."""
+
+    op: str
+    args: list
+    kwargs: dict
+    view_or_copy: bool
+
+
+class _Call(NamedTuple):
+    key: str
+    op: str
+    args: list
+    kwargs: dict
+
+
+class ModuleTracker:
+    """Knows which module of ``model`` is running, as its dotted path (``model.layers.3.mlp``).
+
+    Ops issued by the root module itself get the empty path.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.stack: list[str] = [""]
+        self._handles: list[Any] = []
+
+    @property
+    def current(self) -> str:
+        return self.stack[-1]
+
+    def __enter__(self) -> ModuleTracker:
+        for name, module in self.model.named_modules():
+            if not name:
+                continue
+            self._handles.append(module.register_forward_pre_hook(self._enter(name)))
+            self._handles.append(module.register_forward_hook(self._leave, always_call=True))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        del self.stack[1:]
+
+    def _enter(self, name: str):
+        def hook(module: torch.nn.Module, args: Any) -> None:
+            self.stack.append(name)
+        return hook
+
+    def _leave(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if len(self.stack) > 1:
+            self.stack.pop()
+
+
+class _KeyedMode(TorchDispatchMode):
+    """Computes each call's card key; subclasses decide what to do around the call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._names: dict[Any, str] = {}
+
+    def _describe(self, func: Any, args: tuple, kwargs: dict) -> _Call | None:
+        """The call's card key and arg specs; None for bookkeeping ops that are no model work."""
+        op = self._names.get(func)
+        if op is None:
+            op = self._names[func] = str(func)
+        if op.split(".", 1)[0] in _SKIPPED_NAMESPACES:
+            return None
+        args_spec, kwargs_spec = encode_call(func, args, kwargs)
+        return _Call(variant_key(op, args_spec, kwargs_spec), op, args_spec, kwargs_spec)
+
+
+class CallRecorder(_KeyedMode):
+    """Records every call (key, module) and runs it inside a profiler range named by its key."""
+
+    def __init__(self, tracker: ModuleTracker) -> None:
+        super().__init__()
+        self.tracker = tracker
+        self.specs: dict[str, CallSpec] = {}
+        self.calls: dict[str, int] = {}
+        self.modules: dict[str, dict[str, None]] = {}  # ordered sets of module paths per key
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        call = self._describe(func, args, kwargs)
+        if call is None:
+            return func(*args, **kwargs)
+        if call.key not in self.specs:
+            view = is_view_or_copy(call.op, func.is_view, torch.Tag.view_copy in func.tags,
+                                   any("Tensor" in str(r.type) for r in func._schema.returns))
+            self.specs[call.key] = CallSpec(call.op, call.args, call.kwargs, view)
+            self.modules[call.key] = {}
+        self.calls[call.key] = self.calls.get(call.key, 0) + 1
+        self.modules[call.key][self.tracker.current] = None
+        with _RecordFunctionFast(RANGE_PREFIX + call.key):
+            return func(*args, **kwargs)
+
+
+class SampleRecorder(_KeyedMode):
+    """Saves the inputs of the planned calls (``plan[key]`` = call indices) before they run.
+
+    ``on_progress(calls passed)`` is called every ``PROGRESS_EVERY`` calls.
+    """
+
+    def __init__(self, plan: dict[str, set[int]], samples_dir: Path, budget: SampleBudget,
+                 on_progress: Callable[[int], None] | None = None) -> None:
+        super().__init__()
+        self.plan = plan
+        self.samples_dir = samples_dir
+        self.budget = budget
+        self.on_progress = on_progress
+        self.passed = 0
+        self.seen: dict[str, int] = {}
+        self.saved: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        self.passed += 1
+        if self.on_progress is not None and self.passed % PROGRESS_EVERY == 0:
+            self.on_progress(self.passed)
+        call = self._describe(func, args, kwargs)
+        if call is not None and call.key in self.plan:
+            key = call.key
+            index = self.seen.get(key, 0)
+            self.seen[key] = index + 1
+            if index in self.plan[key]:
+                number = self.saved.get(key, 0)
+                save_sample(self.samples_dir / key / f"{number}.pt", key, args, kwargs,
+                            self.budget)
+                self.saved[key] = number + 1
+        return func(*args, **kwargs)

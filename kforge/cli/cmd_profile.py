@@ -1,0 +1,153 @@
+"""`kforge profile MODEL`: profile a model into op cards and store them as a new session."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import sys
+from typing import TYPE_CHECKING, TextIO
+
+from kforge.cli.common import add_db_option, out, resolve_db
+from kforge.core.gpu import NO_GPU, GpuInfo
+from kforge.errors import KforgeError
+from kforge.store import Store
+
+if TYPE_CHECKING:
+    from kforge.capture import Profile
+
+DEFAULT_SAMPLES = 3
+STAGE_LABELS = {
+    "build": "building the model",
+    "warmup": "warm-up forward",
+    "profile": "timed forwards",
+    "samples": "saving sample inputs (op calls)",
+}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "profile", help="profile a model into op cards (creates a session)",
+        description="Run a model once per pass at the aten level and store one op card per op "
+                    "variant, ranked by its share of the model's time, with sample inputs.")
+    p.add_argument("model", nargs="?",
+                   help="a built-in model (see --list) or path/to/file.py:factory")
+    p.add_argument("--list", action="store_true", help="list the built-in models and exit")
+    p.add_argument("--dtype", help="bf16, fp16 or fp32 (default: the model's own)")
+    p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when there is a GPU)")
+    p.add_argument("--batch", type=_count, help="batch size (default: the model's)")
+    p.add_argument("--seq-len", type=_count, dest="seq_len",
+                   help="sequence length; for decode, the tokens already in the KV cache")
+    p.add_argument("--mode", choices=("prefill", "decode"),
+                   help="for language models: the prompt pass or one generated token")
+    p.add_argument("--layers", type=_count,
+                   help="keep only the first N layers, for speed (default: all)")
+    p.add_argument("--samples", type=_count_or_zero, default=DEFAULT_SAMPLES,
+                   help=f"sample inputs kept per op card (default {DEFAULT_SAMPLES})")
+    p.add_argument("--top", type=_count, default=15, help="op variants to print (default 15)")
+    add_db_option(p)
+    p.set_defaults(func=cmd_profile)
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from kforge.capture import zoo
+
+    if args.list:
+        width = max(len(name) for name in zoo.MODELS)
+        for name, description in zoo.listing():
+            out.print(f"{name.ljust(width)}  {description}")
+        return 0
+    if not args.model:
+        raise KforgeError("name a model to profile: a built-in one (kforge profile --list) or "
+                          "path/to/file.py:factory")
+    session, result, name, settings = asyncio.run(_profile_into_store(args, ProgressLine()))
+    from kforge.capture.report import format_table, summary_line
+
+    out.print(summary_line(name, settings, result), markup=False)
+    out.print(format_table(result, top=args.top), markup=False)
+    for warning in result.warnings:
+        out.print(f"note: {warning}", markup=False)
+    out.print(f"stored as session {session} with {result.samples_saved} sample inputs "
+              f"({result.sample_bytes / 2**20:.1f} MiB); see `kforge show {session}`")
+    return 0
+
+
+async def _profile_into_store(args: argparse.Namespace, progress: ProgressLine
+                              ) -> tuple[int, Profile, str, dict]:
+    """Profile into a staging folder, then store cards and samples together, or nothing."""
+    from kforge.capture import ModelOptions, load_model, profile
+
+    store = await Store.open(resolve_db(args), create=True)
+    try:
+        options = ModelOptions(dtype=args.dtype, device=args.device, batch=args.batch,
+                               seq_len=args.seq_len, mode=args.mode, layers=args.layers)
+        loaded = load_model(args.model, options, progress)
+        settings = {**loaded.settings, "samples": args.samples}
+        staging = store.new_staging_dir()
+        try:
+            result = profile(loaded, samples_per_card=args.samples, staging_dir=staging,
+                             progress=progress)
+            session = await store.create_profiled_session(
+                model=loaded.name, settings=settings, gpu=_gpu_info(loaded.device.type).to_dict(),
+                cards=result.cards, staging_dir=staging, modules=result.modules)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    finally:
+        progress.finish()
+        await store.close()
+    return session, result, loaded.name, settings
+
+
+def _gpu_info(device_type: str) -> GpuInfo:
+    if device_type != "cuda":
+        return NO_GPU
+    from kforge.eval.gpuinfo import detect_gpu
+
+    return detect_gpu()
+
+
+class ProgressLine:
+    """Renders ``progress(stage, done, total)``: one redrawn line on a terminal, else plain lines
+    at the start and end of each stage."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = stream or sys.stderr
+        self.live = self.stream.isatty()
+        self.stage = ""
+        self.drawn = False
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        label = STAGE_LABELS.get(stage, stage)
+        text = f"{label}: {done}/{total}"
+        if self.live:
+            self.stream.write("\r\033[K" + text)
+            self.drawn = True
+        elif stage != self.stage or done >= total:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+        self.stage = stage
+
+    def finish(self) -> None:
+        """End the redrawn line so that what follows starts on its own line."""
+        if self.drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.drawn = False
+
+
+def _count(text: str) -> int:
+    value = _count_or_zero(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _count_or_zero(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("must not be negative")
+    return value

@@ -1,0 +1,79 @@
+"""`kforge profile`: a stored session with cards and samples on success, nothing on failure."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from pathlib import Path
+
+from kforge.cli.cmd_profile import ProgressLine
+from kforge.cli.main import main
+from kforge.store import Store
+
+TOY = Path(__file__).with_name("capture_toy.py")
+
+
+def stored(db: Path):
+    async def read():
+        store = await Store.open(db)
+        try:
+            sessions = await store.list_sessions()
+            cards = await store.list_cards(sessions[0].session.id) if sessions else []
+            detail = await store.get_session(sessions[0].session.id) if sessions else None
+            return sessions, cards, detail, store.samples_root
+        finally:
+            await store.close()
+
+    return asyncio.run(read())
+
+
+def test_list_names_every_built_in_model(capsys):
+    assert main(["profile", "--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines][:2] == ["resnet50", "resnet50-tiny"]
+    assert any(line.startswith("qwen35 ") and "35B-A3B" in line for line in lines)
+
+
+def test_profile_stores_a_session_with_cards_modules_and_samples(tmp_path, capsys):
+    db = tmp_path / "kforge.db"
+    code = main(["profile", f"{TOY}:build", "--device", "cpu", "--samples", "1", "--batch", "3",
+                 "--db", str(db)])
+    assert code == 0
+    output = capsys.readouterr().out
+    assert "_softmax" in output and "stored as session 1" in output
+    sessions, cards, session, samples_root = stored(db)
+    assert len(sessions) == 1 and session.model == f"{TOY}:build"
+    assert session.settings == {"dtype": "float32", "device": "cpu", "batch": 3, "seq_len": None,
+                                "mode": None, "layers": None, "samples": 1}
+    assert session.gpu["name"] == "no GPU"
+    softmax = next(row for row in cards if row.card.op == "aten._softmax.default")
+    assert softmax.modules == ["blocks.0", "blocks.1"] and softmax.card.calls == 2
+    assert (samples_root / "1" / softmax.card.key / "0.pt").is_file()
+    assert not list(samples_root.glob(".staging-*"))
+
+
+def test_a_failing_model_stores_nothing(tmp_path, capsys):
+    db = tmp_path / "kforge.db"
+    assert main(["profile", f"{TOY}:failing_model", "--device", "cpu", "--db", str(db)]) == 1
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert message.startswith("kforge: ") and "failed to run on cpu" in message
+    sessions, _, _, samples_root = stored(db)
+    assert sessions == []
+    assert not samples_root.exists() or not any(samples_root.iterdir())
+
+
+def test_no_model_is_a_clear_error(capsys):
+    assert main(["profile"]) == 1
+    assert "name a model to profile" in capsys.readouterr().err
+
+
+def test_progress_is_plain_lines_off_a_terminal():
+    stream = io.StringIO()
+    progress = ProgressLine(stream)
+    for done in range(3):
+        progress("profile", done, 2)
+    for done in (0, 5, 10):
+        progress("samples", done, 10)
+    assert stream.getvalue().splitlines() == [
+        "timed forwards: 0/2", "timed forwards: 2/2", "saving sample inputs (op calls): 0/10",
+        "saving sample inputs (op calls): 10/10"]
