@@ -1,0 +1,189 @@
+"""Reading an op card as the kernel library needs it: tensor layouts, scalar arguments, and the
+outputs eager PyTorch would return (found by running the op on meta tensors, which shares eager's
+shape, dtype and stride rules without touching a GPU)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kforge.core.opcard import DTYPE_BYTES, OpCard
+
+# Storage types the library computes with (always accumulating in float).
+FLOAT_CTYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
+INDEX_CTYPES = {"int64": "int64_t", "int32": "int32_t"}
+_SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "int64": "i64", "int32": "i32"}
+
+
+class Declined(Exception):
+    """The library has no kernel for this card; the message says why, in one line."""
+
+
+@dataclass(frozen=True)
+class TensorArg:
+    """A tensor argument as the card describes it (no data)."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: str
+    offset: int = 0
+
+    @classmethod
+    def from_spec(cls, spec: dict) -> TensorArg:
+        if "stride" not in spec:
+            raise Declined(f"a tensor with layout {spec.get('layout', '?')} has no strides")
+        return cls(tuple(spec["shape"]), tuple(spec["stride"]), spec["dtype"], spec.get("offset", 0))
+
+    @classmethod
+    def from_tensor(cls, t: torch.Tensor) -> TensorArg:
+        return cls(tuple(t.shape), tuple(t.stride()), str(t.dtype).removeprefix("torch."),
+                   t.storage_offset())
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def itemsize(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def is_contiguous(self) -> bool:
+        return all(size == 1 or step == want
+                   for size, step, want in zip(self.shape, self.stride, contiguous_strides(self.shape)))
+
+    @property
+    def ctype(self) -> str:
+        """The CUDA storage type; declines dtypes the library has no kernels for."""
+        require_float(self)
+        return FLOAT_CTYPES[self.dtype]
+
+    @property
+    def torch_dtype(self) -> str:
+        """The dtype as launcher source text, e.g. ``torch.bfloat16``."""
+        return f"torch.{self.dtype}"
+
+    def describe(self) -> str:
+        dims = ",".join(str(d) for d in self.shape)
+        return f"{_SHORT.get(self.dtype, self.dtype)}[{dims}]"
+
+
+def require_float(*tensors: TensorArg) -> None:
+    """Decline unless every tensor has a dtype the library computes with."""
+    for t in tensors:
+        if t.dtype not in FLOAT_CTYPES:
+            raise Declined(f"dtype {t.dtype} is not supported (float32, float16, bfloat16 are)")
+
+
+def contiguous_strides(shape: tuple[int, ...] | list[int]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def decode(spec: Any) -> Any:
+    """An arg spec as a value: tensors become ``TensorArg``, lists lists, dtypes ``torch.dtype``."""
+    if isinstance(spec, dict):
+        kind = spec.get("t")
+        if kind == "tensor":
+            return TensorArg.from_spec(spec)
+        if kind == "list":
+            return [decode(item) for item in spec["items"]]
+        if kind == "dtype":
+            return getattr(torch, spec["v"])
+        if kind == "device":
+            return torch.device(spec["v"])
+        if kind == "layout":
+            return getattr(torch, spec["v"])
+        if kind == "memory_format":
+            return getattr(torch, spec["v"])
+        raise Declined(f"an argument of kind {kind!r} is not supported")
+    if isinstance(spec, (list, tuple)):
+        return [decode(item) for item in spec]
+    return spec
+
+
+@dataclass(frozen=True)
+class Call:
+    """One card's call, decoded: ``args`` and ``kwargs`` as values, and eager's outputs."""
+
+    op: str
+    args: list
+    kwargs: dict
+    outputs: tuple[TensorArg, ...]
+
+    def value(self, index: int) -> Any:
+        """Argument ``index`` of the op's schema, passed by position or keyword, or its default."""
+        if index < len(self.args):
+            return self.args[index]
+        argument = resolve_op(self.op)._schema.arguments[index]
+        if argument.name in self.kwargs:
+            return self.kwargs[argument.name]
+        return argument.default_value if argument.has_default_value() else None
+
+    def source(self, index: int) -> str:
+        """Launcher text that reads argument ``index`` as the op received it."""
+        if index < len(self.args):
+            return f"args[{index}]"
+        name = resolve_op(self.op)._schema.arguments[index].name
+        if name not in self.kwargs:
+            raise ValueError(f"argument {name} of {self.op} was not passed")
+        return f"kwargs[{name!r}]"
+
+    def tensor(self, index: int, what: str) -> TensorArg:
+        value = self.value(index)
+        if not isinstance(value, TensorArg):
+            raise Declined(f"{what} is not a tensor")
+        return value
+
+
+def read_call(card: OpCard) -> Call:
+    args = [decode(a) for a in card.args]
+    kwargs = {k: decode(v) for k, v in card.kwargs.items()}
+    return Call(card.op, args, kwargs, eager_outputs(card.op, args, kwargs))
+
+
+def resolve_op(op: str) -> torch._ops.OpOverload:
+    parts = op.split(".")
+    if len(parts) != 3 or parts[0] != "aten":
+        raise Declined(f"{op} is not an aten operator overload")
+    try:
+        return getattr(getattr(torch.ops.aten, parts[1]), parts[2])
+    except AttributeError:
+        raise Declined(f"this PyTorch has no operator {op}") from None
+
+
+def eager_outputs(op: str, args: list, kwargs: dict) -> tuple[TensorArg, ...]:
+    """What eager returns for these arguments (shape, stride, dtype), by running on meta tensors."""
+
+    def to_meta(value: Any) -> Any:
+        if isinstance(value, TensorArg):
+            if any(s < 0 for s in value.stride):
+                raise Declined("negative strides are not supported")
+            dtype = getattr(torch, value.dtype)
+            return torch.empty_strided(value.shape, value.stride, dtype=dtype, device="meta")
+        if isinstance(value, list):
+            return [to_meta(v) for v in value]
+        if isinstance(value, torch.device):
+            return torch.device("meta")
+        return value
+
+    try:
+        result = resolve_op(op)(*[to_meta(a) for a in args], **{k: to_meta(v) for k, v in kwargs.items()})
+    except (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError) as exc:
+        # eager's own argument checks
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise Declined(f"eager PyTorch rejects these arguments: {first}") from None
+    results = result if isinstance(result, (tuple, list)) else (result,)
+    if not all(isinstance(t, torch.Tensor) for t in results):
+        raise Declined(f"{op} returns something other than tensors")
+    return tuple(TensorArg.from_tensor(t) for t in results)

@@ -1,0 +1,203 @@
+"""Pooling: ``aten._adaptive_avg_pool2d`` (any output size; a 1x1 output also gets the reduction
+kernels) and ``aten.max_pool2d_with_indices`` (values and int64 indices, eager's NaN and padding
+rules), for contiguous and channels-last inputs.
+
+Window kernels take one output per thread, in the output's memory order: ``block`` threads and
+``unroll`` outputs per thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kforge.core.gpu import GpuInfo
+from kforge.propose.library.cards import Call, Declined, TensorArg, require_float
+from kforge.propose.library.families.base import (
+    Family,
+    Kernel,
+    Variant,
+    alloc_line,
+    expect_line,
+)
+from kforge.propose.library.families.reduce import (
+    ReduceProblem,
+    reduce_shape,
+    reduce_variants,
+    render_reduce,
+)
+from kforge.propose.library.layout import (
+    coords_code,
+    index_type,
+    linear_code,
+    max_offset,
+)
+from kforge.propose.library.space import (
+    Axis,
+    Params,
+    Space,
+    ceil_div,
+    pow2_ceil,
+    powers_of_two,
+)
+
+
+@dataclass(frozen=True)
+class PoolProblem:
+    """adaptive average pooling over the last two dimensions; ``global_`` when the output is
+    1x1 and the reduction kernels apply."""
+
+    call: Call
+    x: TensorArg
+    out: TensorArg
+    global_: ReduceProblem | None
+
+
+class AdaptiveAvgPool(Family):
+    name = "adaptive_avg_pool2d"
+    ops = ("aten._adaptive_avg_pool2d.default",)
+    cuda_files = ("reduce.cu", "pool.cu")
+    reference = "window"
+
+    def analyze(self, call: Call) -> PoolProblem:
+        x, out = call.tensor(0, "the input"), call.outputs[0]
+        require_float(x, out)
+        if x.numel == 0 or x.ndim not in (3, 4):
+            raise Declined("the input is not a non-empty 3-d or 4-d tensor")
+        global_ = None
+        if tuple(out.shape[-2:]) == (1, 1):
+            try:
+                shape = reduce_shape(x, {x.ndim - 2, x.ndim - 1}, out, keepdim=True)
+                global_ = ReduceProblem(call, x, out, True, shape)
+            except Declined:
+                global_ = None
+        return PoolProblem(call, x, out, global_)
+
+    def variants(self, problem: PoolProblem, gpu: GpuInfo) -> list[Variant]:
+        window = Variant("window", "one thread per output averages its window (reference)",
+                         window_space(problem.out.numel))
+        if problem.global_ is None:
+            return [window]
+        return [*reduce_variants(problem.global_, gpu), window]
+
+    def render(self, problem: PoolProblem, approach: str, params: Params, gpu: GpuInfo) -> Kernel:
+        if approach != "window":
+            assert problem.global_ is not None
+            return render_reduce(problem.global_, approach, params, problem.call.source(0))
+        x, out = problem.x, problem.out
+        geometry = window_geometry(x, out)
+        h, w, oh, ow = x.shape[-2], x.shape[-1], out.shape[-2], out.shape[-1]
+        geometry += (f"  static constexpr int H = {h}, W = {w}, OH = {oh}, OW = {ow};\n"
+                     f"  static constexpr Index XH = {x.stride[-2]}, XW = {x.stride[-1]};\n}};\n")
+        source = geometry + "\n" + window_kernel(
+            "adaptive_avg_pool", params,
+            f"const {x.ctype}* __restrict__ x, {out.ctype}* __restrict__ y",
+            f"adaptive_avg_pool_window<Geometry, {x.ctype}, {params['unroll']}>(x, y)")
+        blocks = ceil_div(out.numel, params["block"] * params["unroll"])
+        launcher = ("def launch(kernels, *args, **kwargs):\n"
+                    f"    x = {problem.call.source(0)}\n" + expect_line("x", "input", x)
+                    + alloc_line("out", out, "x")
+                    + f"    kernels.adaptive_avg_pool(({blocks},), ({params['block']},), x, out)\n"
+                    "    return out\n")
+        return Kernel(source, launcher)
+
+
+def window_space(outputs: int) -> Space | None:
+    """Threads per block x outputs per thread, for kernels with one thread per output."""
+    axes = (Axis("block", powers_of_two(64, 1024)), Axis("unroll", (1, 2, 4)))
+
+    def valid(p: Params) -> bool:
+        return p["block"] == 64 or p["block"] * p["unroll"] <= pow2_ceil(outputs)
+
+    return Space.build(axes, valid, {"block": 256, "unroll": 2 if outputs >= 1 << 20 else 1},
+                       {"block": 128, "unroll": 1})
+
+
+def window_geometry(x: TensorArg, out: TensorArg) -> str:
+    """The head of a pooling ``Geometry``: index type, output count, and ``split`` from a linear
+    output index (in the output's memory order) to the input plane's offset, the output row and
+    column, and the output offset."""
+    split, coords = coords_code(out.shape, out.stride)
+    lead = len(out.shape) - 2
+    plane = linear_code(coords[:lead], x.stride[:lead])
+    body = "".join(f"    {line}\n" for line in split.splitlines())
+    index = index_type(max_offset(x), max_offset(out))
+    return ("struct Geometry {\n"
+            f"  using Index = {index};\n"
+            f"  static constexpr Index NUMEL = {out.numel};\n"
+            "  static __device__ __forceinline__ void split(Index e, Index& plane, Index& oh, Index& ow,\n"
+            "                                               Index& out) {\n"
+            f"{body}"
+            f"    plane = {plane};\n    oh = {coords[-2]};\n    ow = {coords[-1]};\n"
+            f"    out = {linear_code(coords, out.stride)};\n"
+            "  }\n")
+
+
+def window_kernel(name: str, params: Params, signature: str, call: str) -> str:
+    return (f'extern "C" __global__ void __launch_bounds__({params["block"]}) {name}({signature}) {{\n'
+            f"  {call};\n}}\n")
+
+
+
+def pair(value: list[int] | int) -> tuple[int, int]:
+    """A pooling argument given as one or two ints, as two."""
+    values = [value] if isinstance(value, int) else list(value)
+    if len(values) not in (1, 2):
+        raise Declined(f"{value!r} is not one or two sizes")
+    return (values[0], values[-1])
+
+
+@dataclass(frozen=True)
+class MaxPoolProblem:
+    call: Call
+    x: TensorArg
+    out: TensorArg
+    indices: TensorArg
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+
+
+class MaxPool2d(Family):
+    name = "max_pool2d"
+    ops = ("aten.max_pool2d_with_indices.default",)
+    cuda_files = ("pool.cu",)
+    reference = "window"
+
+    def analyze(self, call: Call) -> MaxPoolProblem:
+        x = call.tensor(0, "the input")
+        out, indices = call.outputs
+        require_float(x)
+        if x.numel == 0 or x.ndim not in (3, 4):
+            raise Declined("the input is not a non-empty 3-d or 4-d tensor")
+        if indices.stride != out.stride:
+            raise Declined("eager's values and indices are laid out differently here")
+        kernel = pair(call.value(1))
+        stride = pair(call.value(2)) if call.value(2) else kernel
+        return MaxPoolProblem(call, x, out, indices, kernel, stride, pair(call.value(3)),
+                              pair(call.value(4)))
+
+    def variants(self, problem: MaxPoolProblem, gpu: GpuInfo) -> list[Variant]:
+        return [Variant("window", "one thread per output scans its window, in the output's "
+                                  "memory order (reference)", window_space(problem.out.numel))]
+
+    def render(self, problem: MaxPoolProblem, approach: str, params: Params, gpu: GpuInfo) -> Kernel:
+        x, out = problem.x, problem.out
+        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = (problem.kernel, problem.stride, problem.padding,
+                                                  problem.dilation)
+        geometry = window_geometry(x, out) + (
+            f"  static constexpr int H = {x.shape[-2]}, W = {x.shape[-1]};\n"
+            f"  static constexpr int KH = {kh}, KW = {kw}, SH = {sh}, SW = {sw}, PH = {ph}, PW = {pw}, "
+            f"DH = {dh}, DW = {dw};\n"
+            f"  static constexpr Index XH = {x.stride[-2]}, XW = {x.stride[-1]};\n}};\n")
+        source = geometry + "\n" + window_kernel(
+            "max_pool", params,
+            f"const {x.ctype}* __restrict__ x, {out.ctype}* __restrict__ y, int64_t* __restrict__ indices",
+            f"max_pool_window<Geometry, {x.ctype}, {params['unroll']}>(x, y, indices)")
+        blocks = ceil_div(out.numel, params["block"] * params["unroll"])
+        launcher = ("def launch(kernels, *args, **kwargs):\n"
+                    f"    x = {problem.call.source(0)}\n" + expect_line("x", "input", x)
+                    + alloc_line("out", out, "x") + alloc_line("indices", problem.indices, "x")
+                    + f"    kernels.max_pool(({blocks},), ({params['block']},), x, out, indices)\n"
+                    "    return out, indices\n")
+        return Kernel(source, launcher)
