@@ -7,7 +7,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from kforge.cli.common import err, fmt_speedup, is_tty
+from kforge.cli.common import err, is_tty
+from kforge.core.fmt import fmt_speedup
 from kforge.engine.engine import Snapshot
 
 

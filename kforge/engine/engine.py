@@ -421,7 +421,9 @@ class Engine:
             if command.arg is not None and command.arg not in self.cards:
                 return f"no op card {command.arg} in this session"
             self.focus = command.arg
-            await self.store.update_settings(self.session_id, {"focus": self.focus})
+            session = await self.store.get_session(self.session_id)
+            search = {**session.settings.get("search", {}), "focus": self.focus}
+            await self.store.update_settings(self.session_id, {"search": search})
             return "focus cleared" if self.focus is None else f"focused on card {self.focus}"
         return f"unknown command {kind!r}"
 

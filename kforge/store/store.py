@@ -534,8 +534,16 @@ class Store:
             sql += " AND session_id = ?"
             params.append(session_id)
         rows = await self._read(sql + " ORDER BY seq LIMIT ?", [*params, limit])
-        return [Event(seq=r["seq"], session_id=r["session_id"], kind=r["kind"],
-                      data=loads(r["data"], {}), at=r["at"]) for r in rows]
+        return [_event(r) for r in rows]
+
+    async def recent_logs(self, session_id: int, limit: int = 500,
+                          upto: int | None = None) -> list[Event]:
+        """The session's last ``limit`` log lines (up to event ``upto``), oldest first."""
+        rows = await self._read("SELECT * FROM (SELECT * FROM events WHERE session_id = ? AND "
+                                "kind = 'log' AND seq <= ? ORDER BY seq DESC LIMIT ?) "
+                                "ORDER BY seq", (session_id, upto if upto is not None else
+                                                 2**62, limit))
+        return [_event(r) for r in rows]
 
     async def last_seq(self) -> int:
         rows = await self._read("SELECT coalesce(max(seq), 0) FROM events")
@@ -584,6 +592,11 @@ def _card(r: aiosqlite.Row) -> CardRow:
     return CardRow(card=card, status=r["status"], stop_reason=r["stop_reason"], spent=r["spent"],
                    best_node=r["best_node"], best_speedup=r["best_speedup"],
                    modules=loads(r["modules"], []), baseline=loads(r["baseline"]))
+
+
+def _event(r: aiosqlite.Row) -> Event:
+    return Event(seq=r["seq"], session_id=r["session_id"], kind=r["kind"],
+                 data=loads(r["data"], {}), at=r["at"])
 
 
 def _node(r: aiosqlite.Row) -> NodeRow:

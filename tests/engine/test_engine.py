@@ -235,7 +235,7 @@ async def test_focus_restricts_the_search_to_one_op(store: Store):
     after = [e.data["card_id"] for e in await store.events_since(acked, sid)
              if e.kind == "node_added"]
     assert after and set(after) == {relu.id}
-    assert (await store.get_session(sid)).settings["focus"] == relu.id
+    assert (await store.get_session(sid)).settings["search"]["focus"] == relu.id
 
 
 async def test_snapshots_report_progress(store: Store):

@@ -1,0 +1,198 @@
+"""The kforge-tui application: opens the store, holds the theme and key map, and starts the
+``python -m kforge`` subprocesses the screens ask for. ``main`` is the console script."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import ClassVar
+
+from textual import work
+from textual.app import App
+from textual.binding import Binding, BindingType
+from textual.signal import Signal
+
+from kforge.config import config_path, db_path, load_config, save_config_value
+from kforge.errors import KforgeError
+from kforge.store import Store
+from kforge_tui.commands import KforgeCommands
+from kforge_tui.config.keymap import binding_ids, user_keymap
+from kforge_tui.config.themes import DEFAULT_THEME, ThemeSpec, load_themes, syntax_for
+from kforge_tui.launch import NEEDS_GPU, GpuCheck, needs_gpu, probe_gpu, resume_argv, run_kforge
+from kforge_tui.messages import ErrorRaised, Notice
+from kforge_tui.screens.dialogs import Ask, Choose, Confirm, Dialog, DiffView
+from kforge_tui.screens.help import Help, help_rows
+from kforge_tui.screens.new_session import NewSessionScreen
+from kforge_tui.screens.session import SessionScreen
+from kforge_tui.screens.sessions import SessionsScreen
+from kforge_tui.widgets.code_view import CodeView
+from kforge_tui.widgets.search_tree import SearchTree
+from kforge_tui.widgets.tables import OpTable, VimTable
+
+
+class KforgeApp(App):
+    TITLE = "kforge"
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("q", "quit", "quit", id="quit"),
+        Binding("question_mark", "help", "help", id="help"),
+        Binding("ctrl+p,colon", "command_palette", "commands", show=False, id="palette"),
+        Binding("ctrl+t", "change_theme", "theme", show=False, id="theme"),
+    ]
+    COMMANDS = App.COMMANDS | {KforgeCommands}
+
+    def __init__(self, db: Path, *, config: dict | None = None, theme: str | None = None,
+                 gpu: GpuCheck | None = None, clock: Callable[[], float] = time.time,
+                 poll_s: float = 0.5, theme_folders: list[Path] | None = None,
+                 remember_theme: bool = True, session: int | None = None) -> None:
+        super().__init__()
+        self.db_path = db
+        self.clock = clock
+        self.poll_s = poll_s
+        self.gpu = gpu
+        self.gpu_known_signal: Signal[GpuCheck] = Signal(self, "gpu-known")
+        self.store: Store | None = None
+        self._first_session = session
+        self._problems: list[str] = []
+        self._config = config if config is not None else self._read_config()
+        self.specs: dict[str, ThemeSpec] = {}
+        self._load_themes(theme_folders, theme)
+        self._remember_theme = remember_theme
+        keymap, problems = user_keymap(self._config, binding_ids(binding_owners()))
+        self._problems += problems
+        self.set_keymap(keymap)
+
+    def _read_config(self) -> dict:
+        try:
+            return load_config()
+        except KforgeError as exc:
+            self._problems.append(str(exc))
+            return {}
+
+    def _load_themes(self, folders: list[Path] | None, wanted: str | None) -> None:
+        self.specs, problems = load_themes(folders)
+        self._problems += problems
+        for spec in self.specs.values():
+            self.register_theme(spec.theme)
+        name = wanted or self._config.get("tui", {}).get("theme") or DEFAULT_THEME
+        if name not in self.available_themes:
+            self._problems.append(f"no theme named {name!r}; using {DEFAULT_THEME}")
+            name = DEFAULT_THEME if DEFAULT_THEME in self.available_themes else "textual-dark"
+        self.theme = name
+
+    def syntax_roles(self) -> dict[str, str]:
+        return syntax_for(self.current_theme, self.specs)
+
+    # ----- start and stop -----
+
+    def on_mount(self) -> None:
+        self.theme_changed_signal.subscribe(self, self._remember)
+        self.push_screen(SessionsScreen())
+        if self._first_session is not None:
+            self.open_session(self._first_session)
+        for problem in self._problems:
+            self.notify(problem, severity="warning", timeout=10)
+        if self.gpu is None:
+            self.check_gpu()
+
+    def _remember(self, theme) -> None:
+        if self._remember_theme:
+            try:
+                save_config_value("tui", "theme", theme.name)
+            except OSError as exc:
+                self.report(f"cannot save the theme choice to {config_path()}: {exc.strerror}")
+
+    async def on_unmount(self) -> None:
+        if self.store is not None:
+            await self.store.close()
+
+    async def open_store(self) -> Store | None:
+        """The session database, opened on first use; None while it does not exist yet."""
+        if self.store is None and self.db_path.exists():
+            self.store = await Store.open(self.db_path, create=False)
+        return self.store
+
+    @work(group="gpu")
+    async def check_gpu(self) -> None:
+        self.gpu = await probe_gpu()
+        self.gpu_known_signal.publish(self.gpu)
+
+    @property
+    def gpu_label(self) -> str:
+        return "GPU: checking…" if self.gpu is None else f"GPU: {self.gpu.label}"
+
+    # ----- the one error path -----
+
+    def report(self, text: str) -> None:
+        self.notify(text, title="kforge", severity="error", timeout=8)
+
+    def on_error_raised(self, message: ErrorRaised) -> None:
+        self.report(message.text)
+
+    def on_notice(self, message: Notice) -> None:
+        self.notify(message.text, timeout=4)
+
+    # ----- what screens ask for -----
+
+    def open_session(self, session_id: int) -> None:
+        self.push_screen(SessionScreen(session_id))
+
+    def new_session(self) -> None:
+        def opened(session_id: int | None) -> None:
+            if session_id is not None:
+                self.open_session(session_id)
+
+        self.push_screen(NewSessionScreen(), opened)
+
+    def confirm(self, question: str, then: Callable[[], object]) -> None:
+        self.push_screen(Confirm(question), lambda yes: yes and then())
+
+    @work(group="resume")
+    async def resume_session(self, session_id: int, open_after: bool = False) -> None:
+        """Start a detached engine for the session (``kforge resume --detach``)."""
+        store = await self.open_store()
+        if store is None:
+            return
+        try:
+            session = await store.get_session(session_id)
+            if needs_gpu(session.settings) and self.gpu is not None and not self.gpu.present:
+                raise KforgeError(NEEDS_GPU.format(detail=self.gpu.detail))
+            self.notify(f"starting the search of session {session_id}…", timeout=3)
+            await run_kforge(resume_argv(session_id, self.db_path), lambda _line: None)
+        except KforgeError as exc:
+            self.report(str(exc))
+            return
+        self.notify(f"session {session_id} is searching in the background", timeout=4)
+        if open_after:
+            self.open_session(session_id)
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, Help):
+            self.push_screen(Help(help_rows(self.screen)))
+
+
+def binding_owners() -> tuple[type, ...]:
+    """Every class whose bindings the config's [keys] table may remap."""
+    return (KforgeApp, SessionsScreen, SessionScreen, NewSessionScreen, Dialog, Confirm, Choose,
+            Ask, DiffView, Help, VimTable, OpTable, SearchTree, CodeView)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="kforge-tui", description="Browse kforge sessions and drive their searches.")
+    parser.add_argument("--db", metavar="PATH",
+                        help="session database (default: $KFORGE_DB or the user data folder)")
+    parser.add_argument("--theme", help="theme name (remembered; see themes/ and "
+                                        "<config dir>/themes/)")
+    parser.add_argument("--no-mouse", action="store_true",
+                        help="leave the mouse to the terminal (select and copy text over SSH)")
+    parser.add_argument("--session", type=int, metavar="ID", help="open this session directly")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    app = KforgeApp(db_path(args.db), theme=args.theme, session=args.session)
+    app.run(mouse=not args.no_mouse)
+    return app.return_code or 0

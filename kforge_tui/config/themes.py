@@ -1,0 +1,110 @@
+"""Theme files: the shipped ones (top-level ``themes/``, packaged as ``kforge_tui/themes``) and the
+user's (``<config dir>/themes/*.toml``), turned into Textual themes plus syntax colours by role."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from textual.color import ColorParseError
+from textual.theme import Theme
+
+from kforge.config import config_dir
+from kforge.errors import KforgeError
+
+DEFAULT_THEME = "kforge-dark"
+# What the syntax colours are given for; capture names map onto these in kforge_tui.highlight.
+SYNTAX_ROLES = ("comment", "string", "number", "constant", "keyword", "preprocessor", "cuda",
+                "type", "function", "builtin", "property", "operator", "punctuation")
+_COLOURS = ("primary", "secondary", "warning", "error", "success", "accent", "foreground",
+            "background", "surface", "panel", "boost")
+
+
+@dataclass(frozen=True)
+class ThemeSpec:
+    """One theme file: the Textual theme and its syntax styles (Rich style strings by role)."""
+
+    theme: Theme
+    syntax: dict[str, str]
+    path: Path | None = None
+
+
+def shipped_dir() -> Path:
+    """Shipped themes: inside the installed package, else the source checkout's ``themes/``."""
+    package = Path(__file__).resolve().parents[1]  # kforge_tui/
+    installed = package / "themes"
+    return installed if installed.is_dir() else package.parent / "themes"
+
+
+def user_dir() -> Path:
+    return config_dir() / "themes"
+
+
+def parse_theme(data: dict, path: Path | None = None) -> ThemeSpec:
+    """Check one theme file's contents and build its spec; any problem is a KforgeError."""
+    where = f"theme file {path}" if path else "theme"
+    name = data.get("name") or (path.stem if path else "")
+    if not isinstance(name, str) or not name:
+        raise KforgeError(f"{where} has no name")
+    if not isinstance(data.get("primary"), str):
+        raise KforgeError(f"{where} needs a primary colour (primary = \"#4a9fe0\")")
+    unknown = set(data) - {"name", "dark", "ansi", "variables", "syntax", *_COLOURS}
+    if unknown:
+        raise KforgeError(f"{where}: unknown keys {sorted(unknown)}")
+    syntax = data.get("syntax", {})
+    bad_roles = set(syntax) - set(SYNTAX_ROLES)
+    if bad_roles:
+        raise KforgeError(f"{where}: unknown syntax roles {sorted(bad_roles)}; "
+                          f"known: {', '.join(SYNTAX_ROLES)}")
+    theme = Theme(name=name, dark=bool(data.get("dark", True)), ansi=bool(data.get("ansi", False)),
+                  variables=dict(data.get("variables", {})),
+                  **{k: data[k] for k in _COLOURS if k in data})
+    try:
+        theme.to_color_system()
+    except ColorParseError as exc:  # it says which value it could not read
+        raise KforgeError(f"{where}: {exc}") from None
+    return ThemeSpec(theme=theme, syntax={k: str(v) for k, v in syntax.items()}, path=path)
+
+
+def read_theme(path: Path) -> ThemeSpec:
+    try:
+        with path.open("rb") as fh:
+            data = tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise KforgeError(f"theme file {path} is not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise KforgeError(f"cannot read theme file {path}: {exc.strerror}") from None
+    return parse_theme(data, path)
+
+
+def load_themes(folders: list[Path] | None = None) -> tuple[dict[str, ThemeSpec], list[str]]:
+    """Every readable theme in ``folders`` (shipped first, so a user file of the same name wins),
+    with syntax roles a file leaves out filled from the shipped theme of its brightness.
+    Returns the themes by name and one message per file that could not be used."""
+    folders = folders if folders is not None else [shipped_dir(), user_dir()]
+    specs: dict[str, ThemeSpec] = {}
+    problems: list[str] = []
+    for folder in folders:
+        for path in sorted(folder.glob("*.toml")) if folder.is_dir() else []:
+            try:
+                spec = read_theme(path)
+            except KforgeError as exc:
+                problems.append(str(exc))
+                continue
+            specs[spec.theme.name] = spec
+    return {name: complete_syntax(spec, specs) for name, spec in specs.items()}, problems
+
+
+def complete_syntax(spec: ThemeSpec, specs: dict[str, ThemeSpec]) -> ThemeSpec:
+    base = syntax_for(spec.theme, specs, own=False)
+    return ThemeSpec(spec.theme, {**base, **spec.syntax}, spec.path)
+
+
+def syntax_for(theme: Theme, specs: dict[str, ThemeSpec], own: bool = True) -> dict[str, str]:
+    """Syntax styles for any Textual theme: its own file's, else the shipped one that fits."""
+    if own and theme.name in specs:
+        return specs[theme.name].syntax
+    fallback = "kforge-ansi" if theme.ansi else DEFAULT_THEME if theme.dark else "kforge-light"
+    spec = specs.get(fallback)
+    return dict(spec.syntax) if spec and spec.theme.name != theme.name else {}

@@ -1,0 +1,157 @@
+"""Text the screens show: table cells, tree labels and the node reports. Pure functions."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from kforge.core.fmt import fmt_age, fmt_speedup, fmt_us
+from kforge.core.candidate import EvalOutcome, Timing
+from kforge.core.opcard import tensor_specs
+from kforge.store import NodeStatus
+from kforge.store.records import CardRow, NodeDetail, NodeRow, Session, SessionSummary
+
+__all__ = ["fmt_age", "fmt_speedup", "fmt_us"]
+
+# Status marks: one cell wide in every common terminal font.
+ICON_OK = "✔"
+ICON_FAILED = "✗"
+ICON_PROPOSING = "…"
+ICON_EVALUATING = "◷"
+ICON_PRUNED = "✂"
+ICON_BEST = "★"
+
+
+@dataclass(frozen=True)
+class NodeLabel:
+    """A tree line in parts, so the widget can style each part from the theme."""
+
+    icon: str
+    tone: str  # ok | failed | flight | pruned
+    text: str
+    figures: str
+
+
+def node_tone(row: NodeRow, pruned: bool) -> str:
+    if pruned:
+        return "pruned"
+    if NodeStatus.in_flight(row.status):
+        return "flight"
+    return "ok" if row.ok else "failed"
+
+
+def node_label(row: NodeRow, visits: int, best: float | None, pruned: bool) -> NodeLabel:
+    tone = node_tone(row, pruned)
+    icon = (ICON_PRUNED if row.pruned else ICON_PROPOSING if row.status == NodeStatus.PROPOSING
+            else ICON_EVALUATING if row.status == NodeStatus.EVALUATING
+            else ICON_OK if row.ok else ICON_FAILED)
+    result = fmt_speedup(row.speedup) if row.ok else row.status.replace("_", " ")
+    figures = f" n={visits}"
+    if best is not None and best != row.speedup:
+        figures += f" ↳{fmt_speedup(best)}"
+    return NodeLabel(icon, tone, f"#{row.id} {row.action} {result}", figures)
+
+
+def card_root_label(card: CardRow, nodes: int) -> str:
+    return f"{card.card.short_op}  eager  ({nodes} node{'' if nodes == 1 else 's'})"
+
+
+def dtype_of(card: CardRow) -> str:
+    dtypes = {t["dtype"] for t in tensor_specs(card.card.args)}
+    short = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "float64": "f64"}
+    return ",".join(sorted(short.get(d, d) for d in dtypes)) or "-"
+
+
+def shapes_of(card: CardRow) -> str:
+    return " ".join("x".join(str(d) for d in t["shape"]) or "()"
+                    for t in tensor_specs(card.card.args))
+
+
+def card_status(card: CardRow, focused: bool) -> str:
+    text = card.status
+    if card.stop_reason:
+        text += f": {card.stop_reason}"
+    return f"◎ {text}" if focused else text
+
+
+def session_cells(summary: SessionSummary, now: float, alive: bool) -> tuple[str, ...]:
+    s = summary.session
+    status = f"{s.status} ●" if alive else s.status
+    return (str(s.id), s.model, s.gpu.get("name", "?"), status, f"{summary.targets}",
+            f"{summary.nodes}", fmt_speedup(summary.best_speedup), f"${s.usd_spent:.2f}",
+            fmt_age(max(0.0, now - summary.last_activity)))
+
+
+def focus_of(session: Session) -> int | None:
+    """The card the search is focused on, if any."""
+    return session.settings.get("search", {}).get("focus")
+
+
+def progress_line(session: Session, cards: list[CardRow], alive: bool, gpu: str) -> str:
+    """The session screen's header: status, iterations, money, time, GPU."""
+    search = session.settings.get("search", {})
+    targets = sum(1 for c in cards if c.card.target)
+    total = int(search.get("iterations_per_op", 24)) * targets
+    done = sum(c.spent for c in cards)
+    usd = f"${session.usd_spent:.2f}"
+    if search.get("usd") is not None:
+        usd += f"/${float(search['usd']):.2f}"
+    minutes = f"{session.run_seconds / 60:.0f}m"
+    if search.get("wall_s"):
+        minutes += f"/{float(search['wall_s']) / 60:.0f}m"
+    engine = "engine live" if alive else "no engine"
+    return (f"#{session.id} {session.model} · {session.status} ({engine}) · {done}/{total} it · "
+            f"{usd} · {minutes} · {gpu}")
+
+
+# ----- node reports -----
+
+def _timing(name: str, t: Timing | None) -> str:
+    if t is None:
+        return f"{name:<10} -"
+    return (f"{name:<10} median {fmt_us(t.median_us)}  p10 {fmt_us(t.p10_us)}  "
+            f"p90 {fmt_us(t.p90_us)}  ({t.reps} reps)")
+
+
+def eval_report(detail: NodeDetail) -> str:
+    """Compile, correctness and timing of one node, as plain text."""
+    row = detail.row
+    lines = [f"node #{row.id}  {row.action}  status: {row.status}",
+             f"approach: {row.meta.get('approach', '-')}"]
+    if row.summary:
+        lines.append(f"summary: {row.summary}")
+    outcome: EvalOutcome | None = detail.outcome
+    if outcome is None:
+        lines.append("" if row.in_flight else "no evaluation recorded")
+        if row.in_flight:
+            lines.append("in flight: waiting for the proposer or the evaluator")
+        return "\n".join(lines)
+    lines += ["", "── compile ──", outcome.compile_log.strip() or "(no compiler output)",
+              "", "── correctness ──",
+              json.dumps(outcome.correctness, indent=2, sort_keys=True)
+              if outcome.correctness else "(not checked)",
+              "", "── timing ──", _timing("candidate", outcome.timing),
+              _timing("eager", outcome.eager), f"speedup    {fmt_speedup(outcome.speedup)}"]
+    if outcome.bandwidth_gbs is not None:
+        lines.append(f"bandwidth  {outcome.bandwidth_gbs:.0f} GB/s")
+    if outcome.floor_fraction is not None:
+        lines.append(f"floor      {100 * outcome.floor_fraction:.0f}% of the physical floor")
+    lines.append(f"evaluated in {outcome.wall_s:.2f} s")
+    return "\n".join(lines)
+
+
+def llm_report(detail: NodeDetail) -> str:
+    """The model exchanges that produced a node: each prompt and reply, with its cost."""
+    if not detail.llm_calls:
+        return "no language-model calls for this node (built-in library or test proposer)"
+    parts = []
+    for i, call in enumerate(detail.llm_calls, 1):
+        head = (f"── call {i}: {call['model']}  {call['input_tokens']} in / "
+                f"{call['output_tokens']} out tokens  ${call['usd']:.4f}  "
+                f"{call['seconds']:.1f} s ──")
+        body = [head, "", "» prompt", call["prompt"] or "(not recorded)", "", "» reply",
+                call["reply"] or "(empty)"]
+        if call["error"]:
+            body += ["", f"» error: {call['error']}"]
+        parts.append("\n".join(body))
+    return "\n\n".join(parts)

@@ -1,0 +1,180 @@
+"""Starting work that needs torch or a GPU: ``python -m kforge`` subprocesses (a new session's
+profile, an engine resume) whose progress lines the TUI shows, and the GPU check that guards them."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from kforge.engine.settings import parse_duration
+from kforge.errors import KforgeError
+
+DTYPES = ("float16", "bfloat16", "float32")
+PROPOSERS = ("library", "llm", "both")
+# Shown when the model zoo cannot be listed in this build.
+FALLBACK_MODELS = ("resnet50", "sd35", "gemma4", "qwen35")
+
+
+@dataclass(frozen=True)
+class GpuCheck:
+    """What this machine offers: an NVIDIA GPU's name, or why there is none."""
+
+    name: str | None
+    detail: str
+
+    @property
+    def present(self) -> bool:
+        return self.name is not None
+
+    @property
+    def label(self) -> str:
+        return self.name or "no GPU"
+
+
+NEEDS_GPU = ("profiling a model and searching kernels need an NVIDIA GPU; this machine has none "
+             "({detail}). You can still browse, prune and delete sessions here.")
+
+
+async def probe_gpu(timeout_s: float = 5.0) -> GpuCheck:
+    """Ask ``nvidia-smi -L`` (cheap; never imports torch) which GPU this machine has."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return GpuCheck(None, "nvidia-smi not found")
+    try:
+        proc = await asyncio.create_subprocess_exec(exe, "-L", stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.STDOUT)
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
+    except (OSError, TimeoutError) as exc:
+        return GpuCheck(None, f"nvidia-smi failed: {exc}")
+    return parse_nvidia_smi(proc.returncode or 0, out.decode(errors="replace"))
+
+
+def parse_nvidia_smi(returncode: int, output: str) -> GpuCheck:
+    """``GPU 0: NVIDIA H200 (UUID: ...)`` -> its name (and how many more there are)."""
+    gpus = [line.split(":", 1)[1].split("(UUID")[0].strip()
+            for line in output.splitlines() if line.startswith("GPU ") and ":" in line]
+    if returncode != 0 or not gpus:
+        first = output.strip().splitlines()[0] if output.strip() else f"exit code {returncode}"
+        return GpuCheck(None, f"nvidia-smi: {first}")
+    more = f" (+{len(gpus) - 1})" if len(gpus) > 1 else ""
+    return GpuCheck(gpus[0] + more, f"{len(gpus)} GPU(s)")
+
+
+def needs_gpu(settings: dict) -> bool:
+    """Whether a session's search runs on a GPU (the built-in evaluator) or on a plug-in."""
+    return settings.get("search", {}).get("evaluator", "gpu") == "gpu"
+
+
+def builtin_models() -> list[tuple[str, str]]:
+    """``(name, description)`` of the built-in models (the zoo is cheap to import: no torch)."""
+    try:
+        from kforge.capture import zoo
+    except ImportError:
+        return [(name, "") for name in FALLBACK_MODELS]
+    return zoo.listing()
+
+
+@dataclass(frozen=True)
+class NewSession:
+    """The new-session form, as typed."""
+
+    model: str
+    dtype: str = ""
+    proposer: str = ""
+    iterations: str = ""
+    usd: str = ""
+    time: str = ""
+
+
+def search_argv(form: NewSession, db: Path) -> list[str]:
+    """``python -m kforge search ...`` for the form, checked field by field."""
+    model = form.model.strip()
+    if not model:
+        raise KforgeError("name a model: a built-in one or path/to/file.py:factory")
+    if ":" in model and not model.startswith(("http:", "https:")):
+        path = Path(model.rsplit(":", 1)[0]).expanduser()
+        if not path.is_file():
+            raise KforgeError(f"{path} is not a file (a model is path/to/file.py:factory)")
+    argv = [*kforge_command(), "search", model, "--db", str(db), "--detach"]
+    if form.dtype:
+        if form.dtype not in DTYPES:
+            raise KforgeError(f"dtype must be one of {', '.join(DTYPES)}")
+        argv += ["--dtype", form.dtype]
+    if form.proposer.strip():
+        argv += ["--proposer", form.proposer.strip()]
+    if form.iterations.strip():
+        if not form.iterations.strip().isdigit() or int(form.iterations) < 1:
+            raise KforgeError("iterations per op must be a whole number, at least 1")
+        argv += ["--iterations", form.iterations.strip()]
+    if form.usd.strip():
+        try:
+            usd = float(form.usd)
+        except ValueError:
+            raise KforgeError(f"cannot read {form.usd!r} as US dollars") from None
+        if usd < 0:
+            raise KforgeError("the USD budget cannot be negative")
+        argv += ["--usd", form.usd.strip()]
+    if form.time.strip():
+        parse_duration(form.time)
+        argv += ["--time", form.time.strip()]
+    return argv
+
+
+def resume_argv(session_id: int, db: Path) -> list[str]:
+    return [*kforge_command(), "resume", str(session_id), "--db", str(db), "--detach"]
+
+
+def kforge_command() -> list[str]:
+    return [sys.executable, "-m", "kforge"]
+
+
+async def run_kforge(argv: list[str], on_line: Callable[[str], None]) -> list[str]:
+    """Run a kforge command, passing each output line to ``on_line`` as it comes; return the
+    lines. A failure raises KforgeError with kforge's own one-line message."""
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    except OSError as exc:
+        raise KforgeError(f"cannot start {argv[0]}: {exc.strerror}") from None
+    assert proc.stdout is not None
+    lines: list[str] = []
+    try:
+        async for raw in proc.stdout:
+            for part in raw.decode(errors="replace").replace("\r", "\n").splitlines():
+                if part.strip():
+                    lines.append(part)
+                    on_line(part)
+        await proc.wait()
+    except asyncio.CancelledError:
+        proc.terminate()
+        raise
+    if proc.returncode:
+        raise KforgeError(failure_message(lines, proc.returncode))
+    return lines
+
+
+def failure_message(lines: list[str], returncode: int) -> str:
+    """kforge's own ``kforge: ...`` line if it printed one, else the last line."""
+    for line in reversed(lines):
+        if line.startswith("kforge: "):
+            return line.removeprefix("kforge: ")
+    tail = lines[-1] if lines else "no output"
+    return f"kforge exited with code {returncode}: {tail}"
+
+
+def session_from_output(lines: list[str]) -> int | None:
+    """The session a ``kforge search`` created: it prints ``profiled MODEL into session N``."""
+    for line in lines:
+        words = line.split()
+        if "session" in words:
+            after = words[words.index("session") + 1:] or [""]
+            digits = after[0].rstrip(";:,.")
+            if digits.isdigit():
+                return int(digits)
+    return None

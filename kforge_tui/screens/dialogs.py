@@ -1,0 +1,161 @@
+"""Small modal dialogs: yes/no, pick one of a list, type a line, and read a diff."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Input, Label, OptionList, Static
+from textual.widgets.option_list import Option
+
+from kforge_tui.diffing import line_kind
+
+
+class Dialog(ModalScreen):
+    """A centred box; escape cancels."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "cancel", "cancel", id="cancel"),
+    ]
+    DEFAULT_CSS = """
+    Dialog { align: center middle; }
+    Dialog > Vertical {
+        width: auto; max-width: 90%; min-width: 40; height: auto; max-height: 90%;
+        border: round $primary; background: $surface; padding: 0 1;
+    }
+    Dialog .title { text-style: bold; margin-bottom: 1; }
+    Dialog .hint { color: $text-muted; margin-top: 1; }
+    """
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class Confirm(Dialog):
+    """A yes/no question; y or enter says yes."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("y,enter", "yes", "yes", id="yes"),
+        Binding("n", "cancel", "no", id="no"),
+    ]
+
+    def __init__(self, question: str) -> None:
+        super().__init__()
+        self.question = question
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label(self.question, classes="title")
+            yield Label("y / enter: yes    n / escape: no", classes="hint")
+
+    def action_yes(self) -> None:
+        self.dismiss(True)
+
+
+class Choose(Dialog):
+    """Pick one option (arrows or j/k, then enter)."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("j", "down", show=False, id="down"),
+        Binding("k", "up", show=False, id="up"),
+    ]
+
+    def __init__(self, title: str, options: list[str], current: str | None = None) -> None:
+        super().__init__()
+        self.title_text = title
+        self.options = options
+        self.current = current
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label(self.title_text, classes="title")
+            yield OptionList(*(Option(o, id=o) for o in self.options))
+
+    def on_mount(self) -> None:
+        listing = self.query_one(OptionList)
+        if self.current in self.options:
+            listing.highlighted = self.options.index(self.current)
+        listing.focus()
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(event.option.id)
+
+    def action_down(self) -> None:
+        self.query_one(OptionList).action_cursor_down()
+
+    def action_up(self) -> None:
+        self.query_one(OptionList).action_cursor_up()
+
+
+class Ask(Dialog):
+    """One line of text; enter accepts (an empty line is a valid answer)."""
+
+    def __init__(self, title: str, value: str = "", placeholder: str = "") -> None:
+        super().__init__()
+        self.title_text = title
+        self.value = value
+        self.placeholder = placeholder
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label(self.title_text, classes="title")
+            yield Input(self.value, placeholder=self.placeholder)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value)
+
+
+class DiffView(Dialog):
+    """A unified diff, coloured by line kind; escape or q closes it."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("q", "cancel", "close", id="close"),
+        Binding("j", "scroll_down", show=False, id="down"),
+        Binding("k", "scroll_up", show=False, id="up"),
+    ]
+    DEFAULT_CSS = """
+    DiffView > Vertical { width: 100%; height: 100%; max-width: 100%; max-height: 100%; }
+    DiffView VerticalScroll { height: 1fr; }
+    DiffView > .diff--added { color: $success; }
+    DiffView > .diff--removed { color: $error; }
+    DiffView > .diff--hunk { color: $secondary; }
+    DiffView > .diff--header { text-style: bold; }
+    """
+    COMPONENT_CLASSES: ClassVar[set[str]] = {"diff--added", "diff--removed", "diff--hunk",
+                                             "diff--header"}
+
+    def __init__(self, title: str, lines: list[str]) -> None:
+        super().__init__()
+        self.title_text = title
+        self.lines = lines
+
+    def compose(self) -> ComposeResult:
+        with Vertical() as box:
+            box.border_title = self.title_text
+            box.border_subtitle = "escape: close"
+            with VerticalScroll():
+                yield Static()
+
+    def on_mount(self) -> None:
+        self.query_one(Static).update(self.render_diff())
+        self.query_one(VerticalScroll).focus()
+
+    def render_diff(self) -> Text:
+        if not self.lines:
+            return Text("no difference")
+        text = Text()
+        for line in self.lines:
+            style = self.get_component_rich_style(f"diff--{line_kind(line)}", partial=True) \
+                if line_kind(line) != "context" else ""
+            text.append(line + "\n", style=style)
+        return text
+
+    def action_scroll_down(self) -> None:
+        self.query_one(VerticalScroll).scroll_down(animate=False)
+
+    def action_scroll_up(self) -> None:
+        self.query_one(VerticalScroll).scroll_up(animate=False)

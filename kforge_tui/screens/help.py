@@ -1,0 +1,59 @@
+"""The `?` screen: the keys that work where you are, with the ids that remap them."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical
+from textual.widgets import DataTable, Label
+
+from kforge.config import config_path
+from kforge_tui.screens.dialogs import Dialog
+
+
+def help_rows(screen) -> list[tuple[str, str, str]]:
+    """``(keys, what it does, binding id)`` for every active binding of ``screen``, one row per
+    action, sorted by id; bindings without an id (Textual's own) come last."""
+    rows: dict[tuple[str, str], list[str]] = {}
+    app = screen.app
+    for active in screen.active_bindings.values():
+        binding = active.binding
+        if binding.system or not (binding.description or binding.id):
+            continue
+        ident = (binding.id or "", binding.description or binding.action)
+        display = app.get_key_display(binding)
+        if display not in rows.setdefault(ident, []):
+            rows[ident].append(display)
+    ordered = sorted(rows.items(), key=lambda item: (not item[0][0], item[0][0], item[0][1]))
+    return [(" ".join(keys), what, ident or "-") for (ident, what), keys in ordered]
+
+
+class Help(Dialog):
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("q,question_mark", "cancel", "close", id="close"),
+    ]
+    DEFAULT_CSS = """
+    Help DataTable { height: auto; max-height: 20; }
+    """
+
+    def __init__(self, rows: list[tuple[str, str, str]]) -> None:
+        super().__init__()
+        self.rows = rows
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label("Keys here", classes="title")
+            yield DataTable(cursor_type="row", zebra_stripes=True)
+            yield Label(f"Remap any key by its id in {config_path()}, e.g.\n"
+                        "  [keys]\n  prune = \"x\"\n"
+                        "ctrl+p or : opens the command palette. escape closes this.",
+                        classes="hint")
+
+    def on_mount(self) -> None:
+        table = self.query_one(DataTable)
+        table.add_columns("key", "does", "id")
+        for row in self.rows:
+            table.add_row(*row)
+        table.focus()

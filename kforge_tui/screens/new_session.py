@@ -1,0 +1,141 @@
+"""The new-session form: model, dtype, proposer and budgets; runs ``kforge search --detach`` and
+shows its progress lines until the session exists."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.suggester import SuggestFromList
+from textual.widgets import Button, Input, Label, Log, Select
+
+from kforge.errors import KforgeError
+from kforge_tui.launch import (
+    DTYPES,
+    NEEDS_GPU,
+    PROPOSERS,
+    NewSession,
+    builtin_models,
+    run_kforge,
+    search_argv,
+    session_from_output,
+)
+
+
+class NewSessionScreen(ModalScreen[int | None]):
+    """Dismisses with the new session's id, or None when cancelled."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "cancel", "cancel", id="cancel"),
+    ]
+    DEFAULT_CSS = """
+    NewSessionScreen { align: center middle; }
+    NewSessionScreen > Vertical {
+        width: 90; max-width: 100%; height: auto; max-height: 100%;
+        border: round $primary; background: $surface; padding: 0 1;
+    }
+    NewSessionScreen .row { height: 1; margin-top: 1; }
+    NewSessionScreen .row > Label { width: 12; }
+    NewSessionScreen .row > Input, NewSessionScreen .row > Select { width: 1fr; }
+    NewSessionScreen #models { color: $text-muted; height: auto; width: 100%; }
+    NewSessionScreen #warning { color: $warning; height: auto; width: 100%; }
+    NewSessionScreen Log { height: 6; border: round $panel; }
+    NewSessionScreen #buttons { height: 1; margin-top: 1; align-horizontal: right; }
+    NewSessionScreen #buttons > Button { margin-left: 2; }
+    """
+
+    def compose(self) -> ComposeResult:
+        models = builtin_models()
+        names = [name for name, _ in models]
+        with Vertical():
+            yield Label("New session: profile a model, then search in the background",
+                        classes="title")
+            yield Label(id="warning")
+            with Horizontal(classes="row"):
+                yield Label("model")
+                yield Input(placeholder="resnet50, gemma4-tiny, or path/to/file.py:factory",
+                            suggester=SuggestFromList(names), id="model", compact=True)
+            yield Label("built-in: " + ", ".join(n for n in names if not n.endswith("-tiny"))
+                        + " (each has a -tiny twin)", id="models")
+            with Horizontal(classes="row"):
+                yield Label("dtype")
+                yield Select([(d, d) for d in DTYPES], prompt="model default", id="dtype",
+                             compact=True)
+            with Horizontal(classes="row"):
+                yield Label("proposer")
+                yield Select([(p, p) for p in PROPOSERS], prompt="config default (library)",
+                             id="proposer", compact=True)
+            with Horizontal(classes="row"):
+                yield Label("iterations")
+                yield Input(placeholder="per op, e.g. 24", id="iterations", compact=True)
+            with Horizontal(classes="row"):
+                yield Label("USD")
+                yield Input(placeholder="LLM spend limit, e.g. 5", id="usd", compact=True)
+            with Horizontal(classes="row"):
+                yield Label("time")
+                yield Input(placeholder="e.g. 30m or 2h", id="time", compact=True)
+            yield Log(id="progress")
+            with Horizontal(id="buttons"):
+                yield Button("Start", variant="primary", id="start", compact=True)
+                yield Button("Cancel", id="cancel", compact=True)
+
+    def on_mount(self) -> None:
+        gpu = self.app.gpu
+        warning = self.query_one("#warning", Label)
+        if gpu is not None and not gpu.present:
+            warning.update(NEEDS_GPU.format(detail=gpu.detail))
+        else:
+            warning.display = False
+        self.query_one("#progress", Log).display = False
+        self.query_one("#model", Input).focus()
+
+    def form(self) -> NewSession:
+        def text(widget_id: str) -> str:
+            return self.query_one(f"#{widget_id}", Input).value
+
+        def choice(widget_id: str) -> str:
+            value = self.query_one(f"#{widget_id}", Select).value
+            return "" if value is Select.BLANK else str(value)
+
+        return NewSession(model=text("model"), dtype=choice("dtype"),
+                          proposer=choice("proposer"), iterations=text("iterations"),
+                          usd=text("usd"), time=text("time"))
+
+    @on(Input.Submitted)
+    @on(Button.Pressed, "#start")
+    def start(self) -> None:
+        gpu = self.app.gpu
+        if gpu is not None and not gpu.present:
+            self.app.report(NEEDS_GPU.format(detail=gpu.detail))
+            return
+        try:
+            argv = search_argv(self.form(), self.app.db_path)
+        except KforgeError as exc:
+            self.app.report(str(exc))
+            return
+        self.run_search(argv)
+
+    @on(Button.Pressed, "#cancel")
+    def action_cancel(self) -> None:
+        self.workers.cancel_group(self, "new-session")
+        self.dismiss(None)
+
+    @work(exclusive=True, group="new-session")
+    async def run_search(self, argv: list[str]) -> None:
+        log = self.query_one("#progress", Log)
+        log.display = True
+        log.clear()
+        log.write_line("$ kforge " + " ".join(argv[3:]))
+        self.query_one("#start", Button).disabled = True
+        try:
+            lines = await run_kforge(argv, log.write_line)
+        except KforgeError as exc:
+            self.app.report(str(exc))
+            return
+        finally:
+            self.query_one("#start", Button).disabled = False
+        self.dismiss(session_from_output(lines))

@@ -1,0 +1,422 @@
+"""One session in four panes: the op profile, the live search tree of the selected op, the selected
+node's kernel and launcher, and its logs beside the session log. Wide terminals show all four in a
+grid; small ones (80x24) show one pane at a time, switched with 1-4 or tab."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import ClassVar
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Container, Vertical
+from textual.events import DescendantFocus, Resize
+from textual.screen import Screen
+from textual.widget import Widget
+from textual.widgets import DataTable, Footer, Log, TabbedContent, TabPane, Tree
+
+from kforge.core.candidate import Candidate
+from kforge.errors import KforgeError
+from kforge.store import CommandKind, SessionStatus
+from kforge.store.records import CardRow, NodeDetail
+from kforge_tui.control import NoRunningSearch, control
+from kforge_tui.diffing import candidate_diff
+from kforge_tui.follow import LOG_TAIL, follow_session
+from kforge_tui.format import eval_report, focus_of, llm_report, progress_line
+from kforge_tui.messages import (
+    ErrorRaised,
+    NodeLoaded,
+    SessionChanged,
+    SessionSnapshot,
+    SessionState,
+)
+from kforge_tui.screens.dialogs import Ask, Choose, DiffView
+from kforge_tui.search_model import NodeFilter, SearchModel
+from kforge_tui.widgets.code_view import CodeView
+from kforge_tui.widgets.search_tree import SearchTree
+from kforge_tui.widgets.status_bar import StatusBar
+from kforge_tui.widgets.tables import OpTable
+
+PANES = ("ops", "tree", "code", "logs")
+PANE_TITLES = {"ops": "1 ops", "tree": "2 search tree", "code": "3 kernel", "logs": "4 logs"}
+# Below this size the panes take turns instead of sharing the screen.
+COMPACT_WIDTH, COMPACT_HEIGHT = 110, 30
+REPAINT_S = 0.25  # how often changed tree figures are redrawn
+
+
+class Pane(Vertical):
+    """A bordered pane with its number and name in the border."""
+
+    DEFAULT_CSS = """
+    Pane { border: round $panel-lighten-2; height: 1fr; }
+    Pane:focus-within { border: round $primary; }
+    Pane > * { height: 1fr; }
+    """
+
+    def __init__(self, name: str, *children: Widget) -> None:
+        super().__init__(*children, id=f"pane-{name}")
+        self.pane = name
+        self.border_title = PANE_TITLES[name]
+
+
+class SessionScreen(Screen):
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "back", "sessions", id="back"),
+        Binding("1", "pane('ops')", "ops", show=False, id="pane_ops"),
+        Binding("2", "pane('tree')", "tree", show=False, id="pane_tree"),
+        Binding("3", "pane('code')", "kernel", show=False, id="pane_code"),
+        Binding("4", "pane('logs')", "logs", show=False, id="pane_logs"),
+        Binding("tab", "cycle_pane(1)", "next pane", show=False, id="next_pane"),
+        Binding("shift+tab", "cycle_pane(-1)", "previous pane", show=False, id="prev_pane"),
+        Binding("right_square_bracket", "cycle_tab(1)", "next tab", show=False, id="next_tab"),
+        Binding("left_square_bracket", "cycle_tab(-1)", "previous tab", show=False,
+                id="prev_tab"),
+        Binding("x", "prune", "prune", id="prune"),
+        Binding("u", "unprune", "unprune", show=False, id="unprune"),
+        Binding("p", "pause", "pause/resume", id="pause"),
+        Binding("r", "resume", "resume", show=False, id="resume"),
+        Binding("S", "stop", "stop", show=False, id="stop"),
+        Binding("b", "best", "best", id="best"),
+        Binding("d", "diff", "diff", id="diff"),
+        Binding("f", "focus_op", "focus op", show=False, id="focus"),
+        Binding("slash", "filter", "filter", id="filter"),
+    ]
+    DEFAULT_CSS = """
+    SessionScreen #panes {
+        layout: grid; grid-size: 2 2; grid-columns: 2fr 3fr; grid-rows: 2fr 3fr;
+    }
+    SessionScreen #panes.-compact { grid-size: 1 1; grid-columns: 1fr; grid-rows: 1fr; }
+    SessionScreen TabbedContent > ContentSwitcher { height: 1fr; }
+    SessionScreen TabPane { padding: 0; height: 1fr; }
+    """
+
+    def __init__(self, session_id: int) -> None:
+        super().__init__()
+        self.session_id = session_id
+        self.model = SearchModel()
+        self.state: SessionState | None = None
+        self.detail: NodeDetail | None = None
+        self.parent_candidate: Candidate | None = None
+        self.active = "ops"
+
+    def compose(self) -> ComposeResult:
+        yield StatusBar(f"session {self.session_id}: loading…", id="topbar")
+        with Container(id="panes"):
+            yield Pane("ops", OpTable(id="ops"))
+            with Pane("code"), TabbedContent(id="code-tabs"):
+                with TabPane("kernel.cu", id="tab-kernel"):
+                    yield CodeView("cuda", id="kernel")
+                with TabPane("launcher.py", id="tab-launcher"):
+                    yield CodeView("python", id="launcher")
+            yield Pane("tree", SearchTree(self.model, id="tree"))
+            with Pane("logs"), TabbedContent(id="log-tabs"):
+                with TabPane("eval", id="tab-eval"):
+                    yield CodeView(id="eval")
+                with TabPane("llm", id="tab-llm"):
+                    yield CodeView(id="llm")
+                with TabPane("session log", id="tab-log"):
+                    yield Log(max_lines=LOG_TAIL, id="log")
+        yield Footer(compact=True)
+
+    def on_mount(self) -> None:
+        for view in ("#kernel", "#eval"):
+            self.query_one(view, CodeView).show_text("select a node in the search tree (2)")
+        self.layout_for(self.size.width, self.size.height)
+        self.set_interval(REPAINT_S, self.query_one(SearchTree).repaint_if_dirty)
+        self.app.gpu_known_signal.subscribe(self, lambda _gpu: self.show_bar())
+        self.follow()
+        self.action_pane("ops")
+
+    # ----- layout and panes -----
+
+    def on_resize(self, event: Resize) -> None:
+        self.layout_for(event.size.width, event.size.height)
+
+    def layout_for(self, width: int, height: int) -> None:
+        compact = width < COMPACT_WIDTH or height < COMPACT_HEIGHT
+        self.query_one("#panes").set_class(compact, "-compact")
+        for pane in self.query(Pane):
+            pane.border_subtitle = "tab/1-4: other panes" if compact else ""
+        self._mark_active(self.active)
+
+    @property
+    def compact(self) -> bool:
+        return self.query_one("#panes").has_class("-compact")
+
+    def action_pane(self, name: str) -> None:
+        self._mark_active(name)
+        self._pane_target(name).focus()
+
+    def action_cycle_pane(self, step: int) -> None:
+        self.action_pane(PANES[(PANES.index(self.active) + step) % len(PANES)])
+
+    def _mark_active(self, name: str) -> None:
+        # display is set inline, not by a CSS class, so it holds at once: a key typed right
+        # after the pane key already reaches the newly shown pane.
+        self.active = name
+        compact = self.compact
+        for pane in self.query(Pane):
+            pane.set_class(pane.pane == name, "-active")
+            pane.display = not compact or pane.pane == name
+
+    def _pane_target(self, name: str) -> Widget:
+        if name in ("code", "logs"):
+            tabs = self.query_one("#code-tabs" if name == "code" else "#log-tabs", TabbedContent)
+            pane = tabs.get_pane(tabs.active) if tabs.active else None
+            if pane is not None and pane.children:
+                return pane.children[0]
+            return tabs
+        return self.query_one(f"#{name}")
+
+    def action_cycle_tab(self, step: int) -> None:
+        if self.active not in ("code", "logs"):
+            return
+        tabs = self.query_one("#code-tabs" if self.active == "code" else "#log-tabs",
+                              TabbedContent)
+        ids = [pane.id for pane in tabs.query(TabPane)]
+        tabs.active = ids[(ids.index(tabs.active) + step) % len(ids)]
+        self.call_after_refresh(self._pane_target(self.active).focus)  # once the tab shows
+
+    def on_descendant_focus(self, event: DescendantFocus) -> None:
+        for pane in self.query(Pane):
+            if event.widget in pane.walk_children() and pane.pane != self.active:
+                self._mark_active(pane.pane)
+
+    # ----- following the store -----
+
+    @work(exclusive=True, group="follow")
+    async def follow(self) -> None:
+        store = await self.app.open_store()
+        if store is None:
+            return
+        try:
+            await follow_session(store, self.session_id, self.post_message, self.app.poll_s)
+        except KforgeError as exc:
+            self.post_message(ErrorRaised(str(exc)))
+
+    @on(SessionSnapshot)
+    def attach(self, message: SessionSnapshot) -> None:
+        self.model.load(message.nodes)
+        self.show_state(message.state)
+        log = self.query_one("#log", Log)
+        log.clear()
+        log.write_lines(message.log)
+        cards = self.query_one(OpTable).visible_cards()
+        focus = focus_of(message.state.session)
+        first = next((c for c in cards if c.id == focus), cards[0] if cards else None)
+        if first is not None:
+            self.query_one(OpTable).select_key(str(first.id))
+            self.show_card(first)
+
+    @on(SessionChanged)
+    def apply_changes(self, message: SessionChanged) -> None:
+        changes = message.changes
+        if changes.gone:
+            self.app.report(f"session {self.session_id} was deleted")
+            self.app.pop_screen()
+            return
+        added = [self.model.nodes[row.id] for row in changes.nodes if self.model.upsert(row)]
+        for node_id in changes.deleted:
+            self.model.remove(node_id)
+        tree = self.query_one(SearchTree)
+        tree.nodes_changed(added, changes.deleted)
+        if changes.state is not None:
+            self.show_state(changes.state)
+        if changes.log:
+            self.query_one("#log", Log).write_lines(changes.log)
+        for result in changes.results:
+            self.app.notify(f"search: {result}", timeout=4)
+        shown = self.detail.row.id if self.detail else None
+        if shown is not None and any(row.id == shown for row in changes.nodes):
+            self.load_detail(shown, delay_s=0.0)
+
+    def show_state(self, state: SessionState) -> None:
+        self.state = state
+        table = self.query_one(OpTable)
+        table.show(state.cards, focus_of(state.session))
+        tree = self.query_one(SearchTree)
+        if tree.card is not None:
+            tree.card = self.card(tree.card.id) or tree.card
+        self.show_bar()
+
+    def show_bar(self) -> None:
+        if self.state is not None:
+            self.query_one(StatusBar).show(progress_line(
+                self.state.session, self.state.cards, self.state.alive, self.app.gpu_label))
+
+    def card(self, card_id: int) -> CardRow | None:
+        if self.state is None:
+            return None
+        return next((c for c in self.state.cards if c.id == card_id), None)
+
+    # ----- selection -----
+
+    @on(DataTable.RowHighlighted, "#ops")
+    def op_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if event.row_key.value is not None:
+            card = self.card(int(event.row_key.value))
+            tree = self.query_one(SearchTree)
+            if card is not None and (tree.card is None or tree.card.id != card.id):
+                self.show_card(card)
+
+    @on(DataTable.RowSelected, "#ops")
+    def op_selected(self) -> None:
+        self.action_pane("tree")
+
+    def show_card(self, card: CardRow) -> None:
+        self.query_one(SearchTree).show_card(card)
+
+    @on(Tree.NodeHighlighted, "#tree")
+    def node_highlighted(self, event: Tree.NodeHighlighted) -> None:
+        if event.node.data is not None:
+            self.load_detail(event.node.data.id)
+
+    @on(Tree.NodeSelected, "#tree")
+    def node_selected(self) -> None:
+        if self.compact:
+            self.action_pane("code")
+
+    @work(exclusive=True, group="detail")
+    async def load_detail(self, node_id: int, delay_s: float = 0.05) -> None:
+        await asyncio.sleep(delay_s)  # a held j key moves on before anything is read
+        store = await self.app.open_store()
+        if store is None:
+            return
+        try:
+            detail = await store.get_node(node_id)
+            parent = (await store.get_node(detail.row.parent_id)).candidate \
+                if detail.row.parent_id else None
+        except KforgeError as exc:
+            self.post_message(ErrorRaised(str(exc)))
+            return
+        self.post_message(NodeLoaded(detail, parent))
+
+    @on(NodeLoaded)
+    def show_node(self, message: NodeLoaded) -> None:
+        self.detail, self.parent_candidate = message.detail, message.parent
+        candidate = message.detail.candidate
+        waiting = "(no kernel: " + message.detail.row.status.replace("_", " ") + ")"
+        self.query_one("#kernel", CodeView).show_text(candidate.source if candidate else waiting)
+        self.query_one("#launcher", CodeView).show_text(candidate.launcher if candidate else "")
+        self.query_one("#eval", CodeView).show_text(eval_report(message.detail))
+        self.query_one("#llm", CodeView).show_text(llm_report(message.detail))
+        self.query_one("#pane-code", Pane).border_title = (
+            f"{PANE_TITLES['code']} · node #{message.detail.row.id}")
+
+    # ----- commands -----
+
+    def selected_node(self) -> int | None:
+        node_id = self.query_one(SearchTree).selected_id
+        if node_id is None:
+            self.app.report("select a node in the search tree first (2, then j/k)")
+        return node_id
+
+    def action_prune(self) -> None:
+        if (node_id := self.selected_node()) is not None:
+            self.command(CommandKind.PRUNE, node_id)
+
+    def action_unprune(self) -> None:
+        if (node_id := self.selected_node()) is not None:
+            self.command(CommandKind.UNPRUNE, node_id)
+
+    def action_pause(self) -> None:
+        paused = self.state is not None and self.state.session.status == SessionStatus.PAUSED
+        self.command(CommandKind.RESUME if paused else CommandKind.PAUSE)
+
+    def action_resume(self) -> None:
+        if self.state is not None and self.state.alive:
+            if self.state.session.status == SessionStatus.PAUSED:
+                self.command(CommandKind.RESUME)
+            else:
+                self.app.notify(f"session {self.session_id} is already searching")
+            return
+        self.app.resume_session(self.session_id)
+
+    def action_stop(self) -> None:
+        self.app.confirm(f"Stop the search of session {self.session_id}? (r resumes it later)",
+                         lambda: self.command(CommandKind.STOP))
+
+    def action_focus_op(self) -> None:
+        key = self.query_one(OpTable).selected_key
+        if key is None or self.state is None:
+            return
+        card_id = int(key)
+        self.command(CommandKind.FOCUS,
+                     None if focus_of(self.state.session) == card_id else card_id)
+
+    @work(group="command")
+    async def command(self, kind: CommandKind, arg: object = None) -> None:
+        store = await self.app.open_store()
+        if store is None:
+            return
+        try:
+            said = await control(store, self.session_id, kind, arg)
+        except NoRunningSearch as exc:
+            self.app.confirm(f"{exc}.\nStart the search now?",
+                             lambda: self.app.resume_session(self.session_id))
+            return
+        except KforgeError as exc:
+            self.post_message(ErrorRaised(str(exc)))
+            return
+        self.app.notify(said, timeout=3)
+
+    def action_best(self) -> None:
+        tree = self.query_one(SearchTree)
+        card = tree.card
+        if card is None or card.best_node is None:
+            self.app.report("this op has no kernel that beats eager yet")
+            return
+        self.action_pane("tree")
+        if not tree.select_id(card.best_node):
+            self.app.report(f"the best node #{card.best_node} is hidden by the filter")
+
+    def action_diff(self) -> None:
+        node_id = self.selected_node()
+        if node_id is None:
+            return
+        detail = self.detail
+        if detail is None or detail.row.id != node_id:
+            self.app.report("the node is still loading; try again in a moment")
+            return
+        if detail.candidate is None:
+            self.app.report(f"node #{node_id} has no kernel ({detail.row.status})")
+            return
+        parent_id = detail.row.parent_id
+        parent_name = f"#{parent_id}" if parent_id else "nothing"
+        lines = candidate_diff(self.parent_candidate, detail.candidate, parent_name,
+                               f"#{node_id}")
+        self.app.push_screen(DiffView(f"node #{node_id} against its parent ({parent_name})",
+                                      lines))
+
+    def action_filter(self) -> None:
+        if self.active == "ops":
+            table = self.query_one(OpTable)
+            self.app.push_screen(Ask("Show ops whose name contains (empty: all)",
+                                     table.name_filter, "e.g. softmax"),
+                                 lambda text: text is not None and table.set_filter(text))
+        elif self.active == "tree":
+            tree = self.query_one(SearchTree)
+            self.app.push_screen(Choose("Show nodes", [f.value for f in NodeFilter],
+                                        tree.node_filter.value),
+                                 lambda pick: pick is not None
+                                 and tree.set_filter(NodeFilter(pick)))
+        else:
+            self.app.report("filter works on the ops (1) and search tree (2) panes")
+
+    def action_back(self) -> None:
+        self.app.pop_screen()
+
+    def palette_commands(self) -> list[tuple[str, str, object]]:
+        return [
+            ("Pause or resume the search", "p", self.action_pause),
+            ("Resume the search (start its engine)", "r", self.action_resume),
+            ("Stop the search", "S", self.action_stop),
+            ("Prune the selected subtree", "x", self.action_prune),
+            ("Unprune the selected subtree", "u", self.action_unprune),
+            ("Jump to the best node", "b", self.action_best),
+            ("Diff the node against its parent", "d", self.action_diff),
+            ("Focus the search on the selected op", "f", self.action_focus_op),
+            ("Filter ops or nodes", "/", self.action_filter),
+            ("Back to the sessions", "escape", self.action_back),
+        ]

@@ -1,0 +1,1 @@
+"""The session screen's panes and the widgets the screens share."""

@@ -1,0 +1,40 @@
+"""Shared pieces of the TUI tests: a fixture database, an app bound to it, and a wait helper."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from kforge_tui.app import KforgeApp
+from kforge_tui.launch import GpuCheck
+from tests.tui.fixtures import NOW, build
+
+FAKE_GPU = GpuCheck("Fake GPU", "1 GPU(s)")
+NO_GPU = GpuCheck(None, "nvidia-smi not found")
+
+
+def make_app(db: Path, **options) -> KforgeApp:
+    """An app with a fixed clock, a known GPU answer and a fast poll; it never saves the theme."""
+    defaults = {"gpu": FAKE_GPU, "clock": lambda: NOW, "poll_s": 0.05, "remember_theme": False}
+    return KforgeApp(db, **{**defaults, **options})
+
+
+@pytest.fixture
+async def fixture_db(tmp_path: Path) -> tuple[Path, dict[str, int]]:
+    db = tmp_path / "k.db"
+    return db, await build(db)
+
+
+async def until(pilot, condition: Callable[[], bool], timeout_s: float = 10.0,
+                what: str = "condition") -> None:
+    """Let the app run until ``condition()`` holds."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await pilot.pause(0.02)
+
+
