@@ -104,6 +104,7 @@ class Engine:
         self._baseline_locks: dict[int, asyncio.Lock] = {}
         self._status = SessionStatus.RUNNING
         self._message = ""
+        self._end_reason = ""  # why the search ended, for the ops it leaves unfinished
 
     # ----- the run -----
 
@@ -128,6 +129,7 @@ class Engine:
             await self._log(f"search failed: {error}", "error")
         finally:
             await self._cancel_tasks()
+            await self._park_cards(error or self._end_reason or str(status))
             beat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await beat
@@ -145,6 +147,7 @@ class Engine:
     def request_stop(self) -> None:
         """Stop soon (a signal handler calls this): in-flight work is dropped and redone on resume."""
         self.stopping = True
+        self._end_reason = "stopped"
 
     async def _loop(self) -> SessionStatus:
         while True:
@@ -277,8 +280,8 @@ class Engine:
     async def _start_next(self) -> bool:
         await self._flush_card_done()
         if (reason := self._budget_left()) is not None:
-            if reason != self._message and not self._tasks:
-                self._message = reason
+            if reason != self._end_reason and not self._tasks:
+                self._end_reason = reason
                 await self._log(reason)
             return False
         active = [s for s in self.cards.values()
@@ -296,8 +299,8 @@ class Engine:
         parent_id = None if decision.parent == ROOT else decision.parent
         node_id = await self.store.add_node(self.session_id, pick, parent_id, decision.action)
         state.tree.add(node_id, decision.parent, decision.action)
-        if state.row.status == CardStatus.PENDING:
-            await self.store.update_card(pick, status=CardStatus.SEARCHING)
+        if state.row.status in (CardStatus.PENDING, CardStatus.STOPPED):
+            await self.store.update_card(pick, status=CardStatus.SEARCHING, stop_reason="")
             state.row = await self.store.get_card(pick)
         self._spawn(self._work(state, node_id, decision))
         self._notify()
@@ -364,6 +367,15 @@ class Engine:
         await self._flush_card_done()
         self._notify()
 
+    async def _park_cards(self, reason: str) -> None:
+        """Ops still being searched when the session's search ends are marked stopped (with the
+        session's reason); a resume picks them up again."""
+        await self._flush_card_done()
+        for state in self.cards.values():
+            if state.row.status == CardStatus.SEARCHING:
+                await self.store.update_card(state.row.id, status=CardStatus.STOPPED,
+                                             stop_reason=reason)
+
     async def _flush_card_done(self) -> None:
         while self._done_queue:
             state, reason = self._done_queue.pop(0)
@@ -413,7 +425,7 @@ class Engine:
             await self._set_status(SessionStatus.RUNNING)
             return "resumed"
         if kind == CommandKind.STOP:
-            self.stopping = True
+            self.request_stop()
             return "stopping"
         if kind in (CommandKind.PRUNE, CommandKind.UNPRUNE):
             return await self._prune(command.arg, kind == CommandKind.PRUNE)

@@ -24,6 +24,7 @@ class SessionStatus(StrEnum):
 class CardStatus(StrEnum):
     PENDING = "pending"
     SEARCHING = "searching"
+    STOPPED = "stopped"  # the session's search ended first (budget, stop): resumable
     DONE = "done"
     SKIPPED = "skipped"  # not a target (views, copies) or declined
 

@@ -62,7 +62,9 @@ class OpTable(VimTable):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("s", "next_sort", "sort", id="sort"),
     ]
-    COLUMNS = ("op", "shapes", "dtype", "calls", "share", "eager", "best", "status")
+    # The figures people scan for come first, so they fit at 80 columns; shapes can be long.
+    COLUMNS = ("op", "share", "best", "eager", "calls", "dtype", "status", "shapes")
+    OP_WIDTH = 22
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -103,9 +105,11 @@ class OpTable(VimTable):
         for row in self.visible_cards():
             c = row.card
             style = "" if c.target else "dim"
-            cells = (c.short_op, shapes_of(row), dtype_of(row), str(c.calls),
-                     f"{100 * c.share:.1f}%", fmt_us(c.eager_us), fmt_speedup(row.best_speedup),
-                     card_status(row, row.id == self._focus))
+            op = c.short_op if len(c.short_op) <= self.OP_WIDTH else (
+                c.short_op[:self.OP_WIDTH - 1] + "…")
+            cells = (op, f"{100 * c.share:.1f}%", fmt_speedup(row.best_speedup),
+                     fmt_us(c.eager_us), str(c.calls), dtype_of(row),
+                     card_status(row, row.id == self._focus), shapes_of(row))
             self.add_row(*(Text(cell, style=style, no_wrap=True, overflow="ellipsis")
                            for cell in cells), key=str(row.id))
         if keep is not None:

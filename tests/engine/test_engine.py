@@ -198,6 +198,13 @@ async def test_pause_resume_and_stop(store: Store):
     assert status == SessionStatus.STOPPED
     assert (await store.get_session(sid)).status == SessionStatus.STOPPED
     assert await store.pending_commands(sid) == []
+    # ops cut short are marked stopped, and a resume takes them up again
+    cards = [c for c in await store.list_cards(sid) if c.card.target]
+    assert {c.status for c in cards} <= {CardStatus.STOPPED, CardStatus.PENDING}
+    assert all(c.stop_reason == "stopped" for c in cards if c.status == CardStatus.STOPPED)
+    before = len(await store.list_nodes(sid))
+    await engine(store, sid, iterations_per_op=before // 3 + 2).run()
+    assert len(await store.list_nodes(sid)) == 3 * (before // 3 + 2)
 
 
 async def test_prune_keeps_the_search_out_of_a_subtree(store: Store):
