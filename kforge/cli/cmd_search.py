@@ -57,6 +57,8 @@ def _add_search_options(p: argparse.ArgumentParser) -> None:
                    help="stop an op after N iterations without improvement (default 12)")
     g.add_argument("--seed", type=int, help="random seed of the search (default 0)")
     g.add_argument("--focus", type=int, metavar="CARD", help="search only this op card")
+    g.add_argument("--top", type=int, dest="top_ops", metavar="N",
+                   help="search only the N ops with the largest time shares")
     g.add_argument("--detach", action="store_true",
                    help="run in the background, surviving the terminal; follow with kforge-tui")
     g.add_argument("--quiet", action="store_true", help="no live progress display")
@@ -70,7 +72,7 @@ def _given(args: argparse.Namespace) -> dict:
         "iterations_per_op": args.iterations_per_op, "usd": args.usd,
         "wall_s": parse_duration(args.wall) if args.wall else None,
         "parallel": args.parallel, "patience": args.patience, "seed": args.seed,
-        "focus": args.focus,
+        "focus": args.focus, "top_ops": args.top_ops,
     }
     return {k: v for k, v in given.items() if v is not None}
 

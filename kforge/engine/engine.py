@@ -105,6 +105,7 @@ class Engine:
         self._status = SessionStatus.RUNNING
         self._message = ""
         self._end_reason = ""  # why the search ended, for the ops it leaves unfinished
+        self._searched: set[int] = set()  # the cards this run may search (targets, top shares)
 
     # ----- the run -----
 
@@ -191,6 +192,8 @@ class Engine:
         for stale in [n for n in nodes if n.status == NodeStatus.PROPOSING]:
             await self.store.delete_node(stale.id)
         kept = [n for n in nodes if n.status != NodeStatus.PROPOSING]
+        targets = sorted((r for r in rows if r.card.target), key=lambda r: -r.card.share)
+        self._searched = {r.id for r in targets[:self.settings.top_ops]}
         for row in rows:
             mine = [n for n in kept if n.card_id == row.id]
             tree = Tree.from_records([n.record() for n in mine], self.settings.mcts,
@@ -198,7 +201,7 @@ class Engine:
             state = CardState(row=row, tree=tree, spent=tree.completed,
                               best_node=row.best_node, best_speedup=row.best_speedup,
                               done=row.status in (CardStatus.DONE, CardStatus.SKIPPED)
-                              or not row.card.target)
+                              or row.id not in self._searched)
             for n in mine:
                 state.metas[n.id] = n.meta
                 if not n.ok and not n.in_flight:
@@ -263,8 +266,7 @@ class Engine:
                                   self.settings.patience)
 
     def _total_iterations(self) -> int:
-        targets = sum(1 for s in self.cards.values() if s.card.target)
-        return self.settings.iterations_per_op * targets
+        return self.settings.iterations_per_op * len(self._searched)
 
     def _budget_left(self) -> str | None:
         """Why no new work may start, or None."""
@@ -490,7 +492,7 @@ class Engine:
             usd=self._usd, elapsed_s=self._run_seconds(),
             cards=[(s.card.short_op, s.card.signature, s.spent, s.best_speedup,
                     "done" if s.done else ("searching" if s.spent or s.tree.inflight() else "pending"))
-                   for s in rows if s.card.target],
+                   for s in rows if s.row.id in self._searched],
             message=self._message))
 
 

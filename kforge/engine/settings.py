@@ -22,6 +22,7 @@ class SearchSettings:
     patience: int = 12  # stop an op after this many iterations without improvement
     seed: int = 0
     focus: int | None = None  # only search this card
+    top_ops: int | None = None  # only search the ops with the largest time shares
     mcts: MctsParams = field(default_factory=MctsParams)
 
     @property
@@ -47,6 +48,8 @@ class SearchSettings:
             raise KforgeError("parallel proposals must be at least 1")
         if self.usd is not None and self.usd < 0:
             raise KforgeError("the USD budget cannot be negative")
+        if self.top_ops is not None and self.top_ops < 1:
+            raise KforgeError("--top must be at least 1")
         if self.wall_s is not None and self.wall_s <= 0:
             raise KforgeError("the time budget must be positive")
 

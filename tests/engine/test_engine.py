@@ -254,3 +254,11 @@ async def test_snapshots_report_progress(store: Store):
     assert snaps[-1].status == SessionStatus.DONE
     assert snaps[-1].iterations == snaps[-1].total == 6
     assert [c[0] for c in snaps[-1].cards] == ["_softmax", "add", "relu"]
+
+
+async def test_top_ops_limits_the_search_to_the_largest_shares(store: Store):
+    sid = await session(store)
+    await engine(store, sid, top_ops=2, iterations_per_op=3).run()
+    searched = {c.card.short_op for c in await store.list_cards(sid) if c.spent}
+    assert searched == {"_softmax", "add"}
+    assert len(await store.list_nodes(sid)) == 6
