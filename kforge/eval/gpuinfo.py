@@ -1,0 +1,92 @@
+"""Find out what GPU we run on: name, architecture, SMs, memory, L2 and the measured copy rate.
+
+The copy rate (a large device-to-device copy, read + write bytes over time) is the memory floor
+every timing is held against; it is measured once per process and device.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+from kforge.core.gpu import GpuInfo
+from kforge.errors import KforgeError
+
+# Bytes copied to measure the copy rate: far beyond any L2, small beside any datacenter GPU.
+COPY_BYTES = 512 << 20
+
+
+def require_cuda() -> None:
+    """Raise a clear KforgeError unless cuda.core is installed and PyTorch sees a CUDA GPU."""
+    try:
+        import cuda.core  # noqa: F401 - only whether it imports
+    except ImportError:
+        raise KforgeError("cuda-core is not installed: the GPU evaluator needs it "
+                          "(pip install 'kforge[cuda]')") from None
+    import torch
+
+    if not torch.cuda.is_available():
+        raise KforgeError("no CUDA GPU is visible to PyTorch (torch.cuda.is_available() is "
+                          "False): the GPU evaluator needs one")
+
+
+def arch_name(major: int, minor: int) -> str:
+    """Compute capability to an NVRTC architecture: (9, 0) -> ``sm_90``, (12, 1) -> ``sm_121``."""
+    return f"sm_{major}{minor}"
+
+
+def measure_copy_bandwidth(index: int = 0, nbytes: int = COPY_BYTES, reps: int = 10) -> float:
+    """Device-to-device copy rate of GPU ``index`` in GB/s, counting bytes read and written."""
+    import torch
+
+    device = torch.device("cuda", index)
+    free, _ = torch.cuda.mem_get_info(device)
+    nbytes = max(1 << 20, min(nbytes, free // 4)) // 4 * 4
+    with torch.cuda.device(index):
+        src = torch.ones(nbytes // 4, dtype=torch.int32, device=device)
+        dst = torch.empty_like(src)
+        for _ in range(3):
+            dst.copy_(src)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            dst.copy_(src)
+        end.record()
+        end.synchronize()
+        seconds = start.elapsed_time(end) / 1e3 / reps
+    del src, dst
+    return 2 * nbytes / seconds / 1e9
+
+
+def driver_version() -> str:
+    try:
+        from cuda.bindings import driver
+
+        err, version = driver.cuDriverGetVersion()
+        if err != driver.CUresult.CUDA_SUCCESS:
+            return ""
+        return f"{version // 1000}.{version % 1000 // 10}"
+    except Exception:  # an old or absent binding: the version is only informative
+        return ""
+
+
+@cache
+def detect_gpu(index: int = 0) -> GpuInfo:
+    """The GPU at ``index`` (among the visible ones), with its copy rate measured now."""
+    require_cuda()
+    import torch
+
+    if index >= torch.cuda.device_count():
+        raise KforgeError(f"there is no GPU {index}: {torch.cuda.device_count()} visible")
+    props = torch.cuda.get_device_properties(index)
+    l2 = getattr(props, "L2_cache_size", 0)
+    return GpuInfo(
+        name=props.name,
+        arch=arch_name(props.major, props.minor),
+        sm_count=props.multi_processor_count,
+        memory_gb=round(props.total_memory / (1 << 30), 1),
+        l2_mb=round(l2 / (1 << 20), 1),
+        bandwidth_gbs=round(measure_copy_bandwidth(index), 1),
+        driver=driver_version(),
+        torch=torch.__version__,
+        index=index,
+    )

@@ -1,0 +1,460 @@
+"""Materialize an op card's arguments on a device: from a captured sample or from random values.
+
+Every tensor gets exactly its spec's shape, strides, dtype and storage offset, inside a storage
+with canaries (NaN for floats, the dtype's maximum for integers) before and after it, so a kernel
+that reads out of bounds computes garbage and one that writes out of bounds is seen.
+
+Random values mimic the card's first sample where there is one: integers stay within the
+sample's min..max (embedding indices), booleans keep their fraction of True, floats keep the
+sample's mean and spread and its exact positions of +-inf (attention masks). Without a sample,
+op-aware defaults apply (indices below the size they index).
+
+Samples are ``<samples_dir>/<card key>/<n>.pt`` files holding ``{"args": [...], "kwargs": {}}``
+with CPU tensors laid out as in the model (see ``kforge.capture.samples``); a tensor too large to
+keep is left there as its spec and is filled with random values.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kforge.core.opcard import OpCard, tensor_specs
+from kforge.errors import KforgeError
+from kforge.eval.ops import storage_span
+
+# Canary bytes on each side of a tensor's elements.
+CANARY_BYTES = 256
+# Ops whose float inputs must be positive to be meaningful (log, sqrt...).
+POSITIVE_INPUT_OPS = frozenset({"log", "log2", "log10", "sqrt", "rsqrt", "reciprocal", "lgamma"})
+# Integer tensors that are not indices get values in this range.
+DEFAULT_INT_RANGE = (0, 16)
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    value = getattr(torch, name, None)
+    if not isinstance(value, torch.dtype):
+        raise KforgeError(f"unknown dtype {name!r} in an op card")
+    return value
+
+
+def canary_value(dtype: torch.dtype) -> float | int | bool:
+    if dtype == torch.bool:
+        return True
+    if dtype.is_floating_point or dtype.is_complex:
+        return math.nan
+    return torch.iinfo(dtype).max
+
+
+@dataclass(frozen=True)
+class Geometry:
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+    dtype: torch.dtype
+
+    @classmethod
+    def from_spec(cls, spec: dict) -> Geometry:
+        if "stride" not in spec:
+            raise KforgeError(f"tensor spec {spec} has no strides (a {spec.get('layout')} "
+                              "tensor?): only strided tensors can be evaluated")
+        return cls(tuple(spec["shape"]), tuple(spec["stride"]), int(spec.get("offset", 0)),
+                   torch_dtype(spec["dtype"]))
+
+    @property
+    def span(self) -> int:
+        return storage_span(self.shape, self.stride)
+
+    def matches(self, t: torch.Tensor) -> bool:
+        return (tuple(t.shape) == self.shape and tuple(t.stride()) == self.stride
+                and t.dtype == self.dtype)
+
+
+@dataclass
+class Buffer:
+    """One materialized tensor: ``view`` is what the op gets; ``base`` is a 1-D tensor over the
+    whole allocation, canaries included, for integrity checks."""
+
+    geometry: Geometry
+    base: torch.Tensor
+    view: torch.Tensor
+
+    def region(self) -> torch.Tensor:
+        """The elements from the view's first to its last, as a 1-D tensor."""
+        return self.view.as_strided((self.geometry.span,), (1,), self.view.storage_offset())
+
+    def view_mask(self) -> torch.Tensor:
+        """Bool over ``base``: True from the view's first element to its last."""
+        mask = torch.zeros(self.base.numel(), dtype=torch.bool, device=self.base.device)
+        start = (self.view.data_ptr() - self.base.data_ptr()) // self.base.element_size()
+        mask[start:start + self.geometry.span] = True
+        return mask
+
+
+def allocate(geometry: Geometry, device: torch.device) -> Buffer:
+    """An uninitialised tensor of ``geometry`` with canaries around it."""
+    item = torch.empty((), dtype=geometry.dtype).element_size()
+    pad = max(1, CANARY_BYTES // item)
+    used = geometry.offset + geometry.span
+    base = torch.empty(pad + used + pad, dtype=geometry.dtype, device=device)
+    base.fill_(canary_value(geometry.dtype))
+    try:
+        # A storage that starts after the leading canary keeps the spec's exact storage offset.
+        storage = base.untyped_storage()[pad * item:(pad + used + pad) * item]
+        view = torch.empty(0, dtype=geometry.dtype, device=device).set_(
+            storage, geometry.offset, geometry.shape, geometry.stride)
+    except (RuntimeError, TypeError, NotImplementedError):
+        view = base.as_strided(geometry.shape, geometry.stride, pad + geometry.offset)
+    return Buffer(geometry, base, view)
+
+
+# ----- decoding arg specs -----
+
+
+def decode(spec: Any, device: torch.device, tensors: Iterator[torch.Tensor]) -> Any:
+    """An arg spec as a value: tensors are taken in order from ``tensors``; lists become tuples
+    (aten accepts them, and a launcher cannot keep state in them)."""
+    if isinstance(spec, dict):
+        kind = spec.get("t")
+        if kind == "tensor":
+            return next(tensors)
+        if kind == "list":
+            return tuple(decode(item, device, tensors) for item in spec["items"])
+        if kind == "dtype":
+            return torch_dtype(spec["v"])
+        if kind == "device":
+            return device if str(spec["v"]).startswith("cuda") else torch.device(spec["v"])
+        if kind in ("layout", "memory_format"):
+            value = getattr(torch, spec["v"], None)
+            if value is None:
+                raise KforgeError(f"unknown {kind} {spec['v']!r} in an op card")
+            return value
+        raise KforgeError(f"cannot rebuild argument {spec} for evaluation")
+    if isinstance(spec, list):
+        return tuple(decode(item, device, tensors) for item in spec)
+    return spec
+
+
+def sample_tensors(value: Any) -> list[torch.Tensor | None]:
+    """The tensors of a saved sample in spec order; None where the sample kept only a spec."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        if value.get("t") == "tensor":
+            return [None]
+        if value.get("t") == "list":
+            return [t for item in value["items"] for t in sample_tensors(item)]
+        return []
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in sample_tensors(item)]
+    return []
+
+
+def load_samples(samples_dir: Path | None, card: OpCard, limit: int) -> list[tuple[str, list]]:
+    """Up to ``limit`` samples of ``card`` as ``(label, tensors in spec order)``; samples that
+    cannot be read or whose tensors do not match the card are skipped."""
+    if samples_dir is None or limit <= 0:
+        return []
+    folder = Path(samples_dir) / card.key
+    if not folder.is_dir():
+        return []
+    files = sorted(folder.glob("*.pt"),
+                   key=lambda p: (int(p.stem) if p.stem.isdigit() else math.inf, p.name))
+    geometries = [Geometry.from_spec(s) for s in all_tensor_specs(card)]
+    found = []
+    for path in files:
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception:  # a damaged file is skipped: random inputs still verify the card
+            continue
+        if not isinstance(saved, dict) or "args" not in saved:
+            continue
+        kwargs = saved.get("kwargs") or {}
+        tensors = sample_tensors(saved["args"]) + [
+            t for name in card.kwargs for t in sample_tensors(kwargs.get(name))]
+        if len(tensors) != len(geometries) or any(
+                t is not None and (tuple(t.shape) != g.shape or t.dtype != g.dtype)
+                for t, g in zip(tensors, geometries)):
+            continue
+        found.append((f"sample {path.stem}", tensors))
+        if len(found) >= limit:
+            break
+    return found
+
+
+def all_tensor_specs(card: OpCard) -> list[dict]:
+    return tensor_specs([card.args, list(card.kwargs.values())])
+
+
+# ----- values -----
+
+
+@dataclass(frozen=True)
+class ValueModel:
+    """How to draw fresh values for one tensor."""
+
+    low: float = DEFAULT_INT_RANGE[0]  # integers: inclusive
+    high: float = DEFAULT_INT_RANGE[1]  # integers: exclusive
+    true_fraction: float = 0.5
+    mean: float = 0.0
+    std: float = 1.0
+    positive: bool = False
+    template: torch.Tensor | None = None  # a sample's region on the device: +-inf kept there
+
+    @classmethod
+    def from_sample(cls, t: torch.Tensor, geometry: Geometry, device: torch.device,
+                    default: ValueModel) -> ValueModel:
+        values = t.to(device)  # values only: the layout may change here
+        if t.dtype == torch.bool:
+            return cls(true_fraction=values.float().mean().item() if t.numel() else 0.5)
+        if not (t.dtype.is_floating_point or t.dtype.is_complex):
+            if t.numel() == 0:
+                return default
+            return cls(low=values.min().item(), high=values.max().item() + 1)
+        real = values.real if t.dtype.is_complex else values
+        finite = real[torch.isfinite(real)].double()
+        template = None
+        if geometry.matches(t) and bool(torch.isinf(real).any()):
+            template = region_of(t, geometry.span).to(device)
+        if finite.numel() == 0:
+            return cls(template=template)
+        std = finite.std().item() if finite.numel() > 1 else 0.0
+        return cls(mean=finite.mean().item(), std=std if math.isfinite(std) else 1.0,
+                   positive=finite.min().item() >= 0, template=template)
+
+
+def region_of(t: torch.Tensor, span: int) -> torch.Tensor:
+    return t.as_strided((span,), (1,), t.storage_offset())
+
+
+def random_values(model: ValueModel, dtype: torch.dtype, count: int,
+                  generator: torch.Generator, device: torch.device) -> torch.Tensor:
+    """``count`` fresh values of ``dtype`` drawn by ``model``."""
+    if dtype == torch.bool:
+        return torch.rand(count, generator=generator, device=device) < model.true_fraction
+    if not (dtype.is_floating_point or dtype.is_complex):
+        info = torch.iinfo(dtype)
+        low = max(int(model.low), info.min)
+        high = min(int(model.high), info.max)
+        if high <= low:
+            return torch.full((count,), low, dtype=dtype, device=device)
+        return torch.randint(low, high, (count,), generator=generator, device=device, dtype=dtype)
+    work = torch.complex64 if dtype.is_complex else torch.float32
+    values = torch.randn(count, generator=generator, device=device, dtype=work)
+    values = values * model.std + model.mean
+    if model.positive:
+        values = values.abs()
+    if model.template is not None:
+        template = model.template.to(work)
+        values = torch.where(torch.isinf(template.real if dtype.is_complex else template),
+                             template, values)
+    return values.to(dtype)
+
+
+def default_models(card: OpCard, geometries: list[Geometry]) -> list[ValueModel]:
+    """Value models without a sample: op-aware bounds for index tensors."""
+    models = [ValueModel() for _ in geometries]
+    short = card.short_op
+    if short in POSITIVE_INPUT_OPS:
+        models = [ValueModel(positive=True) for _ in geometries]
+    for flat, bound in index_bounds(short, card.args).items():
+        if flat < len(models):
+            models[flat] = ValueModel(low=0, high=max(1, bound))
+    return models
+
+
+def index_bounds(short_op: str, args: list) -> dict[int, int]:
+    """``{flat tensor index: exclusive upper bound}`` for integer tensors that index another."""
+
+    def flat_index(position: int) -> int:
+        return len(tensor_specs(args[:position]))
+
+    def size(position: int, dim: Any) -> int | None:
+        spec = args[position] if position < len(args) else None
+        if not isinstance(spec, dict) or "shape" not in spec:
+            return None
+        shape = spec["shape"]
+        if not isinstance(dim, int) or not shape:
+            return None
+        return shape[dim % len(shape)]
+
+    bounds: dict[int, int] = {}
+
+    def put(position: int, bound: int | None) -> None:
+        if bound is not None and position < len(args):
+            bounds[flat_index(position)] = bound
+
+    if short_op == "embedding":
+        put(1, size(0, 0))
+    elif short_op == "embedding_dense_backward" and len(args) > 2 and isinstance(args[2], int):
+        put(1, args[2])
+    elif short_op in ("index_select", "gather", "scatter", "scatter_add", "scatter_reduce",
+                      "index_add", "index_copy", "index_fill", "scatter_", "scatter_add_",
+                      "index_add_", "index_copy_", "index_fill_"):
+        if len(args) > 1:
+            put(2, size(0, args[1]))
+    elif short_op in ("index", "index_put", "index_put_", "_index_put_impl_", "_unsafe_index"):
+        if len(args) > 1 and isinstance(args[1], dict) and args[1].get("t") == "list":
+            first = flat_index(1)
+            shape = args[0].get("shape", []) if isinstance(args[0], dict) else []
+            k = 0
+            for dim, item in enumerate(args[1]["items"]):
+                if isinstance(item, dict) and item.get("t") == "tensor":
+                    if dim < len(shape) and item["dtype"] != "bool":
+                        bounds[first + k] = shape[dim]
+                    k += 1
+    elif short_op in ("nll_loss_forward", "nll_loss2d_forward", "nll_loss", "nll_loss_nd",
+                      "cross_entropy_loss"):
+        shape = args[0].get("shape", []) if args and isinstance(args[0], dict) else []
+        if shape:
+            put(1, shape[1] if len(shape) > 1 else shape[0])
+    elif short_op == "take" and args and isinstance(args[0], dict):
+        put(1, math.prod(args[0]["shape"]))
+    return bounds
+
+
+# ----- input sets -----
+
+
+@dataclass
+class InputSet:
+    """One call's worth of arguments on the device, with a snapshot for integrity checks."""
+
+    label: str
+    args: tuple
+    kwargs: dict
+    buffers: list[Buffer]
+    device: torch.device
+    args_spec: list = field(repr=False, default_factory=list)
+    kwargs_spec: dict = field(repr=False, default_factory=dict)
+    snapshot: list[torch.Tensor] = field(repr=False, default_factory=list)
+
+    def take_snapshot(self) -> None:
+        self.snapshot = [b.base.clone() for b in self.buffers]
+
+    def restore(self, indices: list[int] | None = None) -> None:
+        for i in range(len(self.buffers)) if indices is None else indices:
+            self.buffers[i].base.copy_(self.snapshot[i])
+
+    def changed(self, written: set[int]) -> list[str]:
+        """What differs from the snapshot, one line per tensor. For the tensors in ``written``
+        (arguments the op writes) only the canaries around the view count."""
+        problems = []
+        for i, (buf, snap) in enumerate(zip(self.buffers, self.snapshot)):
+            if i not in written and torch.equal(as_bytes(buf.base), as_bytes(snap)):
+                continue
+            differs = elements_differ(buf.base, snap)
+            inside = buf.view_mask()
+            if bool((differs & ~inside).any()):
+                problems.append(f"the memory around tensor argument {i}")
+            elif i not in written and bool(differs.any()):
+                problems.append(f"tensor argument {i}")
+        return problems
+
+    def fresh_copy(self, label: str | None = None) -> InputSet:
+        """An independent set with the snapshot's values (for the eager reference)."""
+        buffers = []
+        for buf, snap in zip(self.buffers, self.snapshot):
+            new = allocate(buf.geometry, self.device)
+            new.base.copy_(snap)
+            buffers.append(new)
+        return build_set(label or self.label, self.args_spec, self.kwargs_spec, buffers,
+                         self.device, snapshot=False)
+
+    def load_values_from(self, other: InputSet) -> None:
+        """Overwrite this set's memory with ``other``'s (same geometry), keeping addresses."""
+        for mine, theirs in zip(self.buffers, other.buffers):
+            mine.base.copy_(theirs.base)
+        self.take_snapshot()
+
+    def nbytes(self) -> int:
+        return sum(b.base.numel() * b.base.element_size() for b in self.buffers)
+
+
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8)
+
+
+def elements_differ(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Bool per element of two 1-D tensors of one dtype: True where their bytes differ
+    (so NaN equals the same NaN and -0.0 differs from 0.0)."""
+    size = a.element_size()
+    return (as_bytes(a).view(-1, size) != as_bytes(b).view(-1, size)).any(1)
+
+
+def build_set(label: str, args_spec: list, kwargs_spec: dict, buffers: list[Buffer],
+              device: torch.device, snapshot: bool = True) -> InputSet:
+    views = iter([b.view for b in buffers])
+    args = tuple(decode(a, device, views) for a in args_spec)
+    kwargs = {k: decode(v, device, views) for k, v in kwargs_spec.items()}
+    result = InputSet(label, args, kwargs, buffers, device, args_spec, kwargs_spec)
+    if snapshot:
+        result.take_snapshot()
+    return result
+
+
+class InputFactory:
+    """Builds input sets for one card on one device."""
+
+    def __init__(self, card: OpCard, device: torch.device, samples_dir: Path | None = None,
+                 max_samples: int = 2) -> None:
+        self.card = card
+        self.device = device
+        self.geometries = [Geometry.from_spec(s) for s in all_tensor_specs(card)]
+        self.samples = load_samples(samples_dir, card, max_samples)
+        defaults = default_models(card, self.geometries)
+        if self.samples:
+            first = self.samples[0][1]
+            self.models = [ValueModel.from_sample(t, g, device, d) if t is not None else d
+                           for t, g, d in zip(first, self.geometries, defaults)]
+        else:
+            self.models = defaults
+
+    def _build(self, label: str, fill) -> InputSet:
+        buffers = []
+        for i, g in enumerate(self.geometries):
+            buf = allocate(g, self.device)
+            if g.span:
+                fill(i, buf)
+            buffers.append(buf)
+        return build_set(label, self.card.args, self.card.kwargs, buffers, self.device)
+
+    def random_set(self, seed: int) -> InputSet:
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(seed)
+
+        def fill(i: int, buf: Buffer) -> None:
+            g = self.geometries[i]
+            values = random_values(self.models[i], g.dtype, g.span, generator, self.device)
+            buf.region().copy_(values)
+
+        return self._build(f"seed {seed}", fill)
+
+    def sample_set(self, index: int) -> InputSet:
+        label, tensors = self.samples[index]
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(index)
+
+        def fill(i: int, buf: Buffer) -> None:
+            g, t = self.geometries[i], tensors[i]
+            if t is not None and g.matches(t):
+                buf.region().copy_(region_of(t, g.span))
+                return
+            if t is not None and g.span >= math.prod(g.shape):  # no element stored twice
+                buf.view.copy_(t)
+                return
+            # Too large to keep when captured (or laid out otherwise): random values.
+            buf.region().copy_(random_values(self.models[i], g.dtype, g.span, generator,
+                                             self.device))
+
+        return self._build(label, fill)
+
+    def sets(self, seeds: tuple[int, ...] | list[int]) -> list[InputSet]:
+        """Every sample, then one random set per seed."""
+        return ([self.sample_set(i) for i in range(len(self.samples))]
+                + [self.random_set(s) for s in seeds])

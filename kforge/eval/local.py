@@ -1,0 +1,51 @@
+"""Evaluate in the calling process, without a worker: for tests and benchmarks.
+
+Same checks and timing as the worker. A kernel that faults poisons this process's CUDA context and
+one that hangs hangs it: searches go through ``GpuEvaluator``, whose workers absorb both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from kforge.core.candidate import Baseline, Candidate, EvalOutcome
+from kforge.core.gpu import GpuInfo
+from kforge.core.opcard import OpCard
+from kforge.eval.gpuinfo import detect_gpu
+from kforge.eval.loader import NvrtcLoader
+from kforge.eval.pipeline import EvalSettings, evaluate_candidate, measure_baseline
+from kforge.eval.runtime import CudaRuntime
+
+
+@dataclass
+class Device:
+    gpu: GpuInfo
+    runtime: CudaRuntime
+    loader: NvrtcLoader
+
+
+_devices: dict[int, Device] = {}
+
+
+def device_context(index: int) -> Device:
+    """The runtime and loader of GPU ``index`` in this process (made once)."""
+    if index not in _devices:
+        gpu = detect_gpu(index)
+        runtime = CudaRuntime(index, l2_bytes=int(gpu.l2_mb * (1 << 20)))
+        _devices[index] = Device(gpu, runtime, NvrtcLoader(index, gpu.arch))
+    return _devices[index]
+
+
+def evaluate_local(card: OpCard, candidate: Candidate, *, samples_dir: Path | None = None,
+                   device: int = 0, settings: EvalSettings | None = None) -> EvalOutcome:
+    ctx = device_context(device)
+    return evaluate_candidate(card, candidate, runtime=ctx.runtime, loader=ctx.loader,
+                              gpu=ctx.gpu, samples_dir=samples_dir, settings=settings)
+
+
+def baseline_local(card: OpCard, *, samples_dir: Path | None = None, device: int = 0,
+                   settings: EvalSettings | None = None) -> Baseline:
+    ctx = device_context(device)
+    return measure_baseline(card, runtime=ctx.runtime, gpu=ctx.gpu, samples_dir=samples_dir,
+                            settings=settings)

@@ -1,0 +1,283 @@
+"""The engine's GPU evaluator: one worker process per visible GPU, evaluations spread over them.
+
+A worker that hangs past the timeout is killed, one that dies is noted; either way the candidate's
+outcome says what happened (TIMEOUT, CRASH), a fresh worker takes the GPU over in the background
+and the search goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+import kforge
+from kforge.core.candidate import Baseline, Candidate, EvalOutcome, EvalStatus
+from kforge.core.gpu import NO_GPU, GpuInfo
+from kforge.core.opcard import OpCard
+from kforge.errors import KforgeError
+from kforge.eval.protocol import baseline_from_dict, encode, read_frame_async
+
+DEFAULT_TIMEOUT_S = 60.0
+DEFAULT_BASELINE_TIMEOUT_S = 900.0  # torch.compile of one op can take minutes on a cold cache
+DEFAULT_START_TIMEOUT_S = 300.0
+RESPAWN_TRIES = 3
+STDERR_LINES = 200
+
+
+def worker_command(device: int) -> list[str]:
+    return [sys.executable, "-m", "kforge.eval.worker", "--device", str(device)]
+
+
+class WorkerGone(Exception):
+    """The worker process ended or stopped answering."""
+
+
+class WorkerProcess:
+    """One worker subprocess and its pipes."""
+
+    def __init__(self, device: int, command: list[str]) -> None:
+        self.device = device
+        self.command = command
+        self.process: asyncio.subprocess.Process | None = None
+        self.stderr: deque[str] = deque(maxlen=STDERR_LINES)
+        self._pump: asyncio.Task | None = None
+        self._ids = itertools.count(1)
+
+    async def start(self, timeout_s: float) -> GpuInfo:
+        env = dict(os.environ)
+        # The worker imports this same kforge, installed or not.
+        root = str(Path(kforge.__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        self.process = await asyncio.create_subprocess_exec(
+            *self.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, env=env)
+        self._pump = asyncio.create_task(self._read_stderr())
+        try:
+            hello = await asyncio.wait_for(self._read(), timeout_s)
+        except TimeoutError:
+            await self.kill()
+            raise KforgeError(f"the evaluation worker for GPU {self.device} did not start within "
+                              f"{timeout_s:.0f} s") from None
+        except WorkerGone:
+            await self.kill()
+            raise KforgeError(f"the evaluation worker for GPU {self.device} exited at start: "
+                              f"{self.last_error()}") from None
+        if hello.get("type") != "ready":
+            await self.kill()
+            raise KforgeError(f"the evaluation worker for GPU {self.device} cannot run: "
+                              f"{hello.get('error', hello)}")
+        return GpuInfo.from_dict(hello["gpu"])
+
+    async def _read_stderr(self) -> None:
+        assert self.process is not None and self.process.stderr is not None
+        async for line in self.process.stderr:
+            self.stderr.append(line.decode(errors="replace").rstrip())
+
+    async def _read(self) -> dict:
+        assert self.process is not None and self.process.stdout is not None
+        try:
+            return await read_frame_async(self.process.stdout)
+        except EOFError:
+            raise WorkerGone() from None
+
+    async def request(self, message: dict, timeout_s: float) -> dict:
+        """Send one request and wait for its reply. Raises TimeoutError or WorkerGone."""
+        assert self.process is not None and self.process.stdin is not None
+        message = {**message, "id": next(self._ids)}
+        try:
+            self.process.stdin.write(encode(message))
+            await self.process.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError):
+            raise WorkerGone() from None
+        while True:
+            reply = await asyncio.wait_for(self._read(), timeout_s)
+            if reply.get("id") == message["id"]:
+                return reply
+
+    def last_error(self) -> str:
+        """The most telling stderr lines (a CUDA error, a Python exception)."""
+        lines = [ln for ln in self.stderr if ln.strip()]
+        telling = [ln for ln in lines if "error" in ln.lower() or "Error" in ln]
+        return (telling or lines or ["no output"])[-1][:500]
+
+    async def kill(self) -> None:
+        if self.process is not None and self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.kill()
+            await self.process.wait()
+        if self._pump is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(self._pump, 5)
+
+    async def stop(self) -> None:
+        if self.process is not None and self.process.returncode is None:
+            with contextlib.suppress(Exception):
+                assert self.process.stdin is not None
+                self.process.stdin.write(encode({"kind": "shutdown"}))
+                await self.process.stdin.drain()
+                self.process.stdin.close()
+                await asyncio.wait_for(self.process.wait(), 10)
+        await self.kill()
+
+
+class GpuEvaluator:
+    """Evaluator (see ``kforge.engine.protocols``) backed by worker processes, one per GPU."""
+
+    def __init__(self, samples_dir: Path | None, devices: list[int], *,
+                 settings: dict | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 baseline_timeout_s: float = DEFAULT_BASELINE_TIMEOUT_S,
+                 start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
+                 command: Callable[[int], list[str]] = worker_command,
+                 gpu: GpuInfo | None = None) -> None:
+        if not devices:
+            raise KforgeError("the GPU evaluator needs at least one GPU")
+        self.samples_dir = samples_dir
+        self.devices = list(devices)
+        self.settings = dict(settings or {})
+        self.timeout_s = timeout_s
+        self.baseline_timeout_s = baseline_timeout_s
+        self.start_timeout_s = start_timeout_s
+        self.command = command
+        self.gpu: GpuInfo = gpu or NO_GPU
+        self.gpus: dict[int, GpuInfo] = {}
+        self.capacity = len(self.devices)
+        self.restarts = 0
+        self._idle: asyncio.Queue[WorkerProcess | None] = asyncio.Queue()
+        self._working: set[WorkerProcess] = set()
+        self._alive = 0
+        self._respawns: set[asyncio.Task] = set()
+
+    async def start(self) -> None:
+        workers = [WorkerProcess(d, self.command(d)) for d in self.devices]
+        results = await asyncio.gather(*(w.start(self.start_timeout_s) for w in workers),
+                                       return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            await asyncio.gather(*(w.kill() for w in workers))
+            raise errors[0] if isinstance(errors[0], KforgeError) else KforgeError(
+                f"the evaluation workers did not start: {errors[0]}")
+        for worker, info in zip(workers, results):
+            assert isinstance(info, GpuInfo)
+            self.gpus[worker.device] = info
+            self._idle.put_nowait(worker)
+        self._alive = len(workers)
+        self.gpu = self.gpus[self.devices[0]]
+
+    async def _acquire(self) -> WorkerProcess:
+        while True:
+            if self._alive <= 0:
+                raise KforgeError("no evaluation worker is left: every GPU worker failed to "
+                                  "restart (see the log for the worker's last error)")
+            worker = await self._idle.get()
+            if worker is not None:
+                self._working.add(worker)
+                return worker
+
+    def _release(self, worker: WorkerProcess) -> None:
+        self._working.discard(worker)
+        self._idle.put_nowait(worker)
+
+    def _replace(self, worker: WorkerProcess) -> None:
+        """Kill ``worker`` and start a fresh one for its GPU in the background."""
+        self._working.discard(worker)
+        self.restarts += 1
+        task = asyncio.create_task(self._respawn(worker))
+        self._respawns.add(task)
+        task.add_done_callback(self._respawns.discard)
+
+    async def _respawn(self, old: WorkerProcess) -> None:
+        await old.kill()
+        for _ in range(RESPAWN_TRIES):
+            worker = WorkerProcess(old.device, self.command(old.device))
+            try:
+                await worker.start(self.start_timeout_s)
+            except KforgeError:
+                continue
+            except asyncio.CancelledError:  # the evaluator is closing
+                await worker.kill()
+                raise
+            self._idle.put_nowait(worker)
+            return
+        self._alive -= 1
+        self._idle.put_nowait(None)  # wake a waiter so it sees that no worker is left
+
+    async def _call(self, message: dict,
+                    timeout_s: float) -> tuple[dict | None, str, WorkerProcess]:
+        """Run one request on a free worker: ``(reply, "", worker)``, or ``(None, why, worker)``
+        with why "timeout" or "died"; a worker that failed is being replaced already."""
+        worker = await self._acquire()
+        try:
+            reply = await worker.request(message, timeout_s)
+        except TimeoutError:
+            self._replace(worker)
+            return None, "timeout", worker
+        except WorkerGone:
+            await asyncio.sleep(0.2)  # let the stderr pump catch the last lines
+            self._replace(worker)
+            return None, "died", worker
+        except BaseException:
+            self._replace(worker)  # cancelled mid-request: the worker's state is unknown
+            raise
+        if reply.get("restart"):
+            self._replace(worker)
+        else:
+            self._release(worker)
+        return reply, "", worker
+
+    async def evaluate(self, card: OpCard, candidate: Candidate) -> EvalOutcome:
+        started = time.perf_counter()
+        message = {"kind": "evaluate", "card": card.to_dict(), "candidate": candidate.to_dict(),
+                   "samples_dir": str(self.samples_dir) if self.samples_dir else None,
+                   "settings": self.settings}
+        reply, failure, worker = await self._call(message, self.timeout_s)
+        wall = round(time.perf_counter() - started, 3)
+        if failure == "timeout":
+            return EvalOutcome(EvalStatus.TIMEOUT, f"no verdict within {self.timeout_s:.0f} s (a "
+                               f"hung kernel?): the worker on GPU {worker.device} was restarted",
+                               wall_s=wall, extra={"device": worker.device})
+        if failure == "died":
+            code = worker.process.returncode if worker.process else None
+            return EvalOutcome(EvalStatus.CRASH, f"the worker on GPU {worker.device} died (exit "
+                               f"code {code}): {worker.last_error()}", wall_s=wall,
+                               extra={"device": worker.device,
+                                      "stderr": "\n".join(list(worker.stderr)[-30:])})
+        assert reply is not None
+        if not reply.get("ok"):
+            return EvalOutcome(EvalStatus.INFRA, f"evaluator error: {reply.get('error')}",
+                               wall_s=wall, extra={"traceback": reply.get("traceback", "")})
+        return EvalOutcome.from_dict(reply["outcome"])
+
+    async def baseline(self, card: OpCard) -> Baseline:
+        message = {"kind": "baseline", "card": card.to_dict(),
+                   "samples_dir": str(self.samples_dir) if self.samples_dir else None,
+                   "settings": self.settings}
+        reply, failure, worker = await self._call(message, self.baseline_timeout_s)
+        if failure == "timeout":
+            raise KforgeError(f"timing eager {card.op} took longer than "
+                              f"{self.baseline_timeout_s:.0f} s")
+        if failure == "died":
+            raise KforgeError(f"the worker died while timing eager {card.op}: "
+                              f"{worker.last_error()}")
+        assert reply is not None
+        if not reply.get("ok"):
+            raise KforgeError(str(reply.get("error")))
+        return baseline_from_dict(reply["baseline"])
+
+    async def close(self) -> None:
+        for task in list(self._respawns):
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*self._respawns, return_exceptions=True)
+        workers = list(self._working)
+        while not self._idle.empty():
+            if (w := self._idle.get_nowait()) is not None:
+                workers.append(w)
+        await asyncio.gather(*(w.stop() for w in workers), return_exceptions=True)
+        self._alive = 0

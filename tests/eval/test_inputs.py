@@ -1,0 +1,158 @@
+"""Materializing op-card arguments: exact layouts, canaries, samples, mimicking random values."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kforge.core.opcard import OpCard
+from kforge.eval.inputs import (
+    Geometry,
+    InputFactory,
+    allocate,
+    decode,
+    index_bounds,
+)
+from tests.eval.candidates import tensor
+
+CPU = torch.device("cpu")
+
+
+def test_allocation_keeps_shape_strides_offset_and_has_canaries_around():
+    g = Geometry((3, 4), (1, 5), 7, torch.float32)
+    buf = allocate(g, CPU)
+    assert buf.view.shape == (3, 4) and buf.view.stride() == (1, 5)
+    assert buf.view.storage_offset() == 7
+    buf.view.fill_(1.0)
+    start = (buf.view.data_ptr() - buf.base.data_ptr()) // 4
+    assert math.isnan(buf.base[start - 8 - 1].item())  # leading canary, before the offset
+    assert math.isnan(buf.base[start + g.span].item())  # trailing canary
+    assert int(buf.view_mask().sum()) == g.span
+
+
+def test_random_sets_are_reproducible_per_seed_and_differ_between_seeds():
+    card = OpCard("aten.add.Tensor", [tensor([16, 8]), tensor([16, 8])])
+    factory = InputFactory(card, CPU)
+    a, b, c = factory.random_set(1), factory.random_set(1), factory.random_set(2)
+    assert torch.equal(a.args[0], b.args[0])
+    assert not torch.equal(a.args[0], c.args[0])
+    assert a.label == "seed 1"
+
+
+def test_non_tensor_arguments_are_rebuilt():
+    card = OpCard("aten.sum.dim_IntList", [tensor([4, 4]), {"t": "list", "items": [1]}, False],
+                  {"dtype": {"t": "dtype", "v": "float64"}})
+    inputs = InputFactory(card, CPU).random_set(0)
+    assert inputs.args[1] == (1,) and inputs.args[2] is False
+    assert inputs.kwargs["dtype"] is torch.float64
+    assert decode({"t": "device", "v": "cuda:3"}, CPU, iter([])) == CPU
+
+
+def test_samples_are_replayed_with_their_layout(tmp_path):
+    base = torch.arange(40, dtype=torch.float32)
+    x = base.as_strided((4, 3), (1, 8), 5)  # transposed-like view with an offset
+    spec = {"t": "tensor", "shape": [4, 3], "stride": [1, 8], "dtype": "float32", "offset": 5}
+    card = OpCard("aten.relu.default", [spec])
+    (tmp_path / card.key).mkdir()
+    torch.save({"args": [x], "kwargs": {}}, tmp_path / card.key / "0.pt")
+    factory = InputFactory(card, CPU, tmp_path)
+    [sample] = factory.sets(seeds=())
+    assert sample.label == "sample 0"
+    assert torch.equal(sample.args[0], x)
+    assert sample.args[0].stride() == (1, 8) and sample.args[0].storage_offset() == 5
+
+
+def test_a_sample_that_kept_only_a_spec_gets_random_values(tmp_path):
+    spec = tensor([8])
+    card = OpCard("aten.add.Tensor", [spec, tensor([8])])
+    (tmp_path / card.key).mkdir()
+    torch.save({"args": [spec, torch.ones(8)], "kwargs": {}}, tmp_path / card.key / "0.pt")
+    [sample] = InputFactory(card, CPU, tmp_path).sets(seeds=())
+    assert torch.equal(sample.args[1], torch.ones(8))
+    assert torch.isfinite(sample.args[0]).all() and not torch.equal(sample.args[0], torch.ones(8))
+
+
+def test_fresh_values_mimic_the_sample(tmp_path):
+    ids = torch.randint(100, 200, (64,))
+    mask = torch.zeros(4, 16)
+    mask[:, 10:] = float("-inf")
+    flags = torch.rand(1000) < 0.9
+    scaled = torch.randn(4096) * 5 + 20
+    specs = [tensor([64], "int64"), tensor([4, 16]), tensor([1000], "bool"), tensor([4096])]
+    card = OpCard("aten.where.self", specs)
+    (tmp_path / card.key).mkdir()
+    torch.save({"args": [ids, mask, flags, scaled], "kwargs": {}}, tmp_path / card.key / "0.pt")
+    fresh = InputFactory(card, CPU, tmp_path).random_set(7)
+    new_ids, new_mask, new_flags, new_scaled = fresh.args
+    assert 100 <= int(new_ids.min()) and int(new_ids.max()) <= 199
+    assert not torch.equal(new_ids, ids)
+    assert torch.equal(torch.isneginf(new_mask), torch.isneginf(mask))
+    assert (new_mask[:, :10] == 0).all()  # an additive mask: its finite part is all zeros
+    assert 0.8 < new_flags.float().mean().item() < 0.97
+    assert abs(new_scaled.mean().item() - 20) < 1 and abs(new_scaled.std().item() - 5) < 1
+
+
+def test_without_samples_indices_stay_below_the_size_they_index():
+    card = OpCard("aten.embedding.default", [tensor([50, 8]), tensor([1000], "int64")])
+    inputs = InputFactory(card, CPU).random_set(3)
+    assert int(inputs.args[1].min()) >= 0 and int(inputs.args[1].max()) < 50
+    assert index_bounds("index_select", [tensor([7, 3]), 0, tensor([5], "int64")]) == {1: 7}
+    assert index_bounds("gather", [tensor([7, 3]), -1, tensor([7, 3], "int64")]) == {1: 3}
+
+
+def test_broadcast_tensors_with_zero_strides_are_materialized():
+    card = OpCard("aten.add.Tensor", [tensor([4, 8]), tensor([4, 8], stride=[0, 1])])
+    inputs = InputFactory(card, CPU).random_set(0)
+    bias = inputs.args[1]
+    assert bias.stride() == (0, 1)
+    assert torch.equal(bias[0], bias[3])
+
+
+def test_changes_to_inputs_and_their_canaries_are_found():
+    card = OpCard("aten.add.Tensor", [tensor([4, 8]), tensor([4, 8])])
+    inputs = InputFactory(card, CPU).random_set(0)
+    assert inputs.changed(set()) == []
+    inputs.args[0][1, 1] += 1
+    assert inputs.changed(set()) == ["tensor argument 0"]
+    inputs.restore()
+    assert inputs.changed(set()) == []
+    buf = inputs.buffers[1]
+    start = (buf.view.data_ptr() - buf.base.data_ptr()) // 4
+    buf.base[start + 32] = 0.0  # just past the end
+    assert inputs.changed(set()) == ["the memory around tensor argument 1"]
+
+
+def test_written_arguments_may_change_inside_only():
+    card = OpCard("aten.add_.Tensor", [tensor([4, 8]), tensor([4, 8])])
+    inputs = InputFactory(card, CPU).random_set(0)
+    inputs.args[0].add_(1)
+    assert inputs.changed({0}) == []
+    inputs.restore([0])
+    assert inputs.changed(set()) == []
+
+
+def test_fresh_copies_are_independent_and_value_swaps_keep_addresses():
+    card = OpCard("aten.relu.default", [tensor([16])])
+    factory = InputFactory(card, CPU)
+    inputs = factory.random_set(0)
+    copy = inputs.fresh_copy()
+    assert torch.equal(copy.args[0], inputs.args[0])
+    assert copy.args[0].data_ptr() != inputs.args[0].data_ptr()
+    address = inputs.args[0].data_ptr()
+    inputs.load_values_from(factory.random_set(1))
+    assert inputs.args[0].data_ptr() == address
+    assert torch.equal(inputs.args[0], factory.random_set(1).args[0])
+    assert inputs.changed(set()) == []
+
+
+def test_unreadable_or_mismatching_samples_are_skipped(tmp_path):
+    card = OpCard("aten.relu.default", [tensor([8])])
+    folder = tmp_path / card.key
+    folder.mkdir()
+    (folder / "0.pt").write_bytes(b"not a torch file")
+    torch.save({"args": [torch.ones(9)], "kwargs": {}}, folder / "1.pt")  # another shape
+    torch.save({"args": [torch.full((8,), 2.0)], "kwargs": {}}, folder / "2.pt")
+    [sample] = InputFactory(card, CPU, tmp_path).sets(seeds=())
+    assert sample.label == "sample 2"
+    assert torch.equal(sample.args[0], torch.full((8,), 2.0))

@@ -1,0 +1,85 @@
+"""The timing protocol and the physical floor, on the CPU runtime."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kforge.errors import KforgeError
+from kforge.eval.ops import (
+    beats_floor,
+    flop_count,
+    hard_floor_us,
+    memory_floor_us,
+    mutated_args,
+    resolve_op,
+    unique_bytes,
+)
+from kforge.eval.runtime import CpuRuntime
+from kforge.eval.timing import TimingPlan, reps_for, summarize, time_interleaved
+
+
+def test_summary_gives_median_and_spread():
+    t = summarize([float(v) for v in range(1, 101)])
+    assert t.median_us == pytest.approx(50.5)
+    assert t.p10_us == pytest.approx(10.9)
+    assert t.p90_us == pytest.approx(90.1)
+    assert t.reps == 100
+    with pytest.raises(ValueError):
+        summarize([])
+
+
+def test_repetitions_follow_the_call_time_within_bounds():
+    plan = TimingPlan(min_reps=20, max_reps=200, budget_s=0.1)
+    assert reps_for(1e-5, plan) == 200
+    assert reps_for(0.001, plan) == 100
+    assert reps_for(1.0, plan) == 20
+
+
+def test_subjects_are_interleaved_with_alternating_order_and_rotating_inputs():
+    calls: list[tuple[str, int]] = []
+    plan = TimingPlan(warmup=1, min_reps=4, max_reps=4, budget_s=0.0)
+    run = time_interleaved({"a": lambda i: calls.append(("a", i)) or f"a{i}",
+                            "b": lambda i: calls.append(("b", i)) or f"b{i}"}, 2, CpuRuntime(), plan)
+    assert calls == [("a", 0), ("b", 0),  # warm-up
+                     ("a", 0), ("b", 0), ("b", 1), ("a", 1), ("a", 0), ("b", 0), ("b", 1), ("a", 1)]
+    assert run.timings["a"].reps == run.timings["b"].reps == 4
+    assert run.last == {"a": (1, "a1"), "b": (1, "b1")}
+
+
+def test_floors():
+    assert memory_floor_us(2_000_000, 2_000_000, 4000.0) == pytest.approx(1.0)
+    assert memory_floor_us(1, 1, None) is None
+    # Outputs that fit in L2 need not reach DRAM within the timed call.
+    assert hard_floor_us(1_000_000, 1_000_000, 1000.0, l2_bytes=2_000_000) == pytest.approx(0.8)
+    assert hard_floor_us(1_000_000, 3_000_000, 1000.0, l2_bytes=2_000_000) == pytest.approx(1.6)
+
+
+def test_beating_the_floor_counts_only_where_eager_respects_it():
+    assert beats_floor(candidate_us=10, eager_us=100, floor_us=50)
+    assert not beats_floor(candidate_us=60, eager_us=100, floor_us=50)
+    assert not beats_floor(candidate_us=10, eager_us=40, floor_us=50)  # an embedding-like op
+    assert not beats_floor(candidate_us=10, eager_us=100, floor_us=None)
+
+
+def test_bytes_count_broadcast_storage_once():
+    assert unique_bytes(torch.empty(4, 8)) == 128
+    assert unique_bytes(torch.empty(8).expand(4, 8)) == 32
+
+
+def test_flops_for_matmuls_and_none_elsewhere():
+    a, b = torch.empty(8, 16), torch.empty(16, 4)
+    assert flop_count("aten.mm.default", [a, b], [torch.empty(8, 4)]) == 2 * 8 * 4 * 16
+    assert flop_count("aten.addmm.default", [torch.empty(4), a, b], [torch.empty(8, 4)]) == 1024
+    assert flop_count("aten.relu.default", [a], [a]) is None
+
+
+def test_ops_resolve_and_report_what_they_write():
+    assert resolve_op("aten._softmax.default") is torch.ops.aten._softmax.default
+    assert [m.name for m in mutated_args("aten.add_.Tensor")] == ["self"]
+    assert [(m.position, m.name) for m in mutated_args("aten.add.out")] == [(None, "out")]
+    assert mutated_args("aten.add.Tensor") == ()
+    with pytest.raises(KforgeError):
+        resolve_op("aten.no_such_op.default")
+    with pytest.raises(KforgeError):
+        resolve_op("softmax")
