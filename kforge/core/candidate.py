@@ -134,6 +134,16 @@ class Baseline:
     floor_us: float | None = None
     note: str = ""
 
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Baseline:
+        compiled = data.get("compiled")
+        return cls(eager=Timing(**data["eager"]), compiled=Timing(**compiled) if compiled else None,
+                   compile_s=data.get("compile_s"), floor_us=data.get("floor_us"),
+                   note=data.get("note", ""))
+
 
 @dataclass(frozen=True)
 class LlmCall:

@@ -235,9 +235,7 @@ class Engine:
             await self.store.update_card(
                 state.row.id, eager_us=base.eager.median_us, floor_us=base.floor_us,
                 compiled_us=base.compiled.median_us if base.compiled else None,
-                baseline={"eager": base.eager.__dict__,
-                          "compiled": base.compiled.__dict__ if base.compiled else None,
-                          "compile_s": base.compile_s, "note": base.note})
+                baseline=base.to_dict())
             state.row = await self.store.get_card(state.row.id)
             self._notify()
             return True

@@ -22,7 +22,7 @@ from kforge.core.candidate import Baseline, Candidate, EvalOutcome, EvalStatus
 from kforge.core.gpu import NO_GPU, GpuInfo
 from kforge.core.opcard import OpCard
 from kforge.errors import KforgeError
-from kforge.eval.protocol import baseline_from_dict, encode, read_frame_async
+from kforge.eval.protocol import encode, read_frame_async
 
 DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_BASELINE_TIMEOUT_S = 900.0  # torch.compile of one op can take minutes on a cold cache
@@ -268,7 +268,7 @@ class GpuEvaluator:
         assert reply is not None
         if not reply.get("ok"):
             raise KforgeError(str(reply.get("error")))
-        return baseline_from_dict(reply["baseline"])
+        return Baseline.from_dict(reply["baseline"])
 
     async def close(self) -> None:
         for task in list(self._respawns):

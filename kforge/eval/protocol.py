@@ -9,10 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import struct
-from dataclasses import asdict
-from typing import Any, BinaryIO
-
-from kforge.core.candidate import Baseline, Timing
+from typing import BinaryIO
 
 HEADER = struct.Struct(">I")
 MAX_FRAME = 64 << 20
@@ -73,18 +70,3 @@ async def read_frame_async(reader: asyncio.StreamReader) -> dict:
     except asyncio.IncompleteReadError:
         raise EOFError("the worker closed its output") from None
     return decode(payload)
-
-
-def baseline_to_dict(baseline: Baseline) -> dict:
-    return asdict(baseline)
-
-
-def baseline_from_dict(data: dict) -> Baseline:
-    def timing(value: Any) -> Timing | None:
-        return Timing(**value) if value else None
-
-    eager = timing(data["eager"])
-    assert eager is not None
-    return Baseline(eager=eager, compiled=timing(data.get("compiled")),
-                    compile_s=data.get("compile_s"), floor_us=data.get("floor_us"),
-                    note=data.get("note", ""))

@@ -15,7 +15,7 @@ import traceback
 from pathlib import Path
 from typing import BinaryIO
 
-from kforge.eval.protocol import baseline_to_dict, read_frame, write_frame
+from kforge.eval.protocol import read_frame, write_frame
 
 EXIT_RESTART = 3
 EXIT_FATAL = 2
@@ -54,7 +54,7 @@ class Worker:
         if kind == "baseline" and card is not None:
             baseline = measure_baseline(card, runtime=ctx.runtime, gpu=ctx.gpu,
                                         samples_dir=samples, settings=settings)
-            return {"ok": True, "baseline": baseline_to_dict(baseline)}, False
+            return {"ok": True, "baseline": baseline.to_dict()}, False
         if kind == "ping":
             return {"ok": True}, False
         return {"ok": False, "error": f"unknown request {kind!r}"}, False
