@@ -51,6 +51,9 @@ class FakeProposer:
         self.empty_every = empty_every
         self.requests: list[ProposalRequest] = []
 
+    def declines(self, card: OpCard) -> str | None:
+        return "no kernels for views" if card.op.startswith("aten.view") else None
+
     async def propose(self, request: ProposalRequest) -> Proposal:
         self.requests.append(request)
         n = len(self.requests)

@@ -192,7 +192,9 @@ class Engine:
         for stale in [n for n in nodes if n.status == NodeStatus.PROPOSING]:
             await self.store.delete_node(stale.id)
         kept = [n for n in nodes if n.status != NodeStatus.PROPOSING]
-        targets = sorted((r for r in rows if r.card.target), key=lambda r: -r.card.share)
+        rows = [await self._screen(row) for row in rows]
+        targets = sorted((r for r in rows if r.card.target and r.status != CardStatus.SKIPPED),
+                         key=lambda r: -r.card.share)
         self._searched = {r.id for r in targets[:self.settings.top_ops]}
         for row in rows:
             mine = [n for n in kept if n.card_id == row.id]
@@ -210,6 +212,21 @@ class Engine:
         if self.focus is not None and self.focus not in self.cards:
             self.focus = None
         self._refresh_done()
+
+    async def _screen(self, row: CardRow) -> CardRow:
+        """Skip the target ops this proposer cannot write kernels for (with its reason), and
+        take up again those a previous proposer skipped but this one can handle."""
+        if not row.card.target:
+            return row
+        reason = self.proposer.declines(row.card)
+        if reason and row.status != CardStatus.SKIPPED:
+            await self.store.update_card(row.id, status=CardStatus.SKIPPED,
+                                         stop_reason=f"{self.proposer.name}: {reason}")
+        elif not reason and row.status == CardStatus.SKIPPED:
+            await self.store.update_card(row.id, status=CardStatus.PENDING, stop_reason="")
+        else:
+            return row
+        return await self.store.get_card(row.id)
 
     async def _ensure_baseline(self, state: CardState) -> bool:
         """Time eager (and torch.compile) for a card before its first candidate; False if the op

@@ -67,6 +67,11 @@ class ProposalRequest:
 class Proposer(Protocol):
     name: str
 
+    def declines(self, card: OpCard) -> str | None:
+        """Why this proposer can never write a kernel for ``card`` (the op is then skipped), or
+        None. Cheap and pure: it is asked for every op card when a search starts."""
+        ...
+
     async def propose(self, request: ProposalRequest) -> Proposal:
         """Return candidates for the request. A proposer that cannot help returns a Proposal
         with no candidates and an ``error``; it raises only for a failure of its own setup."""

@@ -21,6 +21,7 @@ from dataclasses import replace
 
 from kforge.core.candidate import Candidate, Proposal
 from kforge.core.mcts import Action
+from kforge.core.opcard import OpCard
 from kforge.engine.protocols import ProposalRequest, Proposer, SearchContext
 
 LIBRARY = "library"
@@ -77,6 +78,10 @@ class BothProposer:
                 return Proposal(candidates=[_tagged(c, side) for c in proposal.candidates], calls=calls)
             errors.append(f"{side}: {proposal.error or 'no candidate'}")
         return Proposal(calls=calls, error="; ".join(errors))
+
+    def declines(self, card: OpCard) -> str | None:
+        reasons = [side.declines(card) for side in self._sides.values()]
+        return None if None in reasons else "; ".join(r for r in reasons if r)
 
     async def close(self) -> None:
         try:

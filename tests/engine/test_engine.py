@@ -262,3 +262,19 @@ async def test_top_ops_limits_the_search_to_the_largest_shares(store: Store):
     searched = {c.card.short_op for c in await store.list_cards(sid) if c.spent}
     assert searched == {"_softmax", "add"}
     assert len(await store.list_nodes(sid)) == 6
+
+
+async def test_ops_the_proposer_declines_are_skipped_and_taken_up_by_another(store: Store):
+    sid = await session(store)
+
+    class NoRelu(FakeProposer):
+        def declines(self, card):
+            return "no relu kernels" if card.short_op == "relu" else None
+
+    await engine(store, sid, proposer=NoRelu(), iterations_per_op=2).run()
+    relu = next(c for c in await store.list_cards(sid) if c.card.short_op == "relu")
+    assert relu.status == CardStatus.SKIPPED and relu.stop_reason == "fake: no relu kernels"
+    assert relu.spent == 0
+    await engine(store, sid, iterations_per_op=4).run()  # a proposer that handles relu
+    relu = await store.get_card(relu.id)
+    assert relu.spent > 0 and relu.status != CardStatus.SKIPPED

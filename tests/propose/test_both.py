@@ -32,12 +32,17 @@ LLM_MADE = Candidate("src", "launcher", {"proposer": "llm", "model": "m", "appro
 class StubProposer:
     """Answers every request with its scripted proposal and remembers what it was asked."""
 
-    def __init__(self, name: str, proposal: Proposal | None = None, fail_close: bool = False) -> None:
+    def __init__(self, name: str, proposal: Proposal | None = None, fail_close: bool = False,
+                 declines: str | None = None) -> None:
         self.name = name
+        self.reason = declines
         self.proposal = proposal or Proposal(candidates=[Candidate(f"{name} src", "launcher", {})])
         self.asked: list[ProposalRequest] = []
         self.closed = False
         self.fail_close = fail_close
+
+    def declines(self, card) -> str | None:
+        return self.reason
 
     async def propose(self, request: ProposalRequest) -> Proposal:
         self.asked.append(request)
@@ -181,3 +186,12 @@ def test_both_needs_a_configured_llm(fake_library, monkeypatch):
     with pytest.raises(KforgeError, match="no LLM endpoint is configured"):
         make_both_proposer(ctx)
 
+
+
+def test_both_declines_only_what_neither_side_takes():
+    card = parent(LIBRARY_MADE)  # any object stands in for a card here
+    either = BothProposer(StubProposer(LIBRARY, declines="no kernel"), StubProposer(LLM))
+    assert either.declines(card) is None
+    neither = BothProposer(StubProposer(LIBRARY, declines="no kernel"),
+                           StubProposer(LLM, declines="no endpoint"))
+    assert neither.declines(card) == "no kernel; no endpoint"

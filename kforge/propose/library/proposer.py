@@ -102,6 +102,13 @@ class LibraryProposer:
     def __init__(self, gpu: GpuInfo | None = None) -> None:
         self.gpu = gpu
 
+    def declines(self, card: OpCard) -> str | None:
+        try:
+            make_plan(card, self.gpu or NO_GPU)
+        except Declined as exc:
+            return f"no library kernel: {exc}"
+        return None
+
     async def propose(self, request: ProposalRequest) -> Proposal:
         return self.propose_now(request)
 

@@ -21,6 +21,7 @@ from openai.types.chat import ChatCompletion
 from kforge.config import config_path
 from kforge.core.candidate import Candidate, LlmCall, Proposal
 from kforge.core.mcts import Action
+from kforge.core.opcard import OpCard
 from kforge.engine.protocols import ProposalRequest, SearchContext
 from kforge.propose.llm.parse import UnusableReply, parse_reply
 from kforge.propose.llm.prompt import build_messages, effective_action, render_messages
@@ -90,6 +91,9 @@ class LlmProposer:
             meta["cost_note"] = answer.cost_note
         candidate = Candidate(redact(parsed.source), redact(parsed.launcher), meta)
         return Proposal(candidates=[candidate], calls=calls)
+
+    def declines(self, card: OpCard) -> str | None:
+        return None  # a model may try any op
 
     async def close(self) -> None:
         await self._client.close()
