@@ -155,7 +155,7 @@ def sample_cards() -> list[OpCard]:
     """Three target ops with different shares, and a view that is never a target."""
     return [
         OpCard(op="aten._softmax.default", args=[tensor([8, 1024]), -1, False], calls=12,
-               total_us=600.0, share=0.6),
+               total_us=600.0, share=0.6, eager_us=50.0),  # in-model time, as profiled
         OpCard(op="aten.add.Tensor", args=[tensor([8, 1024]), tensor([8, 1024])], calls=30,
                total_us=300.0, share=0.3),
         OpCard(op="aten.relu.default", args=[tensor([64])], calls=4, total_us=50.0, share=0.05),

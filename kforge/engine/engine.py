@@ -233,7 +233,7 @@ class Engine:
         cannot be run on its own, in which case the card is skipped with the reason."""
         lock = self._baseline_locks.setdefault(state.row.id, asyncio.Lock())
         async with lock:
-            if state.card.eager_us is not None:
+            if state.row.baseline is not None:
                 return True
             if state.done:
                 return False
