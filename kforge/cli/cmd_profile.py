@@ -33,20 +33,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model", nargs="?",
                    help="a built-in model (see --list) or path/to/file.py:factory")
     p.add_argument("--list", action="store_true", help="list the built-in models and exit")
-    p.add_argument("--dtype", help="bf16, fp16 or fp32 (default: the model's own)")
-    p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when there is a GPU)")
-    p.add_argument("--batch", type=_count, help="batch size (default: the model's)")
-    p.add_argument("--seq-len", type=_count, dest="seq_len",
-                   help="sequence length; for decode, the tokens already in the KV cache")
-    p.add_argument("--mode", choices=("prefill", "decode"),
-                   help="for language models: the prompt pass or one generated token")
-    p.add_argument("--layers", type=_count,
-                   help="keep only the first N layers, for speed (default: all)")
-    p.add_argument("--samples", type=_count_or_zero, default=DEFAULT_SAMPLES,
-                   help=f"sample inputs kept per op card (default {DEFAULT_SAMPLES})")
+    add_model_options(p)
     p.add_argument("--top", type=_count, default=15, help="op variants to print (default 15)")
     add_db_option(p)
     p.set_defaults(func=cmd_profile)
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    """How to build and run the model: shared by `profile` and `search MODEL`."""
+    g = p.add_argument_group("model")
+    g.add_argument("--dtype", help="bf16, fp16 or fp32 (default: the model's own)")
+    g.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when there is a GPU)")
+    g.add_argument("--batch", type=_count, help="batch size (default: the model's)")
+    g.add_argument("--seq-len", type=_count, dest="seq_len",
+                   help="sequence length; for decode, the tokens already in the KV cache")
+    g.add_argument("--mode", choices=("prefill", "decode"),
+                   help="for language models: the prompt pass or one generated token")
+    g.add_argument("--layers", type=_count,
+                   help="keep only the first N layers, for speed (default: all)")
+    g.add_argument("--samples", type=_count_or_zero, default=DEFAULT_SAMPLES,
+                   help=f"sample inputs kept per op card (default {DEFAULT_SAMPLES})")
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -60,16 +66,22 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if not args.model:
         raise KforgeError("name a model to profile: a built-in one (kforge profile --list) or "
                           "path/to/file.py:factory")
+    profile_to_session(args, top=args.top)
+    return 0
+
+
+def profile_to_session(args: argparse.Namespace, top: int = 15) -> int:
+    """Profile ``args.model`` with the model options into a new session; print its op table."""
     session, result, name, settings = asyncio.run(_profile_into_store(args, ProgressLine()))
     from kforge.capture.report import format_table, summary_line
 
     out.print(summary_line(name, settings, result), markup=False)
-    out.print(format_table(result, top=args.top), markup=False)
+    out.print(format_table(result, top=top), markup=False)
     for warning in result.warnings:
         out.print(f"note: {warning}", markup=False)
     out.print(f"stored as session {session} with {result.samples_saved} sample inputs "
               f"({result.sample_bytes / 2**20:.1f} MiB); see `kforge show {session}`")
-    return 0
+    return session
 
 
 async def _profile_into_store(args: argparse.Namespace, progress: ProgressLine

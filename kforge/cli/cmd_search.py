@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
+from kforge.cli.cmd_profile import add_model_options, profile_to_session
 from kforge.cli.common import add_db_option, err, out, resolve_db, session_id, with_store
 from kforge.cli.progress import Progress
 from kforge.config import load_config
@@ -20,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("model", nargs="?", help="built-in model name or path/to/file.py:factory")
     target.add_argument("--session", type=session_id, help="continue this session instead")
-    _add_profile_options(p)
+    add_model_options(p)
     _add_search_options(p)
     p.set_defaults(func=cmd_search)
 
@@ -35,12 +36,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_stop)
 
 
-def _add_profile_options(p: argparse.ArgumentParser) -> None:
-    try:
-        from kforge.cli.cmd_profile import add_model_options
-    except ImportError:  # capture not installed in this build: `search` works on sessions only
-        return
-    add_model_options(p)
 
 
 def _add_search_options(p: argparse.ArgumentParser) -> None:
@@ -80,10 +75,12 @@ def _given(args: argparse.Namespace) -> dict:
 def cmd_search(args: argparse.Namespace) -> int:
     if args.session is not None:
         return _start(args, args.session)
-    from kforge.cli.cmd_profile import profile_to_session
+    evaluator = args.evaluator or load_config().get("search", {}).get("evaluator", "gpu")
+    if evaluator == "gpu":  # say so before a long profile, not after it
+        from kforge.eval.gpuinfo import require_cuda
 
+        require_cuda()
     sid = profile_to_session(args)
-    out.print(f"profiled {args.model} into session {sid}")
     return _start(args, sid)
 
 

@@ -161,3 +161,27 @@ def test_doctor_reports_each_piece(tmp_path: Path, capsys):
     report = capsys.readouterr().out
     for piece in ("Python", "torch", "GPU", "NVRTC", "database", "config", "TUI"):
         assert piece in report
+
+
+def test_search_a_model_file_profiles_then_searches(tmp_path: Path):
+    db = tmp_path / "k.db"
+    toy = REPO / "tests" / "capture" / "capture_toy.py"
+    result = kforge("search", f"{toy}:build", "--device", "cpu", "--db", str(db),
+                    "--iterations", "2", "--top", "2", "--quiet", *DOUBLES)
+    assert result.returncode == 0, result.stderr
+    assert "stored as session 1" in result.stdout
+
+    async def nodes() -> int:
+        store = await Store.open(db, create=False)
+        try:
+            return len(await store.list_nodes(1))
+        finally:
+            await store.close()
+
+    assert asyncio.run(nodes()) == 4
+
+
+def test_search_a_model_without_a_gpu_stops_before_profiling(tmp_path: Path):
+    result = kforge("search", "gemma4", "--db", str(tmp_path / "k.db"))
+    assert "no CUDA GPU" in one_error_line(result)
+    assert not (tmp_path / "k.db").exists()
