@@ -71,7 +71,7 @@ def allocate(ops: list[OpBudget], total: int, min_each: int = 2) -> dict[int, in
     plan = {op.card_id: base for op in ops}
     rest = total - base * len(ops)
     weights = [op.worth for op in ops]
-    if sum(weights) <= 0:
+    if sum(weights) < 1e-12:  # nothing worth anything (or underflow): split evenly
         weights = [1.0] * len(ops)
     scale = rest / sum(weights)
     shares = [w * scale for w in weights]

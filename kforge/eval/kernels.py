@@ -2,8 +2,10 @@
 
 ``kernels.NAME(grid, block, *params, shared_mem=0)`` (or ``kernels["NAME"](...)``) checks its
 arguments, refuses a launch on any stream but the evaluation's, counts launches (a candidate must
-run at least one of its own kernels) and hands the launch to a backend: ``CudaModule`` loads the
-NVRTC cubin with cuda.core and launches on PyTorch's current stream.
+run at least one of its own kernels) and hands the launch to a backend: ``CudaModule`` checks the
+kernel's parameters and launches through the integration runtime's ``KernelModule`` (the NVRTC
+cubin loaded with cuda.core, launched on PyTorch's current stream), the same code that runs the
+winners in the model.
 """
 
 from __future__ import annotations
@@ -15,12 +17,11 @@ import numpy as np
 import torch
 
 from kforge.eval.sandbox import Violation
+from kforge.integrate.runtime import DEFAULT_SHARED_LIMIT, KernelModule
 
 SCALAR_TYPES = (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
                 np.float16, np.float32, np.float64, np.bool_)
 _SCALAR_SET = frozenset(SCALAR_TYPES)
-# Dynamic shared memory a kernel may use without opting in to more.
-DEFAULT_SHARED_LIMIT = 48 * 1024
 
 
 class LaunchRefused(Exception):
@@ -128,85 +129,40 @@ class Kernels:
         return list(self._violations)
 
 
-class ForeignStream:
-    """A stream handle in the ``__cuda_stream__`` protocol."""
-
-    def __init__(self, handle: int) -> None:
-        self.handle = handle
-
-    def __cuda_stream__(self) -> tuple[int, int]:
-        return (0, self.handle)
-
-
 def _param_size(info: Any) -> int:
     size = getattr(info, "size", None)
     return int(size if size is not None else info[1])
 
 
 class CudaModule:
-    """A compiled cubin loaded on one GPU through cuda.core."""
+    """A compiled cubin loaded on one GPU. Loading and launching on PyTorch's current stream are
+    the integration runtime's (``KernelModule``, through cuda.core); this adds what a launch from
+    a launcher under evaluation must pass: a known kernel, and parameters whose count and widths
+    match the kernel's."""
 
     def __init__(self, cubin: bytes, device_index: int, names: Iterable[str]) -> None:
-        from cuda.core import Device, ObjectCode
-
-        self._device_index = device_index
-        self._device = Device(device_index)
-        self._device.set_current()
-        self._object = ObjectCode.from_cubin(cubin)
+        self._module = KernelModule(cubin, device_index)
         self.names = sorted(names)
-        self._kernels: dict[str, tuple[Any, list[int] | None]] = {}
-        self._streams: dict[int, Any] = {}
-        self._shared_allowed: dict[str, int] = {}
-        self._configs: dict[tuple, Any] = {}
+        self._sizes: dict[str, list[int] | None] = {}
 
-    def _kernel(self, name: str) -> tuple[Any, list[int] | None]:
-        if name not in self._kernels:
-            try:
-                kernel = self._object.get_kernel(name)
-            except Exception:  # cuda.core raises its CUDAError for an unknown symbol
-                known = ", ".join(self.names) or "none"
-                raise LaunchRefused(f"no kernel named {name!r} in the source (declare it "
-                                    f"extern \"C\" __global__); kernels found: {known}") from None
-            try:
-                sizes = [_param_size(info) for info in kernel.arguments_info]
-            except Exception:  # older drivers cannot list parameters: no size check then
-                sizes = None
-            self._kernels[name] = (kernel, sizes)
-        return self._kernels[name]
-
-    def _stream(self) -> Any:
-        """PyTorch's current stream as cuda.core sees it."""
-        from cuda.core import Stream
-
-        handle = torch.cuda.current_stream(self._device_index).cuda_stream
-        if handle not in self._streams:
-            try:
-                self._streams[handle] = Stream.from_handle(handle)
-            except AttributeError:  # a cuda.core without from_handle takes the stream protocol
-                self._streams[handle] = ForeignStream(handle)
-        return self._streams[handle]
-
-    def _allow_shared(self, name: str, kernel: Any, shared_mem: int) -> None:
-        if self._shared_allowed.get(name, DEFAULT_SHARED_LIMIT) >= shared_mem:
-            return
-        from cuda.bindings import driver
-
-        attribute = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    def _param_sizes(self, name: str) -> list[int] | None:
+        """Byte widths of kernel NAME's parameters (None where the driver cannot list them)."""
         try:
-            (err,) = driver.cuKernelSetAttribute(attribute, shared_mem, kernel.handle,
-                                                 self._device_index)
-        except TypeError:  # a CUfunction handle rather than a CUkernel
-            (err,) = driver.cuFuncSetAttribute(kernel.handle, attribute, shared_mem)
-        if err != driver.CUresult.CUDA_SUCCESS:
-            raise LaunchRefused(f"{name} cannot use {shared_mem} bytes of dynamic shared memory "
-                                f"on this GPU ({err.name})")
-        self._shared_allowed[name] = shared_mem
+            kernel = self._module.kernel(name)
+        except KeyError:
+            known = ", ".join(self.names) or "none"
+            raise LaunchRefused(f"no kernel named {name!r} in the source (declare it "
+                                f"extern \"C\" __global__); kernels found: {known}") from None
+        if name not in self._sizes:
+            try:
+                self._sizes[name] = [_param_size(info) for info in kernel.arguments_info]
+            except Exception:  # older drivers cannot list parameters: no size check then
+                self._sizes[name] = None
+        return self._sizes[name]
 
     def launch(self, name: str, grid: tuple[int, ...], block: tuple[int, ...], shared_mem: int,
                params: Sequence[Any]) -> None:
-        from cuda.core import LaunchConfig, launch
-
-        kernel, sizes = self._kernel(name)
+        sizes = self._param_sizes(name)
         if sizes is not None and len(sizes) != len(params):
             raise LaunchRefused(f"{name} takes {len(sizes)} parameters, the launcher passed "
                                 f"{len(params)}")
@@ -219,12 +175,12 @@ class CudaModule:
                                     f"({type(p).__name__})")
             args.append(value)
         if shared_mem > DEFAULT_SHARED_LIMIT:
-            self._allow_shared(name, kernel, shared_mem)
+            try:
+                self._module.allow_shared(name, shared_mem)
+            except RuntimeError as exc:  # the GPU cannot give that much
+                raise LaunchRefused(str(exc)) from None
         try:
-            shape = (grid, block, shared_mem)
-            if shape not in self._configs:
-                self._configs[shape] = LaunchConfig(grid=grid, block=block, shmem_size=shared_mem)
-            launch(self._stream(), self._configs[shape], kernel, *args)
+            self._module.launch(name, grid, block, args, shared_mem)
         except Exception as exc:  # cuda.core's CUDAError: bad config, too many resources...
             raise LaunchRefused(f"launching {name} with grid {grid}, block {block}, "
                                 f"shared_mem {shared_mem} failed: {exc}") from None

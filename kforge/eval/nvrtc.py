@@ -100,16 +100,12 @@ def check_options(options: list[str]) -> list[str]:
 
 
 def _include_dirs() -> list[str]:
-    from cuda import pathfinder
+    from kforge.integrate.runtime import cuda_include_dirs
 
     try:
-        found = pathfinder.find_nvidia_header_directory("cudart")
-    except Exception:  # pathfinder raises its own error types per lookup failure
-        found = None
-    if not found:
-        raise KforgeError("CUDA headers (cuda_fp16.h) not found: install the 'nvidia-cuda-runtime' "
-                          "wheel (pip install 'kforge[cuda]') or set CUDA_HOME to a CUDA toolkit")
-    return [found]
+        return cuda_include_dirs()
+    except RuntimeError as exc:
+        raise KforgeError(f"{exc} (pip install 'kforge[cuda]')") from None
 
 
 class Compiler:
@@ -167,18 +163,13 @@ class Compiler:
         return result
 
     def _nvrtc(self, source: str, arch: str, options: list[str]) -> CompileResult:
-        from cuda.core import Program, ProgramOptions
+        from cuda.core import Program
+
+        from kforge.integrate.runtime import nvrtc_options
 
         if self._includes is None:
             self._includes = _include_dirs()
-        opts = ProgramOptions(
-            arch=arch, std="c++17", include_path=self._includes, ptxas_options=["-v"],
-            use_fast_math="--use_fast_math" in options,
-            extra_device_vectorization="--extra-device-vectorization" in options,
-            lineinfo="-lineinfo" in options,
-            max_register_count=next((int(o.split("=")[1]) for o in options
-                                     if o.startswith("-maxrregcount=")), None),
-        )
+        opts = nvrtc_options(arch, options, self._includes, ptxas_verbose=True)
         log = io.StringIO()
         try:
             code = Program(PRELUDE + source, code_type="c++", options=opts).compile("cubin", logs=log)

@@ -1,0 +1,255 @@
+"""`kforge apply`, `kforge export` and `kforge e2e`: a session's winning kernels in its model."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+from rich.table import Table
+
+from kforge.cli.common import add_db_option, err, out, session_id, with_store
+from kforge.core.fmt import fmt_speedup, fmt_us
+from kforge.errors import KforgeError
+from kforge.store import Store
+
+if TYPE_CHECKING:
+    import torch
+
+    from kforge.capture.loader import LoadedModel
+    from kforge.integrate.measure import E2eResult
+    from kforge.integrate.patching import SessionPatch
+    from kforge.integrate.plan import SessionPlan
+    from kforge.integrate.runtime import Report
+
+
+T = TypeVar("T")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "apply", help="compile a session's winning kernels for this GPU and say what they replace",
+        description="Decide per op card whether its best kernel replaces eager PyTorch (verified, "
+                    "faster beyond the timing noise, same GPU architecture) or why not; compile "
+                    "and load the winners on this GPU. With --run, rebuild the session's model and "
+                    "run it eager and patched once.")
+    p.add_argument("session", type=session_id)
+    p.add_argument("--run", action="store_true",
+                   help="run the model eager and patched once: kernel hits, output difference")
+    p.add_argument("--device", help="cuda or cuda:N (default: the current GPU)")
+    add_db_option(p)
+    p.set_defaults(func=cmd_apply)
+
+    p = sub.add_parser(
+        "export", help="write a session's winning kernels as a standalone Python package",
+        description="Write a package (kernel sources, launchers, cubins per architecture, a "
+                    "manifest of every op variant, a README) that patches a model with only torch "
+                    "and cuda-python installed: `import PKG; with PKG.patch(): model(x)`. "
+                    "Needs no GPU.")
+    p.add_argument("session", type=session_id)
+    p.add_argument("-o", "--output", default=".", metavar="DIR",
+                   help="folder to write the package into (default: the current folder)")
+    p.add_argument("--arch", action="append", metavar="SM",
+                   help="GPU architecture to ship a cubin for, such as sm_90 or sm_121; repeat "
+                        "for several (default: the session's GPU)")
+    p.add_argument("--name", help="package name (default: kforge_session_N)")
+    p.add_argument("--force", action="store_true", help="replace a package folder already there")
+    add_db_option(p)
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser(
+        "e2e", help="time a session's model eager, patched and under torch.compile",
+        description="Rebuild the session's model and time whole forwards (CUDA events, median and "
+                    "p10-p90) eager, with the winning kernels patched in, and compiled; compare "
+                    "outputs with eager and the measured speedup with the one projected from the "
+                    "op cards.")
+    p.add_argument("session", type=session_id)
+    p.add_argument("--reps", type=_count, default=20, help="timed forwards each (default 20)")
+    p.add_argument("--warmup", type=_count, default=3, help="untimed forwards first (default 3)")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="capture eager and patched forwards in CUDA graphs and time the replays")
+    p.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
+    p.add_argument("--device", help="cuda or cuda:N (default: the current GPU)")
+    add_db_option(p)
+    p.set_defaults(func=cmd_e2e)
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+# ----- apply -----
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    device, plan, patch = _prepare(args, "kforge apply")
+    print_plan(plan, patch)
+    if not args.run:
+        return 0
+    from kforge.integrate.measure import compare_once, rebuild_model
+
+    loaded = rebuild_model(plan.session, device)
+    difference, report = _on_gpu(loaded, lambda: compare_once(loaded, patch))
+    out.print(str(report))
+    out.print(f"output vs eager: {difference}")
+    _log(args, plan, f"apply --run: {report.hits} kernel calls in one forward, output vs eager "
+                     f"{difference}")
+    _check_used(patch, report)
+    return 0
+
+
+def _prepare(args: argparse.Namespace, what: str
+             ) -> tuple[torch.device, SessionPlan, SessionPatch]:
+    from kforge.integrate.patching import build_patch, check_arch, cuda_device
+    from kforge.integrate.plan import load_plan
+    from kforge.integrate.runtime import device_arch
+
+    device = cuda_device(args.device, what)
+    plan = with_store(args, lambda store: load_plan(store, args.session, device_arch(device)))
+    check_arch(plan, device)
+    return device, plan, build_patch(plan, device)
+
+
+def print_plan(plan: SessionPlan, patch: SessionPatch | None = None) -> None:
+    """Each target card's fate, largest share first; views and copies as a count."""
+    session = plan.session
+    out.print(f"session {session.id}  {session.model}  searched on {session.gpu_label}")
+    table = Table(box=None, header_style="bold")
+    for name, right in (("card", True), ("op", False), ("arguments", False), ("share", True),
+                        ("runs", False), ("why", False)):
+        table.add_column(name, justify="right" if right else "left", overflow="fold")
+    hidden = 0
+    for d in plan.decisions:
+        if not d.card.target:
+            hidden += 1
+            continue
+        runs, why = f"kernel {fmt_speedup(d.speedup)}" if d.replaced else "eager", d.reason
+        if d.replaced and patch is not None and not patch.loaded(d):
+            runs, why = "eager", "won, but does not load here (see the note)"
+        table.add_row(str(d.card.id), d.card.short_op, d.card.signature[:60],
+                      f"{100 * d.card.share:.1f}%", runs, why)
+    out.print(table)
+    if hidden:
+        out.print(f"  ({hidden} views and copies stay on eager: they are never targets)")
+    for note in patch.notes if patch else []:
+        out.print(f"note: {note}")
+    if patch is None:
+        count, projected = len(plan.winners), plan.projected
+    else:
+        count, projected = len(patch.table), patch.projected
+    out.print(f"{count} of {len(plan.decisions)} op variants run a kforge kernel; projected "
+              f"speedup {projected:.3f}x over operator time")
+
+
+def _check_used(patch: SessionPatch, report: Report) -> None:
+    from kforge.integrate.patching import unused_message
+
+    if message := unused_message(patch, report):
+        raise KforgeError(message)
+
+
+def _on_gpu(loaded: LoadedModel, work: Callable[[], T]) -> T:
+    """Run ``work``; running out of GPU memory becomes one clear message."""
+    import torch
+
+    try:
+        return work()
+    except torch.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        raise KforgeError(f"out of GPU memory running {loaded.name} on {loaded.device}") from None
+
+
+def _log(args: argparse.Namespace, plan: SessionPlan, message: str) -> None:
+    async def work(store: Store) -> None:
+        await store.log(plan.session.id, message)
+
+    with_store(args, work)
+
+
+# ----- export -----
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from kforge.integrate.export import export_session
+    from kforge.integrate.plan import load_plan
+
+    plan = with_store(args, lambda store: load_plan(store, args.session))
+    print_plan(plan)
+    result = export_session(plan, Path(args.output), name=args.name, archs=args.arch,
+                            force=args.force)
+    for problem in result.problems:
+        err.print(f"warning: {problem}")
+    if unverified := [a for a in result.archs if a != plan.made_on]:
+        out.print(f"note: the kernels were verified on {plan.made_on} only; on "
+                  f"{', '.join(unverified)} they run unverified")
+    out.print(f"wrote {result.path} ({result.kernels} kernels, cubins for "
+              f"{', '.join(result.archs)}); use it with `import {result.path.name}; "
+              f"with {result.path.name}.patch(): model(x)`")
+    return 0
+
+
+# ----- e2e -----
+
+
+def cmd_e2e(args: argparse.Namespace) -> int:
+    from kforge.integrate.measure import rebuild_model, run_e2e
+
+    device, plan, patch = _prepare(args, "kforge e2e")
+    if not plan.winners:
+        raise KforgeError(f"session {plan.session.id} has no kernel to measure: no op card has a "
+                          f"verified kernel that beats eager beyond noise (see `kforge apply "
+                          f"{plan.session.id}`)")
+    loaded = rebuild_model(plan.session, device)
+    result = _on_gpu(loaded, lambda: run_e2e(
+        loaded, patch, patch.projected, reps=args.reps, warmup=args.warmup,
+        cuda_graphs=args.cuda_graphs, compile=not args.no_compile))
+    out.print(str(result.report))
+    print_e2e(plan, result)
+    _log(args, plan, e2e_summary(result))
+    _check_used(patch, result.report)
+    return 0
+
+
+def print_e2e(plan: SessionPlan, result: E2eResult) -> None:
+    session = plan.session
+    shown = " ".join(f"{k}={session.settings[k]}" for k in ("dtype", "batch", "seq_len", "mode",
+                                                           "layers")
+                     if session.settings.get(k) is not None)
+    graphs = ", CUDA graphs" if result.cuda_graphs else ""
+    out.print(f"session {session.id}  {session.model} ({shown}{graphs})")
+    table = Table(box=None, header_style="bold")
+    for name, right in (("", False), ("median", True), ("p10", True), ("p90", True),
+                        ("vs eager", True), ("output vs eager", False), ("", False)):
+        table.add_column(name, justify="right" if right else "left")
+    eager = result.subject("eager")
+    base = eager.timing.median_us if eager and eager.timing else None
+    for s in result.subjects:
+        if s.timing is None:
+            table.add_row(s.name, "-", "-", "-", "-", "-", s.error)
+            continue
+        t = s.timing
+        setup = (f"compiled in {s.setup_s:.1f} s" if s.name == "torch.compile" and s.setup_s
+                 else "")
+        table.add_row(s.name, fmt_us(t.median_us), fmt_us(t.p10_us), fmt_us(t.p90_us),
+                      fmt_speedup(base / t.median_us if base else None),
+                      str(s.difference) if s.difference else "-", setup)
+    out.print(table)
+    for note in result.notes:
+        out.print(f"note: {note}")
+    out.print(f"speedup: projected {result.projected:.3f}x (op cards, operator time), measured "
+              f"{fmt_speedup(result.measured)} (whole forward)")
+
+
+def e2e_summary(result: E2eResult) -> str:
+    """One line for the session log."""
+    parts = [f"{s.name} {fmt_us(s.timing.median_us)}" for s in result.subjects if s.timing]
+    graphs = " under CUDA graphs" if result.cuda_graphs else ""
+    return (f"e2e{graphs}: {', '.join(parts)}; speedup measured {fmt_speedup(result.measured)}, "
+            f"projected {result.projected:.3f}x; {result.report.hits} kernel calls per forward")

@@ -1,0 +1,77 @@
+"""Verified CUDA kernels for one model, exported by kforge.
+
+    import this_package
+    with this_package.patch() as p:
+        model(x)
+    print(p.report())
+
+Each kernel runs only for the exact op variant it was verified on (op, dtypes, shapes, strides,
+scalar arguments); every other call runs PyTorch's own kernel. ``manifest()`` lists every op
+variant of the model: its kernel and speedup, or why it stays on eager. Needs torch, numpy and
+cuda-python (cuda-core, cuda-bindings); compiling for a GPU without a shipped cubin also needs
+NVRTC and the CUDA headers (nvidia-cuda-nvrtc, nvidia-cuda-runtime).
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .runtime import (
+    Entry,
+    KernelModule,
+    KernelTable,
+    Patch,
+    compile_cubin,
+    device_arch,
+    load_launcher,
+)
+
+HERE = Path(__file__).resolve().parent
+
+
+@cache
+def manifest() -> dict[str, Any]:
+    """What was exported: the session, its kernels (with speedups) and the ops kept on eager."""
+    return json.loads((HERE / "manifest.json").read_text())
+
+
+def patch(device: str | torch.device | None = None, *, any_arch: bool = False) -> Patch:
+    """The kernels loaded on ``device`` (default: the current CUDA device), as a context manager
+    that patches them in while active.
+
+    Kernels run on the GPU architectures they were exported for; on another one they stay off
+    unless ``any_arch=True``, which compiles them for it with NVRTC (they were verified on
+    ``manifest()["verified_on"]`` only)."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("patch() needs a CUDA GPU and this torch sees none")
+    cuda = torch.device(device) if device is not None else torch.device("cuda")
+    if cuda.type != "cuda":
+        raise ValueError(f"patch() runs kernels on a CUDA device, not {cuda}")
+    cuda = torch.device("cuda", cuda.index if cuda.index is not None
+                        else torch.cuda.current_device())
+    info = manifest()
+    arch = device_arch(cuda)
+    if arch not in info["archs"] and not any_arch:
+        return Patch(KernelTable(), [f"kernels were exported for {', '.join(info['archs'])} "
+                                     f"and this GPU is {arch}: they stay off (patch(any_arch="
+                                     "True) compiles them for it, unverified)"])
+    prelude = (HERE / "prelude.cuh").read_text()
+    table, notes = KernelTable(), []
+    for kernel in info["kernels"]:
+        folder = HERE / kernel["dir"]
+        cubin = folder / f"{arch}.cubin"
+        try:
+            code = cubin.read_bytes() if cubin.exists() else compile_cubin(
+                (folder / "kernel.cu").read_text(), arch, prelude, kernel["nvrtc_options"])
+            table.add(Entry(op=kernel["op"], args=kernel["args"], kwargs=kernel["kwargs"],
+                            launch=load_launcher((folder / "launcher.py").read_text()),
+                            kernels=KernelModule(code, cuda), device=cuda,
+                            label=kernel["label"], key=kernel["key"]))
+        except Exception as exc:  # a kernel that cannot load here: its op stays on eager
+            notes.append(f"{kernel['label']}: stays on eager, it does not load on {arch}: {exc}")
+    return Patch(table, notes)

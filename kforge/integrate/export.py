@@ -1,0 +1,195 @@
+"""Write a session's winning kernels as a standalone Python package.
+
+The package holds the kernels' CUDA sources and launchers, a cubin per requested architecture
+(compiled here with NVRTC, which needs no GPU), the NVRTC prelude, a manifest of every op variant
+of the model (its kernel and speedup, or why it stays on eager), a README, and a copy of the
+runtime with the arg-spec encoder. It imports nothing from kforge: torch, numpy and cuda-python
+are enough, and on a GPU it has no cubin for it compiles the sources with NVRTC.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kforge import __version__
+from kforge.core.fmt import fmt_speedup
+from kforge.errors import KforgeError
+from kforge.eval.nvrtc import PRELUDE, Compiler, check_options
+from kforge.integrate.plan import SessionPlan
+from kforge.integrate.winners import Decision, card_label
+
+FORMAT = 1
+PROFILE_SETTINGS = ("dtype", "batch", "seq_len", "mode", "layers")
+_ARCH = re.compile(r"^sm_\d{2,3}[af]?$")
+_SPEC_IMPORT = "from kforge.capture.spec import encode_call\n"
+_HERE = Path(__file__).resolve().parent
+
+
+@dataclass
+class Exported:
+    path: Path
+    kernels: int
+    archs: list[str]
+    problems: list[str] = field(default_factory=list)  # kernels that did not compile for an arch
+
+
+def package_name(session_id: int) -> str:
+    return f"kforge_session_{session_id}"
+
+
+def export_session(plan: SessionPlan, out_dir: Path, *, name: str | None = None,
+                   archs: list[str] | None = None, force: bool = False,
+                   compiler: Compiler | None = None) -> Exported:
+    """Write the plan's winners as package ``name`` inside ``out_dir``; the package appears
+    whole or not at all."""
+    sid = plan.session.id
+    if not plan.winners:
+        raise KforgeError(f"session {sid} has nothing to export: no op card has a verified kernel "
+                          f"that beats eager beyond the timing noise (see `kforge apply {sid}` "
+                          "or `kforge show`)")
+    archs = list(dict.fromkeys(archs or [plan.made_on]))
+    if bad := [a for a in archs if not _ARCH.match(a)]:
+        raise KforgeError(f"{bad[0]!r} is not a GPU architecture: use the form sm_90 or sm_121")
+    name = name or package_name(sid)
+    if not name.isidentifier():
+        raise KforgeError(f"{name!r} cannot be a Python package name: use letters, digits and _")
+    target = out_dir / name
+    if target.exists() and not force:
+        raise KforgeError(f"{target} already exists: remove it or pass --force")
+    if compiler is None:
+        from kforge.eval.loader import default_cache_dir
+
+        compiler = Compiler(default_cache_dir())
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        staging = out_dir / f".{name}.{uuid.uuid4().hex[:8]}.tmp"
+        staging.mkdir()
+    except OSError as exc:
+        raise KforgeError(f"cannot write into {out_dir}: {exc.strerror}") from None
+    try:
+        problems = _write(plan, staging, name, archs, compiler)
+        if target.exists():
+            shutil.rmtree(target)
+        staging.replace(target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return Exported(target, len(plan.winners), archs, problems)
+
+
+def _write(plan: SessionPlan, root: Path, name: str, archs: list[str],
+           compiler: Compiler) -> list[str]:
+    runtime = (_HERE / "runtime.py").read_text()
+    if runtime.count(_SPEC_IMPORT) != 1:
+        raise AssertionError("runtime.py must import encode_call from kforge.capture.spec once")
+    (root / "runtime.py").write_text(runtime.replace(_SPEC_IMPORT,
+                                                     "from .spec import encode_call\n"))
+    (root / "spec.py").write_text((_HERE.parent / "capture" / "spec.py").read_text())
+    (root / "__init__.py").write_text((_HERE / "artifact.py").read_text())
+    (root / "prelude.cuh").write_text(PRELUDE)
+    problems: list[str] = []
+    kernels = [_write_kernel(root, d, archs, compiler, problems) for d in plan.winners]
+    session = plan.session
+    manifest = {
+        "format": FORMAT, "exported_by": f"kforge {__version__}", "session": session.id,
+        "model": session.model,
+        "settings": {k: session.settings[k] for k in PROFILE_SETTINGS
+                     if session.settings.get(k) is not None},
+        "verified_on": {"name": session.gpu.get("name", ""), "arch": plan.made_on},
+        "archs": archs, "nvrtc": compiler.version(), "projected_speedup": plan.projected,
+        "kernels": kernels,
+        "eager": [{"key": d.card.key, "label": card_label(d.card), "op": d.card.op,
+                   "signature": d.card.signature, "share": d.card.share,
+                   "target": d.card.target, "reason": d.reason}
+                  for d in plan.decisions if not d.replaced],
+    }
+    (root / "manifest.json").write_text(json.dumps(manifest, indent=1, allow_nan=True) + "\n")
+    (root / "README.md").write_text(readme(name, manifest))
+    return problems
+
+
+def _write_kernel(root: Path, decision: Decision, archs: list[str], compiler: Compiler,
+                  problems: list[str]) -> dict:
+    card, candidate = decision.card, decision.candidate
+    assert candidate is not None  # a winner always carries its code
+    folder = Path("kernels") / card.key
+    (root / folder).mkdir(parents=True)
+    (root / folder / "kernel.cu").write_text(candidate.source)
+    (root / folder / "launcher.py").write_text(candidate.launcher)
+    label = card_label(card)
+    cubins, errors = {}, {}
+    try:
+        options = check_options([str(o) for o in candidate.meta.get("nvrtc_options") or []])
+    except ValueError as exc:
+        options, errors = [], {arch: str(exc) for arch in archs}
+    for arch in archs if not errors else []:
+        compiled = compiler.compile(candidate.source, arch, options)
+        if compiled.ok:
+            (root / folder / f"{arch}.cubin").write_bytes(compiled.cubin)
+            cubins[arch] = f"{arch}.cubin"
+        else:
+            errors[arch] = compiled.log.strip().splitlines()[0] if compiled.log.strip() else "?"
+    problems += [f"{label}: no cubin for {arch}: {why}" for arch, why in errors.items()]
+    return {"key": card.key, "label": label, "op": card.op, "args": card.args,
+            "kwargs": card.kwargs, "signature": card.signature, "share": card.share,
+            "calls": card.calls, "speedup": decision.speedup, "spread": decision.spread,
+            "node": decision.node_id, "meta": {k: v for k, v in candidate.meta.items()
+                                               if k != "nvrtc_options"},
+            "dir": folder.as_posix(), "nvrtc_options": options, "cubins": cubins,
+            "compile_errors": errors}
+
+
+def readme(name: str, manifest: dict) -> str:
+    """The artifact's README: usage, then what runs where."""
+    kernels = "\n".join(f"| `{k['label']}` | {100 * k['share']:.1f}% | "
+                        f"{fmt_speedup(k['speedup'])} |" for k in manifest["kernels"])
+    eager = "\n".join(f"| `{e['label']}` | {100 * e['share']:.1f}% | {e['reason']} |"
+                      for e in manifest["eager"] if e["target"])
+    views = sum(1 for e in manifest["eager"] if not e["target"])
+    verified = manifest["verified_on"]
+    return f"""# {name}
+
+Verified CUDA kernels for `{manifest['model']}` ({json.dumps(manifest['settings'])}), from kforge
+session {manifest['session']}, verified on {verified['name']} ({verified['arch']}).
+
+```python
+import {name}
+
+with {name}.patch() as p:   # the current CUDA device; patch("cuda:1") for another
+    out = model(x)
+print(p.report())           # how often each kernel ran
+```
+
+Each kernel runs only for the exact op variant it won on (op, dtypes, shapes, strides, scalar
+arguments); every other call, and any call where a kernel fails, runs PyTorch's own kernel.
+The patch is process-wide while active and works under `torch.no_grad()`,
+`torch.inference_mode()` and CUDA graph capture. Projected speedup over operator time:
+{manifest['projected_speedup']:.3f}x.
+
+Needs torch, numpy and cuda-python (`cuda-core`, `cuda-bindings`). Cubins are included for
+{', '.join(manifest['archs'])}; on another GPU the kernels stay off unless
+`patch(any_arch=True)`, which compiles them with NVRTC (`nvidia-cuda-nvrtc` and the headers of
+`nvidia-cuda-runtime`, or a CUDA toolkit).
+
+## Kernels
+
+| op variant | share | speedup |
+| --- | ---: | ---: |
+{kernels}
+
+## Kept on eager PyTorch
+
+| op variant | share | why |
+| --- | ---: | --- |
+{eager}
+
+and {views} views and copies, which are never targets.
+
+`manifest.json` has all of this in full; `kernels/<card key>/` holds each kernel's source
+(`kernel.cu`, compiled after `prelude.cuh`), launcher and cubins.
+"""

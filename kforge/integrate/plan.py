@@ -1,0 +1,73 @@
+"""Read a session's integration plan from the store: every card with its best kernel's fate."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from kforge.integrate.winners import NO_GPU_ARCH, Decision, best_nodes, decide, projected_speedup
+from kforge.store import Store
+from kforge.store.records import Session
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class SessionPlan:
+    session: Session
+    decisions: list[Decision]
+
+    @property
+    def made_on(self) -> str:
+        return str(self.session.gpu.get("arch") or NO_GPU_ARCH)
+
+    @property
+    def winners(self) -> list[Decision]:
+        return [d for d in self.decisions if d.replaced]
+
+    @property
+    def projected(self) -> float:
+        return projected_speedup(self.decisions)
+
+
+async def load_plan(store: Store, session_id: int, runs_on: str | None = None) -> SessionPlan:
+    """The session's cards and what becomes of each on a GPU of architecture ``runs_on``
+    (None: any, as for an export)."""
+    session = await store.get_session(session_id)
+    rows = await store.list_cards(session_id)
+    best = best_nodes(await store.list_nodes(session_id))
+    arch = str(session.gpu.get("arch") or NO_GPU_ARCH)
+    decisions = []
+    for row in rows:
+        node = best.get(row.id)
+        detail = await store.get_node(node.id) if node is not None else None
+        decisions.append(decide(row, detail, made_on=arch, runs_on=runs_on))
+    return SessionPlan(session, decisions)
+
+
+def read_plan(db: Path, session_id: int, runs_on: str | None = None) -> SessionPlan:
+    """``load_plan`` from the database file at ``db`` (which must exist), from plain code."""
+
+    async def go() -> SessionPlan:
+        store = await Store.open(db, create=False)
+        try:
+            return await load_plan(store, session_id, runs_on)
+        finally:
+            await store.close()
+
+    return run_sync(go())
+
+
+def run_sync(work: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine to completion from synchronous code, also where an event loop already
+    runs in this thread (a notebook): then in a thread of its own."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(work)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, work).result()

@@ -1,0 +1,118 @@
+"""Which op cards get their kernel in the model, and why the others stay on eager PyTorch.
+
+Pure decisions over a session's cards and search nodes. A card's kernel replaces eager only when
+it passed verification and beats eager by more than the timing noise of both measurements, and
+only on the GPU architecture it was verified on; it then runs for that exact op variant alone
+(op, dtypes, shapes, strides, scalar arguments), which the runtime's guard enforces.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from kforge.core.candidate import Candidate, EvalOutcome, Timing
+from kforge.core.opcard import VIEW_OR_COPY, OpCard
+from kforge.core.reward import significant_win
+from kforge.store.records import CardRow, NodeDetail, NodeRow
+
+NO_GPU_ARCH = "none"
+LABEL_WIDTH = 60
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One card's fate: ``replaced`` by its best kernel, or kept on eager for ``reason``."""
+
+    card: OpCard
+    replaced: bool
+    reason: str
+    node_id: int | None = None
+    speedup: float | None = None
+    spread: float | None = None  # combined relative p10..p90 width of kernel and eager timings
+    candidate: Candidate | None = None
+    modules: list[str] = field(default_factory=list)
+
+
+def card_label(card: OpCard) -> str:
+    """``#12 _softmax(f32[8,1024], -1, False)``, cut to a table's width."""
+    text = f"#{card.id} {card.short_op}({card.signature})"
+    return text if len(text) <= LABEL_WIDTH else text[:LABEL_WIDTH - 4] + "...)"
+
+
+def combined_spread(kernel: Timing | None, eager: Timing | None) -> float:
+    """Relative timing noise of a speedup: the p10..p90 widths of both measurements, added in
+    quadrature (independent noise). Infinite when either timing is missing."""
+    if kernel is None or eager is None:
+        return math.inf
+    return math.hypot(kernel.spread, eager.spread)
+
+
+def best_nodes(nodes: Iterable[NodeRow]) -> dict[int, NodeRow]:
+    """Per card id, its fastest verified node outside pruned subtrees (a user's prune says the
+    branch must not be used)."""
+    rows = {n.id: n for n in nodes}
+
+    def pruned(node: NodeRow) -> bool:
+        seen: set[int] = set()
+        current: NodeRow | None = node
+        while current is not None and current.id not in seen:
+            if current.pruned:
+                return True
+            seen.add(current.id)
+            current = rows.get(current.parent_id) if current.parent_id else None
+        return False
+
+    best: dict[int, NodeRow] = {}
+    for node in rows.values():
+        if not node.ok or node.speedup is None or pruned(node):
+            continue
+        held = best.get(node.card_id)
+        if held is None or node.speedup > held.speedup:  # type: ignore[operator]
+            best[node.card_id] = node
+    return best
+
+
+def decide(row: CardRow, best: NodeDetail | None, *, made_on: str,
+           runs_on: str | None = None) -> Decision:
+    """The fate of one card. ``best`` is its best usable node (see ``best_nodes``) with code and
+    outcome; ``made_on`` the architecture the session was searched on; ``runs_on`` the one the
+    model is about to run on (None when packaging for any)."""
+    card = row.card
+
+    def kept(reason: str, outcome: EvalOutcome | None = None, spread: float | None = None
+             ) -> Decision:
+        return Decision(card, False, reason, best.row.id if best else None,
+                        outcome.speedup if outcome else None, spread, modules=row.modules)
+
+    if not card.target:
+        return kept("not a target (view/copy)" if card.library == VIEW_OR_COPY
+                    else "not a target")
+    if best is None:
+        return kept("not searched yet" if row.spent == 0 else "no verified kernel")
+    outcome = best.outcome
+    if outcome is None or not outcome.ok or outcome.speedup is None or best.candidate is None:
+        return kept("no verified kernel")
+    if made_on == NO_GPU_ARCH:
+        return kept("made without a GPU", outcome)
+    if runs_on is not None and runs_on != made_on:
+        return kept(f"made for {made_on}, this GPU is {runs_on}", outcome)
+    spread = combined_spread(outcome.timing, outcome.eager)
+    speedup = outcome.speedup
+    if not math.isfinite(spread):
+        return kept("its timing has no spread recorded", outcome, spread)
+    if speedup < 1.0:
+        return kept(f"slower than eager ({speedup:.2f}x)", outcome, spread)
+    if not significant_win(speedup, spread):
+        return kept(f"{speedup:.2f}x is inside the timing noise (±{spread:.0%})", outcome, spread)
+    return Decision(card, True, f"{speedup:.2f}x faster than eager (noise ±{spread:.0%})",
+                    best.row.id, speedup, spread, best.candidate, row.modules)
+
+
+def projected_speedup(decisions: Iterable[Decision]) -> float:
+    """Amdahl's law over operator time: ``1 / (1 - sum(share * (1 - 1/speedup)))`` for the
+    replaced cards."""
+    saved = sum(d.card.share * (1.0 - 1.0 / d.speedup) for d in decisions
+                if d.replaced and d.speedup)
+    return 1.0 / max(1.0 - saved, 1e-9)

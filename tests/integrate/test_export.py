@@ -1,0 +1,136 @@
+"""`kforge export`: a standalone package with sources, launchers, cubins per architecture (NVRTC
+on the CPU), the prelude, a manifest and a README, importable without kforge."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kforge.errors import KforgeError
+from kforge.eval.nvrtc import PRELUDE, Compiler
+from kforge.integrate.export import export_session
+from kforge.integrate.plan import read_plan
+from kforge.integrate.runtime import compile_cubin
+from tests.integrate.helpers import WINNING_OPS, make_session
+
+pytest.importorskip("cuda.core", reason="NVRTC through cuda.core is not installed")
+
+ELF = b"\x7fELF"
+
+
+@pytest.fixture(scope="module")
+def compiler() -> Compiler:
+    """One in-memory NVRTC cache for the module (each test has its own cache folder)."""
+    return Compiler()
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory) -> tuple[Path, int]:
+    db = tmp_path_factory.mktemp("export") / "k.db"
+    return db, make_session(db)
+
+
+def test_the_package_has_every_part_and_cubins_for_each_arch(session, compiler, tmp_path):
+    db, sid = session
+    plan = read_plan(db, sid)
+    result = export_session(plan, tmp_path, archs=["sm_90", "sm_121"], compiler=compiler)
+    root = tmp_path / f"kforge_session_{sid}"
+    assert result.path == root and result.kernels == 3 and result.problems == []
+    assert {p.name for p in root.iterdir()} == {
+        "__init__.py", "runtime.py", "spec.py", "prelude.cuh", "manifest.json", "README.md",
+        "kernels"}
+    assert (root / "prelude.cuh").read_text() == PRELUDE
+    runtime = (root / "runtime.py").read_text()
+    assert "from .spec import encode_call" in runtime and "kforge.capture" not in runtime
+    manifest = json.loads((root / "manifest.json").read_text())
+    assert manifest["session"] == sid and manifest["archs"] == ["sm_90", "sm_121"]
+    assert manifest["verified_on"] == {"name": "Fake GPU", "arch": "sm_90"}
+    assert {k["op"] for k in manifest["kernels"]} == set(WINNING_OPS)
+    for kernel in manifest["kernels"]:
+        folder = root / kernel["dir"]
+        assert kernel["speedup"] == WINNING_OPS[kernel["op"]]
+        assert (folder / "kernel.cu").read_text().count('extern "C"') >= 1
+        assert "def launch(" in (folder / "launcher.py").read_text()
+        assert kernel["cubins"] == {"sm_90": "sm_90.cubin", "sm_121": "sm_121.cubin"}
+        for cubin in kernel["cubins"].values():
+            assert (folder / cubin).read_bytes()[:4] == ELF
+    reasons = {e["op"]: e["reason"] for e in manifest["eager"]}
+    assert reasons["aten.addmm.default"] == "not searched yet"
+    assert reasons["aten.view.default"] == "not a target (view/copy)"
+    assert manifest["projected_speedup"] == pytest.approx(plan.projected)
+    readme = (root / "README.md").read_text()
+    assert f"import kforge_session_{sid}" in readme and f"kforge_session_{sid}.patch()" in readme
+    assert "| `#" in readme and "not searched yet" in readme
+    assert not list(tmp_path.glob(".*tmp"))  # the staging folder is gone
+
+
+def test_the_package_imports_without_kforge_and_needs_a_gpu_to_patch(session, compiler,
+                                                                     tmp_path):
+    db, sid = session
+    export_session(read_plan(db, sid), tmp_path, name="toy_kernels", compiler=compiler)
+    code = ("import sys; sys.modules['kforge'] = None\n"
+            "import toy_kernels\n"
+            "from toy_kernels.runtime import freeze\n"
+            "assert 'kforge' not in {m.split('.')[0] for m in sys.modules if sys.modules[m]}\n"
+            "assert freeze([1, 1.0, True]) != freeze([1, 1, 1])\n"
+            "print(toy_kernels.manifest()['session'], len(toy_kernels.manifest()['kernels']))\n"
+            "import torch\n"
+            "if not torch.cuda.is_available():\n"
+            "    try:\n"
+            "        toy_kernels.patch()\n"
+            "    except RuntimeError as exc:\n"
+            "        print(exc)\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"{sid} 3"
+    if len(lines) > 1:
+        assert lines[1] == "patch() needs a CUDA GPU and this torch sees none"
+
+
+def test_an_empty_session_has_nothing_to_export(tmp_path):
+    db = tmp_path / "k.db"
+    sid = make_session(db, winners={})
+    with pytest.raises(KforgeError, match=f"session {sid} has nothing to export"):
+        export_session(read_plan(db, sid), tmp_path / "out")
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_an_existing_package_is_replaced_only_with_force(session, compiler, tmp_path):
+    db, sid = session
+    plan = read_plan(db, sid)
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "mine.txt").write_text("keep")
+    with pytest.raises(KforgeError, match="already exists"):
+        export_session(plan, tmp_path, name="pkg")
+    assert (tmp_path / "pkg" / "mine.txt").exists()
+    export_session(plan, tmp_path, name="pkg", force=True, compiler=compiler)
+    assert not (tmp_path / "pkg" / "mine.txt").exists()
+    assert (tmp_path / "pkg" / "manifest.json").exists()
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"archs": ["90"]}, "not a GPU architecture"),
+    ({"name": "my-kernels"}, "cannot be a Python package name"),
+])
+def test_bad_names_are_refused(session, compiler, tmp_path, kwargs, message):
+    db, sid = session
+    with pytest.raises(KforgeError, match=message):
+        export_session(read_plan(db, sid), tmp_path, compiler=compiler, **kwargs)
+
+
+def test_the_packages_own_nvrtc_path_compiles_for_an_arch_it_has_no_cubin_for(session, tmp_path):
+    """What patch(any_arch=True) does on a GPU the export did not cover, here without a GPU."""
+    db, sid = session
+    winner = read_plan(db, sid).winners[0]
+    cubin = compile_cubin(winner.candidate.source, "sm_100", PRELUDE, ["-lineinfo"])
+    assert cubin[:4] == ELF
+    with pytest.raises(RuntimeError, match="NVRTC could not compile it for sm_100"):
+        compile_cubin("this is not CUDA", "sm_100", PRELUDE)
+    with pytest.raises(ValueError, match="not allowed"):
+        compile_cubin(winner.candidate.source, "sm_100", PRELUDE, ["-G"])

@@ -1,0 +1,107 @@
+"""Which cards get their kernel, and the reasons the others stay on eager (pure decisions)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from kforge.core.candidate import Candidate, EvalOutcome, EvalStatus, Timing
+from kforge.core.opcard import OpCard
+from kforge.integrate.winners import (
+    best_nodes,
+    card_label,
+    combined_spread,
+    decide,
+    projected_speedup,
+)
+from kforge.store.records import CardRow, NodeDetail, NodeRow
+
+SOFTMAX = OpCard("aten._softmax.default",
+                 [{"t": "tensor", "shape": [8, 1024], "stride": [1024, 1], "dtype": "float16",
+                   "offset": 0}, -1, False], share=0.2, id=3)
+VIEW = OpCard("aten.view.default", [{"t": "tensor", "shape": [8, 1024], "stride": [1024, 1],
+                                     "dtype": "float16", "offset": 0}, [8192]],
+              library="view", target=False, id=4)
+CODE = Candidate(source="extern \"C\" __global__ void k() {}", launcher="def launch(k): pass")
+
+
+def timing(us: float, spread: float) -> Timing:
+    return Timing(us, us * (1 - spread / 2), us * (1 + spread / 2), 50)
+
+
+def row(card: OpCard = SOFTMAX, spent: int = 5) -> CardRow:
+    return CardRow(card=card, status="done", stop_reason="", spent=spent, best_node=None,
+                   best_speedup=None, modules=["model.attn"], baseline=None)
+
+
+def node(node_id: int = 10, card_id: int = 3, parent: int | None = None, status: str = "ok",
+         speedup: float | None = 1.5, pruned: bool = False) -> NodeRow:
+    return NodeRow(id=node_id, session_id=1, card_id=card_id, parent_id=parent, action="new",
+                   status=status, meta={}, reward=None, speedup=speedup, median_us=None,
+                   repairable=False, pruned=pruned, summary="", usd=0.0, created_at=0.0,
+                   finished_at=1.0)
+
+
+def detail(speedup: float, spread: float = 0.02, status: EvalStatus = EvalStatus.OK,
+           candidate: Candidate | None = CODE) -> NodeDetail:
+    outcome = EvalOutcome(status, timing=timing(100 / speedup, spread), eager=timing(100, spread),
+                          speedup=speedup if status is EvalStatus.OK else None)
+    return NodeDetail(row=node(speedup=speedup), candidate=candidate, outcome=outcome)
+
+
+def test_a_verified_significant_win_replaces_eager_with_its_code():
+    d = decide(row(), detail(1.5), made_on="sm_90", runs_on="sm_90")
+    assert d.replaced and d.candidate is CODE and d.node_id == 10 and d.speedup == 1.5
+    assert d.reason == "1.50x faster than eager (noise ±3%)"
+    assert d.modules == ["model.attn"]
+
+
+@pytest.mark.parametrize(("card_row", "best", "runs_on", "made_on", "reason"), [
+    (row(VIEW), None, None, "sm_90", "not a target (view/copy)"),
+    (row(spent=0), None, None, "sm_90", "not searched yet"),
+    (row(), None, None, "sm_90", "no verified kernel"),
+    (row(), detail(2.0, status=EvalStatus.MISMATCH), None, "sm_90", "no verified kernel"),
+    (row(), detail(2.0, candidate=None), None, "sm_90", "no verified kernel"),
+    (row(), detail(0.8), None, "sm_90", "slower than eager (0.80x)"),
+    (row(), detail(1.03, spread=0.03), None, "sm_90", "1.03x is inside the timing noise (±4%)"),
+    (row(), detail(1.5), "sm_121", "sm_90", "made for sm_90, this GPU is sm_121"),
+    (row(), detail(1.5), None, "none", "made without a GPU"),
+])
+def test_the_reasons_a_card_stays_on_eager(card_row, best, runs_on, made_on, reason):
+    d = decide(card_row, best, made_on=made_on, runs_on=runs_on)
+    assert not d.replaced and d.candidate is None
+    assert d.reason == reason
+
+
+def test_noise_is_the_spread_of_both_timings_combined():
+    assert combined_spread(timing(50, 0.03), timing(100, 0.04)) == pytest.approx(0.05)
+    assert combined_spread(None, timing(100, 0.04)) == math.inf
+    # 1.04x with 3% on each side is inside sqrt(2) * 3% = 4.2%; with 2% on each side it is out
+    assert not decide(row(), detail(1.04, 0.03), made_on="sm_90").replaced
+    assert decide(row(), detail(1.04, 0.02), made_on="sm_90").replaced
+
+
+def test_best_nodes_skips_failures_and_pruned_subtrees():
+    nodes = [node(1, speedup=1.2), node(2, parent=1, speedup=3.0, pruned=True),
+             node(3, parent=2, speedup=4.0), node(4, speedup=None, status="mismatch"),
+             node(5, parent=1, speedup=1.6), node(6, card_id=7, speedup=0.9)]
+    best = best_nodes(nodes)
+    assert best[3].id == 5  # 2 is pruned, and 3 lies below it
+    assert best[7].id == 6
+
+
+def test_projected_speedup_is_amdahl_over_the_replaced_cards():
+    replaced = decide(row(), detail(2.0), made_on="sm_90")  # share 0.2 at 2x
+    other = decide(row(OpCard(**{**SOFTMAX.to_dict(), "key": "", "share": 0.3, "id": 9})),
+                   detail(4.0), made_on="sm_90")  # share 0.3 at 4x
+    kept = decide(row(), detail(0.5), made_on="sm_90")
+    assert projected_speedup([replaced, other, kept]) == pytest.approx(
+        1 / (1 - 0.2 * 0.5 - 0.3 * 0.75))
+    assert projected_speedup([kept]) == 1.0
+
+
+def test_card_labels_are_short():
+    assert card_label(SOFTMAX) == "#3 _softmax(f16[8,1024], -1, False)"
+    long = OpCard("aten.cat.default", [{"t": "list", "items": [SOFTMAX.args[0]] * 6}, 0], id=1)
+    assert len(card_label(long)) == 60 and card_label(long).endswith("...)")
