@@ -55,6 +55,7 @@ def test_start_navigate_prune_quit_in_tmux(tmp_path: Path):
         wait_for(name, "1 ops")
         tmux("send-keys", "-t", name, "2")
         wait_for(name, "2 search tree")
+        wait_for(name, f"#{ids['a']} new")  # the tree is filled: keys now reach its rows
         tmux("send-keys", "-t", name, "g", "j", "x")
         screen = wait_for(name, f"✂ #{ids['a']} new")
         assert "1.25x" in screen
