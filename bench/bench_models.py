@@ -88,7 +88,7 @@ def copy_session(src: Path, dst: Path) -> None:
 
 def run_model(args: argparse.Namespace) -> dict:
     label = args.model + (f"-{args.mode}" if args.mode else "")
-    root = Path(args.out) / label
+    root = Path(args.work or args.out) / label
     if root.exists():
         shutil.rmtree(root)
     mcts, bon = root / "mcts", root / "best-of-n"
@@ -260,7 +260,8 @@ def main() -> int:
     parser.add_argument("model", nargs="?", help="resnet50 | sd35 | gemma4 | qwen35 (or -tiny)")
     parser.add_argument("--mode", choices=("prefill", "decode"), help="for the language models")
     parser.add_argument("--layers", type=int, help="truncate the model's depth")
-    parser.add_argument("--out", default="bench-out", help="folder for workspaces and results")
+    parser.add_argument("--out", default="bench-out", help="folder for the result files")
+    parser.add_argument("--work", help="folder for the workspaces (default: --out)")
     parser.add_argument("--top", type=int, default=6, help="ops searched (largest shares)")
     parser.add_argument("--iterations", type=int, default=16, help="average iterations per op")
     parser.add_argument("--evaluator", default="gpu", help="gpu, or a module:factory double")

@@ -19,17 +19,20 @@ step() {  # step SECONDS COMMAND...: run with a time limit, log it, keep going o
     echo "=== rc=$? after $SECONDS s" | tee -a "$log"
 }
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader >>"$log"
+work=${WORK:-/tmp/kforge-bench}  # workspaces (databases, samples) stay out of $out
+bench_models=(python3 bench/bench_models.py --out "$out" --work "$work")
 case $track in
   tests)
-    step 170 python3 -m pytest -m gpu -q -p no:cacheprovider -x --timeout 120 \
-        tests/propose tests/capture tests/integrate
-    step 160 python3 bench/bench_models.py resnet50 --out "$out" --cuda-graphs
-    step 170 python3 bench/bench_models.py gemma4 --mode decode --out "$out" --cuda-graphs
+    step 230 python3 -m pytest -m gpu -q -p no:cacheprovider --timeout 120 -rf \
+        tests/integrate tests/capture tests/eval tests/propose
+    step 150 "${bench_models[@]}" resnet50 --cuda-graphs
+    step 170 "${bench_models[@]}" gemma4 --mode decode --cuda-graphs
     ;;
   models)
-    step 70 python3 -m kforge profile gemma4 --mode prefill --db "$out/prefill/g.db"
-    step 200 python3 bench/bench_models.py sd35 --out "$out"
-    step 220 python3 bench/bench_models.py qwen35 --mode decode --layers 8 --out "$out" --cuda-graphs
+    step 60 python3 -m kforge profile gemma4 --mode prefill --samples 0 --db "$work/prefill.db"
+    step 180 "${bench_models[@]}" sd35
+    step 80 python3 bench/bench_guard.py --reps 30
+    step 220 "${bench_models[@]}" qwen35 --mode decode --layers 8 --cuda-graphs
     ;;
   *) echo "unknown track $track" >&2; exit 2 ;;
 esac
