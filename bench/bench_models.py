@@ -114,9 +114,22 @@ def run_model(args: argparse.Namespace) -> dict:
     result = {"model": label, "gpu": gpu_name(), "search_s": search_s,
               "cards": asyncio.run(card_results(mcts / "k.db")),
               "best_of_n": asyncio.run(card_results(bon / "k.db")) if args.best_of_n else []}
+    save(result, args)  # the search results stand even if the end-to-end run fails
+    print(op_table(result), "", mcts_table(result), "", sep="\n", flush=True)
     if args.e2e:
-        result["e2e"] = end_to_end(mcts / "k.db", args)
+        try:
+            result["e2e"] = end_to_end(mcts / "k.db", args)
+        except Exception as exc:  # keep what was measured; say what failed
+            result["e2e"] = {"error": f"{type(exc).__name__}: {exc}"}
+            print(f"end to end failed: {result['e2e']['error']}", flush=True)
+        save(result, args)
     return result
+
+
+def save(result: dict, args: argparse.Namespace) -> None:
+    out = Path(args.out) / f"{result['model']}.json"
+    out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {out}", flush=True)
 
 
 async def set_best_of_n(db: Path) -> None:
@@ -130,6 +143,9 @@ async def set_best_of_n(db: Path) -> None:
 
 
 def end_to_end(db: Path, args: argparse.Namespace) -> dict:
+    """Eager, patched and torch.compile forwards; with --cuda-graphs also eager and patched as
+    CUDA graph replays, where every winner is used (outside graphs only the winners worth their
+    guard's CPU cost are)."""
     import torch
 
     from kforge.integrate.measure import rebuild_model, run_e2e
@@ -137,24 +153,27 @@ def end_to_end(db: Path, args: argparse.Namespace) -> dict:
     from kforge.integrate.plan import read_plan
 
     device = torch.device("cuda", 0)
-    plan = read_plan(db, SESSION, runs_on=None)
-    patch = build_patch(plan, device)
-    loaded = rebuild_model(plan.session, device)
-    out = {"projected": plan.projected, "winners": len(plan.winners)}
+    out: dict = {}
+    loaded = None
     for graphs in ([False, True] if args.cuda_graphs else [False]):
-        result = run_e2e(loaded, patch, plan.projected, reps=args.reps, cuda_graphs=graphs,
+        plan = read_plan(db, SESSION, graphs=graphs)
+        patch = build_patch(plan, device)
+        loaded = loaded or rebuild_model(plan.session, device)
+        result = run_e2e(loaded, patch, patch.projected, reps=args.reps, cuda_graphs=graphs,
                          compile=not args.no_compile and not graphs)
-        key = "graphs" if graphs else "eager_mode"
-        out[key] = {
-            "measured": result.measured,
+        out["graphs" if graphs else "eager_mode"] = {
+            "measured": result.measured, "projected": result.projected,
+            "winners": len(patch.table),
             "subjects": {s.name: {"median_us": s.timing.median_us if s.timing else None,
                                   "p10_us": s.timing.p10_us if s.timing else None,
                                   "p90_us": s.timing.p90_us if s.timing else None,
                                   "setup_s": s.setup_s, "error": s.error,
-                                  "max_rel": s.difference.max_rel if s.difference else None}
+                                  "rel_diff": s.difference.rel if s.difference else None}
                          for s in result.subjects},
             "hits": {k.label: k.hits for k in result.report.kernels},
-            "notes": result.notes}
+            "notes": result.notes + patch.notes}
+        print(f"e2e ({'CUDA graphs' if graphs else 'eager mode'}): measured "
+              f"{fmt(result.measured, 'x', 3)}, projected {result.projected:.3f}x", flush=True)
     return out
 
 
@@ -209,12 +228,12 @@ def mcts_table(result: dict) -> str:
 
 def e2e_table(results: list[dict]) -> str:
     lines = ["| model | mode | eager ms | torch.compile ms (compile s) | kforge ms | kforge "
-             "speedup (measured) | projected | kernels applied | max rel. diff |",
+             "speedup (measured) | projected | kernels used | rel. diff vs eager |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
-        e2e = r.get("e2e")
-        if not e2e:
-            continue
+        e2e = r.get("e2e") or {}
+        if e2e.get("error"):
+            lines.append(f"| {r['model']} | failed: {e2e['error'][:80]} |||||||")
         for key in ("eager_mode", "graphs"):
             part = e2e.get(key)
             if not part:
@@ -228,13 +247,13 @@ def e2e_table(results: list[dict]) -> str:
             compiled = s.get("torch.compile", {})
             compile_cell = ms("torch.compile") + (
                 f" ({compiled['setup_s']:.0f})" if compiled.get("setup_s") else "")
-            hits = sum(1 for h in part["hits"].values() if h)
+            used = sum(1 for h in part["hits"].values() if h)
             lines.append(
                 f"| {r['model']} | {'CUDA graphs' if key == 'graphs' else 'eager'} "
                 f"| {ms('eager')} | {compile_cell} | {ms('patched')} "
-                f"| {fmt(part['measured'], 'x', 3)} | {fmt(e2e['projected'], 'x', 3)} "
-                f"| {hits}/{e2e['winners']} "
-                f"| {fmt(s.get('patched', {}).get('max_rel'), '', 4)} |")
+                f"| {fmt(part['measured'], 'x', 3)} | {fmt(part['projected'], 'x', 3)} "
+                f"| {used}/{part['winners']} "
+                f"| {fmt(s.get('patched', {}).get('rel_diff'), '', 4)} |")
     return "\n".join(lines)
 
 
@@ -275,17 +294,13 @@ def main() -> int:
     args = parser.parse_args()
     if args.summary:
         results = [json.loads(Path(p).read_text()) for p in args.summary]
+        for r in results:
+            print(op_table(r), "", mcts_table(r), "", sep="\n")
     else:
         if not args.model:
             parser.error("name a model, or give --summary files")
         os.environ.setdefault("PYTHONUNBUFFERED", "1")
-        result = run_model(args)
-        out = Path(args.out) / f"{result['model']}.json"
-        out.write_text(json.dumps(result, indent=1))
-        print(f"wrote {out}")
-        results = [result]
-    for r in results:
-        print(op_table(r), "", mcts_table(r), "", sep="\n")
+        results = [run_model(args)]  # prints its op tables as soon as its search ends
     print(e2e_table(results), "", summary(results), sep="\n")
     return 0
 

@@ -3,8 +3,9 @@
 # side on a 2-GPU host (one track per GPU). Each step has its own time limit, so one failure costs
 # only its step; every step's output goes to $OUT/<track>.log.
 #
-#   bash bench/run_gpu.sh tests          # GPU tests, then ResNet-50 and Gemma 4 decode
-#   bash bench/run_gpu.sh models         # profiles of the LLM prefills, SD3.5 and Qwen3.5 decode
+#   bash bench/run_gpu.sh tests          # GPU tests of integration and the library, ResNet-50 and
+#                                        # Gemma 4 decode
+#   bash bench/run_gpu.sh models         # SD3.5, Qwen3.5 decode (8 layers), Qwen3.5 prefill profile
 #   CUDA_VISIBLE_DEVICES=1 bash bench/run_gpu.sh models
 set -u
 track=${1:?name a track: tests or models}
@@ -23,16 +24,16 @@ work=${WORK:-/tmp/kforge-bench}  # workspaces (databases, samples) stay out of $
 bench_models=(python3 bench/bench_models.py --out "$out" --work "$work")
 case $track in
   tests)
-    step 230 python3 -m pytest -m gpu -q -p no:cacheprovider --timeout 120 -rf \
-        tests/integrate tests/capture tests/eval tests/propose
-    step 150 "${bench_models[@]}" resnet50 --cuda-graphs
-    step 170 "${bench_models[@]}" gemma4 --mode decode --cuda-graphs
+    step 100 python3 -m pytest -m gpu -q -p no:cacheprovider --timeout 90 -rf \
+        tests/integrate/test_gpu.py tests/propose/test_library_gpu.py -k "half_to_float or not test_every_variant"
+    step 200 "${bench_models[@]}" resnet50 --cuda-graphs
+    step 220 "${bench_models[@]}" gemma4 --mode decode --cuda-graphs
     ;;
   models)
-    step 60 python3 -m kforge profile gemma4 --mode prefill --samples 0 --db "$work/prefill.db"
-    step 180 "${bench_models[@]}" sd35
-    step 80 python3 bench/bench_guard.py --reps 30
+    step 220 "${bench_models[@]}" sd35 --no-best-of-n --no-compile --reps 10
     step 220 "${bench_models[@]}" qwen35 --mode decode --layers 8 --cuda-graphs
+    step 60 python3 -m kforge profile qwen35 --mode prefill --layers 8 --samples 0 \
+        --db "$work/prefill.db"
     ;;
   *) echo "unknown track $track" >&2; exit 2 ;;
 esac

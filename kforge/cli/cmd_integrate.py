@@ -37,6 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("session", type=session_id)
     p.add_argument("--run", action="store_true",
                    help="run the model eager and patched once: kernel hits, output difference")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="the model runs as CUDA graphs: use every winner (else only those worth "
+                        "their guard's cost)")
     p.add_argument("--device", help="cuda or cuda:N (default: the current GPU)")
     add_db_option(p)
     p.set_defaults(func=cmd_apply)
@@ -112,7 +115,9 @@ def _prepare(args: argparse.Namespace, what: str
     from kforge.integrate.runtime import device_arch
 
     device = cuda_device(args.device, what)
-    plan = with_store(args, lambda store: load_plan(store, args.session, device_arch(device)))
+    graphs = bool(getattr(args, "cuda_graphs", False))
+    plan = with_store(args, lambda store: load_plan(store, args.session, device_arch(device),
+                                                    graphs))
     check_arch(plan, device)
     return device, plan, build_patch(plan, device)
 

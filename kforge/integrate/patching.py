@@ -43,17 +43,20 @@ class SessionPatch(Patch):
 
 
 def patch(session_id: int, *, db: str | os.PathLike[str] | None = None,
-          device: str | torch.device | None = None) -> SessionPatch:
+          device: str | torch.device | None = None, cuda_graphs: bool = False) -> SessionPatch:
     """The session's winning kernels, compiled and loaded on ``device`` (default: the current
     CUDA device), as a context manager that patches them in while active::
 
         with kforge.patch(3) as p:
             model(x)
         print(p.report())
+
+    Pass ``cuda_graphs=True`` when the model is captured and replayed as CUDA graphs: then every
+    winner is used; otherwise only those that save more than their Python guard costs.
     """
     cuda = cuda_device(device, "kforge.patch")
     arch = device_arch(cuda)
-    plan = read_plan(db_path(db), session_id, runs_on=arch)
+    plan = read_plan(db_path(db), session_id, runs_on=arch, graphs=cuda_graphs)
     check_arch(plan, cuda)
     return build_patch(plan, cuda)
 

@@ -9,7 +9,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from kforge.integrate.winners import NO_GPU_ARCH, Decision, best_nodes, decide, projected_speedup
+from kforge.integrate.winners import (
+    NO_GPU_ARCH,
+    Decision,
+    best_nodes,
+    decide,
+    projected_speedup,
+    worth_routing,
+)
 from kforge.store import Store
 from kforge.store.records import Session
 
@@ -34,9 +41,11 @@ class SessionPlan:
         return projected_speedup(self.decisions)
 
 
-async def load_plan(store: Store, session_id: int, runs_on: str | None = None) -> SessionPlan:
+async def load_plan(store: Store, session_id: int, runs_on: str | None = None,
+                    graphs: bool = True) -> SessionPlan:
     """The session's cards and what becomes of each on a GPU of architecture ``runs_on``
-    (None: any, as for an export)."""
+    (None: any, as for an export). Without ``graphs`` (the model runs eagerly, not replayed as
+    CUDA graphs) only the kernels worth their guard's CPU cost are kept (``worth_routing``)."""
     session = await store.get_session(session_id)
     rows = await store.list_cards(session_id)
     best = best_nodes(await store.list_nodes(session_id))
@@ -46,16 +55,17 @@ async def load_plan(store: Store, session_id: int, runs_on: str | None = None) -
         node = best.get(row.id)
         detail = await store.get_node(node.id) if node is not None else None
         decisions.append(decide(row, detail, made_on=arch, runs_on=runs_on))
-    return SessionPlan(session, decisions)
+    return SessionPlan(session, decisions if graphs else worth_routing(decisions))
 
 
-def read_plan(db: Path, session_id: int, runs_on: str | None = None) -> SessionPlan:
+def read_plan(db: Path, session_id: int, runs_on: str | None = None,
+              graphs: bool = True) -> SessionPlan:
     """``load_plan`` from the database file at ``db`` (which must exist), from plain code."""
 
     async def go() -> SessionPlan:
         store = await Store.open(db, create=False)
         try:
-            return await load_plan(store, session_id, runs_on)
+            return await load_plan(store, session_id, runs_on, graphs)
         finally:
             await store.close()
 

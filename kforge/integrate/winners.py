@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
 
 from kforge.core.candidate import Candidate, EvalOutcome, Timing
 from kforge.core.opcard import VIEW_OR_COPY, OpCard
@@ -19,6 +20,11 @@ from kforge.store.records import CardRow, NodeDetail, NodeRow
 
 NO_GPU_ARCH = "none"
 LABEL_WIDTH = 60
+# What the guard costs on the CPU per call outside CUDA graphs, as bench/bench_guard.py measured
+# it on an H200 host (docs/BENCHMARKS.md): a call of a patched op whose variant has no kernel,
+# and the extra cost of running a kernel through its Python launcher instead of eager's C++.
+GUARD_MISS_US = 10.0
+KERNEL_CALL_US = 15.0
 
 
 @dataclass(frozen=True)
@@ -116,3 +122,26 @@ def projected_speedup(decisions: Iterable[Decision]) -> float:
     saved = sum(d.card.share * (1.0 - 1.0 / d.speedup) for d in decisions
                 if d.replaced and d.speedup)
     return 1.0 / max(1.0 - saved, 1e-9)
+
+
+def worth_routing(decisions: list[Decision], miss_us: float = GUARD_MISS_US,
+                  call_us: float = KERNEL_CALL_US) -> list[Decision]:
+    """Outside CUDA graphs every call of a patched op passes through Python, matched or not. Keep
+    an op's kernels only where the GPU time they save per forward exceeds that CPU cost, so a
+    patched model is never slower than eager; under CUDA graphs (replays skip Python) every
+    winner pays off and this filter is not applied."""
+    calls: dict[str, int] = defaultdict(int)
+    saved: dict[str, float] = defaultdict(float)
+    cost: dict[str, float] = defaultdict(float)
+    for d in decisions:
+        calls[d.card.op] += d.card.calls
+        if d.replaced and d.speedup and d.card.eager_us:
+            saved[d.card.op] += d.card.calls * d.card.eager_us * (1.0 - 1.0 / d.speedup)
+            cost[d.card.op] += d.card.calls * (call_us - miss_us)
+    for op in cost:
+        cost[op] += calls[op] * miss_us
+    return [replace(d, replaced=False, reason=(
+                f"{d.speedup:.2f}x, but routing {d.card.short_op} through the guard costs about "
+                f"{cost[d.card.op]:.0f} us per forward outside CUDA graphs, more than its kernels "
+                f"save ({saved[d.card.op]:.0f} us)"))
+            if d.replaced and saved[d.card.op] <= cost[d.card.op] else d for d in decisions]

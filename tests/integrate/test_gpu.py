@@ -57,7 +57,7 @@ def test_kernels_run_in_the_model_and_match_eager(session, toy, mode):
     grad_off = torch.no_grad if mode == "no_grad" else torch.inference_mode
     with grad_off():
         expected = toy.model(*toy.args)
-        with kforge.patch(sid, db=db) as patch:
+        with kforge.patch(sid, db=db, cuda_graphs=True) as patch:  # every winner
             got = toy.model(*toy.args)
     assert hits(patch) == {op: CALLS_PER_FORWARD for op in WINNING_OPS}
     assert close(got, expected)
@@ -66,7 +66,7 @@ def test_kernels_run_in_the_model_and_match_eager(session, toy, mode):
 def test_kernels_are_captured_in_a_cuda_graph_and_replay_with_new_inputs(session, toy):
     db, sid = session
     static = toy.args[0].clone()
-    patch = kforge.patch(sid, db=db)
+    patch = kforge.patch(sid, db=db, cuda_graphs=True)
     with torch.no_grad():
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -124,7 +124,7 @@ with torch.no_grad():
 
 def test_apply_run_and_e2e_on_the_command_line(session, capsys):
     db, sid = session
-    assert main(["apply", str(sid), "--run", "--db", str(db)]) == 0
+    assert main(["apply", str(sid), "--run", "--cuda-graphs", "--db", str(db)]) == 0
     printed = capsys.readouterr().out
     assert "kernel 1.80x" in printed and "output vs eager: max |diff|" in printed
     assert main(["e2e", str(sid), "--reps", "3", "--warmup", "1", "--cuda-graphs",
@@ -138,7 +138,7 @@ def test_apply_run_and_e2e_on_the_command_line(session, capsys):
 def test_a_model_that_changed_since_the_session_is_named_plainly(tmp_path, capsys):
     db = tmp_path / "k.db"
     sid = make_session(db, gpu=gpu(), device="cuda", model=TOY_WIDER)
-    assert main(["apply", str(sid), "--run", "--db", str(db)]) == 1
+    assert main(["apply", str(sid), "--run", "--cuda-graphs", "--db", str(db)]) == 1
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"kforge: none of session {sid}'s kernels ran: the model does not call the op variants "
         "it was profiled with (did the model, its inputs or its settings change since?)")

@@ -9,11 +9,13 @@ import pytest
 from kforge.core.candidate import Candidate, EvalOutcome, EvalStatus, Timing
 from kforge.core.opcard import OpCard
 from kforge.integrate.winners import (
+    Decision,
     best_nodes,
     card_label,
     combined_spread,
     decide,
     projected_speedup,
+    worth_routing,
 )
 from kforge.store.records import CardRow, NodeDetail, NodeRow
 
@@ -105,3 +107,29 @@ def test_card_labels_are_short():
     assert card_label(SOFTMAX) == "#3 _softmax(f16[8,1024], -1, False)"
     long = OpCard("aten.cat.default", [{"t": "list", "items": [SOFTMAX.args[0]] * 6}, 0], id=1)
     assert len(card_label(long)) == 60 and card_label(long).endswith("...)")
+
+
+def test_outside_cuda_graphs_an_op_keeps_its_kernels_only_when_they_pay_for_the_guard():
+    def winner(card: OpCard, speedup: float) -> "Decision":
+        return decide(row(card), detail(speedup), made_on="sm_90", runs_on="sm_90")
+
+    # softmax: 12 calls of 200 us each at 2x saves 1200 us, far more than 12 calls cost
+    big = winner(SOFTMAX.with_(calls=12, eager_us=200.0), 2.0)
+    # mean: one 3 us variant at 1.5x saves 1 us a call, but 176 calls of mean pass the guard
+    small_card = OpCard("aten.mean.dim", [{"t": "tensor", "shape": [1, 1, 1536],
+                                           "stride": [1536, 1536, 1], "dtype": "float32",
+                                           "offset": 0}, [-1], True], calls=120, eager_us=3.0,
+                        id=7)
+    other_mean = OpCard("aten.mean.dim", [{"t": "tensor", "shape": [1, 8, 256],
+                                           "stride": [2048, 256, 1], "dtype": "float32",
+                                           "offset": 0}, [-1], True], calls=56, eager_us=2.0,
+                        id=8)
+    small = winner(small_card, 1.5)
+    kept = decide(row(other_mean), None, made_on="sm_90", runs_on="sm_90")
+    decisions = worth_routing([big, small, kept], miss_us=10.0, call_us=15.0)
+    assert decisions[0].replaced
+    assert not decisions[1].replaced
+    assert "routing mean through the guard costs about 2360 us" in decisions[1].reason
+    assert "save (120 us)" in decisions[1].reason
+    assert decisions[2] == kept
+    assert projected_speedup(decisions) == pytest.approx(projected_speedup([big]))

@@ -37,5 +37,5 @@ def build(batch: int = 2, seq_len: int = 32, width: int = WIDTH):
 
 
 def build_wider(batch: int = 2, seq_len: int = 32):
-    """The same model at another width: none of build()'s op variants."""
-    return build(batch, seq_len, width=WIDTH + 32)
+    """The same model, wider and longer: none of build()'s op variants."""
+    return build(batch, seq_len + 16, width=WIDTH + 32)

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.gpu,
 def extra_cards(dtype: str) -> dict[str, OpCard]:
     """Shapes beyond the examples: larger, odd, strided, broadcast."""
     t = lambda shape, **kw: tensor(shape, dtype, **kw)
-    half = "float16" if dtype == "float32" else dtype
+    half = "float16"  # half_to_float exists for float16 input only (eager refuses bfloat16)
     return {
         "softmax_odd": OpCard("aten._softmax.default", [t([3, 1001]), -1, False]),
         "softmax_attention": OpCard("aten._softmax.default", [t([1, 4, 256, 256]), -1, False]),
@@ -37,9 +37,6 @@ def extra_cards(dtype: str) -> dict[str, OpCard]:
         "rms_norm_heads": OpCard("aten._fused_rms_norm.default", [t([1, 128, 24, 64]), [64], t([64]), 1e-6]),
         "group_norm_odd_hw": OpCard("aten.native_group_norm.default",
                                     [t([3, 32, 7, 7]), t([32]), t([32]), 3, 32, 49, 8, 1e-5]),
-        "group_norm_mixed": OpCard("aten.native_group_norm.default",
-                                   [tensor([2, 64, 16, 16], half), tensor([64], "float32"),
-                                    tensor([64], "float32"), 2, 64, 256, 32, 1e-6]),
         "group_norm_vae": OpCard("aten.native_group_norm.default",
                                  [t([1, 128, 128, 128]), t([128]), t([128]), 1, 128, 16384, 32, 1e-6]),
         "relu_channels_last": OpCard("aten.relu.default", [channels_last([2, 16, 9, 9], dtype)]),
