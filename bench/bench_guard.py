@@ -8,7 +8,9 @@ that route ops through the guard without ever matching a call (a decoy kernel ra
   they miss (the worst case);
 - ``far``: the same ops with a first-argument shape no call has (the quick test rejects them);
 - ``top3``: only the three ops the model calls most, ``near`` style (a typical session patches
-  a handful of ops).
+  a handful of ops);
+- ``session`` (with ``--ops``): exactly the ops a session's plan routes, ``near`` style: the cost
+  when that session's kernels do not apply (another batch size, another model).
 
 Unpatched and patched forwards are timed interleaved with CUDA events (an unpatched-vs-unpatched
 row shows the noise floor), and the table gives the ratio of medians.
@@ -40,12 +42,16 @@ from kforge.errors import KforgeError  # noqa: E402
 from kforge.integrate.measure import Subject, output_tensors, time_forwards  # noqa: E402
 from kforge.integrate.runtime import Entry, KernelTable, Patch  # noqa: E402
 
-RUNS = (("gemma4", "decode"), ("resnet50", None))
+RUNS = (("gemma4", "decode"), ("resnet50", None), ("sd35", None))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="*", default=None, help="gemma4 and/or resnet50")
+    parser.add_argument("--models", nargs="*", default=["gemma4", "resnet50"],
+                        help="gemma4, resnet50, sd35")
+    parser.add_argument("--ops", nargs="*", default=None, metavar="OP",
+                        help="route exactly these ops (as a session's plan does), none matching, "
+                             "instead of the near/far/top3 decoys")
     parser.add_argument("--layers", type=int, default=None, help="truncate gemma4")
     parser.add_argument("--reps", type=int, default=40, help="timed forwards per subject")
     parser.add_argument("--warmup", type=int, default=5)
@@ -58,9 +64,9 @@ def main() -> int:
         return 1
     print(f"# {torch.cuda.get_device_name() if on_gpu else 'CPU'}  torch {torch.__version__}")
     print(f"{'model':<18} {'guard':<10} {'ops':>4} {'calls':>6} {'unpatched':>10} "
-          f"{'patched':>10} {'ratio':>7}")
+          f"{'patched':>10} {'ratio':>7}  p10-p90 spread")
     for name, mode in RUNS:
-        if args.models and name not in args.models:
+        if name not in args.models:
             continue
         options = ModelOptions(device=args.device, mode=mode,
                                layers=args.layers if name == "gemma4" else None)
@@ -71,7 +77,7 @@ def main() -> int:
             print(f"{label:<18} skipped: {exc}")
             continue
         try:
-            bench(label, loaded, args.reps, args.warmup, on_gpu)
+            bench(label, loaded, args.reps, args.warmup, on_gpu, args.ops)
         finally:
             del loaded
             gc.collect()
@@ -110,8 +116,10 @@ def never(*args: object, **kwargs: object) -> None:
     raise AssertionError("a decoy kernel ran: the guard matched a variant it should not have")
 
 
-def tables(recorder: CallRecorder, calls: Counter, device: torch.device) -> dict[str, KernelTable]:
-    """The decoy tables, each kernel on a real variant of its op made unmatchable."""
+def tables(recorder: CallRecorder, calls: Counter, device: torch.device,
+           only: list[str] | None = None) -> dict[str, KernelTable]:
+    """The decoy tables, each kernel on a real variant of its op made unmatchable; with
+    ``only``, one table routing just those ops."""
     first_spec = {}
     for spec in recorder.specs.values():
         first = spec.args[0] if spec.args else None
@@ -123,14 +131,17 @@ def tables(recorder: CallRecorder, calls: Counter, device: torch.device) -> dict
         return KernelTable(Entry(op, decoy(first_spec[op].args, far), first_spec[op].kwargs,
                                  never, None, device) for op in ops)
 
+    if only is not None:
+        return {"session": table([op for op in only if op in first_spec], far=False)}
     by_calls = sorted(first_spec, key=lambda op: -calls[op])
     return {"near": table(by_calls, far=False), "far": table(by_calls, far=True),
             "top3": table(by_calls[:3], far=False)}
 
 
-def bench(label: str, loaded: LoadedModel, reps: int, warmup: int, on_gpu: bool) -> None:
+def bench(label: str, loaded: LoadedModel, reps: int, warmup: int, on_gpu: bool,
+          only: list[str] | None = None) -> None:
     recorder, calls = record(loaded)
-    rows = {"none (A/A)": KernelTable(), **tables(recorder, calls, loaded.device)}
+    rows = {"none (A/A)": KernelTable(), **tables(recorder, calls, loaded.device, only)}
     for guard, table in rows.items():
         patch = Patch(table)  # an empty table installs nothing: the A/A row
         guarded_ops = {op for op, _ in table.ops()}
@@ -145,9 +156,11 @@ def bench(label: str, loaded: LoadedModel, reps: int, warmup: int, on_gpu: bool)
         timings = time_forwards(loaded, [Subject("unpatched", loaded.step),
                                          Subject("patched", loaded.step, lambda p=patch: p)],
                                 reps, warmup)
-        base, patched = timings["unpatched"].median_us, timings["patched"].median_us
+        base, patched = timings["unpatched"], timings["patched"]
         print(f"{label:<18} {guard:<10} {len(guarded_ops):>4} {guarded_calls:>6} "
-              f"{fmt_us(base):>10} {fmt_us(patched):>10} {patched / base:>6.3f}x", flush=True)
+              f"{fmt_us(base.median_us):>10} {fmt_us(patched.median_us):>10} "
+              f"{patched.median_us / base.median_us:>6.3f}x  (spread {base.spread:.1%} / "
+              f"{patched.spread:.1%})", flush=True)
 
 
 if __name__ == "__main__":
