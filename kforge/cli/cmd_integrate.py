@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from rich.table import Table
 
-from kforge.cli.common import add_db_option, err, out, session_id, with_store
+from kforge.cli.common import add_db_option, count, err, out, session_id, with_store
 from kforge.core.fmt import fmt_speedup, fmt_us
 from kforge.errors import KforgeError
 from kforge.store import Store
@@ -68,24 +68,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "outputs with eager and the measured speedup with the one projected from the "
                     "op cards.")
     p.add_argument("session", type=session_id)
-    p.add_argument("--reps", type=_count, default=20, help="timed forwards each (default 20)")
-    p.add_argument("--warmup", type=_count, default=3, help="untimed forwards first (default 3)")
+    p.add_argument("--reps", type=count, default=20, help="timed forwards each (default 20)")
+    p.add_argument("--warmup", type=count, default=3, help="untimed forwards first (default 3)")
     p.add_argument("--cuda-graphs", action="store_true",
                    help="capture eager and patched forwards in CUDA graphs and time the replays")
     p.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
     p.add_argument("--device", help="cuda or cuda:N (default: the current GPU)")
     add_db_option(p)
     p.set_defaults(func=cmd_e2e)
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
 
 
 # ----- apply -----

@@ -8,7 +8,7 @@ import shutil
 import sys
 from typing import TYPE_CHECKING, TextIO
 
-from kforge.cli.common import add_db_option, out, resolve_db
+from kforge.cli.common import add_db_option, count, count_or_zero, out, resolve_db
 from kforge.core.gpu import NO_GPU, GpuInfo
 from kforge.errors import KforgeError
 from kforge.store import Store
@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a built-in model (see --list) or path/to/file.py:factory")
     p.add_argument("--list", action="store_true", help="list the built-in models and exit")
     add_model_options(p)
-    p.add_argument("--top", type=_count, default=15, help="op variants to print (default 15)")
+    p.add_argument("--top", type=count, default=15, help="op variants to print (default 15)")
     add_db_option(p)
     p.set_defaults(func=cmd_profile)
 
@@ -44,14 +44,14 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
     g.add_argument("--dtype", help="bf16, fp16 or fp32 (default: the model's own)")
     g.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when there is a GPU)")
-    g.add_argument("--batch", type=_count, help="batch size (default: the model's)")
-    g.add_argument("--seq-len", type=_count, dest="seq_len",
+    g.add_argument("--batch", type=count, help="batch size (default: the model's)")
+    g.add_argument("--seq-len", type=count, dest="seq_len",
                    help="sequence length; for decode, the tokens already in the KV cache")
     g.add_argument("--mode", choices=("prefill", "decode"),
                    help="for language models: the prompt pass or one generated token")
-    g.add_argument("--layers", type=_count,
+    g.add_argument("--layers", type=count,
                    help="keep only the first N layers, for speed (default: all)")
-    g.add_argument("--samples", type=_count_or_zero, default=DEFAULT_SAMPLES,
+    g.add_argument("--samples", type=count_or_zero, default=DEFAULT_SAMPLES,
                    help=f"sample inputs kept per op card (default {DEFAULT_SAMPLES})")
 
 
@@ -146,20 +146,3 @@ class ProgressLine:
             self.stream.write("\n")
             self.stream.flush()
             self.drawn = False
-
-
-def _count(text: str) -> int:
-    value = _count_or_zero(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
-
-
-def _count_or_zero(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError("must not be negative")
-    return value

@@ -46,15 +46,31 @@ def with_store(args: argparse.Namespace, work: Callable[[Store], Awaitable[T]], 
     return asyncio.run(go())
 
 
-def session_id(text: str) -> int:
-    """argparse type for a session id."""
+def count_or_zero(text: str) -> int:
+    """argparse type: a whole number, zero allowed."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"a session is named by its number, not {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("session numbers start at 1")
+        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("must not be negative")
     return value
+
+
+def count(text: str) -> int:
+    """argparse type: a whole number of at least 1."""
+    if count_or_zero(text) < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return int(text)
+
+
+def session_id(text: str) -> int:
+    """argparse type for a session id."""
+    try:
+        return count(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"a session is named by its number (1 or more), "
+                                         f"not {text!r}") from None
 
 
 def is_tty() -> bool:

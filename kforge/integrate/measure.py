@@ -22,6 +22,7 @@ import torch
 
 from kforge.capture.loader import LoadedModel, ModelOptions, first_line, load_model
 from kforge.core.candidate import Timing
+from kforge.eval.ops import flatten_tensors
 from kforge.eval.timing import summarize
 from kforge.integrate.runtime import Patch, Report
 from kforge.store.records import Session
@@ -46,13 +47,7 @@ class Difference:
 def output_tensors(value: Any) -> list[torch.Tensor]:
     """The tensors of a model output, in order: tuples, lists and dicts (transformers' outputs
     are dicts) are walked; other objects (a KV cache) are not outputs to compare."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for item in value for t in output_tensors(item)]
-    if isinstance(value, dict):
-        return [t for item in value.values() for t in output_tensors(item)]
-    return []
+    return flatten_tensors(value)
 
 
 def output_difference(reference: Any, value: Any) -> Difference:
