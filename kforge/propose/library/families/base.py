@@ -9,6 +9,8 @@ every template argument; launchers are generated Python in the candidate format.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from functools import cache
@@ -133,3 +135,13 @@ def kernel_names(name: str, vec: int) -> list[tuple[str, int]]:
 
 def cuda_bool(flag: bool) -> str:
     return "true" if flag else "false"
+
+
+def entry_points(family: str, vec: int, block: int, params_c: list[str],
+                 call: Callable[[int], str]) -> str:
+    """The ``extern "C"`` kernels a launcher calls: one per name ``kernel_names`` gives (the
+    vectorized kernel and its scalar twin), each a call of ``call(vector width)``."""
+    return "\n".join(
+        f'extern "C" __global__ void __launch_bounds__({block}) {name}(\n    '
+        + ", ".join(params_c) + ") {\n  " + call(v) + ";\n}\n"
+        for name, v in kernel_names(family, vec))

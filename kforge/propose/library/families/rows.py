@@ -22,6 +22,7 @@ from kforge.propose.library.families.base import (
     choose_kernels,
     cuda_bool,
     expect_line,
+    entry_points,
     kernel_names,
     sm_count,
     vec_options,
@@ -280,17 +281,13 @@ class LayerNorm(Family):
                      "float* __restrict__ rstd", "int64_t rows", "float eps"]
         call_args = ["x", "w" if has_w else "nullptr", "b" if has_b else "nullptr", "y", "mean",
                      "rstd", "rows", "eps"]
-        wrappers = []
-        for name, vec in kernel_names("layer_norm", params["vec"]):
-            targs = template_args(problem.rows, params, vec, approach == "welford")
-            wrappers.append(
-                f'extern "C" __global__ void __launch_bounds__({block}) {name}(\n    '
-                + ", ".join(params_c) + ") {\n"
-                f"  layer_norm_{approach}<{x.ctype}, {wt}, {targs}, {cuda_bool(has_w)}, "
-                f"{cuda_bool(has_b)}>({', '.join(call_args)});\n}}\n")
+        source = entry_points("layer_norm", params["vec"], block, params_c, lambda vec: (
+            f"layer_norm_{approach}<{x.ctype}, {wt}, "
+            f"{template_args(problem.rows, params, vec, approach == 'welford')}, "
+            f"{cuda_bool(has_w)}, {cuda_bool(has_b)}>({', '.join(call_args)})"))
         launcher = norm_launcher(problem, "layer_norm", params, problem.call.source(4),
                                  ["out", "mean", "rstd"])
-        return Kernel("\n".join(wrappers), launcher)
+        return Kernel(source, launcher)
 
 
 class RmsNorm(Family):
@@ -320,15 +317,11 @@ class RmsNorm(Family):
         params_c += [f"{x.ctype}* __restrict__ y", "float* __restrict__ rstd", "int64_t rows",
                      "float eps"]
         call_args = ["x", "w" if has_w else "nullptr", "y", "rstd", "rows", "eps"]
-        wrappers = []
-        for name, vec in kernel_names("rms_norm", params["vec"]):
-            targs = template_args(problem.rows, params, vec, approach == "loop")
-            wrappers.append(
-                f'extern "C" __global__ void __launch_bounds__({block}) {name}(\n    '
-                + ", ".join(params_c) + ") {\n"
-                f"  rms_norm_{approach}<{x.ctype}, {wt}, {targs}, {cuda_bool(has_w)}>"
-                f"({', '.join(call_args)});\n}}\n")
+        source = entry_points("rms_norm", params["vec"], block, params_c, lambda vec: (
+            f"rms_norm_{approach}<{x.ctype}, {wt}, "
+            f"{template_args(problem.rows, params, vec, approach == 'loop')}, "
+            f"{cuda_bool(has_w)}>({', '.join(call_args)})"))
         eps = problem.call.value(3)
         eps_source = repr(FLOAT_EPSILON) if eps is None else problem.call.source(3)
         launcher = norm_launcher(problem, "rms_norm", params, eps_source, ["out", "rstd"])
-        return Kernel("\n".join(wrappers), launcher)
+        return Kernel(source, launcher)
