@@ -9,9 +9,8 @@ every template argument; launchers are generated Python in the candidate format.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
