@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from kforge.core.candidate import Candidate
 from kforge.core.opcard import OpCard
 from kforge.eval.local import baseline_local, device_context, evaluate_local
-from kforge.eval.nvrtc import Compiler
+from kforge.runtime.nvrtc import Compiler
 from tests.eval import candidates as C
 
 CASES = [

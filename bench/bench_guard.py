@@ -40,7 +40,8 @@ from kforge.capture.recorder import CallRecorder, ModuleTracker  # noqa: E402
 from kforge.core.fmt import fmt_us  # noqa: E402
 from kforge.errors import KforgeError  # noqa: E402
 from kforge.integrate.measure import Subject, output_tensors, time_forwards  # noqa: E402
-from kforge.integrate.runtime import Entry, KernelTable, Patch  # noqa: E402
+from kforge.runtime.guard import Patch
+from kforge.runtime.table import Entry, KernelTable
 
 RUNS = (("gemma4", "decode"), ("resnet50", None), ("sd35", None))
 

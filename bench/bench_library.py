@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from kforge.core.candidate import Candidate, EvalOutcome
 from kforge.core.mcts import Action
 from kforge.core.opcard import OpCard
-from kforge.engine.protocols import NodeView, ProposalRequest
+from kforge.core.protocols import NodeView, ProposalRequest
 from kforge.errors import KforgeError
 from kforge.eval.local import baseline_local, device_context, evaluate_local
 from kforge.eval.pipeline import EvalSettings

@@ -14,13 +14,20 @@ from textual.app import App
 from textual.binding import Binding, BindingType
 from textual.signal import Signal
 
-from kforge.config import config_path, db_path, load_config, save_config_value
+from kforge.store.config import config_path, db_path, load_config, save_config_value
 from kforge.errors import KforgeError
 from kforge.store import Store
 from kforge_tui.commands import KforgeCommands
 from kforge_tui.config.keymap import binding_ids, user_keymap
 from kforge_tui.config.themes import DEFAULT_THEME, ThemeSpec, load_themes, syntax_for
-from kforge_tui.launch import NEEDS_GPU, GpuCheck, needs_gpu, probe_gpu, resume_argv, run_kforge
+from kforge_tui.launch import (
+    NEEDS_GPU,
+    GpuCheck,
+    needs_gpu,
+    probe_gpu,
+    resume_argv,
+    run_kforge,
+)
 from kforge_tui.messages import ErrorRaised, Notice
 from kforge_tui.screens.dialogs import Ask, Choose, Confirm, Dialog, DiffView
 from kforge_tui.screens.help import Help, help_rows

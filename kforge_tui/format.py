@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from kforge.core.fmt import fmt_age, fmt_speedup, fmt_us
 from kforge.core.candidate import EvalOutcome, Timing
+from kforge.core.fmt import fmt_age, fmt_speedup, fmt_us
 from kforge.core.opcard import tensor_specs
 from kforge.store import NodeStatus
 from kforge.store.records import CardRow, NodeDetail, NodeRow, Session, SessionSummary

@@ -27,7 +27,7 @@ from kforge.core.candidate import (
 )
 from kforge.core.gpu import GpuInfo
 from kforge.core.opcard import OpCard
-from kforge.engine.protocols import ProposalRequest, SearchContext
+from kforge.core.protocols import ProposalRequest, SearchContext
 
 FAKE_GPU = GpuInfo(name="Fake GPU", arch="sm_90", sm_count=132, bandwidth_gbs=4300.0)
 EAGER_US = 100.0

@@ -16,7 +16,7 @@ _EXPORTS = {
     "load_model": "kforge.capture.loader",
     "Profile": "kforge.capture.profiler",
     "profile": "kforge.capture.profiler",
-    "encode_call": "kforge.capture.spec",
+    "encode_call": "kforge.core.argspec",
 }
 __all__ = [*_EXPORTS, "zoo"]
 

@@ -16,8 +16,7 @@ import importlib.util
 import inspect
 import sys
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,8 @@ from typing import Any
 import torch
 
 from kforge.capture import zoo
-from kforge.capture.spec import dtype_name
+from kforge.capture.builders import Resolved
+from kforge.core.argspec import dtype_name
 from kforge.errors import KforgeError
 
 DTYPE_ALIASES = {
@@ -47,28 +47,6 @@ class ModelOptions:
     mode: str | None = None
     layers: int | None = None
     seed: int = 0
-
-
-@dataclass(frozen=True)
-class Resolved:
-    """Options with every default filled in, as a builder receives them."""
-
-    dtype: torch.dtype
-    device: torch.device
-    batch: int | None
-    seq_len: int | None
-    mode: str | None
-    layers: int | None
-
-
-@dataclass
-class Built:
-    """What a builder returns: the model, its inputs, and an optional untimed per-step reset."""
-
-    model: torch.nn.Module
-    args: tuple
-    kwargs: dict
-    reset: Callable[[], None] | None = None
 
 
 @dataclass
@@ -127,18 +105,6 @@ def resolve_device(text: str | None) -> torch.device:
     elif device.type != "cpu":
         raise KforgeError(f"device {text!r} is not supported: use cpu, cuda or cuda:N")
     return device
-
-
-@contextmanager
-def building_on(device: torch.device, dtype: torch.dtype) -> Iterator[None]:
-    """Create parameters directly on ``device`` in ``dtype`` (no CPU copy of a large model)."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            yield
-    finally:
-        torch.set_default_dtype(previous)
 
 
 def load_model(spec: str, options: ModelOptions,

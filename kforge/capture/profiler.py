@@ -21,7 +21,12 @@ from torch.autograd import DeviceType
 
 from kforge.capture.classify import op_library
 from kforge.capture.loader import LoadedModel, first_line
-from kforge.capture.recorder import RANGE_PREFIX, CallRecorder, ModuleTracker, SampleRecorder
+from kforge.capture.recorder import (
+    RANGE_PREFIX,
+    CallRecorder,
+    ModuleTracker,
+    SampleRecorder,
+)
 from kforge.capture.samples import SampleBudget, spread
 from kforge.core.opcard import OpCard, rank_cards
 from kforge.errors import KforgeError

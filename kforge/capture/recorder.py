@@ -21,7 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from kforge.capture.classify import is_view_or_copy
 from kforge.capture.samples import SampleBudget, save_sample
-from kforge.capture.spec import encode_call
+from kforge.core.argspec import encode_call
 from kforge.core.opcard import variant_key
 
 RANGE_PREFIX = "kforge:"

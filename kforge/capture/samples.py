@@ -19,8 +19,7 @@ from typing import Any
 
 import torch
 
-from kforge.capture.spec import encode_value
-from kforge.eval.ops import storage_span
+from kforge.core.argspec import encode_value, storage_span
 
 MIB = 1 << 20
 # Defaults for one profile: enough for a few real activations and masks per card, while a weight

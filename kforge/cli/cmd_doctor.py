@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from rich.text import Text
 
 from kforge.cli.common import add_db_option, out, resolve_db
-from kforge.config import config_path, load_config
+from kforge.store.config import config_path, load_config
 from kforge.errors import KforgeError
 
 OK, WARN, FAIL = "ok", "warn", "fail"
@@ -101,7 +101,7 @@ def check_nvrtc(arch: str) -> Check:
             importlib.import_module("cuda.core")
         except ImportError:
             return Check("NVRTC", FAIL, "cuda-core is not installed: pip install 'kforge[cuda]'")
-        from kforge.eval.nvrtc import Compiler
+        from kforge.runtime.nvrtc import Compiler
 
         compiler = Compiler()
         result = compiler.compile('extern "C" __global__ void probe(float* x) { x[0] = 1.f; }',

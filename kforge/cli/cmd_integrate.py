@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from kforge.integrate.measure import E2eResult
     from kforge.integrate.patching import SessionPatch
     from kforge.integrate.plan import SessionPlan
-    from kforge.integrate.runtime import Report
+    from kforge.runtime.table import Report
 
 
 T = TypeVar("T")
@@ -102,7 +102,7 @@ def _prepare(args: argparse.Namespace, what: str
              ) -> tuple[torch.device, SessionPlan, SessionPatch]:
     from kforge.integrate.patching import build_patch, check_arch, cuda_device
     from kforge.integrate.plan import load_plan
-    from kforge.integrate.runtime import device_arch
+    from kforge.runtime.cubin import device_arch
 
     device = cuda_device(args.device, what)
     graphs = bool(getattr(args, "cuda_graphs", False))

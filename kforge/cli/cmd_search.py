@@ -6,9 +6,16 @@ import argparse
 import asyncio
 
 from kforge.cli.cmd_profile import add_model_options, profile_to_session
-from kforge.cli.common import add_db_option, err, out, resolve_db, session_id, with_store
+from kforge.cli.common import (
+    add_db_option,
+    err,
+    out,
+    resolve_db,
+    session_id,
+    with_store,
+)
 from kforge.cli.progress import Progress
-from kforge.config import load_config
+from kforge.store.config import load_config
 from kforge.engine.runner import log_path, prepare_session, run_session, spawn_detached
 from kforge.engine.settings import parse_duration
 from kforge.errors import KforgeError

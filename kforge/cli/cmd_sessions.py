@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kforge.cli.common import add_db_option, out, session_id, with_store
-from kforge.config import db_path
+from kforge.store.config import db_path
 from kforge.core.fmt import fmt_age, fmt_speedup, fmt_us
 from kforge.errors import KforgeError
 from kforge.store import Store

@@ -11,7 +11,7 @@ from typing import TypeVar
 
 from rich.console import Console
 
-from kforge.config import db_path
+from kforge.store.config import db_path
 from kforge.store import Store
 
 T = TypeVar("T")

@@ -24,8 +24,8 @@ from kforge.core import budget
 from kforge.core.candidate import Candidate, EvalOutcome, EvalStatus, Proposal
 from kforge.core.mcts import ROOT, Action, Decision, Tree
 from kforge.core.opcard import OpCard
+from kforge.core.protocols import Evaluator, NodeView, ProposalRequest, Proposer
 from kforge.core.reward import reward_from_speedup
-from kforge.engine.protocols import Evaluator, NodeView, Proposer, ProposalRequest
 from kforge.engine.settings import SearchSettings
 from kforge.errors import KforgeError
 from kforge.store import CardStatus, CommandKind, NodeStatus, SessionStatus, Store

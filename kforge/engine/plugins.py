@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from kforge.engine.protocols import Evaluator, Proposer, SearchContext
+from kforge.core.protocols import Evaluator, Proposer, SearchContext
 from kforge.errors import KforgeError
 
 

@@ -12,8 +12,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from kforge.config import load_config
+from kforge.store.config import load_config
 from kforge.core.gpu import GpuInfo
+from kforge.core.protocols import SearchContext
 from kforge.engine.engine import Engine, Snapshot
 from kforge.engine.plugins import (
     BUILTIN_EVALUATORS,
@@ -22,7 +23,6 @@ from kforge.engine.plugins import (
     make_evaluator,
     make_proposer,
 )
-from kforge.engine.protocols import SearchContext
 from kforge.engine.settings import SearchSettings
 from kforge.errors import KforgeError
 from kforge.store import SessionStatus, Store

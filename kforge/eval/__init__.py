@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kforge.engine.protocols import SearchContext
+    from kforge.core.protocols import SearchContext
     from kforge.eval.pool import GpuEvaluator
 
 # Keys of the session settings' "eval" section that configure the pool rather than a check.

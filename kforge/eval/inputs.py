@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
+from kforge.core.argspec import storage_span
 from kforge.core.opcard import OpCard, tensor_specs
 from kforge.errors import KforgeError
-from kforge.eval.ops import storage_span
 
 # Canary bytes on each side of a tensor's elements.
 CANARY_BYTES = 256

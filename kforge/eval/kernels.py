@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from kforge.eval.sandbox import Violation
-from kforge.integrate.runtime import DEFAULT_SHARED_LIMIT, KernelModule
+from kforge.runtime.cubin import DEFAULT_SHARED_LIMIT, KernelModule
 
 SCALAR_TYPES = (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
                 np.float16, np.float32, np.float64, np.bool_)

@@ -10,21 +10,8 @@ from typing import Any
 
 import torch
 
+from kforge.core.argspec import resolve_op, storage_span
 from kforge.errors import KforgeError
-
-
-@cache
-def resolve_op(name: str) -> torch._ops.OpOverload:
-    """``"aten._softmax.default"`` -> ``torch.ops.aten._softmax.default``."""
-    parts = name.split(".")
-    if len(parts) != 3:
-        raise KforgeError(f"{name!r} is not an operator name of the form namespace.op.overload")
-    namespace, op_name, overload = parts
-    try:
-        packet = getattr(getattr(torch.ops, namespace), op_name)
-        return getattr(packet, overload)
-    except (AttributeError, RuntimeError):
-        raise KforgeError(f"PyTorch {torch.__version__} has no operator {name!r}") from None
 
 
 @dataclass(frozen=True)
@@ -67,13 +54,6 @@ def flatten_tensors(value: Any) -> list[torch.Tensor]:
     if isinstance(value, dict):
         return [t for item in value.values() for t in flatten_tensors(item)]
     return []
-
-
-def storage_span(shape: tuple[int, ...] | list[int], stride: tuple[int, ...] | list[int]) -> int:
-    """Elements between a tensor's first and last element, inclusive (0 for an empty tensor)."""
-    if any(size == 0 for size in shape):
-        return 0
-    return 1 + sum((size - 1) * abs(step) for size, step in zip(shape, stride))
 
 
 def unique_bytes(t: torch.Tensor) -> int:

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 import torch
 
+from kforge.core.argspec import resolve_op
 from kforge.core.candidate import Baseline, Candidate, EvalOutcome, EvalStatus, Timing
 from kforge.core.gpu import GpuInfo
 from kforge.core.opcard import OpCard
@@ -39,10 +40,10 @@ from kforge.eval.compare import (
     layout_problem,
     tolerance_for,
 )
+from kforge.eval.device import Runtime
 from kforge.eval.guard import POISON_A, POISON_B, LauncherGuard, Poison
 from kforge.eval.inputs import InputFactory, InputSet
 from kforge.eval.kernels import Backend, Kernels, LaunchRefused
-from kforge.eval.nvrtc import CompileResult
 from kforge.eval.ops import (
     beats_floor,
     flatten_tensors,
@@ -50,12 +51,11 @@ from kforge.eval.ops import (
     hard_floor_us,
     memory_floor_us,
     mutated_values,
-    resolve_op,
     traffic_bytes,
 )
-from kforge.eval.runtime import Runtime
 from kforge.eval.sandbox import Integrity, Launcher, LauncherSourceError, Violation
 from kforge.eval.timing import TimingPlan, time_interleaved
+from kforge.runtime.nvrtc import CompileResult
 
 # Seeds of the two extra input sets: new values at the same addresses, and the check after timing.
 ADDRESS_SEED = 1_000_001

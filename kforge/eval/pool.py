@@ -128,7 +128,7 @@ class WorkerProcess:
 
 
 class GpuEvaluator:
-    """Evaluator (see ``kforge.engine.protocols``) backed by worker processes, one per GPU."""
+    """Evaluator (see ``kforge.core.protocols``) backed by worker processes, one per GPU."""
 
     def __init__(self, samples_dir: Path | None, devices: list[int], *,
                  settings: dict | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from kforge.core.candidate import Timing
-from kforge.eval.runtime import Runtime
+from kforge.eval.device import Runtime
 
 
 @dataclass(frozen=True)

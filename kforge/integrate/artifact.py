@@ -21,15 +21,10 @@ from typing import Any
 
 import torch
 
-from .runtime import (
-    Entry,
-    KernelModule,
-    KernelTable,
-    Patch,
-    compile_cubin,
-    device_arch,
-    load_launcher,
-)
+from .runtime.cubin import KernelModule, device_arch
+from .runtime.guard import Patch
+from .runtime.nvrtc import compile_cubin
+from .runtime.table import Entry, KernelTable, load_launcher
 
 HERE = Path(__file__).resolve().parent
 

@@ -3,7 +3,7 @@
 The package holds the kernels' CUDA sources and launchers, a cubin per requested architecture
 (compiled here with NVRTC, which needs no GPU), the NVRTC prelude, a manifest of every op variant
 of the model (its kernel and speedup, or why it stays on eager), a README, and a copy of the
-runtime with the arg-spec encoder. It imports nothing from kforge: torch, numpy and cuda-python
+runtime layer (``kforge.runtime`` with the arg-spec module it stands on). It imports nothing from kforge: torch, numpy and cuda-python
 are enough, and on a GPU it has no cubin for it compiles the sources with NVRTC.
 """
 
@@ -19,15 +19,19 @@ from pathlib import Path
 from kforge import __version__
 from kforge.core.fmt import fmt_speedup
 from kforge.errors import KforgeError
-from kforge.eval.nvrtc import PRELUDE, Compiler, check_options
 from kforge.integrate.plan import SessionPlan
 from kforge.integrate.winners import Decision, card_label
+from kforge.runtime.nvrtc import PRELUDE, Compiler, check_options
 
 FORMAT = 1
 PROFILE_SETTINGS = ("dtype", "batch", "seq_len", "mode", "layers")
 _ARCH = re.compile(r"^sm_\d{2,3}[af]?$")
-_SPEC_IMPORT = "from kforge.capture.spec import encode_call\n"
 _HERE = Path(__file__).resolve().parent
+_KFORGE = _HERE.parent
+# What the exported package's runtime/ folder holds, and the kforge imports rewritten there.
+_RUNTIME_FILES = {"runtime": ["cubin.py", "guard.py", "nvrtc.py", "table.py"],
+                  "core": ["argspec.py"], "": ["errors.py"]}
+_KFORGE_IMPORT = re.compile(r"^(\s*)from kforge\.(?:runtime\.|core\.)?(\w+) import ", re.M)
 
 
 @dataclass
@@ -62,7 +66,7 @@ def export_session(plan: SessionPlan, out_dir: Path, *, name: str | None = None,
     if target.exists() and not force:
         raise KforgeError(f"{target} already exists: remove it or pass --force")
     if compiler is None:
-        from kforge.eval.loader import default_cache_dir
+        from kforge.eval.kernel_loader import default_cache_dir
 
         compiler = Compiler(default_cache_dir())
     try:
@@ -84,12 +88,7 @@ def export_session(plan: SessionPlan, out_dir: Path, *, name: str | None = None,
 
 def _write(plan: SessionPlan, root: Path, name: str, archs: list[str],
            compiler: Compiler) -> list[str]:
-    runtime = (_HERE / "runtime.py").read_text()
-    if runtime.count(_SPEC_IMPORT) != 1:
-        raise AssertionError("runtime.py must import encode_call from kforge.capture.spec once")
-    (root / "runtime.py").write_text(runtime.replace(_SPEC_IMPORT,
-                                                     "from .spec import encode_call\n"))
-    (root / "spec.py").write_text((_HERE.parent / "capture" / "spec.py").read_text())
+    copy_runtime(root / "runtime")
     (root / "__init__.py").write_text((_HERE / "artifact.py").read_text())
     (root / "prelude.cuh").write_text(PRELUDE)
     problems: list[str] = []
@@ -111,6 +110,18 @@ def _write(plan: SessionPlan, root: Path, name: str, archs: list[str],
     (root / "manifest.json").write_text(json.dumps(manifest, indent=1, allow_nan=True) + "\n")
     (root / "README.md").write_text(readme(name, manifest))
     return problems
+
+
+def copy_runtime(folder: Path) -> None:
+    """The runtime layer as a package of its own: its kforge imports become relative."""
+    folder.mkdir()
+    (folder / "__init__.py").write_text((_KFORGE / "runtime" / "__init__.py").read_text())
+    for package, names in _RUNTIME_FILES.items():
+        for file in names:
+            text = _KFORGE_IMPORT.sub(r"\1from .\2 import ", (_KFORGE / package / file).read_text())
+            if "kforge." in "".join(ln for ln in text.splitlines(True) if "import" in ln):
+                raise AssertionError(f"{package}/{file} imports kforge beyond the runtime layer")
+            (folder / file).write_text(text)
 
 
 def _write_kernel(root: Path, decision: Decision, archs: list[str], compiler: Compiler,

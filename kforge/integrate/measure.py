@@ -24,7 +24,8 @@ from kforge.capture.loader import LoadedModel, ModelOptions, first_line, load_mo
 from kforge.core.candidate import Timing
 from kforge.eval.ops import flatten_tensors
 from kforge.eval.timing import summarize
-from kforge.integrate.runtime import Patch, Report
+from kforge.runtime.guard import Patch
+from kforge.runtime.table import Report
 from kforge.store.records import Session
 
 EAGER, PATCHED, COMPILED = "eager", "patched", "torch.compile"

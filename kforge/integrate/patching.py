@@ -10,19 +10,18 @@ import os
 
 import torch
 
-from kforge.config import db_path
+from kforge.store.config import db_path
 from kforge.errors import KforgeError
 from kforge.integrate.plan import SessionPlan, read_plan
-from kforge.integrate.runtime import (
-    Entry,
-    KernelModule,
-    KernelTable,
-    Patch,
-    Report,
-    device_arch,
-    load_launcher,
+from kforge.integrate.winners import (
+    NO_GPU_ARCH,
+    Decision,
+    card_label,
+    projected_speedup,
 )
-from kforge.integrate.winners import NO_GPU_ARCH, Decision, card_label, projected_speedup
+from kforge.runtime.cubin import KernelModule, device_arch
+from kforge.runtime.guard import Patch
+from kforge.runtime.table import Entry, KernelTable, Report, load_launcher
 
 
 class SessionPatch(Patch):
@@ -102,7 +101,7 @@ def check_arch(plan: SessionPlan, device: torch.device) -> None:
 def build_patch(plan: SessionPlan, device: torch.device) -> SessionPatch:
     """Compile and load the plan's winners on ``device``; a winner that fails to compile or
     load stays on eager, with a note saying why."""
-    from kforge.eval.loader import NvrtcLoader
+    from kforge.eval.kernel_loader import NvrtcLoader
 
     loader = NvrtcLoader(device.index, device_arch(device))
     table, notes = KernelTable(), []

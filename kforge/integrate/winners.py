@@ -9,8 +9,8 @@ only on the GPU architecture it was verified on; it then runs for that exact op 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from kforge.core.candidate import Candidate, EvalOutcome, Timing

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from kforge.errors import KforgeError
 
 if TYPE_CHECKING:
-    from kforge.engine.protocols import Proposer, SearchContext
+    from kforge.core.protocols import Proposer, SearchContext
 
 FACTORIES = {
     "library": "kforge.propose.library:make_library_proposer",

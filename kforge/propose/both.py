@@ -22,7 +22,7 @@ from dataclasses import replace
 from kforge.core.candidate import Candidate, Proposal
 from kforge.core.mcts import Action
 from kforge.core.opcard import OpCard
-from kforge.engine.protocols import ProposalRequest, Proposer, SearchContext
+from kforge.core.protocols import ProposalRequest, Proposer, SearchContext
 
 LIBRARY = "library"
 LLM = "llm"

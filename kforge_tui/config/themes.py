@@ -10,7 +10,7 @@ from pathlib import Path
 from textual.color import ColorParseError
 from textual.theme import Theme
 
-from kforge.config import config_dir
+from kforge.store.config import config_dir
 from kforge.errors import KforgeError
 
 DEFAULT_THEME = "kforge-dark"

@@ -9,7 +9,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.widgets import DataTable, Label
 
-from kforge.config import config_path
+from kforge.store.config import config_path
 from kforge_tui.screens.dialogs import Dialog
 
 

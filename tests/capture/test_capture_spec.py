@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kforge.capture.spec import encode_call, encode_value
+from kforge.core.argspec import encode_call, encode_value
 from kforge.core.opcard import variant_key
 
 aten = torch.ops.aten

@@ -10,7 +10,13 @@ from hypothesis import strategies as st
 
 from kforge.core import budget
 from kforge.core.budget import OpBudget
-from kforge.core.opcard import OpCard, describe_args, is_contiguous, rank_cards, variant_key
+from kforge.core.opcard import (
+    OpCard,
+    describe_args,
+    is_contiguous,
+    rank_cards,
+    variant_key,
+)
 from kforge.core.reward import reward_from_speedup, significant_win, speedup_from_reward
 from tests.doubles import tensor
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kforge.core.candidate import Candidate, EvalStatus
-from kforge.engine.protocols import SearchContext
+from kforge.core.protocols import SearchContext
 from kforge.eval import make_gpu_evaluator
 from kforge.eval.gpuinfo import arch_name, detect_gpu
 from kforge.eval.inputs import Geometry, allocate

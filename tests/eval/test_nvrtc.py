@@ -7,8 +7,8 @@ import pytest
 
 from kforge.core.candidate import Candidate
 from kforge.eval.gpuinfo import arch_name
-from kforge.eval.loader import NvrtcLoader
-from kforge.eval.nvrtc import Compiler
+from kforge.eval.kernel_loader import NvrtcLoader
+from kforge.runtime.nvrtc import Compiler
 from tests.eval import candidates as C
 
 ALL = ([(name, build) for name, build in C.REFERENCE.items()]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kforge.core.candidate import Candidate, EvalStatus
-from kforge.engine.protocols import Evaluator, SearchContext
+from kforge.core.protocols import Evaluator, SearchContext
 from kforge.errors import KforgeError
 from kforge.eval import make_gpu_evaluator
 from kforge.eval.pool import GpuEvaluator

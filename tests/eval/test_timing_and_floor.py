@@ -5,17 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kforge.core.argspec import resolve_op
 from kforge.errors import KforgeError
+from kforge.eval.device import CpuRuntime
 from kforge.eval.ops import (
     beats_floor,
     flop_count,
     hard_floor_us,
     memory_floor_us,
     mutated_args,
-    resolve_op,
     unique_bytes,
 )
-from kforge.eval.runtime import CpuRuntime
 from kforge.eval.timing import TimingPlan, reps_for, summarize, time_interleaved
 
 

@@ -6,7 +6,7 @@ from kforge.core.candidate import Candidate, EvalOutcome, EvalStatus, Timing
 from kforge.core.gpu import GpuInfo
 from kforge.core.mcts import Action
 from kforge.core.opcard import OpCard
-from kforge.engine.protocols import NodeView, ProposalRequest
+from kforge.core.protocols import NodeView, ProposalRequest
 from kforge.propose.llm.prompt import EXAMPLE_LAUNCHER, EXAMPLE_SOURCE
 
 GOOD_REPLY = f"""Approach: one block per row, two-pass reductions

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 import kforge.integrate.patching as patching
-import kforge.integrate.runtime as runtime
+import kforge.runtime.cubin as runtime
 from kforge.cli.main import main
 from kforge.integrate.patching import SessionPatch, unused_message
 from kforge.integrate.plan import read_plan
-from kforge.integrate.runtime import Entry, KernelTable, Report
+from kforge.runtime.table import Entry, KernelTable, Report
 from tests.integrate.helpers import make_session
 
 

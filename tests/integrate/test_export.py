@@ -11,10 +11,9 @@ from pathlib import Path
 import pytest
 
 from kforge.errors import KforgeError
-from kforge.eval.nvrtc import PRELUDE, Compiler
 from kforge.integrate.export import export_session
 from kforge.integrate.plan import read_plan
-from kforge.integrate.runtime import compile_cubin
+from kforge.runtime.nvrtc import PRELUDE, Compiler, compile_cubin
 from tests.integrate.helpers import WINNING_OPS, make_session
 
 pytest.importorskip("cuda.core", reason="NVRTC through cuda.core is not installed")
@@ -41,11 +40,14 @@ def test_the_package_has_every_part_and_cubins_for_each_arch(session, compiler, 
     root = tmp_path / f"kforge_session_{sid}"
     assert result.path == root and result.kernels == 3 and result.problems == []
     assert {p.name for p in root.iterdir()} == {
-        "__init__.py", "runtime.py", "spec.py", "prelude.cuh", "manifest.json", "README.md",
-        "kernels"}
+        "__init__.py", "runtime", "prelude.cuh", "manifest.json", "README.md", "kernels"}
     assert (root / "prelude.cuh").read_text() == PRELUDE
-    runtime = (root / "runtime.py").read_text()
-    assert "from .spec import encode_call" in runtime and "kforge.capture" not in runtime
+    assert {p.name for p in (root / "runtime").iterdir()} == {
+        "__init__.py", "argspec.py", "cubin.py", "errors.py", "guard.py", "nvrtc.py", "table.py"}
+    for module in (root / "runtime").iterdir():
+        imports = [ln for ln in module.read_text().splitlines() if ln.lstrip().startswith("from ")]
+        assert not [ln for ln in imports if "kforge" in ln], module.name
+    assert "from .argspec import encode_call" in (root / "runtime" / "table.py").read_text()
     manifest = json.loads((root / "manifest.json").read_text())
     assert manifest["session"] == sid and manifest["archs"] == ["sm_90", "sm_121"]
     assert manifest["verified_on"] == {"name": "Fake GPU", "arch": "sm_90"}
@@ -74,7 +76,7 @@ def test_the_package_imports_without_kforge_and_needs_a_gpu_to_patch(session, co
     export_session(read_plan(db, sid), tmp_path, name="toy_kernels", compiler=compiler)
     code = ("import sys; sys.modules['kforge'] = None\n"
             "import toy_kernels\n"
-            "from toy_kernels.runtime import freeze\n"
+            "from toy_kernels.runtime.argspec import freeze\n"
             "assert 'kforge' not in {m.split('.')[0] for m in sys.modules if sys.modules[m]}\n"
             "assert freeze([1, 1.0, True]) != freeze([1, 1, 1])\n"
             "print(toy_kernels.manifest()['session'], len(toy_kernels.manifest()['kernels']))\n"

@@ -17,7 +17,7 @@ from kforge.capture import ModelOptions, load_model
 from kforge.cli.main import main
 from kforge.integrate.export import export_session
 from kforge.integrate.plan import read_plan
-from kforge.integrate.runtime import device_arch
+from kforge.runtime.cubin import device_arch
 from tests.integrate.helpers import TOY, TOY_WIDER, WINNING_OPS, make_session
 
 pytestmark = [pytest.mark.gpu,

@@ -12,7 +12,7 @@ import torch
 
 import kforge
 import kforge.integrate.patching as patching
-import kforge.integrate.runtime as runtime
+import kforge.runtime.cubin as runtime
 from kforge.capture import ModelOptions, load_model
 from kforge.errors import KforgeError
 from tests.integrate.helpers import TOY, WINNING_OPS, make_session

@@ -10,16 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kforge.capture.spec import encode_call
+from kforge.core.argspec import encode_call, freeze
 from kforge.core.opcard import canonical_json
-from kforge.integrate.runtime import (
-    Entry,
-    KernelTable,
-    Patch,
-    active_routes,
-    freeze,
-    load_launcher,
-)
+from kforge.runtime.guard import Patch, active_routes
+from kforge.runtime.table import Entry, KernelTable, load_launcher
 
 CPU = torch.device("cpu")
 SOFTMAX = "aten._softmax.default"

@@ -10,7 +10,7 @@ import pytest
 from kforge.core.candidate import Candidate, LlmCall, Proposal
 from kforge.core.mcts import Action
 from kforge.core.opcard import OpCard
-from kforge.engine.protocols import ProposalRequest, Proposer, SearchContext
+from kforge.core.protocols import ProposalRequest, Proposer, SearchContext
 from kforge.errors import KforgeError
 from kforge.propose import resolve_proposer
 from kforge.propose.both import (

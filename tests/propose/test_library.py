@@ -15,7 +15,7 @@ from kforge.core.candidate import Candidate, EvalOutcome, EvalStatus, Proposal
 from kforge.core.gpu import GpuInfo
 from kforge.core.mcts import Action
 from kforge.core.opcard import OpCard
-from kforge.engine.protocols import NodeView, ProposalRequest, Proposer, SearchContext
+from kforge.core.protocols import NodeView, ProposalRequest, Proposer, SearchContext
 from kforge.eval.guard import LauncherGuard
 from kforge.eval.kernels import Kernels
 from kforge.eval.sandbox import Launcher

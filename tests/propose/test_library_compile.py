@@ -13,9 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from kforge.core.gpu import GpuInfo
-from kforge.eval.nvrtc import Compiler, CompileResult
 from kforge.propose.library.examples import DTYPES, example_cards
 from kforge.propose.library.proposer import Plan, build_candidate, make_plan
+from kforge.runtime.nvrtc import Compiler, CompileResult
 
 pytest.importorskip("cuda.core", reason="NVRTC through cuda.core is not installed")
 

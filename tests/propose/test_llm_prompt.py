@@ -28,7 +28,7 @@ def test_system_prompt_teaches_the_format_with_an_example_that_parses():
 def test_the_example_kernel_compiles_with_nvrtc():
     pytest.importorskip("cuda.core")
     from kforge.errors import KforgeError
-    from kforge.eval.nvrtc import Compiler
+    from kforge.runtime.nvrtc import Compiler
 
     try:
         result = Compiler().compile(EXAMPLE_SOURCE, "sm_90")

@@ -12,7 +12,7 @@ import pytest
 
 from kforge.core.candidate import EvalOutcome, EvalStatus, Proposal
 from kforge.core.mcts import Action
-from kforge.engine.protocols import Proposer, SearchContext
+from kforge.core.protocols import Proposer, SearchContext
 from kforge.errors import KforgeError
 from kforge.propose.llm import LlmProposer, LlmSettings, Price, make_llm_proposer
 from tests.fakes.llm_replies import (
@@ -25,7 +25,13 @@ from tests.fakes.llm_replies import (
     ok_outcome,
     request,
 )
-from tests.fakes.openai_server import FakeOpenAIServer, Scripted, chat_reply, error_reply, stall
+from tests.fakes.openai_server import (
+    FakeOpenAIServer,
+    Scripted,
+    chat_reply,
+    error_reply,
+    stall,
+)
 
 MODEL = "kernel-writer-1"
 PRICE = Price(input_per_mtok=3.0, output_per_mtok=15.0)

@@ -19,7 +19,12 @@ from kforge_tui.config.themes import SYNTAX_ROLES, load_themes, shipped_dir
 from kforge_tui.control import Route, route
 from kforge_tui.diffing import candidate_diff, line_kind
 from kforge_tui.follow import fold
-from kforge_tui.highlight import CAPTURE_ROLES, cuda_language, cuda_query, text_area_theme
+from kforge_tui.highlight import (
+    CAPTURE_ROLES,
+    cuda_language,
+    cuda_query,
+    text_area_theme,
+)
 from kforge_tui.launch import (
     NewSession,
     failure_message,

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from kforge.errors import KforgeError
 
 if TYPE_CHECKING:
-    from kforge.capture.loader import Built, Resolved
+    from kforge.capture.builders import Built, Resolved
 
 LANGUAGE_MODES = ("prefill", "decode")
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from kforge.capture.loader import Built, Resolved, building_on
+from kforge.capture.builders import Built, Resolved, building_on
 from kforge.capture.zoo import ZooModel
 
 # stabilityai/stable-diffusion-3.5-medium transformer/config.json: MMDiT-X with dual attention in

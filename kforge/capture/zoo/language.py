@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from kforge.capture.loader import Built, Resolved, building_on
+from kforge.capture.builders import Built, Resolved, building_on
 from kforge.capture.zoo import ZooModel
 
 _SLIDING, _FULL, _LINEAR = "sliding_attention", "full_attention", "linear_attention"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kforge.capture.loader import Built, Resolved, building_on
+from kforge.capture.builders import Built, Resolved, building_on
 from kforge.capture.zoo import ZooModel
 
 IMAGE_SIDE = 224

@@ -3,7 +3,7 @@ time on, proposed offline at no cost (see ``docs/kernel-library.md``)."""
 
 from __future__ import annotations
 
-from kforge.engine.protocols import SearchContext
+from kforge.core.protocols import SearchContext
 from kforge.propose.library.proposer import LibraryProposer, Support, supports
 
 __all__ = ["LibraryProposer", "Support", "make_library_proposer", "supports"]

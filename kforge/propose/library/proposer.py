@@ -19,7 +19,7 @@ from kforge.core.candidate import Candidate, Proposal
 from kforge.core.gpu import NO_GPU, GpuInfo
 from kforge.core.mcts import Action
 from kforge.core.opcard import OpCard
-from kforge.engine.protocols import NodeView, ProposalRequest
+from kforge.core.protocols import NodeView, ProposalRequest
 from kforge.propose.library.cards import Declined, read_call
 from kforge.propose.library.families import BY_OP
 from kforge.propose.library.families.base import LAUNCHER_HELPERS, Family, Variant

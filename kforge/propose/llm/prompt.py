@@ -12,7 +12,7 @@ from kforge.core.candidate import EvalOutcome, EvalStatus
 from kforge.core.gpu import GpuInfo
 from kforge.core.mcts import Action
 from kforge.core.opcard import OpCard, is_contiguous
-from kforge.engine.protocols import NodeView, ProposalRequest
+from kforge.core.protocols import NodeView, ProposalRequest
 from kforge.propose.llm.text import head_and_tail, one_line
 
 COMPILE_LOG_CHARS = 6000  # a repair needs the first errors; later ones are mostly knock-on

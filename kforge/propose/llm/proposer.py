@@ -18,11 +18,11 @@ from dataclasses import dataclass, replace
 import openai
 from openai.types.chat import ChatCompletion
 
-from kforge.config import config_path
+from kforge.store.config import config_path
 from kforge.core.candidate import Candidate, LlmCall, Proposal
 from kforge.core.mcts import Action
 from kforge.core.opcard import OpCard
-from kforge.engine.protocols import ProposalRequest, SearchContext
+from kforge.core.protocols import ProposalRequest, SearchContext
 from kforge.propose.llm.parse import UnusableReply, parse_reply
 from kforge.propose.llm.prompt import build_messages, effective_action, render_messages
 from kforge.propose.llm.retry import Backoff, classify

@@ -12,8 +12,10 @@ import io
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from kforge.errors import KforgeError
 
@@ -44,9 +46,12 @@ typedef unsigned long long uint64_t;
 #line 1 "candidate.cu"
 """
 
-# Options a candidate may ask for in meta["nvrtc_options"]; anything else is refused.
-_ALLOWED_OPTION = re.compile(
-    r"^(--use_fast_math|--extra-device-vectorization|-lineinfo|-maxrregcount=\d{1,3})$")
+# Options a candidate may ask for in meta["nvrtc_options"], as cuda.core ProgramOptions fields;
+# anything else is refused.
+_FLAG_OPTIONS = {"--use_fast_math": "use_fast_math",
+                 "--extra-device-vectorization": "extra_device_vectorization",
+                 "-lineinfo": "lineinfo"}
+_MAX_REGISTERS = re.compile(r"^-maxrregcount=(\d{1,3})$")
 
 _PTXAS_FUNC = re.compile(r"Function properties for (\w+)")
 _PTXAS_SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -93,15 +98,62 @@ def parse_ptxas_report(log: str) -> dict[str, KernelResources]:
 
 
 def check_options(options: list[str]) -> list[str]:
-    bad = [o for o in options if not _ALLOWED_OPTION.match(o)]
+    bad = [o for o in options if o not in _FLAG_OPTIONS and not _MAX_REGISTERS.match(o)]
     if bad:
         raise ValueError(f"NVRTC options not allowed: {', '.join(bad)}")
     return list(options)
 
 
-def _include_dirs() -> list[str]:
-    from kforge.integrate.runtime import cuda_include_dirs
+def nvrtc_options(arch: str, options: Iterable[str], include_dirs: list[str],
+                  ptxas_verbose: bool = False) -> Any:
+    """cuda.core ProgramOptions for a kernel: C++17 for ``arch``, with the allow-listed options
+    (``--use_fast_math``, ``--extra-device-vectorization``, ``-lineinfo``, ``-maxrregcount=N``);
+    ``ptxas_verbose`` adds ptxas' register and spill report to the log."""
+    from cuda.core import ProgramOptions
 
+    values: dict[str, Any] = {"ptxas_options": ["-v"]} if ptxas_verbose else {}
+    for option in check_options(list(options)):
+        if option in _FLAG_OPTIONS:
+            values[_FLAG_OPTIONS[option]] = True
+        else:
+            values["max_register_count"] = int(_MAX_REGISTERS.match(option).group(1))
+    return ProgramOptions(arch=arch, std="c++17", include_path=include_dirs, **values)
+
+
+def cuda_include_dirs() -> list[str]:
+    """Where cuda_fp16.h is: the nvidia-cuda-runtime wheel's headers, else $CUDA_HOME/include."""
+    import os
+
+    try:
+        from cuda import pathfinder
+
+        found = pathfinder.find_nvidia_header_directory("cudart")
+    except Exception:  # pathfinder missing, or its own lookup error
+        found = None
+    if found:
+        return [found]
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home and os.path.exists(os.path.join(home, "include", "cuda_fp16.h")):
+        return [os.path.join(home, "include")]
+    raise RuntimeError("CUDA headers (cuda_fp16.h) not found: pip install nvidia-cuda-runtime, "
+                       "or set CUDA_HOME to a CUDA toolkit")
+
+
+def compile_cubin(source: str, arch: str, prelude: str, options: Iterable[str] = ()) -> bytes:
+    """Compile a kernel's source (after ``prelude``) to a cubin for ``arch`` with NVRTC.
+    RuntimeError with NVRTC's log when it does not compile."""
+    from cuda.core import Program
+
+    program = Program(prelude + source, code_type="c++",
+                      options=nvrtc_options(arch, options, cuda_include_dirs()))
+    try:
+        return bytes(program.compile("cubin").code)
+    except Exception as exc:  # NVRTCError carries the compile log
+        raise RuntimeError(f"NVRTC could not compile it for {arch}: {exc}") from None
+
+
+
+def _include_dirs() -> list[str]:
     try:
         return cuda_include_dirs()
     except RuntimeError as exc:
@@ -164,8 +216,6 @@ class Compiler:
 
     def _nvrtc(self, source: str, arch: str, options: list[str]) -> CompileResult:
         from cuda.core import Program
-
-        from kforge.integrate.runtime import nvrtc_options
 
         if self._includes is None:
             self._includes = _include_dirs()

@@ -6,11 +6,11 @@ from pathlib import Path
 
 from kforge.core.candidate import Candidate
 from kforge.eval.kernels import CudaModule
-from kforge.eval.nvrtc import Compiler, CompileResult, check_options
+from kforge.runtime.nvrtc import Compiler, CompileResult, check_options
 
 
 def default_cache_dir() -> Path:
-    from kforge.config import cache_dir
+    from kforge.store.config import cache_dir
 
     return cache_dir() / "nvrtc"
 

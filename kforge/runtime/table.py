@@ -1,0 +1,230 @@
+"""The table of verified kernels: one entry per exact op variant, looked up on every call of a
+patched op, with hit and fallback counts."""
+
+from __future__ import annotations
+
+import math
+import types
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from kforge.core.argspec import encode_call, freeze, resolve_op
+
+_MISS = object()
+
+
+# ----- launchers -----
+
+
+def _launcher_globals() -> dict[str, Any]:
+    return {"__name__": "launcher", "torch": torch, "np": np, "numpy": np, "math": math}
+
+
+_IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), torch.dtype, torch.device,
+              torch.layout, torch.memory_format, type, types.ModuleType, np.generic)
+
+
+def _immutable(value: Any) -> bool:
+    if isinstance(value, (tuple, frozenset)):
+        return all(_immutable(v) for v in value)
+    if isinstance(value, types.FunctionType):
+        defaults = (value.__defaults__ or ()) + tuple((value.__kwdefaults__ or {}).values())
+        return all(_immutable(v) for v in defaults)
+    return isinstance(value, _IMMUTABLE)
+
+
+def load_launcher(source: str, name: str = "launcher.py") -> Callable[..., Any]:
+    """The ``launch(kernels, *args, **kwargs)`` function of a launcher, with torch, np (numpy)
+    and math in scope. A verified launcher was run as a fresh module on every call, so one that
+    keeps anything mutable at module level (a list, a dict, a mutable default) is run that way
+    here too; the others are executed once."""
+    code = compile(source, name, "exec")
+    scope = _launcher_globals()
+    exec(code, scope)  # noqa: S102 - a verified launcher
+    launch = scope.get("launch")
+    if not callable(launch):
+        raise ValueError(f"{name} defines no launch(kernels, *args) function")
+    if all(_immutable(v) for k, v in scope.items() if k != "__builtins__"):
+        return launch
+
+    def fresh(kernels: Any, *args: Any, **kwargs: Any) -> Any:
+        module = _launcher_globals()
+        exec(code, module)  # noqa: S102 - a verified launcher
+        return module["launch"](kernels, *args, **kwargs)
+
+    return fresh
+
+
+# ----- the table of kernels -----
+
+
+@dataclass(eq=False)
+class Entry:
+    """One kernel for one exact op variant (``args``/``kwargs`` are its arg specs) on one
+    device. ``launch(kernels, *args, **kwargs)`` returns what the op returns."""
+
+    op: str
+    args: list
+    kwargs: dict
+    launch: Callable[..., Any]
+    kernels: Any
+    device: torch.device
+    label: str = ""
+    key: str = ""  # the op card's key, for reports that join back to a session
+    hits: int = 0
+    fallbacks: int = 0  # calls of this variant that ran the original op anyway
+    disabled: str = ""  # why the kernel is off for good, once it failed
+
+    def __post_init__(self) -> None:
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+
+    def run(self, args: tuple, kwargs: dict) -> Any:
+        """The kernel's result, or _MISS when the original op must run instead."""
+        if self.disabled or not _all_on(self.device, args, kwargs):
+            self.fallbacks += 1
+            return _MISS
+        # launchers receive list arguments as tuples, as the evaluator passed them
+        args = tuple(tuple(a) if type(a) is list else a for a in args)
+        try:
+            if self.device.type == "cuda" and torch.cuda.current_device() != self.device.index:
+                with torch.cuda.device(self.device):  # as the op's own kernel would set it
+                    result = self.launch(self.kernels, *args, **kwargs)
+            else:
+                result = self.launch(self.kernels, *args, **kwargs)
+        except Exception as exc:  # any failure of the kernel: the original op takes over
+            self.disable(f"{type(exc).__name__}: {exc}")
+            self.fallbacks += 1
+            return _MISS
+        self.hits += 1
+        return result
+
+    def disable(self, reason: str) -> None:
+        self.disabled = reason.strip().splitlines()[0][:300] if reason.strip() else "failed"
+        warnings.warn(f"kforge kernel {self.label or self.op} failed ({self.disabled}); "
+                      f"{self.op} runs as eager PyTorch from now on", RuntimeWarning, stacklevel=4)
+
+
+def _all_on(device: torch.device, args: Iterable[Any], kwargs: dict) -> bool:
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            if value.device != device:
+                return False
+        elif type(value) is list or type(value) is tuple:
+            if not _all_on(device, value, {}):
+                return False
+    return True
+
+
+class _OpEntries:
+    """A table's kernels for one op, keyed by exact variant, with a cheap first test on the
+    first argument's shape and dtype so that most other calls skip the full encoding."""
+
+    def __init__(self, func: Any) -> None:
+        self.func = func
+        self.variants: dict[Any, Entry] = {}
+        self.quick: set[tuple] | None = set()
+        self.misses = 0
+
+    def add(self, entry: Entry) -> None:
+        key = freeze([entry.args, entry.kwargs])
+        if key in self.variants:
+            raise ValueError(f"two kernels for one variant of {entry.op}")
+        self.variants[key] = entry
+        first = entry.args[0] if entry.args else None
+        if self.quick is not None and isinstance(first, dict) and first.get("t") == "tensor" \
+                and "stride" in first:
+            self.quick.add((tuple(first["shape"]), getattr(torch, first["dtype"])))
+        else:
+            self.quick = None
+
+    def run(self, args: tuple, kwargs: dict) -> Any:
+        if self.quick is not None:
+            first = args[0] if args else None
+            if not isinstance(first, torch.Tensor) or (first.shape, first.dtype) not in self.quick:
+                self.misses += 1
+                return _MISS
+        args_spec, kwargs_spec = encode_call(self.func, args, kwargs)
+        entry = self.variants.get(freeze([args_spec, kwargs_spec]))
+        if entry is None:
+            self.misses += 1
+            return _MISS
+        return entry.run(args, kwargs)
+
+
+class KernelTable:
+    """Kernels by op and exact variant, with their hit counts."""
+
+    def __init__(self, entries: Iterable[Entry] = ()) -> None:
+        self.entries: list[Entry] = []
+        self._by_op: dict[tuple[str, str], _OpEntries] = {}
+        for entry in entries:
+            self.add(entry)
+
+    def add(self, entry: Entry) -> None:
+        slot = (entry.op, entry.device.type)
+        if slot not in self._by_op:
+            self._by_op[slot] = _OpEntries(resolve_op(entry.op))
+        self._by_op[slot].add(entry)
+        self.entries.append(entry)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def ops(self) -> dict[tuple[str, str], _OpEntries]:
+        """(op name, device type) -> the kernels of that op."""
+        return dict(self._by_op)
+
+    def report(self) -> Report:
+        return Report(
+            kernels=[KernelCount(e.label or e.op, e.op, e.key, e.hits, e.fallbacks, e.disabled)
+                     for e in self.entries],
+            misses={op: slot.misses for (op, _), slot in self._by_op.items()})
+
+    def reset_counts(self) -> None:
+        for entry in self.entries:
+            entry.hits = entry.fallbacks = 0
+        for slot in self._by_op.values():
+            slot.misses = 0
+
+
+@dataclass(frozen=True)
+class KernelCount:
+    label: str
+    op: str
+    key: str
+    hits: int
+    fallbacks: int
+    disabled: str
+
+
+@dataclass(frozen=True)
+class Report:
+    """How often each kernel ran, and how often each patched op ran eager instead."""
+
+    kernels: list[KernelCount]
+    misses: dict[str, int]  # op -> calls that matched no kernel's variant
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def hits(self) -> int:
+        return sum(k.hits for k in self.kernels)
+
+    def __str__(self) -> str:
+        if not self.kernels:
+            return "\n".join(["no kernels are patched in", *self.notes])
+        width = max(len(k.label) for k in self.kernels)
+        lines = [f"{'kernel'.ljust(width)}  {'hits':>7}  {'fallbacks':>9}"]
+        for k in self.kernels:
+            state = f"  off: {k.disabled}" if k.disabled else ""
+            lines.append(f"{k.label.ljust(width)}  {k.hits:>7}  {k.fallbacks:>9}{state}")
+        other = {op: n for op, n in self.misses.items() if n}
+        if other:
+            lines.append("other variants of these ops ran eager: " +
+                         ", ".join(f"{op} x{n}" for op, n in sorted(other.items())))
+        return "\n".join([*lines, *self.notes])
