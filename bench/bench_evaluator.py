@@ -33,20 +33,17 @@ from tests.eval import candidates as C
 
 CASES = [
     ("softmax", "Gemma-style attention scores [1,8,2048,2048] bf16",
-     OpCard("aten._softmax.default", [C.tensor([1, 8, 2048, 2048], "bfloat16"), -1, False]),
-     C.softmax),
+     OpCard("aten._softmax.default", [C.tensor([1, 8, 2048, 2048], "bfloat16"), -1, False])),
     ("softmax", "Qwen-style attention scores [1,16,1024,1024] bf16",
-     OpCard("aten._softmax.default", [C.tensor([1, 16, 1024, 1024], "bfloat16"), -1, False]),
-     C.softmax),
+     OpCard("aten._softmax.default", [C.tensor([1, 16, 1024, 1024], "bfloat16"), -1, False])),
     ("softmax", "[8192,4096] fp32",
-     OpCard("aten._softmax.default", [C.tensor([8192, 4096]), -1, False]), C.softmax),
+     OpCard("aten._softmax.default", [C.tensor([8192, 4096]), -1, False])),
     ("layer_norm", "SD3.5 Medium joint block [2,4096,1536] bf16, no affine",
      OpCard("aten.native_layer_norm.default",
-            [C.tensor([2, 4096, 1536], "bfloat16"), [1536], None, None, 1e-6]), C.layer_norm),
-    ("add", "ResNet-50 residual add [32,256,56,56] fp16",
-     C.add_card([32, 256, 56, 56], "float16"), C.add),
+            [C.tensor([2, 4096, 1536], "bfloat16"), [1536], None, None, 1e-6])),
+    ("add", "ResNet-50 residual add [32,256,56,56] fp16", C.add_card([32, 256, 56, 56], "float16")),
     ("relu", "ResNet-50 stem relu [32,64,112,112] fp16",
-     C.relu_card([32, 64, 112, 112], "float16"), C.relu),
+     C.relu_card([32, 64, 112, 112], "float16")),
 ]
 
 LOAD_INLINE = textwrap.dedent(r'''
@@ -136,12 +133,12 @@ def main() -> int:
           f"{inline} s", flush=True)
 
     rows = []
-    for op, what, card, build in CASES:
+    for op, what, card in CASES:
         if time.perf_counter() - started > args.budget_s:
             print(f"budget spent: skipping {op} {what}")
             continue
         base = baseline_local(card)
-        outcomes = [evaluate_local(card, cold(build())) for _ in range(args.reps)]
+        outcomes = [evaluate_local(card, cold(C.reference(card))) for _ in range(args.reps)]
         failed = [o for o in outcomes if not o.ok]
         if failed:
             print(f"{op} {what}: {failed[0].status} {failed[0].summary}", flush=True)

@@ -1,4 +1,5 @@
-"""What the integration guard costs when none of its kernels applies: patched vs unpatched latency.
+"""What the integration guard costs on the host: patched vs unpatched latency when none of its
+kernels applies, and per call for a tiny op whose kernel runs.
 
 For each model, the op variants of one forward are recorded, then decoy kernel tables are built
 that route ops through the guard without ever matching a call (a decoy kernel raises if run):
@@ -15,10 +16,19 @@ that route ops through the guard without ever matching a call (a decoy kernel ra
 Unpatched and patched forwards are timed interleaved with CUDA events (an unpatched-vs-unpatched
 row shows the noise floor), and the table gives the ratio of medians.
 
+The host-cost table times one call of a tiny op (``aten.mul.Tensor``, two float32 [1, 1536]) on
+the CPU's clock, the GPU idle before each call: eager's own dispatch (the op called from Python,
+as the evaluator measures ``eager_host_us``), kforge's launch path (the library kernel's launch
+plan run by ``PlanRunner``, the evaluator's ``host_us``), the whole patched call (guard, lookup,
+launch path) and a patched call of another variant (the guard's miss). The launch path must not
+cost the host more than eager's own dispatch.
+
 Run on a GPU machine from the repository root (a few minutes on an H200):
-    python3 bench/bench_guard.py                          # gemma4 decode and resnet50 batch 32
+    python3 bench/bench_guard.py                          # gemma4 decode, resnet50 b32, host cost
+    python3 bench/bench_guard.py --host-only              # the host-cost table alone (seconds)
     python3 bench/bench_guard.py --models gemma4 --layers 8 --reps 50
-    python3 bench/bench_guard.py --tiny --device cpu      # smoke run of the tiny twins, untimed
+    python3 bench/bench_guard.py --tiny --device cpu      # smoke run: tiny twins, untimed; the
+                                                          # host table with a stand-in backend
 """
 
 from __future__ import annotations
@@ -26,9 +36,14 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
+import statistics
 import sys
+import time
 from collections import Counter
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -37,11 +52,22 @@ import torch  # noqa: E402
 from kforge.capture import ModelOptions, load_model  # noqa: E402
 from kforge.capture.loader import LoadedModel  # noqa: E402
 from kforge.capture.recorder import CallRecorder, ModuleTracker  # noqa: E402
+from kforge.core.argspec import encode_call, resolve_op  # noqa: E402
 from kforge.core.fmt import fmt_us  # noqa: E402
+from kforge.core.gpu import GpuInfo  # noqa: E402
+from kforge.core.opcard import OpCard  # noqa: E402
 from kforge.errors import KforgeError  # noqa: E402
 from kforge.integrate.measure import Subject, output_tensors, time_forwards  # noqa: E402
-from kforge.runtime.guard import Patch
-from kforge.runtime.table import Entry, KernelTable
+from kforge.runtime.cubin import device_arch  # noqa: E402
+from kforge.runtime.guard import Patch  # noqa: E402
+from kforge.runtime.plan import (  # noqa: E402
+    Backend,
+    PlanRunner,
+    check_kernels,
+    check_widths,
+    resolve_for,
+)
+from kforge.runtime.table import Entry, KernelTable  # noqa: E402
 
 RUNS = (("gemma4", "decode"), ("resnet50", None), ("sd35", None))
 
@@ -56,6 +82,9 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=None, help="truncate gemma4")
     parser.add_argument("--reps", type=int, default=40, help="timed forwards per subject")
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--host-calls", type=int, default=2000,
+                        help="timed calls per path in the host-cost table")
+    parser.add_argument("--host-only", action="store_true", help="only the host-cost table")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tiny", action="store_true", help="the tiny twins (smoke run)")
     args = parser.parse_args()
@@ -64,7 +93,10 @@ def main() -> int:
         print("bench_guard needs a CUDA GPU (or --device cpu --tiny)", file=sys.stderr)
         return 1
     print(f"# {torch.cuda.get_device_name() if on_gpu else 'CPU'}  torch {torch.__version__}")
-    print(f"{'model':<18} {'guard':<10} {'ops':>4} {'calls':>6} {'unpatched':>10} "
+    host_cost(torch.device(args.device), args.host_calls)
+    if args.host_only:
+        return 0
+    print(f"\n{'model':<18} {'guard':<10} {'ops':>4} {'calls':>6} {'unpatched':>10} "
           f"{'patched':>10} {'ratio':>7}  p10-p90 spread")
     for name, mode in RUNS:
         if name not in args.models:
@@ -85,6 +117,121 @@ def main() -> int:
             if on_gpu:
                 torch.cuda.empty_cache()
     return 0
+
+
+# ----- host cost of one call of a tiny op -----
+
+HOST_OP = "aten.mul.Tensor"
+HOST_SHAPE = (1, 1536)  # a decode step's hidden state
+
+
+class NoLaunch:
+    """The backend on the CPU, where there is no GPU to launch on: every launch is accepted and
+    does nothing, so the table shows the launch path's own Python cost without the driver's."""
+
+    def has_kernel(self, name: str) -> bool:
+        return True
+
+    def param_widths(self, name: str) -> list[int] | None:
+        return None
+
+    def launch(self, name: str, grid: tuple[int, ...], block: tuple[int, ...], shared_mem: int,
+               params: Sequence[Any]) -> None:
+        return None
+
+
+def library_kernel(card: OpCard, device: torch.device) -> tuple[dict, Backend, list[str]]:
+    """The kernel library's default kernel for ``card``: its launch plan, its cubin loaded on
+    ``device`` (NoLaunch on the CPU) and the kernels the compiler reported."""
+    from kforge.propose.library.proposer import build_candidate, make_plan
+
+    if device.type != "cuda":
+        gpu = GpuInfo(name="no GPU", arch="sm_90", sm_count=132)
+    else:
+        gpu = GpuInfo(name=torch.cuda.get_device_name(device), arch=device_arch(device),
+                      sm_count=torch.cuda.get_device_properties(device).multi_processor_count)
+    plan = make_plan(card, gpu)
+    variant = plan.available[0]
+    candidate = build_candidate(plan, variant, variant.space.default, gpu, card, "bench")
+    if device.type != "cuda":
+        return candidate.plan, NoLaunch(), []
+    from kforge.eval.kernel_loader import NvrtcLoader
+
+    loader = NvrtcLoader(device.index, gpu.arch)
+    compiled = loader.compile(candidate)
+    if not compiled.ok:
+        raise KforgeError(f"the library kernel for {card.op} does not compile: {compiled.log}")
+    return candidate.plan, loader.load(compiled), sorted(compiled.resources)
+
+
+def host_cost(device: torch.device, calls: int) -> None:
+    """Print the host time per call of a tiny op: eager's own dispatch, kforge's launch path,
+    the whole patched call, and a patched call that misses."""
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    func = resolve_op(HOST_OP)
+    a, b = (torch.randn(HOST_SHAPE, device=device) for _ in range(2))
+    wider = [torch.randn(HOST_SHAPE[0], HOST_SHAPE[1] + 1, device=device) for _ in range(2)]
+    args_spec, kwargs_spec = encode_call(func, (a, b), {})
+    card = OpCard(HOST_OP, args_spec, kwargs_spec)
+    plan, backend, known = library_kernel(card, device)
+    resolved = resolve_for(plan, HOST_OP, args_spec, kwargs_spec)
+    check_kernels(resolved, backend.has_kernel, known)
+    check_widths(resolved, backend.param_widths)
+    runner = PlanRunner(resolved, HOST_OP, backend, device)
+    patch = Patch(KernelTable([Entry(HOST_OP, args_spec, kwargs_spec, runner, device,
+                                     label="mul")]))
+    paths = {"eager dispatch (op from Python)": (lambda: func(a, b), False),
+             "launch path (PlanRunner)": (lambda: runner((a, b), {}), False),
+             "patched call (guard + launch path)": (lambda: func(a, b), True),
+             "patched call, other shape (miss)": (lambda: func(*wider), True)}
+    samples = time_host(paths, patch, calls, device)
+    medians = {name: statistics.median(values) for name, values in samples.items()}
+    eager, launch = (medians[name] for name in list(paths)[:2])
+    where = "stand-in backend, no GPU: the launch path without the driver's launch" \
+        if device.type != "cuda" else torch.cuda.get_device_name(device)
+    print(f"\nhost time per call of {card.short_op}({card.signature}), {calls} calls per path "
+          f"({where})")
+    print(f"{'path':<36} {'median':>9} {'p10':>9} {'p90':>9} {'vs eager':>9}")
+    for name, values in samples.items():
+        deciles = statistics.quantiles(values, n=10)
+        print(f"{name:<36} {fmt_us(medians[name]):>9} {fmt_us(deciles[0]):>9} "
+              f"{fmt_us(deciles[-1]):>9} {medians[name] / eager:>8.2f}x")
+    if device.type != "cuda":  # eager computes on the CPU and launches nothing: no verdict
+        return
+    verdict = "within" if launch <= eager else "ABOVE"
+    print(f"launch path {fmt_us(launch)} vs eager's own dispatch {fmt_us(eager)}: {verdict} "
+          "eager's host cost", flush=True)
+
+
+def time_host(paths: dict[str, tuple[Callable[[], Any], bool]], patch: Patch, calls: int,
+              device: torch.device, rounds: int = 20) -> dict[str, list[float]]:
+    """Microseconds per call of each path, in rounds that take the paths in turns (the order
+    flipped each round) so that drift in the host's speed falls on all alike; the patch is in
+    place for the paths that need it, and the GPU is idle before each timed call."""
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    samples: dict[str, list[float]] = {name: [] for name in paths}
+    per_round = max(1, calls // rounds)
+    names = list(paths)
+    for call, patched in paths.values():  # warm up: caches, lazy loading, first launch
+        with patch if patched else nullcontext():
+            for _ in range(10):
+                call()
+        sync()
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else reversed(names):
+            call, patched = paths[name]
+            with patch if patched else nullcontext():
+                for _ in range(per_round):
+                    sync()
+                    start = time.perf_counter()
+                    call()
+                    samples[name].append((time.perf_counter() - start) * 1e6)
+        sync()
+    return samples
 
 
 def record(loaded: LoadedModel) -> tuple[CallRecorder, Counter]:
@@ -113,7 +260,7 @@ def decoy(spec_args: list, far: bool) -> list:
     return args
 
 
-def never(*args: object, **kwargs: object) -> None:
+def never(args: tuple, kwargs: dict) -> None:
     raise AssertionError("a decoy kernel ran: the guard matched a variant it should not have")
 
 
@@ -130,7 +277,7 @@ def tables(recorder: CallRecorder, calls: Counter, device: torch.device,
 
     def table(ops: list[str], far: bool) -> KernelTable:
         return KernelTable(Entry(op, decoy(first_spec[op].args, far), first_spec[op].kwargs,
-                                 never, None, device) for op in ops)
+                                 never, device) for op in ops)
 
     if only is not None:
         return {"session": table([op for op in only if op in first_spec], far=False)}
@@ -151,8 +298,10 @@ def bench(label: str, loaded: LoadedModel, reps: int, warmup: int, on_gpu: bool,
             expected = output_tensors(loaded.run())
             with patch:
                 same = all(map(torch.equal, expected, output_tensors(loaded.run())))
+            ran = sum(k.hits + k.fallbacks for k in patch.report().kernels)
             print(f"{label:<18} {guard:<10} {len(guarded_ops):>4} {guarded_calls:>6} "
-                  f"{'same output' if same else 'OUTPUT DIFFERS'}")
+                  f"{'same output' if same else 'OUTPUT DIFFERS'}"
+                  f"{f', A DECOY MATCHED {ran} CALLS' if ran else ''}")
             continue
         timings = time_forwards(loaded, [Subject("unpatched", loaded.step),
                                          Subject("patched", loaded.step, lambda p=patch: p)],

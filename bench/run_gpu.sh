@@ -6,6 +6,10 @@
 #   bash bench/run_gpu.sh tests          # GPU tests of integration and the library, ResNet-50 and
 #                                        # Gemma 4 decode
 #   bash bench/run_gpu.sh models         # SD3.5, Qwen3.5 decode (8 layers), Qwen3.5 prefill profile
+#   bash bench/run_gpu.sh verify         # the evaluator's GPU red-team suite (compute-sanitizer
+#                                        # included), its turnaround, the launch path's host cost
+#   OLD=path/to/old/tree bash bench/run_gpu.sh library   # the library's kernels under this
+#                                        # evaluator and under the one in OLD, side by side
 #   CUDA_VISIBLE_DEVICES=1 bash bench/run_gpu.sh models
 set -u
 track=${1:?name a track: tests or models}
@@ -34,6 +38,15 @@ case $track in
     step 220 "${bench_models[@]}" qwen35 --mode decode --layers 8 --cuda-graphs
     step 60 python3 -m kforge profile qwen35 --mode prefill --layers 8 --samples 0 \
         --db "$work/prefill.db"
+    ;;
+  verify)
+    step 300 python3 -m pytest -m gpu -q -p no:cacheprovider --timeout 120 -rA tests/eval/test_gpu.py
+    step 60 python3 bench/bench_guard.py --host-only
+    step 120 python3 bench/bench_evaluator.py --no-load-inline --reps 3 --budget-s 100
+    ;;
+  library)
+    step 200 python3 bench/bench_library.py --no-compile --refine 1
+    [ -n "${OLD:-}" ] && (cd "$OLD" && step 200 python3 bench/bench_library.py --no-compile --refine 1)
     ;;
   *) echo "unknown track $track" >&2; exit 2 ;;
 esac

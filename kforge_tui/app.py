@@ -14,9 +14,10 @@ from textual.app import App
 from textual.binding import Binding, BindingType
 from textual.signal import Signal
 
-from kforge.store.config import config_path, db_path, load_config, save_config_value
+from kforge.core.settings import Settings
 from kforge.errors import KforgeError
 from kforge.store import Store
+from kforge.store.config import config_path, db_path, load_config, save_config_value
 from kforge_tui.commands import KforgeCommands
 from kforge_tui.config.keymap import binding_ids, user_keymap
 from kforge_tui.config.themes import DEFAULT_THEME, ThemeSpec, load_themes, syntax_for
@@ -49,7 +50,7 @@ class KforgeApp(App):
     ]
     COMMANDS = App.COMMANDS | {KforgeCommands}
 
-    def __init__(self, db: Path, *, config: dict | None = None, theme: str | None = None,
+    def __init__(self, db: Path, *, config: Settings | None = None, theme: str | None = None,
                  gpu: GpuCheck | None = None, clock: Callable[[], float] = time.time,
                  poll_s: float = 0.5, theme_folders: list[Path] | None = None,
                  remember_theme: bool = True, session: int | None = None) -> None:
@@ -66,23 +67,23 @@ class KforgeApp(App):
         self.specs: dict[str, ThemeSpec] = {}
         self._load_themes(theme_folders, theme)
         self._remember_theme = remember_theme
-        keymap, problems = user_keymap(self._config, binding_ids(binding_owners()))
+        keymap, problems = user_keymap(self._config.keys, binding_ids(binding_owners()))
         self._problems += problems
         self.set_keymap(keymap)
 
-    def _read_config(self) -> dict:
+    def _read_config(self) -> Settings:
         try:
             return load_config()
         except KforgeError as exc:
             self._problems.append(str(exc))
-            return {}
+            return Settings()
 
     def _load_themes(self, folders: list[Path] | None, wanted: str | None) -> None:
         self.specs, problems = load_themes(folders)
         self._problems += problems
         for spec in self.specs.values():
             self.register_theme(spec.theme)
-        name = wanted or self._config.get("tui", {}).get("theme") or DEFAULT_THEME
+        name = wanted or self._config.tui.theme
         if name not in self.available_themes:
             self._problems.append(f"no theme named {name!r}; using {DEFAULT_THEME}")
             name = DEFAULT_THEME if DEFAULT_THEME in self.available_themes else "textual-dark"

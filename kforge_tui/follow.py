@@ -12,8 +12,24 @@ from textual.message import Message
 
 from kforge.errors import KforgeError
 from kforge.store import Store
-from kforge.store.records import Event
-from kforge_tui.control import is_alive
+from kforge.store.commands import is_alive
+from kforge.store.events import (
+    CardsAdded,
+    CardUpdated,
+    CommandDone,
+    EngineAttached,
+    Event,
+    LogLine,
+    NodeAdded,
+    NodeDeleted,
+    NodeFinished,
+    NodePruned,
+    NodeUpdated,
+    SessionDeleted,
+    SessionSettingsChanged,
+    SessionStatusChanged,
+    UnknownEvent,
+)
 from kforge_tui.messages import (
     Changes,
     ErrorRaised,
@@ -41,33 +57,35 @@ class Interest:
 def fold(events: list[Event]) -> Interest:
     """Reduce events to the reads that bring a viewer up to date (pure)."""
     got = Interest()
-    for e in events:
-        kind, data = e.kind, e.data
-        if kind in ("node_added", "node_updated", "node_finished", "node_pruned"):
-            got.nodes.add(data["node_id"])
-            got.deleted.discard(data["node_id"])
-            if kind == "node_finished":
-                got.state = True  # the card's spent and best change with it
-        elif kind == "node_deleted":
-            got.deleted.add(data["node_id"])
-            got.nodes.discard(data["node_id"])
-        elif kind == "log":
-            got.log.append(log_line(e))
-        elif kind == "command_done":
-            got.results.append(str(data.get("result", "")))
-        elif kind == "session_deleted":
-            got.gone = True
-        elif kind in ("session_status", "session_settings", "cards_added", "card_updated",
-                      "engine_attached"):
-            got.state = True
+    for event in events:
+        match event.record:
+            case (NodeAdded(node_id=node) | NodeUpdated(node_id=node) | NodePruned(node_id=node)
+                  | NodeFinished(node_id=node)):
+                got.nodes.add(node)
+                got.deleted.discard(node)
+                if isinstance(event.record, NodeFinished):
+                    got.state = True  # the card's spent and best change with it
+            case NodeDeleted(node_id=node):
+                got.deleted.add(node)
+                got.nodes.discard(node)
+            case LogLine() as line:
+                got.log.append(log_line(event.at, line))
+            case CommandDone(result=result):
+                got.results.append(result)
+            case SessionDeleted():
+                got.gone = True
+            case (SessionStatusChanged() | SessionSettingsChanged() | CardsAdded() | CardUpdated()
+                  | EngineAttached()):
+                got.state = True
+            case UnknownEvent():
+                got.state = True  # written by a newer kforge: re-reading the state is always safe
     return got
 
 
-def log_line(event: Event) -> str:
-    level = event.data.get("level", "info")
-    stamp = time.strftime("%H:%M:%S", time.localtime(event.at))
-    mark = "" if level == "info" else f"{level.upper()}: "
-    return f"{stamp} {mark}{event.data.get('message', '')}"
+def log_line(at: float, line: LogLine) -> str:
+    stamp = time.strftime("%H:%M:%S", time.localtime(at))
+    mark = "" if line.level == "info" else f"{line.level.upper()}: "
+    return f"{stamp} {mark}{line.message}"
 
 
 async def read_state(store: Store, session_id: int) -> SessionState:
@@ -77,7 +95,8 @@ async def read_state(store: Store, session_id: int) -> SessionState:
 
 async def log_tail(store: Store, session_id: int, upto: int) -> list[str]:
     """The last LOG_TAIL log lines of a session, up to event ``upto``."""
-    return [log_line(e) for e in await store.recent_logs(session_id, LOG_TAIL, upto)]
+    return [log_line(e.at, e.record) for e in await store.recent_logs(session_id, LOG_TAIL, upto)
+            if isinstance(e.record, LogLine)]
 
 
 async def follow_session(store: Store, session_id: int, post: Callable[[Message], object],

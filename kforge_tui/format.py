@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from kforge.core.argspec import tensor_specs
 from kforge.core.candidate import EvalOutcome, Timing
 from kforge.core.fmt import fmt_age, fmt_speedup, fmt_us
-from kforge.core.opcard import tensor_specs
+from kforge.core.settings import SessionSettings
 from kforge.store import NodeStatus
 from kforge.store.records import CardRow, NodeDetail, NodeRow, Session, SessionSummary
 
@@ -84,21 +85,21 @@ def session_cells(summary: SessionSummary, now: float, alive: bool) -> tuple[str
 
 def focus_of(session: Session) -> int | None:
     """The card the search is focused on, if any."""
-    return session.settings.get("search", {}).get("focus")
+    return SessionSettings.from_stored(session.settings).search.focus
 
 
 def progress_line(session: Session, cards: list[CardRow], alive: bool, gpu: str) -> str:
     """The session screen's header: status, iterations, money, time, GPU."""
-    search = session.settings.get("search", {})
+    search = SessionSettings.from_stored(session.settings).search
     targets = sum(1 for c in cards if c.card.target)
-    total = int(search.get("iterations_per_op", 24)) * targets
+    total = search.iterations_per_op * targets
     done = sum(c.spent for c in cards)
     usd = f"${session.usd_spent:.2f}"
-    if search.get("usd") is not None:
-        usd += f"/${float(search['usd']):.2f}"
+    if search.usd is not None:
+        usd += f"/${search.usd:.2f}"
     minutes = f"{session.run_seconds / 60:.0f}m"
-    if search.get("wall_s"):
-        minutes += f"/{float(search['wall_s']) / 60:.0f}m"
+    if search.wall_s:
+        minutes += f"/{search.wall_s / 60:.0f}m"
     engine = "engine live" if alive else "no engine"
     return (f"#{session.id} {session.model} · {session.status} ({engine}) · {done}/{total} it · "
             f"{usd} · {minutes} · {gpu}")

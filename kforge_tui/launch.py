@@ -1,9 +1,11 @@
-"""Starting work that needs torch or a GPU: ``python -m kforge`` subprocesses (a new session's
-profile, an engine resume) whose progress lines the TUI shows, and the GPU check that guards them."""
+"""Starting work that needs torch or a GPU: ``python -m kforge ... --json`` subprocesses (a new
+session's profile, an engine resume) whose progress lines the TUI shows and whose JSON answer
+names the session, and the GPU check that guards them."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import sys
@@ -11,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kforge.engine.settings import parse_duration
+from kforge.core.settings import SessionSettings, parse_duration
 from kforge.errors import KforgeError
 
 DTYPES = ("float16", "bfloat16", "float32")
@@ -67,7 +69,7 @@ def parse_nvidia_smi(returncode: int, output: str) -> GpuCheck:
 
 def needs_gpu(settings: dict) -> bool:
     """Whether a session's search runs on a GPU (the built-in evaluator) or on a plug-in."""
-    return settings.get("search", {}).get("evaluator", "gpu") == "gpu"
+    return SessionSettings.from_stored(settings).search.evaluator == "gpu"
 
 
 def builtin_models() -> list[tuple[str, str]]:
@@ -100,7 +102,7 @@ def search_argv(form: NewSession, db: Path) -> list[str]:
         path = Path(model.rsplit(":", 1)[0]).expanduser()
         if not path.is_file():
             raise KforgeError(f"{path} is not a file (a model is path/to/file.py:factory)")
-    argv = [*kforge_command(), "search", model, "--db", str(db), "--detach"]
+    argv = [*kforge_command(), "search", model, "--db", str(db), "--detach", "--json"]
     if form.dtype:
         if form.dtype not in DTYPES:
             raise KforgeError(f"dtype must be one of {', '.join(DTYPES)}")
@@ -126,37 +128,42 @@ def search_argv(form: NewSession, db: Path) -> list[str]:
 
 
 def resume_argv(session_id: int, db: Path) -> list[str]:
-    return [*kforge_command(), "resume", str(session_id), "--db", str(db), "--detach"]
+    return [*kforge_command(), "resume", str(session_id), "--db", str(db), "--detach", "--json"]
 
 
 def kforge_command() -> list[str]:
     return [sys.executable, "-m", "kforge"]
 
 
-async def run_kforge(argv: list[str], on_line: Callable[[str], None]) -> list[str]:
-    """Run a kforge command, passing each output line to ``on_line`` as it comes; return the
-    lines. A failure raises KforgeError with kforge's own one-line message."""
+async def run_kforge(argv: list[str], on_line: Callable[[str], None]) -> dict:
+    """Run a kforge command that answers in JSON (``--json``): pass each line it writes to stderr
+    (its progress) to ``on_line`` as it comes, and return the object it prints on stdout. A
+    failure raises KforgeError with kforge's own one-line message."""
     try:
         proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            stderr=asyncio.subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     except OSError as exc:
         raise KforgeError(f"cannot start {argv[0]}: {exc.strerror}") from None
-    assert proc.stdout is not None
+    assert proc.stdout is not None and proc.stderr is not None
     lines: list[str] = []
-    try:
-        async for raw in proc.stdout:
+
+    async def follow_progress(stream: asyncio.StreamReader) -> None:
+        async for raw in stream:
             for part in raw.decode(errors="replace").replace("\r", "\n").splitlines():
                 if part.strip():
                     lines.append(part)
                     on_line(part)
+
+    try:
+        answer, _ = await asyncio.gather(proc.stdout.read(), follow_progress(proc.stderr))
         await proc.wait()
     except asyncio.CancelledError:
         proc.terminate()
         raise
     if proc.returncode:
         raise KforgeError(failure_message(lines, proc.returncode))
-    return lines
+    return json_answer(answer.decode(errors="replace"))
 
 
 def failure_message(lines: list[str], returncode: int) -> str:
@@ -168,13 +175,13 @@ def failure_message(lines: list[str], returncode: int) -> str:
     return f"kforge exited with code {returncode}: {tail}"
 
 
-def session_from_output(lines: list[str]) -> int | None:
-    """The session a ``kforge search`` created: it prints ``profiled MODEL into session N``."""
-    for line in lines:
-        words = line.split()
-        if "session" in words:
-            after = words[words.index("session") + 1:] or [""]
-            digits = after[0].rstrip(";:,.")
-            if digits.isdigit():
-                return int(digits)
-    return None
+def json_answer(stdout: str) -> dict:
+    """The one JSON object a ``--json`` command prints, which names its session."""
+    try:
+        answer = json.loads(stdout)
+    except json.JSONDecodeError:
+        answer = None
+    if not isinstance(answer, dict) or not isinstance(answer.get("session"), int):
+        shown = stdout.strip()[:200] or "nothing"
+        raise KforgeError(f"kforge answered without naming a session: {shown}")
+    return answer

@@ -26,6 +26,14 @@ class Notice(Message):
         self.text = text
 
 
+class SearchNotRunning(Message):
+    """A command only a running search carries out found none; the screen offers to start it."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+
 class SessionsLoaded(Message):
     def __init__(self, summaries: list[SessionSummary], alive: dict[int, bool]) -> None:
         super().__init__()

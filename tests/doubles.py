@@ -89,6 +89,7 @@ class FakeEvaluator:
         self.journal = journal
         self.infra_left = infra_first
         self.evaluated: list[str] = []
+        self.confirmed: list[str] = []
         self.running = 0
         self.max_running = 0
         self.baselines: list[str] = []
@@ -122,6 +123,18 @@ class FakeEvaluator:
         return EvalOutcome(EvalStatus.OK, summary=f"{speed:.2f}x", timing=timing(EAGER_US / speed),
                            eager=timing(EAGER_US), speedup=speed)
 
+    async def confirm(self, card: OpCard, candidate: Candidate,
+                      outcome: EvalOutcome) -> EvalOutcome:
+        """A candidate's ``confirmed_speed`` (meta) stands for its time on new inputs; one with
+        ``racy`` set fails the sanitizer."""
+        self.confirmed.append(candidate.digest)
+        if candidate.meta.get("racy"):
+            return EvalOutcome(EvalStatus.MISMATCH, summary="compute-sanitizer racecheck: race")
+        speed = float(candidate.meta.get("confirmed_speed", outcome.speedup or 1.0))
+        return EvalOutcome(EvalStatus.OK, summary=f"{speed:.2f}x", timing=timing(EAGER_US / speed),
+                           eager=timing(EAGER_US), speedup=speed,
+                           extra={"confirmed": True, "first_speedup": outcome.speedup})
+
     def _write(self, line: str) -> None:
         if self.journal:
             with open(self.journal, "a") as fh:
@@ -134,12 +147,12 @@ class FakeEvaluator:
 
 
 def make_proposer(ctx: SearchContext) -> FakeProposer:
-    fake = ctx.settings.get("fake", {})
+    fake = ctx.settings.extra.get("fake", {})
     return FakeProposer(usd=fake.get("usd", 0.0), fail_every=fake.get("fail_every", 0))
 
 
 def make_evaluator(ctx: SearchContext) -> FakeEvaluator:
-    fake = ctx.settings.get("fake", {})
+    fake = ctx.settings.extra.get("fake", {})
     return FakeEvaluator(delay_s=fake.get("delay_s", 0.0), journal=fake.get("journal"))
 
 

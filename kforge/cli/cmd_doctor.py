@@ -151,7 +151,7 @@ def check_llm() -> Check:
         from kforge.propose.llm.settings import PLACEHOLDER_KEY, load_llm_settings
 
         try:
-            s = load_llm_settings(load_config(), os.environ)
+            s = load_llm_settings(load_config().llm, os.environ)
         except KforgeError as exc:
             return Check("LLM", WARN, f"not configured ({exc}); the built-in kernel library "
                                       "works offline")

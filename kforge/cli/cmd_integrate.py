@@ -46,7 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "export", help="write a session's winning kernels as a standalone Python package",
-        description="Write a package (kernel sources, launchers, cubins per architecture, a "
+        description="Write a package (kernel sources, launch plans, cubins per architecture, a "
                     "manifest of every op variant, a README) that patches a model with only torch "
                     "and cuda-python installed: `import PKG; with PKG.patch(): model(x)`. "
                     "Needs no GPU.")

@@ -8,7 +8,17 @@ import shutil
 import sys
 from typing import TYPE_CHECKING, TextIO
 
-from kforge.cli.common import add_db_option, count, count_or_zero, out, resolve_db
+from kforge.cli.common import (
+    add_db_option,
+    add_json_option,
+    count,
+    count_or_zero,
+    out,
+    resolve_db,
+    respond,
+    session_facts,
+    with_store,
+)
 from kforge.core.gpu import NO_GPU, GpuInfo
 from kforge.errors import KforgeError
 from kforge.store import Store
@@ -35,6 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--list", action="store_true", help="list the built-in models and exit")
     add_model_options(p)
     p.add_argument("--top", type=count, default=15, help="op variants to print (default 15)")
+    add_json_option(p)
     add_db_option(p)
     p.set_defaults(func=cmd_profile)
 
@@ -66,12 +77,17 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if not args.model:
         raise KforgeError("name a model to profile: a built-in one (kforge profile --list) or "
                           "path/to/file.py:factory")
-    profile_to_session(args, top=args.top)
-    return 0
+
+    def work() -> tuple[int, dict]:
+        session, extras = profile_to_session(args, top=args.top)
+        return 0, {**with_store(args, lambda store: session_facts(store, session)), **extras}
+
+    return respond(args, work)
 
 
-def profile_to_session(args: argparse.Namespace, top: int = 15) -> int:
-    """Profile ``args.model`` with the model options into a new session; print its op table."""
+def profile_to_session(args: argparse.Namespace, top: int = 15) -> tuple[int, dict]:
+    """Profile ``args.model`` with the model options into a new session; print its op table.
+    Returns the session's id and what the profile adds to its ``--json`` facts."""
     session, result, name, settings = asyncio.run(_profile_into_store(args, ProgressLine()))
     from kforge.capture.report import format_table, summary_line
 
@@ -81,7 +97,8 @@ def profile_to_session(args: argparse.Namespace, top: int = 15) -> int:
         out.print(f"note: {warning}", markup=False)
     out.print(f"stored as session {session} with {result.samples_saved} sample inputs "
               f"({result.sample_bytes / 2**20:.1f} MiB); see `kforge show {session}`")
-    return session
+    return session, {"samples": result.samples_saved, "sample_bytes": result.sample_bytes,
+                     "warnings": list(result.warnings)}
 
 
 async def _profile_into_store(args: argparse.Namespace, progress: ProgressLine

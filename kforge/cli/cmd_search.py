@@ -8,19 +8,21 @@ import asyncio
 from kforge.cli.cmd_profile import add_model_options, profile_to_session
 from kforge.cli.common import (
     add_db_option,
+    add_json_option,
     err,
     out,
     resolve_db,
+    respond,
+    session_facts,
     session_id,
     with_store,
 )
 from kforge.cli.progress import Progress
-from kforge.store.config import load_config
+from kforge.core.settings import parse_duration
 from kforge.engine.runner import log_path, prepare_session, run_session, spawn_detached
-from kforge.engine.settings import parse_duration
-from kforge.errors import KforgeError
-from kforge.store import CommandKind, SessionStatus, Store
-from kforge.store.store import engine_alive
+from kforge.store import CommandKind, SessionStatus
+from kforge.store.commands import issue
+from kforge.store.config import load_config
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -43,8 +45,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_stop)
 
 
-
-
 def _add_search_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("search budget and plug-ins")
     g.add_argument("--proposer", help="library | llm | both | module:factory (default: library)")
@@ -64,6 +64,7 @@ def _add_search_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--detach", action="store_true",
                    help="run in the background, surviving the terminal; follow with kforge-tui")
     g.add_argument("--quiet", action="store_true", help="no live progress display")
+    add_json_option(p)
     add_db_option(p)
 
 
@@ -80,59 +81,46 @@ def _given(args: argparse.Namespace) -> dict:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    if args.session is not None:
-        return _start(args, args.session)
-    evaluator = args.evaluator or load_config().get("search", {}).get("evaluator", "gpu")
-    if evaluator == "gpu":  # say so before a long profile, not after it
-        from kforge.eval.gpuinfo import require_cuda
+    def work() -> tuple[int, dict]:
+        if args.session is not None:
+            return _start(args, args.session)
+        evaluator = args.evaluator or load_config().search.evaluator
+        if evaluator == "gpu":  # say so before a long profile, not after it
+            from kforge.eval.gpuinfo import require_cuda
 
-        require_cuda()
-    sid = profile_to_session(args)
-    return _start(args, sid)
+            require_cuda()
+        sid, profiled = profile_to_session(args)
+        code, facts = _start(args, sid)
+        return code, {**facts, **profiled}
+
+    return respond(args, work)
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    return _start(args, args.session)
+    return respond(args, lambda: _start(args, args.session))
 
 
-def _start(args: argparse.Namespace, sid: int) -> int:
+def _start(args: argparse.Namespace, sid: int) -> tuple[int, dict]:
+    """Run the session's search here or detached; its exit code and ``--json`` facts."""
     db = resolve_db(args)
-    given = _given(args)
-    defaults = load_config().get("search", {})
-
-    async def prepare(store: Store) -> None:
-        # the config file's [search] values fill in only what neither the command line nor
-        # the session already says
-        stored = (await store.get_session(sid)).settings.get("search", {})
-        fill = {k: v for k, v in defaults.items() if k not in stored and k not in given}
-        await prepare_session(store, sid, {**fill, **given})
-
-    with_store(args, prepare)
+    given, config = _given(args), load_config()
+    with_store(args, lambda store: prepare_session(store, sid, given, config))
     if args.detach:
         pid = spawn_detached(db, sid)
-        out.print(f"session {sid} is searching in the background (process {pid}); "
-                  f"log: {log_path(db, sid)}")
+        log = log_path(db, sid)
+        out.print(f"session {sid} is searching in the background (process {pid}); log: {log}")
         out.print(f"follow it with `kforge-tui`, stop it with `kforge stop {sid}`")
-        return 0
+        facts = with_store(args, lambda store: session_facts(store, sid))
+        return 0, {**facts, "detached": True, "engine_pid": pid, "log": str(log)}
     with Progress(quiet=args.quiet) as progress:
         status = asyncio.run(run_session(db, sid, progress))
     if not args.quiet:
         out.print(f"session {sid}: {status}; see `kforge show {sid}`")
-    return 0 if status in (SessionStatus.DONE, SessionStatus.STOPPED) else 1
+    facts = with_store(args, lambda store: session_facts(store, sid))
+    code = 0 if status in (SessionStatus.DONE, SessionStatus.STOPPED) else 1
+    return code, {**facts, "detached": False}
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    async def work(store: Store) -> str:
-        session = await store.get_session(args.session)
-        if engine_alive(session.engine_pid, session.engine_host, session.heartbeat_at):
-            await store.send_command(args.session, CommandKind.STOP)
-            return f"asked the engine of session {args.session} (process {session.engine_pid}) to stop"
-        if session.status in (SessionStatus.RUNNING, SessionStatus.PAUSED):
-            await store.release_engine(args.session, SessionStatus.STOPPED,
-                                       "the engine had died; marked stopped")
-            return f"session {args.session} had no live engine; marked stopped"
-        raise KforgeError(f"session {args.session} is not running (status: {session.status})")
-
-    message = with_store(args, work)
-    err.print(message)
+    err.print(with_store(args, lambda store: issue(store, args.session, CommandKind.STOP)))
     return 0

@@ -9,10 +9,12 @@ from rich.table import Table
 from rich.text import Text
 
 from kforge.cli.common import add_db_option, out, session_id, with_store
-from kforge.store.config import db_path
 from kforge.core.fmt import fmt_age, fmt_speedup, fmt_us
+from kforge.core.settings import SessionSettings
 from kforge.errors import KforgeError
 from kforge.store import Store
+from kforge.store.commands import is_alive
+from kforge.store.config import db_path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -62,13 +64,13 @@ def cmd_show(args: argparse.Namespace) -> int:
 
     session, cards = with_store(args, work)
     settings = session.settings
-    search = settings.get("search", {})
+    search = SessionSettings.from_stored(settings).search
     out.print(Text.assemble((f"session {session.id}", "bold"),
                             f"  {session.model}  on {session.gpu_label}  [{session.status}]"))
     details = {k: settings[k] for k in ("dtype", "batch", "seq_len", "mode") if k in settings}
     if details:
         out.print("  " + "  ".join(f"{k}={v}" for k, v in details.items()))
-    out.print(f"  proposer={search.get('proposer', 'library')}  "
+    out.print(f"  proposer={search.proposer}  "
               f"spent ${session.usd_spent:.2f}  ran {session.run_seconds / 60:.1f} min")
     if session.error:
         out.print(Text.assemble("  ", ("error:", "red"), f" {session.error}"))
@@ -97,12 +99,9 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_delete(args: argparse.Namespace) -> int:
     async def work(store: Store) -> None:
         session = await store.get_session(args.session)
-        if session.engine_pid:
-            from kforge.store.store import engine_alive
-
-            if engine_alive(session.engine_pid, session.engine_host, session.heartbeat_at):
-                raise KforgeError(f"session {args.session} is being searched right now: "
-                                  f"`kforge stop {args.session}` first")
+        if is_alive(session):
+            raise KforgeError(f"session {args.session} is being searched right now: "
+                              f"`kforge stop {args.session}` first")
         if not args.yes:
             answer = input(f"delete session {args.session} ({session.model}) and all its "
                            "kernels? [y/N] ")

@@ -1,18 +1,21 @@
-"""What the CLI's commands share: the --db option, opening the store, and printing."""
+"""What the CLI's commands share: the --db and --json options, opening the store, and printing."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import json
+import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
 from rich.console import Console
 
-from kforge.store.config import db_path
 from kforge.store import Store
+from kforge.store.config import db_path
 
 T = TypeVar("T")
 
@@ -44,6 +47,53 @@ def with_store(args: argparse.Namespace, work: Callable[[Store], Awaitable[T]], 
             await store.close()
 
     return asyncio.run(go())
+
+
+def add_json_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object on stdout (the session, its model, status "
+                             "and op cards, ...) and nothing else; progress and the human "
+                             "report go to stderr")
+
+
+def respond(args: argparse.Namespace, work: Callable[[], tuple[int, dict]]) -> int:
+    """Run a command that can answer in JSON: ``work`` prints its human report and returns its
+    exit code and its facts. With --json, what it prints goes to stderr and its facts, as one
+    JSON object, are all that reaches stdout."""
+    if not getattr(args, "json", False):
+        return work()[0]
+    with _stdout_to_stderr():
+        code, facts = work()
+    print(json.dumps(facts), flush=True)
+    return code
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """Send what is written to stdout meanwhile to stderr, at the file descriptor too: native
+    code (CUDA, a model's own libraries) writes there without going through ``sys.stdout``."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        for stream in (sys.stdout, sys.stderr):  # what was held for fd 1 lands on stderr too
+            stream.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+async def session_facts(store: Store, session_id: int) -> dict:
+    """What a program reading ``--json`` learns of a session."""
+    session = await store.get_session(session_id)
+    cards = await store.list_cards(session_id)
+    speedups = [row.best_speedup for row in cards if row.best_speedup is not None]
+    return {"session": session.id, "model": session.model, "status": session.status,
+            "error": session.error or None, "cards": len(cards),
+            "targets": sum(row.card.target for row in cards),
+            "best_speedup": max(speedups, default=None), "usd_spent": session.usd_spent}
 
 
 def count_or_zero(text: str) -> int:

@@ -20,8 +20,9 @@ def render(snap: Snapshot, rows: int = 12) -> Group:
     for name, justify in (("op", "left"), ("arguments", "left"), ("tries", "right"),
                           ("best", "right"), ("", "left")):
         table.add_column(name, justify=justify, no_wrap=True)
-    for op, signature, spent, best, status in snap.cards[:rows]:
-        table.add_row(op, signature[:48], str(spent), fmt_speedup(best), status)
+    for card in snap.cards[:rows]:
+        table.add_row(card.op, card.signature[:48], str(card.spent),
+                      fmt_speedup(card.best_speedup), card.phase)
     more = len(snap.cards) - rows
     parts = [head, table]
     if more > 0:
@@ -55,8 +56,8 @@ class Progress:
             self.live.update(render(snap), refresh=True)
             return
         line = (f"[{snap.status}] {snap.iterations}/{snap.total} iterations, best "
-                + ", ".join(f"{op} {fmt_speedup(best)}" for op, _, _, best, _ in snap.cards[:4]
-                            if best))
+                + ", ".join(f"{card.op} {fmt_speedup(card.best_speedup)}"
+                            for card in snap.cards[:4] if card.best_speedup))
         if line != self._last_line:
             self._last_line = line
             err.print(line)

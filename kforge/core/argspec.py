@@ -1,77 +1,247 @@
-"""The arg-spec format: how one aten call's arguments are named (the format documented in
-``kforge.core.opcard``), and the operator they are passed to.
+"""The arg-spec format: how kforge describes the arguments of one aten call, and the one module
+that writes, walks, reads and binds it.
+
+An argument is described by a JSON-able *arg spec*:
+
+- a tensor: ``{"t": "tensor", "shape": [..], "stride": [..], "dtype": "bfloat16", "offset": 0}``
+  (a tensor of another layout, e.g. sparse, has ``"layout"`` instead of strides and offset)
+- a list or tuple of arguments: ``{"t": "list", "items": [...]}``
+- a dtype / device / layout / memory format: ``{"t": "dtype", "v": "float32"}`` (and so on); a
+  symbolic number ``{"t": "sym", "v": "s0"}``; any other object ``{"t": "other", "v": type name}``
+- a plain scalar (int, float, bool, None, str) as itself.
+
+A call is ``(args_spec, kwargs_spec)``: a list and a dict of arg specs.
 
 Encoding runs on every op call while a model is profiled, and the integration guard reuses it at
 dispatch time, so it is written for speed: a type check per value, a dict lookup per dtype.
+Only encoding, decoding and operator lookup need torch, and it is imported when they are first
+used: torch-free modules (op cards, the TUI) read specs without loading it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from functools import cache
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from kforge.errors import KforgeError
 
-# Keyed by the dtype object, so aliases (torch.half) map to the canonical name ("float16").
-_DTYPE_NAMES: dict[torch.dtype, str] = {
-    value: str(value).removeprefix("torch.") for value in vars(torch).values()
-    if isinstance(value, torch.dtype)
-}
+if TYPE_CHECKING:
+    import torch
+
+_ENCODER_NAMES = ("dtype_name", "tensor_spec", "encode_value", "encode_call")
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    """``torch.bfloat16`` -> ``"bfloat16"``."""
-    return _DTYPE_NAMES.get(dtype) or str(dtype).removeprefix("torch.")
+class ArgSpecError(KforgeError):
+    """An arg spec that cannot be read back, or a call that does not fit its operator."""
 
 
-def tensor_spec(t: torch.Tensor) -> dict:
-    return {"t": "tensor", "shape": list(t.shape), "stride": list(t.stride()),
-            "dtype": dtype_name(t.dtype), "offset": t.storage_offset()}
+# ----- encoding: values -> specs -----
 
 
-def encode_value(value: Any) -> Any:
-    """The arg spec of one argument value."""
-    if isinstance(value, torch.Tensor):
-        if value.layout is not torch.strided:  # sparse and other layouts have no strides
-            return {"t": "tensor", "shape": list(value.shape), "dtype": dtype_name(value.dtype),
-                    "layout": str(value.layout).removeprefix("torch.")}
-        return tensor_spec(value)
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, (list, tuple)):
-        return {"t": "list", "items": [encode_value(item) for item in value]}
-    if isinstance(value, torch.dtype):
-        return {"t": "dtype", "v": dtype_name(value)}
-    if isinstance(value, torch.device):
-        return {"t": "device", "v": str(value)}
-    if isinstance(value, torch.layout):
-        return {"t": "layout", "v": str(value).removeprefix("torch.")}
-    if isinstance(value, torch.memory_format):
-        return {"t": "memory_format", "v": str(value).removeprefix("torch.")}
-    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        return {"t": "sym", "v": str(value)}
-    return {"t": "other", "v": type(value).__name__}
+def __getattr__(name: str) -> Any:
+    if name in _ENCODER_NAMES:
+        function = _encoder()[name]
+        globals()[name] = function  # later lookups find it without this hook
+        return function
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def encode_call(func: Any, args: tuple | list, kwargs: dict) -> tuple[list, dict]:
-    """``(args_spec, kwargs_spec)`` for one call of ``func`` (an OpOverload; not encoded here)."""
-    return [encode_value(a) for a in args], {k: encode_value(v) for k, v in kwargs.items()}
+@cache
+def _encoder() -> dict[str, Callable[..., Any]]:
+    """The encoder functions, made on first use: they hold torch and its types as closure
+    variables, the fastest lookup on the per-call path."""
+    import torch
+
+    # Keyed by the dtype object, so aliases (torch.half) map to the canonical name ("float16").
+    names = {value: str(value).removeprefix("torch.") for value in vars(torch).values()
+             if isinstance(value, torch.dtype)}
+    tensor, strided, dtype, device, layout, memory_format = (
+        torch.Tensor, torch.strided, torch.dtype, torch.device, torch.layout, torch.memory_format)
+    symbolic = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+    def dtype_name(value: torch.dtype) -> str:
+        """``torch.bfloat16`` -> ``"bfloat16"``."""
+        return names.get(value) or str(value).removeprefix("torch.")
+
+    def tensor_spec(t: torch.Tensor) -> dict:
+        return {"t": "tensor", "shape": list(t.shape), "stride": list(t.stride()),
+                "dtype": dtype_name(t.dtype), "offset": t.storage_offset()}
+
+    def encode_value(value: Any) -> Any:
+        """The arg spec of one argument value."""
+        if isinstance(value, tensor):
+            if value.layout is not strided:  # sparse and other layouts have no strides
+                return {"t": "tensor", "shape": list(value.shape),
+                        "dtype": dtype_name(value.dtype),
+                        "layout": str(value.layout).removeprefix("torch.")}
+            return tensor_spec(value)
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return value
+        if isinstance(value, (list, tuple)):
+            return {"t": "list", "items": [encode_value(item) for item in value]}
+        if isinstance(value, dtype):
+            return {"t": "dtype", "v": dtype_name(value)}
+        if isinstance(value, device):
+            return {"t": "device", "v": str(value)}
+        if isinstance(value, layout):
+            return {"t": "layout", "v": str(value).removeprefix("torch.")}
+        if isinstance(value, memory_format):
+            return {"t": "memory_format", "v": str(value).removeprefix("torch.")}
+        if isinstance(value, symbolic):
+            return {"t": "sym", "v": str(value)}
+        return {"t": "other", "v": type(value).__name__}
+
+    def encode_call(func: Any, args: tuple | list, kwargs: dict) -> tuple[list, dict]:
+        """``(args_spec, kwargs_spec)`` for one call of ``func`` (an OpOverload; not encoded)."""
+        return [encode_value(a) for a in args], {k: encode_value(v) for k, v in kwargs.items()}
+
+    return {"dtype_name": dtype_name, "tensor_spec": tensor_spec, "encode_value": encode_value,
+            "encode_call": encode_call}
+
+
+# ----- walking -----
+
+
+def is_tensor_spec(value: Any) -> bool:
+    return isinstance(value, dict) and value.get("t") == "tensor"
+
+
+def list_items(spec: Any) -> list | None:
+    """The items of a list spec; None for any other value."""
+    if isinstance(spec, dict) and spec.get("t") == "list":
+        return spec["items"]
+    return None
+
+
+def walk(spec: Any, path: str = "") -> Iterator[tuple[str, Any]]:
+    """``(path, leaf)`` for every value inside ``spec`` that is not a list, in argument order.
+    List specs and Python lists and tuples (a call's arguments; a saved sample's lists) are
+    entered alike, each item adding ``[i]`` to ``path``."""
+    items = list_items(spec)
+    if items is None and isinstance(spec, (list, tuple)):
+        items = spec
+    if items is None:
+        yield path, spec
+        return
+    for i, item in enumerate(items):
+        yield from walk(item, f"{path}[{i}]")
+
+
+def tensor_specs(spec: Any) -> list[dict]:
+    """Every tensor spec inside ``spec`` (an arg spec, or lists of them), in argument order."""
+    return [leaf for _, leaf in walk(spec) if is_tensor_spec(leaf)]
+
+
+# ----- decoding: specs -> values -----
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """``"bfloat16"`` -> ``torch.bfloat16``."""
+    import torch
+
+    value = getattr(torch, name, None)
+    if not isinstance(value, torch.dtype):
+        raise ArgSpecError(f"unknown dtype {name!r} in an arg spec")
+    return value
+
+
+def torch_value(kind: str, name: Any) -> Any:
+    """The torch object a dtype, device, layout or memory-format spec names."""
+    import torch
+
+    if kind == "dtype":
+        return torch_dtype(name)
+    if kind == "device":
+        return torch.device(name)
+    expected = {"layout": torch.layout, "memory_format": torch.memory_format}.get(kind)
+    if expected is None:
+        raise ArgSpecError(f"an argument of kind {kind!r} ({name}) cannot be rebuilt")
+    value = getattr(torch, str(name), None)
+    if not isinstance(value, expected):
+        raise ArgSpecError(f"unknown {kind} {name!r} in an arg spec")
+    return value
+
+
+def decode(spec: Any, make_tensor: Callable[[dict], Any], *,
+           make_list: Callable[[list], Any] = tuple,
+           make_named: Callable[[str, Any], Any] = torch_value,
+           make_scalar: Callable[[Any], Any] | None = None) -> Any:
+    """``spec`` as a value, built bottom up: tensor specs by ``make_tensor``, lists (list specs
+    and Python lists) from their decoded items by ``make_list`` (tuples by default, as aten
+    accepts them and no callee can keep state in them), specs with a ``"v"`` by
+    ``make_named(kind, v)`` (torch objects by default), plain scalars by ``make_scalar`` (as
+    they are by default)."""
+
+    def one(value: Any) -> Any:
+        if isinstance(value, dict):
+            kind = value.get("t")
+            if kind == "tensor":
+                return make_tensor(value)
+            if kind == "list":
+                return make_list([one(item) for item in value["items"]])
+            if "v" not in value:
+                raise ArgSpecError(f"{value} is not an arg spec")
+            return make_named(kind, value["v"])
+        if isinstance(value, (list, tuple)):
+            return make_list([one(item) for item in value])
+        return value if make_scalar is None else make_scalar(value)
+
+    return one(spec)
+
+
+# ----- operators and schemas -----
 
 
 @cache
 def resolve_op(name: str) -> torch._ops.OpOverload:
     """``"aten._softmax.default"`` -> ``torch.ops.aten._softmax.default``."""
+    import torch
+
     parts = name.split(".")
     if len(parts) != 3:
-        raise KforgeError(f"{name!r} is not an operator name of the form namespace.op.overload")
+        raise ArgSpecError(f"{name!r} is not an operator name of the form namespace.op.overload")
     namespace, op_name, overload = parts
     try:
         packet = getattr(getattr(torch.ops, namespace), op_name)
         return getattr(packet, overload)
     except (AttributeError, RuntimeError):
-        raise KforgeError(f"PyTorch {torch.__version__} has no operator {name!r}") from None
+        raise ArgSpecError(f"PyTorch {torch.__version__} has no operator {name!r}") from None
+
+
+def bind(op_name: str, args_spec: list, kwargs_spec: dict) -> dict[str, Any]:
+    """A call's arguments by their aten schema names, in schema order (positional, then keyword);
+    an argument the call leaves out gets its schema default. Values stay arg specs. (A default of
+    an enum type, such as ``MemoryFormat memory_format=contiguous_format``, is the enum's number,
+    as the schema holds it.)"""
+    arguments = resolve_op(op_name)._schema.arguments
+    positional = sum(not argument.kwarg_only for argument in arguments)
+    if len(args_spec) > positional:
+        raise ArgSpecError(f"{op_name} takes {positional} positional arguments, "
+                           f"not {len(args_spec)}")
+    names = [argument.name for argument in arguments]
+    if unknown := [name for name in kwargs_spec if name not in names]:
+        raise ArgSpecError(f"{op_name} has no argument {unknown[0]!r} "
+                           f"(its arguments: {', '.join(names)})")
+    encode_value = _encoder()["encode_value"]
+    bound = {}
+    for i, argument in enumerate(arguments):
+        name = argument.name
+        if i < len(args_spec):
+            if name in kwargs_spec:
+                raise ArgSpecError(f"{op_name} gets argument {name!r} both by position and "
+                                   "by keyword")
+            bound[name] = args_spec[i]
+        elif name in kwargs_spec:
+            bound[name] = kwargs_spec[name]
+        elif argument.has_default_value():
+            bound[name] = encode_value(argument.default_value)
+        else:
+            raise ArgSpecError(f"{op_name} needs argument {name!r}, which the call does not pass")
+    return bound
+
+
+# ----- comparing -----
 
 
 def storage_span(shape: tuple[int, ...] | list[int], stride: tuple[int, ...] | list[int]) -> int:

@@ -8,6 +8,7 @@ A candidate is CUDA C++ device code compiled with NVRTC plus a small Python laun
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
@@ -16,19 +17,23 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Candidate:
-    """CUDA source + launcher for one op card.
+    """CUDA source + launch plan for one op card.
 
-    ``meta`` carries what produced it (``family``, ``approach``, ``params`` for the built-in
-    library; ``model`` and ``notes`` for an LLM) so a later refine or repair can build on it.
+    ``plan`` is the host side as data (``docs/launch-plan.md``): outputs, scratch and the ordered
+    launches, interpreted by kforge. ``meta`` carries what produced it (``family``, ``approach``,
+    ``params`` for the built-in library; ``model`` and ``notes`` for an LLM) so a later refine or
+    repair can build on it.
     """
 
     source: str
-    launcher: str
+    launcher: str = ""
     meta: dict = field(default_factory=dict)
+    plan: dict | None = None
 
     @property
     def digest(self) -> str:
-        return hashlib.sha256((self.source + "\0" + self.launcher).encode()).hexdigest()[:16]
+        host = json.dumps(self.plan, sort_keys=True) if self.plan is not None else self.launcher
+        return hashlib.sha256((self.source + "\0" + host).encode()).hexdigest()[:16]
 
     @property
     def approach(self) -> str:
@@ -39,7 +44,8 @@ class Candidate:
 
     @classmethod
     def from_dict(cls, data: dict) -> Candidate:
-        return cls(source=data["source"], launcher=data["launcher"], meta=dict(data.get("meta") or {}))
+        return cls(source=data["source"], launcher=data.get("launcher") or "",
+                   meta=dict(data.get("meta") or {}), plan=data.get("plan"))
 
 
 class EvalStatus(StrEnum):
@@ -81,6 +87,8 @@ class EvalOutcome:
     """The full verdict on one candidate: compile, correctness and timing.
 
     ``speedup`` is eager median over candidate median, measured interleaved in the same run.
+    ``restart`` says the evaluation left its process unfit for another (a dead GPU context,
+    replaced timers, threads left running): the worker that ran it must be replaced.
     """
 
     status: EvalStatus
@@ -94,6 +102,7 @@ class EvalOutcome:
     floor_fraction: float | None = None
     wall_s: float = 0.0
     extra: dict = field(default_factory=dict)
+    restart: bool = False
 
     @property
     def ok(self) -> bool:
@@ -109,6 +118,9 @@ class EvalOutcome:
         def timing(value: Any) -> Timing | None:
             return Timing(**value) if value else None
 
+        extra = dict(data.get("extra") or {})
+        # Outcomes stored before ``restart`` was a field carried it in ``extra``.
+        restart = bool(data.get("restart") or extra.pop("restart", False))
         return cls(
             status=EvalStatus(data["status"]),
             summary=data.get("summary", ""),
@@ -120,7 +132,8 @@ class EvalOutcome:
             bandwidth_gbs=data.get("bandwidth_gbs"),
             floor_fraction=data.get("floor_fraction"),
             wall_s=data.get("wall_s", 0.0),
-            extra=data.get("extra") or {},
+            extra=extra,
+            restart=restart,
         )
 
 

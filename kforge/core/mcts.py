@@ -187,9 +187,6 @@ class Tree:
     def __len__(self) -> int:
         return len(self._nodes) - 1
 
-    def state(self, node_id: int) -> NodeState:
-        return self._node(node_id).state
-
     def children(self, node_id: int) -> list[int]:
         return list(self._node(node_id).children)
 

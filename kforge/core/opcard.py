@@ -1,11 +1,7 @@
 """Op cards: one operator variant a model runs (op + shapes + dtypes + strides + scalar args).
 
-Plain data and pure functions only. An argument is described by a JSON-able *arg spec*:
-
-- a tensor:  ``{"t": "tensor", "shape": [..], "stride": [..], "dtype": "bfloat16", "offset": 0}``
-- a list/tuple of specs: ``{"t": "list", "items": [...]}``
-- a dtype / device / layout / memory format: ``{"t": "dtype", "v": "float32"}`` (and so on)
-- any other scalar (int, float, bool, None, str) as itself.
+Plain data and pure functions only. Arguments are JSON-able *arg specs* (the format of
+``kforge.core.argspec``).
 
 Two calls belong to the same card exactly when their op and arg specs are equal, so the card key
 is a hash of the canonical JSON of both. The same key guards integration at dispatch time.
@@ -18,6 +14,8 @@ import json
 import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
+
+from kforge.core.argspec import decode, tensor_specs
 
 # Where eager time goes for an op. Native kernels are PyTorch's own and the best targets;
 # vendor-library ops (cuBLAS, cuDNN, flash attention) rarely lose to a generated kernel.
@@ -42,19 +40,6 @@ def variant_key(op: str, args: list, kwargs: dict) -> str:
     """The identity of one op variant; equal keys mean 'the same call up to tensor values'."""
     digest = hashlib.sha256(canonical_json([op, args, kwargs]).encode()).hexdigest()
     return digest[:20]
-
-
-def tensor_specs(spec: Any) -> list[dict]:
-    """Every tensor spec inside an arg spec, in argument order."""
-    if isinstance(spec, dict):
-        if spec.get("t") == "tensor":
-            return [spec]
-        if spec.get("t") == "list":
-            return [t for item in spec["items"] for t in tensor_specs(item)]
-        return []
-    if isinstance(spec, (list, tuple)):
-        return [t for item in spec for t in tensor_specs(item)]
-    return []
 
 
 def tensor_bytes(spec: dict) -> int:
@@ -86,15 +71,8 @@ def describe_args(args: list, kwargs: dict) -> str:
     """One-line human form of a call's arguments for tables and prompts."""
 
     def one(spec: Any) -> str:
-        if isinstance(spec, dict):
-            kind = spec.get("t")
-            if kind == "tensor":
-                return describe_tensor(spec)
-            if kind == "list":
-                return "[" + ", ".join(one(i) for i in spec["items"]) + "]"
-            if "v" in spec:
-                return str(spec["v"])
-        return repr(spec)
+        return decode(spec, describe_tensor, make_list=lambda items: f"[{', '.join(items)}]",
+                      make_named=lambda kind, name: str(name), make_scalar=repr)
 
     parts = [one(a) for a in args] + [f"{k}={one(v)}" for k, v in sorted(kwargs.items())]
     return ", ".join(parts)

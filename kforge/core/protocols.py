@@ -15,6 +15,7 @@ from kforge.core.candidate import Baseline, Candidate, EvalOutcome, Proposal
 from kforge.core.gpu import GpuInfo
 from kforge.core.mcts import Action
 from kforge.core.opcard import OpCard
+from kforge.core.settings import SessionSettings, Settings
 
 
 @dataclass(frozen=True)
@@ -23,8 +24,8 @@ class SearchContext:
 
     session_id: int
     samples_dir: Path  # where capture saved this session's sample inputs, per card key
-    settings: dict = field(default_factory=dict)  # the session's settings (budgets, dtype, ...)
-    config: dict = field(default_factory=dict)  # the user's config file (LLM endpoint, prices)
+    settings: SessionSettings = field(default_factory=SessionSettings)  # the session's own
+    config: Settings = field(default_factory=Settings)  # the user's config file (LLM endpoint...)
     gpu: GpuInfo | None = None
 
 
@@ -94,6 +95,13 @@ class Evaluator(Protocol):
     async def evaluate(self, card: OpCard, candidate: Candidate) -> EvalOutcome:
         """Compile, verify and time a candidate. Never raises for a bad candidate: its failure is
         the outcome. Raises only when the evaluator itself cannot go on."""
+        ...
+
+    async def confirm(self, card: OpCard, candidate: Candidate,
+                      outcome: EvalOutcome) -> EvalOutcome:
+        """The outcome that counts for a candidate about to become the card's best: checked
+        again (compute-sanitizer for the GPU evaluator) and timed again on new inputs in a fresh
+        process, so the best of many noisy timings is not taken at face value."""
         ...
 
     async def close(self) -> None: ...

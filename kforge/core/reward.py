@@ -14,12 +14,6 @@ import math
 FAILURE_REWARD = -1.0
 
 
-def reward_from_times(eager_us: float, kernel_us: float) -> float:
-    if eager_us <= 0 or kernel_us <= 0:
-        raise ValueError(f"times must be positive, got eager={eager_us} kernel={kernel_us}")
-    return math.log(eager_us / kernel_us)
-
-
 def reward_from_speedup(speedup: float) -> float:
     if speedup <= 0:
         raise ValueError(f"speedup must be positive, got {speedup}")

@@ -1,7 +1,8 @@
 """The asyncio engine: runs one session's search over its op cards.
 
-A thin shell around the pure pieces. ``kforge.core.budget`` picks the op, ``kforge.core.mcts`` picks
-the node and action, the proposer writes a candidate, the evaluator judges it, and the store records
+A thin shell around the pure pieces. ``kforge.core.schedule`` holds each op's search state and
+decides which op goes next and when an op or the session is done, ``kforge.core.mcts`` picks the
+node and action, the proposer writes a candidate, the evaluator judges it, and the store records
 each step in its own transaction. Several proposals may be in flight; evaluations are limited to the
 evaluator's capacity (one per GPU). Viewer commands (pause, resume, stop, prune, unprune, focus) are
 read from the store between steps.
@@ -18,17 +19,26 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from kforge.core import budget
 from kforge.core.candidate import Candidate, EvalOutcome, EvalStatus, Proposal
 from kforge.core.mcts import ROOT, Action, Decision, Tree
-from kforge.core.opcard import OpCard
 from kforge.core.protocols import Evaluator, NodeView, ProposalRequest, Proposer
-from kforge.core.reward import reward_from_speedup
-from kforge.engine.settings import SearchSettings
+from kforge.core.schedule import (
+    FAILURE_LINE_CHARS,
+    Best,
+    CardProgress,
+    CardSearch,
+    NodeResult,
+    Schedule,
+    derived_seed,
+    failure_line,
+    searched_cards,
+)
+from kforge.core.settings import SearchSettings
 from kforge.errors import KforgeError
 from kforge.store import CardStatus, CommandKind, NodeStatus, SessionStatus, Store
+from kforge.store.commands import BadCommand, checked, save_focus, save_pruned
 from kforge.store.records import CardRow, Command
 
 log = logging.getLogger("kforge.engine")
@@ -38,32 +48,6 @@ COMMAND_POLL_S = 0.25
 LINEAGE_DEPTH = 4  # the parent and up to three ancestors, as Kernel Forge's prompts carry
 FAILED_KEPT = 8  # failed approaches listed in a request
 INFRA_RETRIES = 1  # an evaluator hiccup is retried once before the node is written off
-
-
-@dataclass
-class CardState:
-    """The engine's in-memory view of one op card during a search."""
-
-    row: CardRow
-    tree: Tree
-    metas: dict[int, dict] = field(default_factory=dict)  # node id -> candidate meta
-    failed: list[str] = field(default_factory=list)
-    spent: int = 0
-    best_node: int | None = None
-    best_speedup: float | None = None
-    done: bool = False
-
-    @property
-    def card(self) -> OpCard:
-        return self.row.card
-
-    def op_budget(self) -> budget.OpBudget:
-        c = self.card
-        ceiling = c.eager_us / c.floor_us if c.eager_us and c.floor_us else None
-        return budget.OpBudget(
-            card_id=self.row.id, share=c.share, vendor=c.vendor,
-            best_speedup=max(self.best_speedup or 1.0, 1.0), ceiling=ceiling,
-            spent=self.spent + self.tree.inflight(), since_best=self.tree.since_improvement)
 
 
 @dataclass(frozen=True)
@@ -77,7 +61,7 @@ class Snapshot:
     inflight: int
     usd: float
     elapsed_s: float
-    cards: list[tuple[str, str, int, float | None, str]]  # op, signature, spent, best, status
+    cards: list[CardProgress]  # the searched ops, largest time share first
     message: str = ""
 
 
@@ -91,21 +75,20 @@ class Engine:
         self.evaluator = evaluator
         self.settings = settings
         self.on_change = on_change
-        self.cards: dict[int, CardState] = {}
+        self.rows: dict[int, CardRow] = {}
+        self.schedule = Schedule(settings, [], set())  # made again from the store by _load
         self.paused = False
         self.stopping = False
-        self.focus = settings.focus
         self._usd = 0.0
         self._run_s_before = 0.0
         self._started = time.monotonic()
         self._slots: asyncio.Semaphore | None = None
         self._tasks: set[asyncio.Task] = set()
-        self._done_queue: list[tuple[CardState, str]] = []
+        self._done_queue: list[tuple[CardSearch, str]] = []
         self._baseline_locks: dict[int, asyncio.Lock] = {}
         self._status = SessionStatus.RUNNING
         self._message = ""
         self._end_reason = ""  # why the search ended, for the ops it leaves unfinished
-        self._searched: set[int] = set()  # the cards this run may search (targets, top shares)
 
     # ----- the run -----
 
@@ -193,25 +176,25 @@ class Engine:
             await self.store.delete_node(stale.id)
         kept = [n for n in nodes if n.status != NodeStatus.PROPOSING]
         rows = [await self._screen(row) for row in rows]
-        targets = sorted((r for r in rows if r.card.target and r.status != CardStatus.SKIPPED),
-                         key=lambda r: -r.card.share)
-        self._searched = {r.id for r in targets[:self.settings.top_ops]}
+        searched = searched_cards(
+            [(r.id, r.card) for r in rows if r.status != CardStatus.SKIPPED],
+            self.settings.top_ops)
+        searches = []
         for row in rows:
             mine = [n for n in kept if n.card_id == row.id]
             tree = Tree.from_records([n.record() for n in mine], self.settings.mcts,
-                                     seed=self.settings.seed * 1_000_003 + row.id)
-            state = CardState(row=row, tree=tree, spent=tree.completed,
-                              best_node=row.best_node, best_speedup=row.best_speedup,
-                              done=row.status in (CardStatus.DONE, CardStatus.SKIPPED)
-                              or row.id not in self._searched)
+                                     seed=derived_seed(self.settings.seed, row.id))
+            search = CardSearch(card_id=row.id, card=row.card, tree=tree, spent=tree.completed,
+                                best=Best(row.best_node, row.best_speedup),
+                                done=row.status in (CardStatus.DONE, CardStatus.SKIPPED))
             for n in mine:
-                state.metas[n.id] = n.meta
+                search.metas[n.id] = n.meta
                 if not n.ok and not n.in_flight:
-                    state.failed.append(_failure_line(n.meta, n.status, n.summary))
-            self.cards[row.id] = state
-        if self.focus is not None and self.focus not in self.cards:
-            self.focus = None
-        self._refresh_done()
+                    search.failed.append(failure_line(n.meta, n.status, n.summary))
+            self.rows[row.id] = row
+            searches.append(search)
+        self.schedule = Schedule(self.settings, searches, searched)
+        self._done_queue += self.schedule.conclude_all()
 
     async def _screen(self, row: CardRow) -> CardRow:
         """Skip the target ops this proposer cannot write kernels for (with its reason), and
@@ -228,98 +211,74 @@ class Engine:
             return row
         return await self.store.get_card(row.id)
 
-    async def _ensure_baseline(self, state: CardState) -> bool:
+    async def _reload_card(self, card_id: int) -> None:
+        """Read the card's row again after writing it; its search sees the new card too."""
+        row = await self.store.get_card(card_id)
+        self.rows[card_id] = row
+        self.schedule.cards[card_id].card = row.card
+
+    async def _ensure_baseline(self, search: CardSearch) -> bool:
         """Time eager (and torch.compile) for a card before its first candidate; False if the op
         cannot be run on its own, in which case the card is skipped with the reason."""
-        lock = self._baseline_locks.setdefault(state.row.id, asyncio.Lock())
+        card_id = search.card_id
+        lock = self._baseline_locks.setdefault(card_id, asyncio.Lock())
         async with lock:
-            if state.row.baseline is not None:
+            if self.rows[card_id].baseline is not None:
                 return True
-            if state.done:
+            if search.done:
                 return False
             assert self._slots is not None
             try:
                 async with self._slots:
-                    base = await self.evaluator.baseline(state.card)
+                    base = await self.evaluator.baseline(search.card)
             except KforgeError as exc:
-                state.done = True
-                await self.store.update_card(state.row.id, status=CardStatus.SKIPPED,
+                search.done = True
+                await self.store.update_card(card_id, status=CardStatus.SKIPPED,
                                              stop_reason=f"cannot time eager: {exc}")
-                state.row = await self.store.get_card(state.row.id)
-                await self._log(f"{state.card.short_op}: skipped, cannot time eager: {exc}",
+                await self._reload_card(card_id)
+                await self._log(f"{search.card.short_op}: skipped, cannot time eager: {exc}",
                                 "warning")
                 return False
             await self.store.update_card(
-                state.row.id, eager_us=base.eager.median_us, floor_us=base.floor_us,
+                card_id, eager_us=base.eager.median_us, floor_us=base.floor_us,
                 compiled_us=base.compiled.median_us if base.compiled else None,
                 baseline=base.to_dict())
-            state.row = await self.store.get_card(state.row.id)
+            await self._reload_card(card_id)
             self._notify()
             return True
 
     async def _redo_inflight(self) -> None:
         """Evaluate again the candidates that were stored but not judged when the engine stopped."""
-        for state in self.cards.values():
-            pending = [n for n in await self.store.list_nodes(self.session_id, state.row.id)
+        for search in self.schedule.cards.values():
+            pending = [n for n in await self.store.list_nodes(self.session_id, search.card_id)
                        if n.status == NodeStatus.EVALUATING]
             for n in pending:
                 detail = await self.store.get_node(n.id)
                 assert detail.candidate is not None
                 await self._log(f"re-evaluating node {n.id}, in flight when the engine stopped")
-                self._spawn(self._evaluate(state, n.id, detail.candidate))
+                self._spawn(self._evaluate(search, n.id, detail.candidate))
 
     # ----- scheduling -----
 
-    def _refresh_done(self) -> None:
-        for state in self.cards.values():
-            if not state.done and (reason := self._stop_reason(state)):
-                state.done = True
-                self._done_queue.append((state, reason))
-
-    def _stop_reason(self, state: CardState) -> str | None:
-        return budget.stop_reason(state.op_budget(), self.settings.per_op_limit,
-                                  self.settings.patience)
-
-    def _total_iterations(self) -> int:
-        return self.settings.iterations_per_op * len(self._searched)
-
-    def _budget_left(self) -> str | None:
-        """Why no new work may start, or None."""
-        spent = sum(s.spent + s.tree.inflight() for s in self.cards.values())
-        if spent >= self._total_iterations():
-            return "iteration budget spent"
-        if self.settings.usd is not None and self._usd >= self.settings.usd:
-            return f"USD budget of ${self.settings.usd:.2f} spent"
-        if self.settings.wall_s is not None and self._run_seconds() >= self.settings.wall_s:
-            return f"time budget of {self.settings.wall_s:.0f} s spent"
-        return None
-
     async def _start_next(self) -> bool:
         await self._flush_card_done()
-        if (reason := self._budget_left()) is not None:
+        if (reason := self.schedule.exhausted(self._usd, self._run_seconds())) is not None:
             if reason != self._end_reason and not self._tasks:
                 self._end_reason = reason
                 await self._log(reason)
             return False
-        active = [s for s in self.cards.values()
-                  if not s.done and (self.focus is None or s.row.id == self.focus)]
-        if not active:
+        search = self.schedule.next_card()
+        if search is None:
             return False
-        spent_elsewhere = sum(s.spent + s.tree.inflight() for s in self.cards.values()
-                              if s not in active)
-        pick = budget.pick_next([s.op_budget() for s in active],
-                                self._total_iterations() - spent_elsewhere)
-        if pick is None:
-            return False
-        state = self.cards[pick]
-        decision = state.tree.select()
+        card_id = search.card_id
+        decision = search.tree.select()
         parent_id = None if decision.parent == ROOT else decision.parent
-        node_id = await self.store.add_node(self.session_id, pick, parent_id, decision.action)
-        state.tree.add(node_id, decision.parent, decision.action)
-        if state.row.status in (CardStatus.PENDING, CardStatus.STOPPED):
-            await self.store.update_card(pick, status=CardStatus.SEARCHING, stop_reason="")
-            state.row = await self.store.get_card(pick)
-        self._spawn(self._work(state, node_id, decision))
+        node_id = await self.store.add_node(self.session_id, card_id, parent_id, decision.action)
+        search.tree.add(node_id, decision.parent, decision.action)
+        if self.rows[card_id].status in (CardStatus.PENDING, CardStatus.STOPPED):
+            await self.store.update_card(card_id, status=CardStatus.SEARCHING, stop_reason="")
+            await self._reload_card(card_id)
+        self._spawn(self._work(search, node_id, decision))
         self._notify()
         return True
 
@@ -328,59 +287,62 @@ class Engine:
 
     # ----- one iteration -----
 
-    async def _work(self, state: CardState, node_id: int, decision: Decision) -> None:
-        if not await self._ensure_baseline(state):
+    async def _work(self, search: CardSearch, node_id: int, decision: Decision) -> None:
+        if not await self._ensure_baseline(search):
             await self.store.delete_node(node_id)
-            state.tree.discard(node_id)
+            search.tree.discard(node_id)
             return
-        request = await self._request(state, decision, node_id)
+        request = await self._request(search, decision, node_id)
         proposal = await self.proposer.propose(request)
         self._usd += proposal.usd
         if not proposal.candidates:
-            await self._record(state, node_id, None, proposal)
+            await self._record(search, node_id, None, proposal)
             return
         await self.store.set_candidate(node_id, proposal.candidates[0], proposal.calls)
-        state.metas[node_id] = proposal.candidates[0].meta
-        await self._evaluate(state, node_id, proposal.candidates[0])
+        search.metas[node_id] = proposal.candidates[0].meta
+        await self._evaluate(search, node_id, proposal.candidates[0])
 
-    async def _evaluate(self, state: CardState, node_id: int, candidate: Candidate) -> None:
+    async def _evaluate(self, search: CardSearch, node_id: int, candidate: Candidate) -> None:
         assert self._slots is not None
         for attempt in range(INFRA_RETRIES + 1):
             async with self._slots:
-                outcome = await self.evaluator.evaluate(state.card, candidate)
+                outcome = await self.evaluator.evaluate(search.card, candidate)
+                if outcome.ok and search.would_lead(outcome.speedup):
+                    outcome = await self._confirm(search, node_id, candidate, outcome)
             if outcome.status is not EvalStatus.INFRA:
                 break
             await self._log(f"evaluator problem on node {node_id} (try {attempt + 1}): "
                             f"{outcome.summary}", "warning")
-        await self._record(state, node_id, outcome, None)
+        await self._record(search, node_id, outcome, None)
 
-    async def _record(self, state: CardState, node_id: int, outcome: EvalOutcome | None,
+    async def _confirm(self, search: CardSearch, node_id: int, candidate: Candidate,
+                       first: EvalOutcome) -> EvalOutcome:
+        """A would-be best is confirmed before it counts; its confirmed speedup is the one kept."""
+        await self._log(f"node {node_id} would lead {search.card.op} at "
+                        f"{first.speedup:.2f}x: confirming it")
+        outcome = await self.evaluator.confirm(search.card, candidate, first)
+        if outcome.ok:
+            await self._log(f"node {node_id} confirmed at {outcome.speedup:.2f}x on new inputs")
+        else:
+            await self._log(f"node {node_id} failed its confirmation: {outcome.summary}",
+                            "warning")
+        return outcome
+
+    async def _record(self, search: CardSearch, node_id: int, outcome: EvalOutcome | None,
                       proposal: Proposal | None) -> None:
         """Store the node's result and the card's new state in one transaction, then update the
         tree: a crash between the two replays the stored result on restart."""
-        ok = outcome is not None and outcome.ok and outcome.speedup is not None
-        reward = reward_from_speedup(outcome.speedup) if ok else None  # type: ignore[union-attr]
-        best_node, best_speedup = state.best_node, state.best_speedup
-        if ok and (best_speedup is None or outcome.speedup > best_speedup):  # type: ignore[union-attr]
-            best_node, best_speedup = node_id, outcome.speedup  # type: ignore[union-attr]
-        changes = {"spent": state.spent + 1, "best_node": best_node, "best_speedup": best_speedup}
+        result = _result(node_id, outcome, proposal, search.metas.get(node_id, {}))
+        changes = search.stored_after(result)
         if outcome is None:
             assert proposal is not None
             await self.store.fail_proposal(node_id, proposal.error or "no candidate",
                                            proposal.calls, changes)
-            state.failed.append(f"(no candidate) {proposal.error}"[:200])
         else:
-            await self.store.finish_node(node_id, outcome, reward, changes)
-            if not ok:
-                state.failed.append(_failure_line(state.metas.get(node_id, {}),
-                                                  outcome.status.value, outcome.summary))
-        state.tree.complete(node_id, reward, repairable=bool(
-            outcome is not None and outcome.status.repairable))
-        state.spent += 1
-        state.best_node, state.best_speedup = best_node, best_speedup
-        if not state.done and (reason := self._stop_reason(state)):
-            state.done = True
-            self._done_queue.append((state, reason))
+            await self.store.finish_node(node_id, outcome, result.reward, changes)
+        search.finish(result)
+        if reason := self.schedule.conclude(search):
+            self._done_queue.append((search, reason))
         await self._flush_card_done()
         self._notify()
 
@@ -388,20 +350,22 @@ class Engine:
         """Ops still being searched when the session's search ends are marked stopped (with the
         session's reason); a resume picks them up again."""
         await self._flush_card_done()
-        for state in self.cards.values():
-            if state.row.status == CardStatus.SEARCHING:
-                await self.store.update_card(state.row.id, status=CardStatus.STOPPED,
+        for row in self.rows.values():
+            if row.status == CardStatus.SEARCHING:
+                await self.store.update_card(row.id, status=CardStatus.STOPPED,
                                              stop_reason=reason)
 
     async def _flush_card_done(self) -> None:
         while self._done_queue:
-            state, reason = self._done_queue.pop(0)
-            await self.store.update_card(state.row.id, status=CardStatus.DONE, stop_reason=reason)
-            state.row = await self.store.get_card(state.row.id)
-            await self._log(f"{state.card.short_op} [{state.card.signature[:60]}]: {reason}")
+            search, reason = self._done_queue.pop(0)
+            await self.store.update_card(search.card_id, status=CardStatus.DONE,
+                                         stop_reason=reason)
+            await self._reload_card(search.card_id)
+            await self._log(f"{search.card.short_op} [{search.card.signature[:60]}]: {reason}")
 
-    async def _request(self, state: CardState, decision: Decision, node_id: int) -> ProposalRequest:
-        tree = state.tree
+    async def _request(self, search: CardSearch, decision: Decision,
+                       node_id: int) -> ProposalRequest:
+        tree = search.tree
         parent = None if decision.parent == ROOT else decision.parent
         chain = tree.lineage(parent)[-LINEAGE_DEPTH:] if parent is not None else []
         views = {v.id: v for v in await self._views(chain)}
@@ -409,11 +373,11 @@ class Engine:
         best_view = views.get(best) if best in views else (
             (await self._views([best]))[0] if best is not None else None)
         return ProposalRequest(
-            card=state.card, action=decision.action, gpu=self.evaluator.gpu,
+            card=search.card, action=decision.action, gpu=self.evaluator.gpu,
             parent=views.get(parent) if parent is not None else None,
-            lineage=[views[i] for i in chain], tried=list(state.metas.values()),
-            failed=state.failed[-FAILED_KEPT:], best=best_view,
-            seed=self.settings.seed * 1_000_003 + node_id)
+            lineage=[views[i] for i in chain], tried=list(search.metas.values()),
+            failed=search.failed[-FAILED_KEPT:], best=best_view,
+            seed=derived_seed(self.settings.seed, node_id))
 
     async def _views(self, node_ids: list[int]) -> list[NodeView]:
         views = []
@@ -432,7 +396,10 @@ class Engine:
             self._notify()
 
     async def _apply(self, command: Command) -> str:
-        kind = command.kind
+        try:
+            kind, arg = checked(command.kind, command.arg)
+        except BadCommand as exc:
+            return str(exc)
         if kind == CommandKind.PAUSE:
             self.paused = True
             await self._set_status(SessionStatus.PAUSED)
@@ -445,28 +412,21 @@ class Engine:
             self.request_stop()
             return "stopping"
         if kind in (CommandKind.PRUNE, CommandKind.UNPRUNE):
-            return await self._prune(command.arg, kind == CommandKind.PRUNE)
-        if kind == CommandKind.FOCUS:
-            if command.arg is not None and command.arg not in self.cards:
-                return f"no op card {command.arg} in this session"
-            self.focus = command.arg
-            session = await self.store.get_session(self.session_id)
-            search = {**session.settings.get("search", {}), "focus": self.focus}
-            await self.store.update_settings(self.session_id, {"search": search})
-            return "focus cleared" if self.focus is None else f"focused on card {self.focus}"
-        return f"unknown command {kind!r}"
+            assert arg is not None  # checked: a node id
+            return await self._prune(arg, kind == CommandKind.PRUNE)
+        if arg is not None and arg not in self.schedule.cards:  # focus
+            return f"no op card {arg} in this session"
+        self.schedule.focus = arg
+        return await save_focus(self.store, self.session_id, arg)
 
-    async def _prune(self, node_id: object, prune: bool) -> str:
-        if not isinstance(node_id, int):
-            return "prune needs a node id"
-        for state in self.cards.values():
-            if node_id in state.tree:
+    async def _prune(self, node_id: int, prune: bool) -> str:
+        for search in self.schedule.cards.values():
+            if node_id in search.tree:
                 if prune:
-                    state.tree.prune(node_id)
+                    search.tree.prune(node_id)
                 else:
-                    state.tree.unprune(node_id)
-                await self.store.set_pruned(node_id, prune)
-                return f"{'pruned' if prune else 'unpruned'} node {node_id}"
+                    search.tree.unprune(node_id)
+                return await save_pruned(self.store, node_id, prune)
         return f"no node {node_id} in this search"
 
     # ----- bookkeeping -----
@@ -498,19 +458,21 @@ class Engine:
         if self.on_change is None:
             return
         status = status or self._status
-        rows = sorted(self.cards.values(), key=lambda s: -s.card.share)
         self.on_change(Snapshot(
             session_id=self.session_id, status=str(status),
-            iterations=sum(s.spent for s in self.cards.values()),
-            total=self._total_iterations(),
-            inflight=sum(s.tree.inflight() for s in self.cards.values()),
-            usd=self._usd, elapsed_s=self._run_seconds(),
-            cards=[(s.card.short_op, s.card.signature, s.spent, s.best_speedup,
-                    "done" if s.done else ("searching" if s.spent or s.tree.inflight() else "pending"))
-                   for s in rows if s.row.id in self._searched],
-            message=self._message))
+            iterations=self.schedule.iterations(), total=self.schedule.total_iterations,
+            inflight=self.schedule.in_flight(), usd=self._usd, elapsed_s=self._run_seconds(),
+            cards=self.schedule.progress(), message=self._message))
 
 
-def _failure_line(meta: dict, status: str, summary: str) -> str:
-    """One line on a failed attempt, as listed to the proposer under 'approaches that failed'."""
-    return f"{meta.get('approach', '?')}: {status}: {summary}"[:200]
+def _result(node_id: int, outcome: EvalOutcome | None, proposal: Proposal | None,
+            meta: dict) -> NodeResult:
+    """A finished node as the schedule takes it: its speedup when its kernel is correct, else
+    the line that tells the proposer what failed."""
+    if outcome is None:
+        assert proposal is not None
+        return NodeResult(node_id, failure=f"(no candidate) {proposal.error}"[:FAILURE_LINE_CHARS])
+    if outcome.ok and outcome.speedup is not None:
+        return NodeResult(node_id, speedup=outcome.speedup)
+    return NodeResult(node_id, repairable=outcome.status.repairable,
+                      failure=failure_line(meta, outcome.status.value, outcome.summary))

@@ -9,12 +9,13 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
-from kforge.store.config import load_config
 from kforge.core.gpu import GpuInfo
 from kforge.core.protocols import SearchContext
+from kforge.core.settings import Origin, SearchSettings, SessionSettings, Settings
 from kforge.engine.engine import Engine, Snapshot
 from kforge.engine.plugins import (
     BUILTIN_EVALUATORS,
@@ -23,26 +24,38 @@ from kforge.engine.plugins import (
     make_evaluator,
     make_proposer,
 )
-from kforge.engine.settings import SearchSettings
 from kforge.errors import KforgeError
 from kforge.store import SessionStatus, Store
+from kforge.store.config import load_config
 from kforge.store.store import engine_alive
 
 
-async def prepare_session(store: Store, session_id: int, overrides: dict) -> SearchSettings:
-    """Merge ``overrides`` into the session's stored search settings and save them, so a resume
-    (or a detached engine) runs with the same settings."""
+async def prepare_session(store: Store, session_id: int, given: Mapping[str, Any],
+                          config: Settings) -> SearchSettings:
+    """Settle the settings a session's search runs with and save them with the session, so a
+    resume (or a detached engine) runs with the same ones: the search settings ``given`` on the
+    command line over those the session stored, over the config file's; the session's stored
+    evaluation settings over the config file's."""
     session = await store.get_session(session_id)
     if engine_alive(session.engine_pid, session.engine_host, session.heartbeat_at):
         raise KforgeError(f"session {session_id} is already being searched by process "
                           f"{session.engine_pid} on {session.engine_host}")
-    merged = {**session.settings.get("search", {}),
-              **{k: v for k, v in overrides.items() if v is not None}}
-    settings = SearchSettings.from_dict(merged)
-    check_spec(settings.proposer, BUILTIN_PROPOSERS, "proposer")
-    check_spec(settings.evaluator, BUILTIN_EVALUATORS, "evaluator")
-    await store.update_settings(session_id, {"search": merged})
-    return settings
+    SearchSettings.from_dict(given, Origin("on the command line"))  # named as the user gave them
+    stored = Origin.stored(session_id)
+    # the stored tables as they are: a key an older session left out takes the config's value
+    search = config.search.updated({**(session.settings.get("search") or {}), **given}, stored)
+    evaluation = config.eval.updated(session.settings.get("eval") or {}, stored)
+    check_spec(search.proposer, BUILTIN_PROPOSERS, "proposer")
+    check_spec(search.evaluator, BUILTIN_EVALUATORS, "evaluator")
+    if given.get("focus") is not None:
+        if given["focus"] not in {row.id for row in await store.list_cards(session_id)}:
+            raise KforgeError(f"session {session_id} has no op card {given['focus']} to focus on "
+                              f"(`kforge show {session_id}` lists them)")
+    for note in stored.notes:
+        await store.log(session_id, note, "warning")
+    await store.update_settings(session_id, {"search": search.to_dict(),
+                                             "eval": evaluation.to_dict()})
+    return search
 
 
 async def run_session(db_path: Path, session_id: int,
@@ -51,14 +64,17 @@ async def run_session(db_path: Path, session_id: int,
     store = await Store.open(db_path, create=False)
     try:
         session = await store.get_session(session_id)
-        settings = SearchSettings.from_dict(session.settings.get("search", {}))
+        stored = Origin.stored(session_id)
+        settings = SessionSettings.from_stored(session.settings, stored)
+        for note in stored.notes:
+            await store.log(session_id, note, "warning")
         ctx = SearchContext(session_id=session_id, samples_dir=store.samples_dir(session_id),
-                            settings=session.settings, config=load_config(),
+                            settings=settings, config=load_config(),
                             gpu=GpuInfo.from_dict(session.gpu) if session.gpu else None)
-        evaluator = make_evaluator(settings.evaluator, ctx)
+        evaluator = make_evaluator(settings.search.evaluator, ctx)
         _check_same_gpu(session.gpu, evaluator.gpu, session_id)
-        proposer = make_proposer(settings.proposer, ctx)
-        engine = Engine(store, session_id, proposer, evaluator, settings, on_change)
+        proposer = make_proposer(settings.search.proposer, ctx)
+        engine = Engine(store, session_id, proposer, evaluator, settings.search, on_change)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):

@@ -17,15 +17,24 @@ keep is left there as its spec and is filled with random values.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from kforge.core.argspec import storage_span
-from kforge.core.opcard import OpCard, tensor_specs
+from kforge.core import argspec
+from kforge.core.argspec import (
+    is_tensor_spec,
+    list_items,
+    storage_span,
+    tensor_specs,
+    torch_dtype,
+    torch_value,
+    walk,
+)
+from kforge.core.opcard import OpCard
 from kforge.errors import KforgeError
 
 # Canary bytes on each side of a tensor's elements.
@@ -34,13 +43,6 @@ CANARY_BYTES = 256
 POSITIVE_INPUT_OPS = frozenset({"log", "log2", "log10", "sqrt", "rsqrt", "reciprocal", "lgamma"})
 # Integer tensors that are not indices get values in this range.
 DEFAULT_INT_RANGE = (0, 16)
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    value = getattr(torch, name, None)
-    if not isinstance(value, torch.dtype):
-        raise KforgeError(f"unknown dtype {name!r} in an op card")
-    return value
 
 
 def canary_value(dtype: torch.dtype) -> float | int | bool:
@@ -117,42 +119,22 @@ def allocate(geometry: Geometry, device: torch.device) -> Buffer:
 
 
 def decode(spec: Any, device: torch.device, tensors: Iterator[torch.Tensor]) -> Any:
-    """An arg spec as a value: tensors are taken in order from ``tensors``; lists become tuples
-    (aten accepts them, and a launcher cannot keep state in them)."""
-    if isinstance(spec, dict):
-        kind = spec.get("t")
-        if kind == "tensor":
-            return next(tensors)
-        if kind == "list":
-            return tuple(decode(item, device, tensors) for item in spec["items"])
-        if kind == "dtype":
-            return torch_dtype(spec["v"])
-        if kind == "device":
-            return device if str(spec["v"]).startswith("cuda") else torch.device(spec["v"])
-        if kind in ("layout", "memory_format"):
-            value = getattr(torch, spec["v"], None)
-            if value is None:
-                raise KforgeError(f"unknown {kind} {spec['v']!r} in an op card")
-            return value
-        raise KforgeError(f"cannot rebuild argument {spec} for evaluation")
-    if isinstance(spec, list):
-        return tuple(decode(item, device, tensors) for item in spec)
-    return spec
+    """An arg spec as the value the op gets on ``device``: tensors are taken in order from
+    ``tensors``, lists become tuples (aten accepts them, and a launcher cannot keep state in
+    them), a CUDA device becomes ``device`` (a card recorded on one GPU runs on another)."""
+
+    def named(kind: str, name: Any) -> Any:
+        if kind == "device" and str(name).startswith("cuda"):
+            return device
+        return torch_value(kind, name)
+
+    return argspec.decode(spec, lambda _: next(tensors), make_named=named)
 
 
 def sample_tensors(value: Any) -> list[torch.Tensor | None]:
     """The tensors of a saved sample in spec order; None where the sample kept only a spec."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, dict):
-        if value.get("t") == "tensor":
-            return [None]
-        if value.get("t") == "list":
-            return [t for item in value["items"] for t in sample_tensors(item)]
-        return []
-    if isinstance(value, (list, tuple)):
-        return [t for item in value for t in sample_tensors(item)]
-    return []
+    return [leaf if isinstance(leaf, torch.Tensor) else None for _, leaf in walk(value)
+            if isinstance(leaf, torch.Tensor) or is_tensor_spec(leaf)]
 
 
 def load_samples(samples_dir: Path | None, card: OpCard, limit: int) -> list[tuple[str, list]]:
@@ -299,12 +281,13 @@ def index_bounds(short_op: str, args: list) -> dict[int, int]:
         if len(args) > 1:
             put(2, size(0, args[1]))
     elif short_op in ("index", "index_put", "index_put_", "_index_put_impl_", "_unsafe_index"):
-        if len(args) > 1 and isinstance(args[1], dict) and args[1].get("t") == "list":
+        indices = list_items(args[1]) if len(args) > 1 else None
+        if indices is not None:
             first = flat_index(1)
             shape = args[0].get("shape", []) if isinstance(args[0], dict) else []
             k = 0
-            for dim, item in enumerate(args[1]["items"]):
-                if isinstance(item, dict) and item.get("t") == "tensor":
+            for dim, item in enumerate(indices):
+                if is_tensor_spec(item):
                     if dim < len(shape) and item["dtype"] != "bool":
                         bounds[first + k] = shape[dim]
                     k += 1
@@ -414,6 +397,7 @@ class InputFactory:
                            for t, g, d in zip(first, self.geometries, defaults)]
         else:
             self.models = defaults
+        self.stress_dropped: dict[str, str] = {}  # stress kind -> why its last set was dropped
 
     def _build(self, label: str, fill) -> InputSet:
         buffers = []
@@ -425,6 +409,17 @@ class InputFactory:
         return build_set(label, self.card.args, self.card.kwargs, buffers, self.device)
 
     def random_set(self, seed: int) -> InputSet:
+        return self._build(f"seed {seed}", self._random_fill(seed))
+
+    def refill(self, inputs: InputSet, seed: int) -> None:
+        """New random values (drawn as for ``random_set(seed)``) in a set built by this factory,
+        at the same addresses; the set's snapshot is not retaken."""
+        fill = self._random_fill(seed)
+        for i, buf in enumerate(inputs.buffers):
+            if self.geometries[i].span:
+                fill(i, buf)
+
+    def _random_fill(self, seed: int) -> Callable[[int, Buffer], None]:
         generator = torch.Generator(device=self.device)
         generator.manual_seed(seed)
 
@@ -433,7 +428,7 @@ class InputFactory:
             values = random_values(self.models[i], g.dtype, g.span, generator, self.device)
             buf.region().copy_(values)
 
-        return self._build(f"seed {seed}", fill)
+        return fill
 
     def sample_set(self, index: int) -> InputSet:
         label, tensors = self.samples[index]
@@ -458,3 +453,18 @@ class InputFactory:
         """Every sample, then one random set per seed."""
         return ([self.sample_set(i) for i in range(len(self.samples))]
                 + [self.random_set(s) for s in seeds])
+
+    def stress_set(self, kind: str, seed: int) -> InputSet:
+        """Values that stress the op's semantics (see ``kforge.eval.stress``, which builds on
+        this module and is imported here)."""
+        from kforge.eval.stress import stress_filler, stress_label
+
+        return self._build(stress_label(kind, seed), stress_filler(self, kind, seed))
+
+    def stress_sets(self, seed: int) -> list[InputSet]:
+        """One set per stress kind of the card, less those eager cannot answer (all-NaN results
+        or errors); why each was dropped is kept in ``stress_dropped``."""
+        from kforge.eval.stress import usable_stress_sets
+
+        sets, self.stress_dropped = usable_stress_sets(self, seed)
+        return sets

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kforge.core.candidate import Candidate
-from kforge.eval.kernels import CudaModule
+from kforge.runtime.cubin import KernelModule
 from kforge.runtime.nvrtc import Compiler, CompileResult, check_options
 
 
@@ -33,5 +33,5 @@ class NvrtcLoader:
             return CompileResult(ok=False, arch=self.arch, log=str(exc))
         return self.compiler.compile(candidate.source, self.arch, options)
 
-    def load(self, compiled: CompileResult) -> CudaModule:
-        return CudaModule(compiled.cubin, self.device_index, compiled.resources)
+    def load(self, compiled: CompileResult) -> KernelModule:
+        return KernelModule(compiled.cubin, self.device_index)

@@ -1,27 +1,33 @@
-"""One evaluation, start to verdict: compile, load, verify against eager, time, check the floor.
+"""One evaluation, start to verdict: compile, resolve the launch plan, verify against eager, time,
+check the floor.
 
-Device-agnostic: a ``Runtime`` (GPU or CPU) and a ``KernelLoader`` (NVRTC + cuda.core, or Python
-stand-ins in tests) are passed in. The worker process and ``kforge.eval.local`` call it.
+A candidate runs no host code of its own: its launch plan is resolved for the card's exact variant
+and every call goes through kforge's ``PlanRunner``, checked or timed alike (fresh outputs filled
+with the next poison pattern, an L2 flush, the plan's launches), so a kernel cannot tell a checked
+call from a timed one.
 
-Verification, per input set (captured samples first, then fresh random sets):
-1. the candidate runs twice, its fresh allocations poisoned with a different value each time;
-   after each run its inputs (and the canaries around them) must be untouched;
+Verification, per input set (captured samples, fresh random sets, then values that stress the
+op's semantics):
+1. the candidate runs twice; after each run its inputs (and the canaries around them) must be
+   untouched;
 2. eager PyTorch runs on a copy of the inputs, *after* the candidate, so no reference result
    exists anywhere while the candidate runs;
-3. both runs must match eager (layout, NaN/Inf positions, tolerances, error norm) and each other.
+3. both runs must match eager (layout, NaN/Inf positions, tolerances, error norm) and each other;
+4. the candidate's error against a higher-precision reference may not exceed a small multiple of
+   eager's own (``kforge.eval.precision``).
 On the first set the inputs then get new values at the same addresses and the candidate must
-follow (no caching by address). After timing, a last poisoned run on fresh inputs must pass too,
-so a candidate cannot behave one way while verified and another while timed.
+follow. While timed, every call gets new input values (rotating over buffers at different
+addresses), and randomly chosen timed calls are checked against eager; after timing, a last run
+on fresh inputs must pass too.
 """
 
 from __future__ import annotations
 
-import contextlib
-import threading
+import random
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,56 +36,43 @@ import torch
 from kforge.core.argspec import resolve_op
 from kforge.core.candidate import Baseline, Candidate, EvalOutcome, EvalStatus, Timing
 from kforge.core.gpu import GpuInfo
+from kforge.core.launch_plan import PlanError, PlanNotApplicable
 from kforge.core.opcard import OpCard
+from kforge.core.settings import EvalSettings
 from kforge.errors import KforgeError
-from kforge.eval.compare import (
-    Meta,
-    ValueReport,
-    compare_structure,
-    compare_values,
-    layout_problem,
-    tolerance_for,
-)
+from kforge.eval.compare import compare_values, tolerance_for
 from kforge.eval.device import Runtime
-from kforge.eval.guard import POISON_A, POISON_B, LauncherGuard, Poison
 from kforge.eval.inputs import InputFactory, InputSet
-from kforge.eval.kernels import Backend, Kernels, LaunchRefused
+from kforge.eval.observe import (
+    Observed,
+    Verdict,
+    bitwise_equal,
+    compare_observed,
+    observe,
+    written_buffers,
+)
 from kforge.eval.ops import (
     beats_floor,
     flatten_tensors,
     flop_count,
     hard_floor_us,
     memory_floor_us,
-    mutated_values,
     traffic_bytes,
 )
-from kforge.eval.sandbox import Integrity, Launcher, LauncherSourceError, Violation
-from kforge.eval.timing import TimingPlan, time_interleaved
+from kforge.eval.poison import PoisonCycle
+from kforge.eval.precision import judge_precision, precision_reference
+from kforge.eval.timing import Subject, time_interleaved
 from kforge.runtime.nvrtc import CompileResult
+from kforge.runtime.plan import Allocation, Backend, PlanRunner, check_kernels, check_widths
+from kforge.runtime.plan import resolve_for as resolve_plan
 
-# Seeds of the two extra input sets: new values at the same addresses, and the check after timing.
+# On stress values a result outside eager's tolerances still passes when it is this many times
+# the precision rule's multiple as close to the float64 truth as eager is (ill-conditioned inputs
+# such as zero-variance rows make honest reduction orders differ from eager's beyond them).
+STRESS_LEEWAY = 8.0
+# Seeds of the extra input sets: new values at the same addresses, and the check after timing.
 ADDRESS_SEED = 1_000_001
 RECHECK_SEED = 1_000_003
-
-
-@dataclass(frozen=True)
-class EvalSettings:
-    seeds: tuple[int, ...] = (1, 2, 3)
-    max_samples: int = 2
-    timing_sets: int = 3
-    timing: TimingPlan = field(default_factory=TimingPlan)
-    compile_baseline: bool = True
-
-    @classmethod
-    def from_dict(cls, data: dict | None) -> EvalSettings:
-        data = dict(data or {})
-        plan_keys = {f.name for f in fields(TimingPlan)}
-        plan = TimingPlan(**{k: data.pop(k) for k in list(data) if k in plan_keys})
-        known = {f.name for f in fields(cls)} - {"timing"}
-        values = {k: v for k, v in data.items() if k in known}
-        if "seeds" in values:
-            values["seeds"] = tuple(int(s) for s in values["seeds"])
-        return cls(**values, timing=plan)
 
 
 class KernelLoader(Protocol):
@@ -88,188 +81,45 @@ class KernelLoader(Protocol):
     def load(self, compiled: CompileResult) -> Backend: ...
 
 
-class Verdict(Exception):
-    """An evaluation decided before its end."""
-
-    def __init__(self, status: EvalStatus, summary: str, **details: Any) -> None:
-        super().__init__(summary)
-        self.status = status
-        self.summary = summary
-        self.details = details
+# ----- calling the candidate -----
 
 
-# ----- results as the checks see them -----
+class CandidateCalls:
+    """Every call of the candidate, checked or timed, made the same way: fresh outputs and
+    scratch filled with the next poison pattern, then the plan's launches."""
+
+    def __init__(self, runner: PlanRunner, runtime: Runtime) -> None:
+        self.runner = runner
+        self.runtime = runtime
+        self.poisons = PoisonCycle()
+
+    def memory(self) -> Allocation:
+        memory = self.runner.allocate()
+        poison = self.poisons.next()
+        for t in memory.outputs:
+            if t is not None:
+                poison.fill(t)
+        for t, spec in zip(memory.scratch, self.runner.plan.scratch):
+            if not spec.zero:
+                poison.fill(t)
+        return memory
+
+    def run(self, inputs: InputSet, memory: Allocation) -> Any:
+        return self.runner.launch(inputs.args, inputs.kwargs, memory)
+
+    def call(self, inputs: InputSet) -> Any:
+        memory = self.memory()
+        self.runtime.flush()
+        return self.run(inputs, memory)
 
 
 @dataclass
-class Observed:
-    """One call's results: its return value, and the tensors to compare (returned tensors, then
-    the arguments the op writes) with their layouts and the input each one aliases."""
+class TimedCheck:
+    """A timed call chosen for checking: its inputs' values, and what it returned."""
 
-    returned: Any
-    tensors: list[torch.Tensor]
-    metas: list[Meta]
-    aliases: list[int | None]
-
-
-def aliased_buffer(t: torch.Tensor, inputs: InputSet) -> int | None:
-    """Index of the input buffer whose memory ``t`` lies in, if any."""
-    if t.numel() == 0:
-        return None
-    ptr = t.data_ptr()
-    for i, buf in enumerate(inputs.buffers):
-        start = buf.base.data_ptr()
-        if start <= ptr < start + buf.base.numel() * buf.base.element_size():
-            return i
-    return None
-
-
-def plain_problem(t: Any) -> str | None:
-    """Why a returned value is not a plain tensor with storage (a lazy subclass, a meta tensor)."""
-    if type(t) is not torch.Tensor:
-        return f"is a {type(t).__name__}, not a plain torch.Tensor"
-    if t.device.type == "meta":
-        return "is a meta tensor with no data"
-    try:
-        t.untyped_storage()
-    except (RuntimeError, NotImplementedError):
-        return "has no storage"
-    return None
-
-
-def observe(returned: Any, inputs: InputSet, written: list[int], candidate: bool) -> Observed:
-    tensors, metas, aliases = [], [], []
-    for i, t in enumerate(flatten_tensors(returned)):
-        if candidate and (problem := plain_problem(t)):
-            raise Verdict(EvalStatus.CHEAT, f"returned tensor {i} {problem}")
-        alias = aliased_buffer(t, inputs)
-        tensors.append(t.clone() if alias is not None else t)
-        metas.append(Meta.of(t))
-        aliases.append(alias)
-    for i in written:
-        view = inputs.buffers[i].view
-        tensors.append(view.clone())
-        metas.append(Meta.of(view))
-        aliases.append(i)
-    return Observed(returned, tensors, metas, aliases)
-
-
-def compare_observed(out: Observed, ref: Observed, label: str) -> list[ValueReport]:
-    """Check ``out`` against eager's ``ref``; raise a MISMATCH verdict at the first difference."""
-    if problem := compare_structure(out.returned, ref.returned):
-        raise Verdict(EvalStatus.MISMATCH, f"{label}: {problem}")
-    reports = []
-    for i, (o, r) in enumerate(zip(out.tensors, ref.tensors)):
-        what = f"{label}, result {i}"
-        if out.aliases[i] != ref.aliases[i]:
-            theirs = ("a new tensor" if ref.aliases[i] is None
-                      else f"tensor argument {ref.aliases[i]} itself")
-            raise Verdict(EvalStatus.MISMATCH, f"{what}: eager returns {theirs}, the candidate "
-                          + ("a new tensor" if out.aliases[i] is None
-                             else f"memory of tensor argument {out.aliases[i]}"))
-        if problem := layout_problem(out.metas[i], ref.metas[i]):
-            raise Verdict(EvalStatus.MISMATCH, f"{what} {problem}")
-        report = compare_values(o, r)
-        if not report.ok:
-            raise Verdict(EvalStatus.MISMATCH, f"{what}: {report.reason}", report=report.to_dict())
-        reports.append(report)
-    return reports
-
-
-def same_bytes(x: torch.Tensor, y: torch.Tensor) -> bool:
-    """Bitwise equality (NaN equals the same NaN)."""
-    if x.shape != y.shape or x.dtype != y.dtype:
-        return False
-    return torch.equal(x.contiguous().reshape(-1).view(torch.uint8),
-                       y.contiguous().reshape(-1).view(torch.uint8))
-
-
-def bitwise_equal(a: Observed, b: Observed) -> bool:
-    return len(a.tensors) == len(b.tensors) and all(
-        same_bytes(x, y) for x, y in zip(a.tensors, b.tensors))
-
-
-def written_buffers(op_name: str, inputs: InputSet) -> list[int]:
-    """Indices of the input buffers the op writes in place (``self`` of add_, ``out=``)."""
-    index = {id(b.view): i for i, b in enumerate(inputs.buffers)}
-    values = mutated_values(op_name, inputs.args, inputs.kwargs)
-    return [index[id(t)] for t in flatten_tensors(values) if id(t) in index]
-
-
-# ----- running the candidate -----
-
-
-class CandidateRunner:
-    """Calls the launcher as the op would be called. ``call`` runs it under every run-time check
-    (verification); ``timed`` runs it as integration will, with the checks that cost nothing on
-    the hot path (the launcher cannot tell the two apart: it keeps no state and cannot read
-    values), and ``check_process`` looks for what a timed call may have left behind."""
-
-    def __init__(self, launcher: Launcher, backend: Backend, runtime: Runtime) -> None:
-        self.launcher = launcher
-        self.runtime = runtime
-        self.kernels = Kernels(backend, runtime.device, runtime.stream_problem)
-        self.integrity = Integrity()
-        self.launches = 0
-
-    def call(self, inputs: InputSet, poison: Poison | None) -> Any:
-        threads = set(threading.enumerate())
-        guard = LauncherGuard(poison)
-        result = self._run(inputs, guard)
-        self.check_process(threads)
-        return result
-
-    def timed(self, inputs: InputSet) -> Any:
-        return self._run(inputs, None)
-
-    def _run(self, inputs: InputSet, guard: LauncherGuard | None) -> Any:
-        namespace_seen = len(self.launcher.namespace.violations)
-        kernel_seen = len(self.kernels._recorded_violations())
-        self.kernels._reset()
-        error: BaseException | None = None
-        result = None
-        try:
-            launch = self.launcher.fresh()
-            with guard if guard is not None else contextlib.nullcontext():
-                result = launch(self.kernels, *inputs.args, **inputs.kwargs)
-        except Violation:
-            pass  # recorded where it was raised
-        except Exception as exc:  # the launcher's own bug: its traceback is the repair hint
-            error = exc
-        violations = ((guard.violations if guard is not None else [])
-                      + self.launcher.namespace.violations[namespace_seen:]
-                      + self.kernels._recorded_violations()[kernel_seen:])
-        if cheats := [v for v in violations if v.kind == "cheat"]:
-            raise Verdict(EvalStatus.CHEAT, str(cheats[0]))
-        if violations:
-            raise Verdict(EvalStatus.LAUNCH_ERROR, str(violations[0]))
-        if error is not None:
-            if not self.runtime.alive():
-                raise Verdict(EvalStatus.CRASH, "the GPU context died during the launcher: "
-                              f"{error}", restart=True)
-            raise Verdict(EvalStatus.LAUNCH_ERROR, launcher_error(error))
-        self.launches = self.kernels._launches()
-        if self.launches == 0:
-            raise Verdict(EvalStatus.CHEAT, "the launcher launched none of the candidate's kernels")
-        return result
-
-    def check_process(self, threads_before: set[threading.Thread]) -> None:
-        """Timers and checks untouched, no threads left behind."""
-        if tampered := self.integrity.tampered():
-            raise Verdict(EvalStatus.CHEAT, f"launcher replaced {', '.join(tampered)}",
-                          restart=True)
-        if started := [t.name for t in set(threading.enumerate()) - threads_before]:
-            raise Verdict(EvalStatus.CHEAT, f"launcher left threads running: {', '.join(started)}",
-                          restart=True)
-
-
-def launcher_error(exc: BaseException) -> str:
-    """The exception and the launcher line it came from."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == "launcher.py"]
-    where = f" (launcher line {frames[-1].lineno}: {frames[-1].line})" if frames else ""
-    if isinstance(exc, (LaunchRefused, LauncherSourceError)):
-        return f"{exc}{where}"
-    return f"launcher raised {type(exc).__name__}: {exc}{where}"
+    round: int
+    inputs: InputSet
+    observed: Observed
 
 
 # ----- one evaluation -----
@@ -278,16 +128,18 @@ def launcher_error(exc: BaseException) -> str:
 class Evaluation:
     """Verification and timing of one loaded candidate on one card."""
 
-    def __init__(self, card: OpCard, runner: CandidateRunner, runtime: Runtime, gpu: GpuInfo,
+    def __init__(self, card: OpCard, calls: CandidateCalls, runtime: Runtime, gpu: GpuInfo,
                  samples_dir: Path | None, settings: EvalSettings) -> None:
         self.card = card
         self.op = resolve_op(card.op)
-        self.runner = runner
+        self.calls = calls
         self.runtime = runtime
         self.gpu = gpu
         self.settings = settings
         self.factory = InputFactory(card, runtime.device, samples_dir, settings.max_samples)
         self.written: list[int] = []
+        # Which timed calls are checked and what values they get: nothing the candidate can see.
+        self.chance = random.Random(random.SystemRandom().getrandbits(64))
 
     def wait(self, what: str) -> None:
         """Let the GPU finish; a fault there is a crash of the candidate's kernels."""
@@ -300,9 +152,25 @@ class Evaluation:
             raise Verdict(EvalStatus.LAUNCH_ERROR, f"the GPU reported an error during {what}: "
                           f"{exc}") from None
 
-    def run_candidate(self, inputs: InputSet, poison: Poison, what: str) -> Observed:
-        result = self.runner.call(inputs, poison)
+    def launch_failed(self, exc: Exception, what: str) -> Verdict:
+        if not self.runtime.alive():
+            return Verdict(EvalStatus.CRASH, f"the GPU context died during {what}: {exc}",
+                           restart=True)
+        return Verdict(EvalStatus.LAUNCH_ERROR, f"launching the plan failed during {what}: "
+                       f"{type(exc).__name__}: {exc}")
+
+    def run_candidate(self, inputs: InputSet, what: str) -> Observed:
+        try:
+            result = self.calls.call(inputs)
+        except Exception as exc:  # cuda.core refused a launch (bad config, too many resources)
+            raise self.launch_failed(exc, what) from None
         self.wait(what)
+        self.check_inputs(inputs, what)
+        observed = observe(result, inputs, self.written, candidate=True)
+        inputs.restore(self.written)
+        return observed
+
+    def check_inputs(self, inputs: InputSet, what: str) -> None:
         if changed := inputs.changed(set(self.written)):
             inside = [c for c in changed if not c.startswith("the memory around")]
             if inside:
@@ -310,9 +178,6 @@ class Evaluation:
                               f"({', '.join(inside)})")
             raise Verdict(EvalStatus.MISMATCH, f"{what}: the candidate wrote out of bounds, into "
                           f"{', '.join(changed)}")
-        observed = observe(result, inputs, self.written, candidate=True)
-        inputs.restore(self.written)
-        return observed
 
     def reference(self, inputs: InputSet) -> Observed:
         copy = inputs.fresh_copy()
@@ -324,13 +189,14 @@ class Evaluation:
                           f"{exc}") from None
         return observe(result, copy, self.written, candidate=False)
 
-    def verify(self, inputs: InputSet, address_check: bool = False) -> dict:
+    def verify(self, inputs: InputSet, address_check: bool = False,
+               precision: bool = True) -> dict:
         label = inputs.label
-        first = self.run_candidate(inputs, POISON_A, f"{label}, run 1")
-        second = self.run_candidate(inputs, POISON_B, f"{label}, run 2")
+        first = self.run_candidate(inputs, f"{label}, run 1")
+        second = self.run_candidate(inputs, f"{label}, run 2")
         ref = self.reference(inputs)
-        reports = compare_observed(first, ref, f"{label}, run 1")
-        compare_observed(second, ref, f"{label}, run 2")
+        reports = self.compare(first, ref, inputs, f"{label}, run 1", lenient=not precision)
+        self.compare(second, ref, inputs, f"{label}, run 2", lenient=not precision)
         for i, (a, b) in enumerate(zip(first.tensors, second.tensors)):
             agree = compare_values(b, a, tolerance_for(a.dtype))
             if not agree.ok:
@@ -339,15 +205,60 @@ class Evaluation:
         entry = {"inputs": label, "max_abs": max((r.max_abs for r in reports), default=0.0),
                  "rel_norm": max((r.rel_norm for r in reports), default=0.0),
                  "deterministic": bitwise_equal(first, second)}
+        if precision and (judged := self.check_precision(inputs, first, ref)):
+            entry["precision"] = judged
         if address_check:
             self.check_new_values_same_addresses(inputs, first)
             entry["address_check"] = True
         return entry
 
+    def compare(self, out: Observed, ref: Observed, inputs: InputSet, label: str,
+                lenient: bool) -> list:
+        """``out`` against eager's ``ref``. ``lenient`` (stress values): values outside eager's
+        tolerances pass when they are about as close to the float64 truth as eager's."""
+        try:
+            return compare_observed(out, ref, label)
+        except Verdict as verdict:
+            if not lenient or "report" not in verdict.details:
+                raise
+            high = precision_reference(self.op, *self.copy_of(inputs))
+            if high is None:
+                raise
+            returned = len(flatten_tensors(out.returned))
+            for i, reference in enumerate(flatten_tensors(high)[:returned]):
+                judged = judge_precision(out.tensors[i], ref.tensors[i], reference,
+                                         leeway=STRESS_LEEWAY)
+                if not judged.ok:
+                    raise Verdict(verdict.status, f"{verdict.summary}; against float64 it is "
+                                  f"less accurate than eager: {judged.reason}",
+                                  **verdict.details) from None
+            return []
+
+    @staticmethod
+    def copy_of(inputs: InputSet) -> tuple[tuple, dict]:
+        copy = inputs.fresh_copy()
+        return copy.args, copy.kwargs
+
+    def check_precision(self, inputs: InputSet, out: Observed, ref: Observed) -> dict | None:
+        """The candidate's error against a higher-precision reference, next to eager's."""
+        high = precision_reference(self.op, *self.copy_of(inputs))
+        if high is None:
+            return None
+        worst: dict = {}
+        returned = len(flatten_tensors(out.returned))
+        for i, reference in enumerate(flatten_tensors(high)[:returned]):
+            report = judge_precision(out.tensors[i], ref.tensors[i], reference)
+            if not report.ok:
+                raise Verdict(EvalStatus.MISMATCH, f"{inputs.label}, result {i}: {report.reason}")
+            if report.candidate_error >= worst.get("candidate_error", -1.0):
+                worst = {"candidate_error": report.candidate_error,
+                         "eager_error": report.eager_error, "bound": report.bound}
+        return worst or None
+
     def check_new_values_same_addresses(self, inputs: InputSet, before: Observed) -> None:
         inputs.load_values_from(self.factory.random_set(ADDRESS_SEED))
         label = f"{inputs.label} with new values at the same addresses"
-        after = self.run_candidate(inputs, POISON_A, label)
+        after = self.run_candidate(inputs, label)
         ref = self.reference(inputs)
         try:
             compare_observed(after, ref, label)
@@ -363,53 +274,114 @@ class Evaluation:
             raise Verdict(EvalStatus.INFRA, "no input sets: give seeds or samples")
         self.written = written_buffers(self.card.op, sets[0])
         checked = [self.verify(s, address_check=(i == 0)) for i, s in enumerate(sets)]
+        # Stress values are ill-conditioned on purpose: eager's tolerances judge them, not the
+        # precision rule, which holds honest half-precision kernels to eager's own error.
+        stressed = [self.verify(s, precision=False)
+                    for s in self.factory.stress_sets(self.settings.stress_seed)]
         candidate, eager, work, out_dtypes = self.time_against_eager(self.timing_sets(sets))
         del sets  # the last check needs only a fresh set
+        work.update(self.host_cost(self.factory.random_set(RECHECK_SEED)))
         recheck = self.verify(self.factory.random_set(RECHECK_SEED))
-        correctness = {"sets": checked, "after_timing": recheck,
+        correctness = {"sets": checked, "stress": stressed, "after_timing": recheck,
                        "tolerances": {str(d).removeprefix("torch."): vars(tol)
                                       for d in out_dtypes if (tol := tolerance_for(d))}}
+        if dropped := getattr(self.factory, "stress_dropped", None):
+            correctness["stress_dropped"] = dropped
         return correctness, candidate, eager, work
 
-    def time_against_eager(self, timed: list[InputSet]
+    # ----- timing -----
+
+    def time_against_eager(self, buffers: list[InputSet]
                            ) -> tuple[Timing, Timing, dict, set[torch.dtype]]:
-        """Candidate and eager timed interleaved; then the floor and the last timed result."""
-        op = self.op
-        threads = set(threading.enumerate())
+        """Candidate and eager timed interleaved, each call on new input values; then the
+        checked timed calls, the floor and the work done.
+
+        Every timed call is prepared alike (new values, their snapshot, fresh poisoned memory),
+        so nothing the candidate can see marks the calls that get checked. Which ones do is
+        drawn after each call, uniformly over all timed calls however many the budget allows
+        (reservoir sampling)."""
+        op, k = self.op, len(buffers)
+        values_seed = self.chance.getrandbits(30)
+        warmup, wanted = self.settings.timing.warmup, self.settings.checked_timed_calls
+        checks: list[TimedCheck] = []
+        timed = 0
+        memory: dict[int, Allocation] = {}
+
+        def prepare_candidate(r: int) -> None:
+            inputs = buffers[r % k]
+            self.factory.refill(inputs, values_seed + 2 * r)
+            inputs.take_snapshot()
+            memory[r] = self.calls.memory()
+
+        def run_candidate(r: int) -> Any:
+            try:
+                return self.calls.run(buffers[r % k], memory.pop(r))
+            except Exception as exc:  # cuda.core refused a launch
+                raise self.launch_failed(exc, "timing") from None
+
+        def after_candidate(r: int, result: Any) -> None:
+            nonlocal timed
+            if r < warmup:
+                return
+            timed += 1
+            slot = len(checks) if len(checks) < wanted else self.chance.randrange(timed)
+            if slot >= wanted:
+                return
+            inputs = buffers[r % k]
+            self.check_inputs(inputs, f"timed call {r}")
+            values = inputs.fresh_copy(f"timed call {r}")
+            values.take_snapshot()  # the reference runs on a copy of these
+            check = TimedCheck(r, values, observe(result, inputs, self.written, candidate=True))
+            checks[slot:slot + 1] = [check]
+
+        def prepare_eager(r: int) -> None:
+            self.factory.refill(buffers[r % k], values_seed + 2 * r + 1)
+
         run = time_interleaved(
-            {"candidate": lambda i: self.runner.timed(timed[i]),
-             "eager": lambda i: op(*timed[i].args, **timed[i].kwargs)},
-            len(timed), self.runtime, self.settings.timing)
+            {"candidate": Subject(run_candidate, prepare_candidate, after_candidate),
+             "eager": Subject(lambda r: op(*buffers[r % k].args, **buffers[r % k].kwargs),
+                              prepare_eager)},
+            self.runtime, self.settings.timing)
         self.wait("timing")
-        self.runner.check_process(threads)
-        work, out_dtypes = self.work(timed[0])
+        work, out_dtypes = self.work(buffers[0])
         candidate, eager = run.timings["candidate"], run.timings["eager"]
         if beats_floor(candidate.median_us, eager.median_us, work["hard_floor_us"]):
             raise Verdict(EvalStatus.CHEAT, f"timed at {candidate.median_us:.1f} us, below the "
                           f"physical floor of {work['hard_floor_us']:.1f} us for the bytes this op "
                           "must move: work done elsewhere or skipped when timed")
-        self.check_timed_result(timed, *run.last["candidate"])
+        for check in checks:
+            try:
+                compare_observed(check.observed, self.reference(check.inputs),
+                                 check.inputs.label)
+            except Verdict as v:
+                raise Verdict(EvalStatus.CHEAT, f"{v.summary}: the candidate computes otherwise "
+                              "when timed") from None
+        work["checked_timed_calls"] = len(checks)
         return candidate, eager, work, out_dtypes
-
-    def check_timed_result(self, timed: list[InputSet], index: int, result: Any) -> None:
-        """The last timed call's result must be right too. Inputs rotate while timing, so a
-        kernel that skipped its work leaves another set's result in a recycled buffer. (In-place
-        ops changed their inputs while timed: nothing to compare with.)"""
-        if self.written or len(timed) < 2:
-            return
-        inputs = timed[index]
-        observed = observe(result, inputs, self.written, candidate=True)
-        try:
-            compare_observed(observed, self.reference(inputs), f"timed call on {inputs.label}")
-        except Verdict as v:
-            raise Verdict(EvalStatus.CHEAT, f"{v.summary}: the candidate computes otherwise when "
-                          "timed") from None
 
     def timing_sets(self, sets: list[InputSet]) -> list[InputSet]:
         """A few sets to rotate while timing, as many as memory comfortably allows."""
         per_set = max(sets[0].nbytes(), 1)
         fit = max(1, int(self.runtime.free_bytes() // (8 * per_set)))
         return sets[:max(1, min(self.settings.timing_sets, fit, len(sets)))]
+
+    def host_cost(self, inputs: InputSet) -> dict:
+        """Host time per call of the launch path as integration runs it, and of eager's."""
+        op = self.op
+
+        def per_call(call: Callable[[], Any]) -> float:
+            samples = []
+            for _ in range(self.settings.host_reps):
+                start = time.perf_counter()
+                call()
+                samples.append((time.perf_counter() - start) * 1e6)
+                self.runtime.sync()
+            samples.sort()
+            return round(samples[len(samples) // 2], 2)
+
+        runner = self.calls.runner
+        return {"host_us": per_call(lambda: runner(inputs.args, inputs.kwargs)),
+                "eager_host_us": per_call(lambda: op(*inputs.args, **inputs.kwargs))}
 
     def work(self, inputs: InputSet) -> tuple[dict, set[torch.dtype]]:
         """Bytes moved, FLOPs and the floors of one call (from eager's results), and the dtypes
@@ -427,6 +399,9 @@ class Evaluation:
         return work, {t.dtype for t in ref.tensors}
 
 
+# ----- start to verdict -----
+
+
 def outcome_from(status: EvalStatus, summary: str, started: float, compiled: CompileResult | None,
                  **fields_: Any) -> EvalOutcome:
     extra = dict(fields_.pop("extra", {}))
@@ -437,6 +412,21 @@ def outcome_from(status: EvalStatus, summary: str, started: float, compiled: Com
     return EvalOutcome(status=status, summary=summary[:2000],
                        compile_log=compiled.log if compiled is not None else "",
                        wall_s=round(time.perf_counter() - started, 4), extra=extra, **fields_)
+
+
+def plan_runner(card: OpCard, candidate: Candidate, backend: Backend, compiled: CompileResult,
+                device: torch.device) -> PlanRunner:
+    """The candidate's plan resolved for the card and checked against the compiled kernels."""
+    try:
+        plan = resolve_plan(candidate.plan, card.op, card.args, card.kwargs)
+        check_kernels(plan, backend.has_kernel, sorted(compiled.resources))
+        check_widths(plan, backend.param_widths)
+        return PlanRunner(plan, card.op, backend, device)
+    except PlanNotApplicable as exc:
+        raise Verdict(EvalStatus.LAUNCH_ERROR, f"the launch plan does not cover this op "
+                      f"variant: {exc}") from None
+    except PlanError as exc:
+        raise Verdict(EvalStatus.LAUNCH_ERROR, f"launch plan: {exc}") from None
 
 
 def evaluate_candidate(card: OpCard, candidate: Candidate, *, runtime: Runtime,
@@ -453,30 +443,26 @@ def evaluate_candidate(card: OpCard, candidate: Candidate, *, runtime: Runtime,
                          compiled.log.splitlines()[0] if compiled.log else "no log")
             return outcome_from(EvalStatus.COMPILE_ERROR, f"NVRTC: {first.strip()}", started,
                                 compiled)
-        try:
-            launcher = Launcher(candidate.launcher)
-        except LauncherSourceError as exc:
-            raise Verdict(EvalStatus.LAUNCH_ERROR, str(exc)) from None
-        except Violation as exc:
-            raise Verdict(EvalStatus.CHEAT, str(exc)) from None
         backend = loader.load(compiled)
+        runner = plan_runner(card, candidate, backend, compiled, runtime.device)
         with runtime.scope():
-            runner = CandidateRunner(launcher, backend, runtime)
-            evaluation = Evaluation(card, runner, runtime, gpu, samples_dir, settings)
+            calls = CandidateCalls(runner, runtime)
+            evaluation = Evaluation(card, calls, runtime, gpu, samples_dir, settings)
             correctness, timing, eager, work = evaluation.run()
     except Verdict as v:
-        return outcome_from(v.status, v.summary, started, compiled, extra=dict(v.details))
+        return outcome_from(v.status, v.summary, started, compiled, restart=v.restart,
+                            extra=dict(v.details))
     except KforgeError as exc:
         return outcome_from(EvalStatus.INFRA, str(exc), started, compiled)
     except Exception as exc:  # our own failure, or a GPU fault that surfaced in our code
         if not runtime.alive():
             return outcome_from(EvalStatus.CRASH, f"the GPU context died: {exc}", started, compiled,
-                                extra={"restart": True})
+                                restart=True)
         return outcome_from(EvalStatus.INFRA, f"evaluator error: {type(exc).__name__}: {exc}",
                             started, compiled, extra={"traceback": traceback.format_exc()[-4000:]})
     speedup = eager.median_us / timing.median_us if timing.median_us > 0 else None
     moved = work["read_bytes"] + work["write_bytes"]
-    extra = {"launches": runner.launches, "device": str(runtime.device), **work}
+    extra = {"launches": len(runner.plan.launches), "device": str(runtime.device), **work}
     if work["flops"]:
         extra["tflops"] = work["flops"] / (timing.median_us * 1e6)
     floor = work["floor_us"]
@@ -517,8 +503,9 @@ def measure_baseline(card: OpCard, *, runtime: Runtime, gpu: GpuInfo,
         read = traffic_bytes([b.view for b in sets[0].buffers])
         write = traffic_bytes(flatten_tensors(result))
         del result
+        n = len(sets)
         subjects: dict[str, Callable[[int], Any]] = {
-            "eager": lambda i: op(*sets[i].args, **sets[i].kwargs)}
+            "eager": lambda r: op(*sets[r % n].args, **sets[r % n].kwargs)}
         compile_s, notes = None, [f"inputs: {', '.join(s.label for s in sets)}"]
         if settings.compile_baseline:
             try:
@@ -528,11 +515,11 @@ def measure_baseline(card: OpCard, *, runtime: Runtime, gpu: GpuInfo,
                 compiled(*sets[0].args, **sets[0].kwargs)
                 runtime.sync()
                 compile_s = time.perf_counter() - start
-                subjects["compiled"] = lambda i: compiled(*sets[i].args, **sets[i].kwargs)
+                subjects["compiled"] = lambda r: compiled(*sets[r % n].args, **sets[r % n].kwargs)
             except Exception as exc:  # Inductor cannot handle every op: eager still counts
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 notes.append(f"torch.compile failed: {first[:300]}")
-        timings = time_interleaved(subjects, len(sets), runtime, settings.timing).timings
+        timings = time_interleaved(subjects, runtime, settings.timing).timings
     return Baseline(eager=timings["eager"], compiled=timings.get("compiled"),
                     compile_s=round(compile_s, 3) if compile_s is not None else None,
                     floor_us=memory_floor_us(read, write, gpu.bandwidth_gbs),

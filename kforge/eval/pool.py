@@ -2,7 +2,11 @@
 
 A worker that hangs past the timeout is killed, one that dies is noted; either way the candidate's
 outcome says what happened (TIMEOUT, CRASH), a fresh worker takes the GPU over in the background
-and the search goes on.
+and the search goes on. A worker that has run a candidate can never weigh on the verdict of
+another: it is replaced after any crash or failure, and in any case after ``recycle_after``
+evaluations. A candidate about to become an op's best is confirmed before it counts
+(``confirm``): compute-sanitizer runs it, and a worker started for it alone times it again on new
+inputs.
 """
 
 from __future__ import annotations
@@ -15,18 +19,35 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import kforge
 from kforge.core.candidate import Baseline, Candidate, EvalOutcome, EvalStatus
 from kforge.core.gpu import NO_GPU, GpuInfo
 from kforge.core.opcard import OpCard
+from kforge.core.settings import EvalSettings
 from kforge.errors import KforgeError
-from kforge.eval.protocol import encode, read_frame_async
+from kforge.eval.protocol import (
+    BaselineMeasured,
+    Evaluate,
+    Evaluated,
+    Failed,
+    Fatal,
+    MeasureBaseline,
+    Message,
+    Ping,
+    Ready,
+    Reply,
+    Shutdown,
+    encode,
+    read_frame_async,
+    worker_exits_after,
+)
 
-DEFAULT_TIMEOUT_S = 60.0
-DEFAULT_BASELINE_TIMEOUT_S = 900.0  # torch.compile of one op can take minutes on a cold cache
-DEFAULT_START_TIMEOUT_S = 300.0
+DEFAULT_TIMEOUT_S = EvalSettings.timeout_s
+DEFAULT_BASELINE_TIMEOUT_S = EvalSettings.baseline_timeout_s
+DEFAULT_START_TIMEOUT_S = EvalSettings.start_timeout_s
 RESPAWN_TRIES = 3
 STDERR_LINES = 200
 
@@ -39,6 +60,13 @@ class WorkerGone(Exception):
     """The worker process ended or stopped answering."""
 
 
+def confirmation_settings(settings: dict) -> dict:
+    """The evaluation settings of a confirmation run: other seeds, so other input values."""
+    seeds = settings.get("seeds") or EvalSettings.seeds
+    return {**settings, "seeds": [int(s) + 7919 for s in seeds],
+            "stress_seed": int(settings.get("stress_seed", EvalSettings.stress_seed)) + 7919}
+
+
 class WorkerProcess:
     """One worker subprocess and its pipes."""
 
@@ -49,6 +77,7 @@ class WorkerProcess:
         self.stderr: deque[str] = deque(maxlen=STDERR_LINES)
         self._pump: asyncio.Task | None = None
         self._ids = itertools.count(1)
+        self.served = 0  # evaluations answered
 
     async def start(self, timeout_s: float) -> GpuInfo:
         env = dict(os.environ)
@@ -69,36 +98,36 @@ class WorkerProcess:
             await self.kill()
             raise KforgeError(f"the evaluation worker for GPU {self.device} exited at start: "
                               f"{self.last_error()}") from None
-        if hello.get("type") != "ready":
-            await self.kill()
-            raise KforgeError(f"the evaluation worker for GPU {self.device} cannot run: "
-                              f"{hello.get('error', hello)}")
-        return GpuInfo.from_dict(hello["gpu"])
+        if isinstance(hello, Ready):
+            return hello.gpu
+        await self.kill()
+        why = hello.error if isinstance(hello, Fatal) else f"it began with {hello!r}"
+        raise KforgeError(f"the evaluation worker for GPU {self.device} cannot run: {why}")
 
     async def _read_stderr(self) -> None:
         assert self.process is not None and self.process.stderr is not None
         async for line in self.process.stderr:
             self.stderr.append(line.decode(errors="replace").rstrip())
 
-    async def _read(self) -> dict:
+    async def _read(self) -> Message:
         assert self.process is not None and self.process.stdout is not None
         try:
             return await read_frame_async(self.process.stdout)
         except EOFError:
             raise WorkerGone() from None
 
-    async def request(self, message: dict, timeout_s: float) -> dict:
+    async def request(self, request: Evaluate | MeasureBaseline | Ping, timeout_s: float) -> Reply:
         """Send one request and wait for its reply. Raises TimeoutError or WorkerGone."""
         assert self.process is not None and self.process.stdin is not None
-        message = {**message, "id": next(self._ids)}
+        request = replace(request, id=next(self._ids))
         try:
-            self.process.stdin.write(encode(message))
+            self.process.stdin.write(encode(request))
             await self.process.stdin.drain()
         except (BrokenPipeError, ConnectionResetError):
             raise WorkerGone() from None
         while True:
             reply = await asyncio.wait_for(self._read(), timeout_s)
-            if reply.get("id") == message["id"]:
+            if isinstance(reply, Reply) and reply.id == request.id:
                 return reply
 
     def last_error(self) -> str:
@@ -120,7 +149,7 @@ class WorkerProcess:
         if self.process is not None and self.process.returncode is None:
             with contextlib.suppress(Exception):
                 assert self.process.stdin is not None
-                self.process.stdin.write(encode({"kind": "shutdown"}))
+                self.process.stdin.write(encode(Shutdown()))
                 await self.process.stdin.drain()
                 self.process.stdin.close()
                 await asyncio.wait_for(self.process.wait(), 10)
@@ -149,6 +178,7 @@ class GpuEvaluator:
         self.gpus: dict[int, GpuInfo] = {}
         self.capacity = len(self.devices)
         self.restarts = 0
+        self.recycle_after = int(self.settings.get("recycle_after", EvalSettings.recycle_after))
         self._idle: asyncio.Queue[WorkerProcess | None] = asyncio.Queue()
         self._working: set[WorkerProcess] = set()
         self._alive = 0
@@ -208,13 +238,13 @@ class GpuEvaluator:
         self._alive -= 1
         self._idle.put_nowait(None)  # wake a waiter so it sees that no worker is left
 
-    async def _call(self, message: dict,
-                    timeout_s: float) -> tuple[dict | None, str, WorkerProcess]:
+    async def _call(self, request: Evaluate | MeasureBaseline,
+                    timeout_s: float) -> tuple[Reply | None, str, WorkerProcess]:
         """Run one request on a free worker: ``(reply, "", worker)``, or ``(None, why, worker)``
         with why "timeout" or "died"; a worker that failed is being replaced already."""
         worker = await self._acquire()
         try:
-            reply = await worker.request(message, timeout_s)
+            reply = await worker.request(request, timeout_s)
         except TimeoutError:
             self._replace(worker)
             return None, "timeout", worker
@@ -225,7 +255,8 @@ class GpuEvaluator:
         except BaseException:
             self._replace(worker)  # cancelled mid-request: the worker's state is unknown
             raise
-        if reply.get("restart"):
+        worker.served += 1
+        if worker_exits_after(reply) or worker.served >= self.recycle_after:
             self._replace(worker)
         else:
             self._release(worker)
@@ -233,10 +264,8 @@ class GpuEvaluator:
 
     async def evaluate(self, card: OpCard, candidate: Candidate) -> EvalOutcome:
         started = time.perf_counter()
-        message = {"kind": "evaluate", "card": card.to_dict(), "candidate": candidate.to_dict(),
-                   "samples_dir": str(self.samples_dir) if self.samples_dir else None,
-                   "settings": self.settings}
-        reply, failure, worker = await self._call(message, self.timeout_s)
+        request = Evaluate(card, candidate, self.samples_dir, self.settings)
+        reply, failure, worker = await self._call(request, self.timeout_s)
         wall = round(time.perf_counter() - started, 3)
         if failure == "timeout":
             return EvalOutcome(EvalStatus.TIMEOUT, f"no verdict within {self.timeout_s:.0f} s (a "
@@ -248,27 +277,65 @@ class GpuEvaluator:
                                f"code {code}): {worker.last_error()}", wall_s=wall,
                                extra={"device": worker.device,
                                       "stderr": "\n".join(list(worker.stderr)[-30:])})
-        assert reply is not None
-        if not reply.get("ok"):
-            return EvalOutcome(EvalStatus.INFRA, f"evaluator error: {reply.get('error')}",
-                               wall_s=wall, extra={"traceback": reply.get("traceback", "")})
-        return EvalOutcome.from_dict(reply["outcome"])
+        match reply:
+            case Evaluated(outcome=outcome):
+                return outcome
+            case Failed(error=error, traceback=trace):
+                return EvalOutcome(EvalStatus.INFRA, f"evaluator error: {error}", wall_s=wall,
+                                   extra={"traceback": trace})
+        raise KforgeError(f"the worker on GPU {worker.device} answered an evaluation with "
+                          f"{reply!r}")
+
+    async def confirm(self, card: OpCard, candidate: Candidate,
+                      outcome: EvalOutcome) -> EvalOutcome:
+        """The outcome that counts for a candidate about to become ``card``'s best: rejected with
+        compute-sanitizer's message if it reports anything, else the candidate's evaluation on
+        new inputs by a worker started for it alone (its speedup is the one reported)."""
+        from kforge.eval.sanitize import sanitize_candidate
+
+        where = str(outcome.extra.get("device", ""))
+        device = int(where.split(":")[1]) if where.startswith("cuda:") else self.devices[0]
+        extra: dict = {"first_speedup": outcome.speedup}
+        if self.settings.get("sanitize", EvalSettings.sanitize):
+            report = await asyncio.to_thread(sanitize_candidate, card, candidate,
+                                             samples_dir=self.samples_dir, device=device)
+            extra["sanitizer"] = {"ok": report.ok, "ran": report.ran, "tool": report.tool,
+                                  "message": report.message, "seconds": round(report.seconds, 1)}
+            if not report.ok:
+                return EvalOutcome(EvalStatus.MISMATCH, report.message,
+                                   extra={**outcome.extra, **extra})
+        fresh = WorkerProcess(device, self.command(device))
+        try:
+            await fresh.start(self.start_timeout_s)
+            request = Evaluate(card, candidate, self.samples_dir, confirmation_settings(self.settings))
+            reply = await fresh.request(request, self.timeout_s)
+        except (KforgeError, TimeoutError, WorkerGone) as exc:
+            return EvalOutcome(EvalStatus.INFRA, f"the confirmation run failed: {exc}",
+                               extra={**outcome.extra, **extra})
+        finally:
+            await fresh.kill()
+        if not isinstance(reply, Evaluated):
+            return EvalOutcome(EvalStatus.INFRA, f"the confirmation run answered {reply!r}",
+                               extra={**outcome.extra, **extra})
+        again = reply.outcome
+        return replace(again, extra={**again.extra, **extra, "confirmed": True})
 
     async def baseline(self, card: OpCard) -> Baseline:
-        message = {"kind": "baseline", "card": card.to_dict(),
-                   "samples_dir": str(self.samples_dir) if self.samples_dir else None,
-                   "settings": self.settings}
-        reply, failure, worker = await self._call(message, self.baseline_timeout_s)
+        request = MeasureBaseline(card, self.samples_dir, self.settings)
+        reply, failure, worker = await self._call(request, self.baseline_timeout_s)
         if failure == "timeout":
             raise KforgeError(f"timing eager {card.op} took longer than "
                               f"{self.baseline_timeout_s:.0f} s")
         if failure == "died":
             raise KforgeError(f"the worker died while timing eager {card.op}: "
                               f"{worker.last_error()}")
-        assert reply is not None
-        if not reply.get("ok"):
-            raise KforgeError(str(reply.get("error")))
-        return Baseline.from_dict(reply["baseline"])
+        match reply:
+            case BaselineMeasured(baseline=baseline):
+                return baseline
+            case Failed(error=error):
+                raise KforgeError(error)
+        raise KforgeError(f"the worker on GPU {worker.device} answered a baseline request with "
+                          f"{reply!r}")
 
     async def close(self) -> None:
         for task in list(self._respawns):

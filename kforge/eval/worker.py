@@ -12,10 +12,25 @@ import argparse
 import os
 import sys
 import traceback
-from pathlib import Path
 from typing import BinaryIO
 
-from kforge.eval.protocol import read_frame, write_frame
+from kforge.eval.protocol import (
+    BaselineMeasured,
+    Evaluate,
+    Evaluated,
+    Failed,
+    Fatal,
+    MeasureBaseline,
+    Ping,
+    Pong,
+    ProtocolError,
+    Ready,
+    Reply,
+    Shutdown,
+    read_request,
+    worker_exits_after,
+    write_frame,
+)
 
 EXIT_RESTART = 3
 EXIT_FATAL = 2
@@ -30,34 +45,25 @@ class Worker:
         self.ctx = device_context(device)
         self.ctx.loader.compiler.compile(WARM_UP_SOURCE, self.ctx.gpu.arch)
 
-    def handle(self, message: dict) -> tuple[dict, bool]:
-        """The reply to one request, and whether the process must restart afterwards."""
-        from kforge.core.candidate import Candidate
-        from kforge.core.opcard import OpCard
-        from kforge.eval.pipeline import (
-            EvalSettings,
-            evaluate_candidate,
-            measure_baseline,
-        )
+    def handle(self, request: Evaluate | MeasureBaseline | Ping) -> Reply:
+        """The reply to one request; it says whether the process must restart afterwards."""
+        from kforge.eval.pipeline import EvalSettings, evaluate_candidate, measure_baseline
 
-        kind = message.get("kind")
-        card = OpCard.from_dict(message["card"]) if "card" in message else None
-        samples = Path(message["samples_dir"]) if message.get("samples_dir") else None
-        settings = EvalSettings.from_dict(message.get("settings"))
         ctx = self.ctx
-        if kind == "evaluate" and card is not None:
-            outcome = evaluate_candidate(card, Candidate.from_dict(message["candidate"]),
-                                         runtime=ctx.runtime, loader=ctx.loader, gpu=ctx.gpu,
-                                         samples_dir=samples, settings=settings)
-            restart = bool(outcome.extra.get("restart")) or not ctx.runtime.alive()
-            return {"ok": True, "outcome": outcome.to_dict(), "restart": restart}, restart
-        if kind == "baseline" and card is not None:
-            baseline = measure_baseline(card, runtime=ctx.runtime, gpu=ctx.gpu,
-                                        samples_dir=samples, settings=settings)
-            return {"ok": True, "baseline": baseline.to_dict()}, False
-        if kind == "ping":
-            return {"ok": True}, False
-        return {"ok": False, "error": f"unknown request {kind!r}"}, False
+        match request:
+            case Evaluate(card=card, candidate=candidate, samples_dir=samples, settings=settings):
+                outcome = evaluate_candidate(card, candidate, runtime=ctx.runtime,
+                                             loader=ctx.loader, gpu=ctx.gpu, samples_dir=samples,
+                                             settings=EvalSettings.from_dict(settings))
+                return Evaluated(outcome, restart=outcome.restart or not ctx.runtime.alive(),
+                                 id=request.id)
+            case MeasureBaseline(card=card, samples_dir=samples, settings=settings):
+                baseline = measure_baseline(card, runtime=ctx.runtime, gpu=ctx.gpu,
+                                            samples_dir=samples,
+                                            settings=EvalSettings.from_dict(settings))
+                return BaselineMeasured(baseline, id=request.id)
+            case Ping():
+                return Pong(id=request.id)
 
 
 def serve(device: int, requests: BinaryIO, replies: BinaryIO) -> int:
@@ -66,25 +72,26 @@ def serve(device: int, requests: BinaryIO, replies: BinaryIO) -> int:
     try:
         worker = Worker(device)
     except Exception as exc:  # no GPU, no NVRTC...: tell the pool why, then stop
-        write_frame(replies, {"type": "fatal", "error": f"{type(exc).__name__}: {exc}"})
+        write_frame(replies, Fatal(f"{type(exc).__name__}: {exc}"))
         return EXIT_FATAL
-    write_frame(replies, {"type": "ready", "gpu": worker.ctx.gpu.to_dict()})
+    write_frame(replies, Ready(worker.ctx.gpu))
     while True:
-        message = read_frame(requests)
-        if message is None or message.get("kind") == "shutdown":
-            return 0
-        restart = False
         try:
-            reply, restart = worker.handle(message)
+            request = read_request(requests)
+        except ProtocolError as exc:  # the engine speaks another protocol: nothing to answer
+            print(f"kforge worker: {exc}", file=sys.stderr)
+            return EXIT_FATAL
+        if request is None or isinstance(request, Shutdown):
+            return 0
+        try:
+            reply = worker.handle(request)
         except KforgeError as exc:
-            reply = {"ok": False, "error": str(exc)}
+            reply = Failed(str(exc), id=request.id)
         except Exception as exc:  # the evaluator's own failure: reported, the worker goes on
-            reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}",
-                     "traceback": traceback.format_exc()[-4000:]}
-            restart = not worker.ctx.runtime.alive()
-        reply["id"] = message.get("id")
+            reply = Failed(f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc()[-4000:],
+                           restart=not worker.ctx.runtime.alive(), id=request.id)
         write_frame(replies, reply)
-        if restart:
+        if worker_exits_after(reply):
             return EXIT_RESTART
 
 

@@ -24,7 +24,8 @@ import torch
 from .runtime.cubin import KernelModule, device_arch
 from .runtime.guard import Patch
 from .runtime.nvrtc import compile_cubin
-from .runtime.table import Entry, KernelTable, load_launcher
+from .runtime.plan import PlanRunner, resolve_for
+from .runtime.table import Entry, KernelTable
 
 HERE = Path(__file__).resolve().parent
 
@@ -63,10 +64,11 @@ def patch(device: str | torch.device | None = None, *, any_arch: bool = False) -
         try:
             code = cubin.read_bytes() if cubin.exists() else compile_cubin(
                 (folder / "kernel.cu").read_text(), arch, prelude, kernel["nvrtc_options"])
+            plan = resolve_for(json.loads((folder / "plan.json").read_text()), kernel["op"],
+                               kernel["args"], kernel["kwargs"])
+            runner = PlanRunner(plan, kernel["op"], KernelModule(code, cuda), cuda)
             table.add(Entry(op=kernel["op"], args=kernel["args"], kwargs=kernel["kwargs"],
-                            launch=load_launcher((folder / "launcher.py").read_text()),
-                            kernels=KernelModule(code, cuda), device=cuda,
-                            label=kernel["label"], key=kernel["key"]))
+                            runner=runner, device=cuda, label=kernel["label"], key=kernel["key"]))
         except Exception as exc:  # a kernel that cannot load here: its op stays on eager
             notes.append(f"{kernel['label']}: stays on eager, it does not load on {arch}: {exc}")
     return Patch(table, notes)

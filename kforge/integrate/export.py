@@ -1,10 +1,11 @@
 """Write a session's winning kernels as a standalone Python package.
 
-The package holds the kernels' CUDA sources and launchers, a cubin per requested architecture
+The package holds the kernels' CUDA sources and launch plans, a cubin per requested architecture
 (compiled here with NVRTC, which needs no GPU), the NVRTC prelude, a manifest of every op variant
 of the model (its kernel and speedup, or why it stays on eager), a README, and a copy of the
-runtime layer (``kforge.runtime`` with the arg-spec module it stands on). It imports nothing from kforge: torch, numpy and cuda-python
-are enough, and on a GPU it has no cubin for it compiles the sources with NVRTC.
+runtime layer (``kforge.runtime`` with the core modules it stands on: arg specs, launch plans, op
+cards). It imports nothing from kforge: torch, numpy and cuda-python are enough, and on a GPU it
+has no cubin for it compiles the sources with NVRTC.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ _ARCH = re.compile(r"^sm_\d{2,3}[af]?$")
 _HERE = Path(__file__).resolve().parent
 _KFORGE = _HERE.parent
 # What the exported package's runtime/ folder holds, and the kforge imports rewritten there.
-_RUNTIME_FILES = {"runtime": ["cubin.py", "guard.py", "nvrtc.py", "table.py"],
-                  "core": ["argspec.py"], "": ["errors.py"]}
+_RUNTIME_FILES = {"runtime": ["cubin.py", "guard.py", "nvrtc.py", "plan.py", "table.py"],
+                  "core": ["argspec.py", "launch_plan.py", "opcard.py"], "": ["errors.py"]}
 _KFORGE_IMPORT = re.compile(r"^(\s*)from kforge\.(?:runtime\.|core\.)?(\w+) import ", re.M)
 
 
@@ -131,7 +132,7 @@ def _write_kernel(root: Path, decision: Decision, archs: list[str], compiler: Co
     folder = Path("kernels") / card.key
     (root / folder).mkdir(parents=True)
     (root / folder / "kernel.cu").write_text(candidate.source)
-    (root / folder / "launcher.py").write_text(candidate.launcher)
+    (root / folder / "plan.json").write_text(json.dumps(candidate.plan, indent=1) + "\n")
     label = card_label(card)
     cubins, errors = {}, {}
     try:
@@ -202,5 +203,6 @@ Needs torch, numpy and cuda-python (`cuda-core`, `cuda-bindings`). Cubins are in
 and {views} views and copies, which are never targets.
 
 `manifest.json` has all of this in full; `kernels/<card key>/` holds each kernel's source
-(`kernel.cu`, compiled after `prelude.cuh`), launcher and cubins.
+(`kernel.cu`, compiled after `prelude.cuh`), its launch plan (`plan.json`: the outputs to allocate
+and the launches to make, as data that `runtime/plan.py` interprets) and its cubins.
 """

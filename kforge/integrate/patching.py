@@ -21,7 +21,8 @@ from kforge.integrate.winners import (
 )
 from kforge.runtime.cubin import KernelModule, device_arch
 from kforge.runtime.guard import Patch
-from kforge.runtime.table import Entry, KernelTable, Report, load_launcher
+from kforge.runtime.plan import PlanRunner, check_kernels, check_widths, resolve_for
+from kforge.runtime.table import Entry, KernelTable, Report
 
 
 class SessionPatch(Patch):
@@ -115,11 +116,14 @@ def build_patch(plan: SessionPlan, device: torch.device) -> SessionPatch:
             notes.append(f"{label}: kept on eager, it does not compile for {loader.arch}: {first}")
             continue
         try:
-            entry = Entry(op=card.op, args=card.args, kwargs=card.kwargs,
-                          launch=load_launcher(candidate.launcher),
-                          kernels=KernelModule(compiled.cubin, device), device=device,
-                          label=label, key=card.key)
-        except Exception as exc:  # a launcher or cubin that cannot load: eager keeps the op
+            resolved = resolve_for(candidate.plan, card.op, card.args, card.kwargs)
+            kernels = KernelModule(compiled.cubin, device)
+            check_kernels(resolved, kernels.has_kernel, sorted(compiled.resources))
+            check_widths(resolved, kernels.param_widths)
+            runner = PlanRunner(resolved, card.op, kernels, device)
+            entry = Entry(op=card.op, args=card.args, kwargs=card.kwargs, runner=runner,
+                          device=device, label=label, key=card.key)
+        except Exception as exc:  # a plan or cubin that cannot load: eager keeps the op
             notes.append(f"{label}: kept on eager, it does not load: {type(exc).__name__}: {exc}")
             continue
         table.add(entry)

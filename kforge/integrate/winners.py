@@ -22,7 +22,8 @@ NO_GPU_ARCH = "none"
 LABEL_WIDTH = 60
 # What the guard costs on the CPU per call outside CUDA graphs, as bench/bench_guard.py measured
 # it on an H200 host (docs/BENCHMARKS.md): a call of a patched op whose variant has no kernel,
-# and the extra cost of running a kernel through its Python launcher instead of eager's C++.
+# and a call that runs a kernel. The second is only the estimate for outcomes recorded before the
+# evaluator measured each kernel's launch path against eager's own call (``host_extra_us``).
 GUARD_MISS_US = 10.0
 KERNEL_CALL_US = 15.0
 
@@ -39,6 +40,9 @@ class Decision:
     spread: float | None = None  # combined relative p10..p90 width of kernel and eager timings
     candidate: Candidate | None = None
     modules: list[str] = field(default_factory=list)
+    # host time per call of the kernel's launch path minus eager's own call, as the evaluator
+    # measured them; None where the outcome predates that measurement
+    host_extra_us: float | None = None
 
 
 def card_label(card: OpCard) -> str:
@@ -113,7 +117,19 @@ def decide(row: CardRow, best: NodeDetail | None, *, made_on: str,
     if not significant_win(speedup, spread):
         return kept(f"{speedup:.2f}x is inside the timing noise (±{spread:.0%})", outcome, spread)
     return Decision(card, True, f"{speedup:.2f}x faster than eager (noise ±{spread:.0%})",
-                    best.row.id, speedup, spread, best.candidate, row.modules)
+                    best.row.id, speedup, spread, best.candidate, row.modules,
+                    measured_host_extra_us(outcome))
+
+
+def measured_host_extra_us(outcome: EvalOutcome) -> float | None:
+    """What a call through the kernel's launch path costs the CPU beyond eager's own call
+    (``host_us - eager_host_us`` from the outcome's ``extra``), or None where it was not
+    measured."""
+    host, eager = outcome.extra.get("host_us"), outcome.extra.get("eager_host_us")
+    if not isinstance(host, (int, float)) or not isinstance(eager, (int, float)):
+        return None
+    extra = float(host) - float(eager)
+    return extra if math.isfinite(extra) else None
 
 
 def projected_speedup(decisions: Iterable[Decision]) -> float:
@@ -129,7 +145,12 @@ def worth_routing(decisions: list[Decision], miss_us: float = GUARD_MISS_US,
     """Outside CUDA graphs every call of a patched op passes through Python, matched or not. Keep
     an op's kernels only where the GPU time they save per forward exceeds that CPU cost, so a
     patched model is never slower than eager; under CUDA graphs (replays skip Python) every
-    winner pays off and this filter is not applied."""
+    winner pays off and this filter is not applied.
+
+    Every call of the op pays the guard (``miss_us``); a call that runs a kernel pays its launch
+    path instead of eager's own call: the measured difference where the outcome has one (a path
+    measured cheaper than eager's is credited nothing, so that noise in two small host timings
+    cannot let a kernel through), else the estimate ``call_us - miss_us``."""
     calls: dict[str, int] = defaultdict(int)
     saved: dict[str, float] = defaultdict(float)
     cost: dict[str, float] = defaultdict(float)
@@ -137,7 +158,9 @@ def worth_routing(decisions: list[Decision], miss_us: float = GUARD_MISS_US,
         calls[d.card.op] += d.card.calls
         if d.replaced and d.speedup and d.card.eager_us:
             saved[d.card.op] += d.card.calls * d.card.eager_us * (1.0 - 1.0 / d.speedup)
-            cost[d.card.op] += d.card.calls * (call_us - miss_us)
+            launch_us = (call_us - miss_us if d.host_extra_us is None
+                         else max(d.host_extra_us, 0.0))
+            cost[d.card.op] += d.card.calls * launch_us
     for op in cost:
         cost[op] += calls[op] * miss_us
     return [replace(d, replaced=False, reason=(

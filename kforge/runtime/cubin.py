@@ -6,9 +6,12 @@ copies it into every artifact.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable, Sequence
+from functools import cache
 from typing import Any
 
+import numpy as np
 import torch
 
 # Dynamic shared memory a kernel may use without opting in to more.
@@ -23,9 +26,8 @@ def device_arch(device: torch.device | int) -> str:
 
 
 class KernelModule:
-    """A cubin loaded on one GPU. ``module.NAME(grid, block, *params, shared_mem=0)`` (or
-    ``module["NAME"](...)``) launches kernel NAME on PyTorch's current stream of that GPU:
-    tensors go in as their data pointers, numpy scalars by value."""
+    """A cubin loaded on one GPU; ``launch`` runs one of its kernels on PyTorch's current stream
+    of that GPU."""
 
     def __init__(self, cubin: bytes, device: torch.device | int) -> None:
         from cuda.core import Device, ObjectCode
@@ -38,7 +40,7 @@ class KernelModule:
         self._streams: dict[int, Any] = {}
         self._configs: dict[tuple, Any] = {}
         self._shared_allowed: dict[str, int] = {}
-        self._launchers: dict[str, Callable[..., None]] = {}
+        self._widths: dict[str, list[int] | None] = {}
 
     def kernel(self, name: str) -> Any:
         """The cuda.core Kernel NAME; KeyError when the cubin has none."""
@@ -84,9 +86,28 @@ class KernelModule:
                                f"this GPU ({err.name})")
         self._shared_allowed[name] = nbytes
 
-    def launch(self, name: str, grid: int | tuple[int, ...], block: int | tuple[int, ...],
-               values: Sequence[Any], shared_mem: int = 0) -> None:
-        """Launch NAME with parameter values already converted (pointers as ints)."""
+    def has_kernel(self, name: str) -> bool:
+        try:
+            self.kernel(name)
+        except KeyError:
+            return False
+        return True
+
+    def param_widths(self, name: str) -> list[int] | None:
+        """Byte widths of kernel NAME's parameters, or None where the driver cannot list them;
+        KeyError when the cubin has no such kernel."""
+        if name not in self._widths:
+            kernel = self.kernel(name)
+            try:
+                self._widths[name] = [_width(info) for info in kernel.arguments_info]
+            except Exception:  # older drivers cannot list parameters
+                self._widths[name] = None
+        return self._widths[name]
+
+    def launch(self, name: str, grid: tuple[int, ...], block: tuple[int, ...], shared_mem: int,
+               params: Sequence[Any]) -> None:
+        """Launch NAME on PyTorch's current stream: tensors go in as their data pointers, numpy
+        scalars by value."""
         from cuda.core import LaunchConfig, launch
 
         kernel = self.kernel(name)
@@ -97,22 +118,95 @@ class KernelModule:
         if config is None:
             config = self._configs[shape] = LaunchConfig(grid=grid, block=block,
                                                          shmem_size=shared_mem)
-        launch(self.stream(), config, kernel, *values)
+        launch(self.stream(), config, kernel,
+               *[p.data_ptr() if isinstance(p, torch.Tensor) else p for p in params])
 
-    def __getattr__(self, name: str) -> Callable[..., None]:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return self[name]
 
-    def __getitem__(self, name: str) -> Callable[..., None]:
-        launcher = self._launchers.get(name)
-        if launcher is None:
-            def launcher(grid: Any, block: Any, *params: Any, shared_mem: int = 0) -> None:
-                values = [p.data_ptr() if isinstance(p, torch.Tensor) else p for p in params]
-                self.launch(name, grid, block, values, shared_mem)
+    def prepare(self, name: str, grid: tuple[int, ...], block: tuple[int, ...],
+                shared_mem: int, template: Sequence[Any]) -> PreparedLaunch | None:
+        """Kernel NAME with its geometry fixed and its parameters packed once (``template``: numpy
+        scalars, and None where a pointer goes), launched straight through the driver; None where
+        that path is not available here (``launch`` then serves)."""
+        launch = _driver_launch()
+        if launch is None:
+            return None
+        try:
+            from cuda.bindings import driver
 
-            self._launchers[name] = launcher
-        return launcher
+            handle = self.kernel(name).handle
+            err, function = driver.cuKernelGetFunction(handle)
+            address = int(function) if err == driver.CUresult.CUDA_SUCCESS else int(handle)
+        except Exception:  # bindings without context-less kernels: the generic path serves
+            return None
+        if shared_mem > DEFAULT_SHARED_LIMIT:
+            self.allow_shared(name, shared_mem)
+        return PreparedLaunch(launch, address, self.device_index, grid, block, shared_mem,
+                              template)
+
+
+class PreparedLaunch:
+    """One launch whose parameters live in a buffer packed once: a call writes the pointers,
+    reads PyTorch's current stream and calls ``cuLaunchKernel``."""
+
+    def __init__(self, launch: Callable[..., int], function: int, device_index: int,
+                 grid: tuple[int, ...], block: tuple[int, ...], shared_mem: int,
+                 template: Sequence[Any]) -> None:
+        self._launch = launch
+        self._function = function
+        self._device = device_index
+        self._geometry = (*(tuple(grid) + (1, 1))[:3], *(tuple(block) + (1, 1))[:3], shared_mem)
+        slots = [ctypes.c_uint64(0) if value is None else _CTYPES[np.dtype(type(value))](value)
+                 for value in template]
+        self._pointers = [slot for slot, value in zip(slots, template) if value is None]
+        self._slots = slots  # kept alive: the buffer below points into them
+        self._params = (ctypes.c_void_p * max(len(slots), 1))(
+            *[ctypes.cast(ctypes.byref(slot), ctypes.c_void_p) for slot in slots])
+
+    def __call__(self, pointers: Sequence[int]) -> None:
+        for slot, value in zip(self._pointers, pointers):
+            slot.value = value
+        stream = torch._C._cuda_getCurrentRawStream(self._device)
+        err = self._launch(self._function, *self._geometry, stream, self._params, None)
+        if err:
+            raise RuntimeError(f"cuLaunchKernel failed: {_error_name(err)}")
+
+
+_CTYPES = {np.dtype(np.int32): ctypes.c_int32, np.dtype(np.uint32): ctypes.c_uint32,
+           np.dtype(np.int64): ctypes.c_int64, np.dtype(np.uint64): ctypes.c_uint64,
+           np.dtype(np.float32): ctypes.c_float, np.dtype(np.float64): ctypes.c_double,
+           np.dtype(np.bool_): ctypes.c_bool}
+
+
+@cache
+def _driver() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError:  # no driver library under that name: the generic path serves
+        return None
+
+
+@cache
+def _driver_launch() -> Callable[..., int] | None:
+    lib = _driver()
+    if lib is None or not hasattr(torch._C, "_cuda_getCurrentRawStream"):
+        return None
+    launch = lib.cuLaunchKernel
+    launch.argtypes = [ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p,
+                       ctypes.c_void_p, ctypes.c_void_p]
+    launch.restype = ctypes.c_int
+    return launch
+
+
+def _error_name(code: int) -> str:
+    lib, name = _driver(), ctypes.c_char_p()
+    if lib is not None and lib.cuGetErrorName(code, ctypes.byref(name)) == 0 and name.value:
+        return name.value.decode()
+    return f"CUresult {code}"
+
+
+def _width(info: Any) -> int:
+    size = getattr(info, "size", None)
+    return int(size if size is not None else info[1])
 
 
 class ForeignStream:

@@ -3,61 +3,22 @@ patched op, with hit and fallback counts."""
 
 from __future__ import annotations
 
-import math
-import types
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
-from kforge.core.argspec import encode_call, freeze, resolve_op
+from kforge.core.argspec import (
+    encode_call,
+    freeze,
+    is_tensor_spec,
+    resolve_op,
+    torch_dtype,
+)
 
 _MISS = object()
-
-
-# ----- launchers -----
-
-
-def _launcher_globals() -> dict[str, Any]:
-    return {"__name__": "launcher", "torch": torch, "np": np, "numpy": np, "math": math}
-
-
-_IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), torch.dtype, torch.device,
-              torch.layout, torch.memory_format, type, types.ModuleType, np.generic)
-
-
-def _immutable(value: Any) -> bool:
-    if isinstance(value, (tuple, frozenset)):
-        return all(_immutable(v) for v in value)
-    if isinstance(value, types.FunctionType):
-        defaults = (value.__defaults__ or ()) + tuple((value.__kwdefaults__ or {}).values())
-        return all(_immutable(v) for v in defaults)
-    return isinstance(value, _IMMUTABLE)
-
-
-def load_launcher(source: str, name: str = "launcher.py") -> Callable[..., Any]:
-    """The ``launch(kernels, *args, **kwargs)`` function of a launcher, with torch, np (numpy)
-    and math in scope. A verified launcher was run as a fresh module on every call, so one that
-    keeps anything mutable at module level (a list, a dict, a mutable default) is run that way
-    here too; the others are executed once."""
-    code = compile(source, name, "exec")
-    scope = _launcher_globals()
-    exec(code, scope)  # noqa: S102 - a verified launcher
-    launch = scope.get("launch")
-    if not callable(launch):
-        raise ValueError(f"{name} defines no launch(kernels, *args) function")
-    if all(_immutable(v) for k, v in scope.items() if k != "__builtins__"):
-        return launch
-
-    def fresh(kernels: Any, *args: Any, **kwargs: Any) -> Any:
-        module = _launcher_globals()
-        exec(code, module)  # noqa: S102 - a verified launcher
-        return module["launch"](kernels, *args, **kwargs)
-
-    return fresh
 
 
 # ----- the table of kernels -----
@@ -66,13 +27,12 @@ def load_launcher(source: str, name: str = "launcher.py") -> Callable[..., Any]:
 @dataclass(eq=False)
 class Entry:
     """One kernel for one exact op variant (``args``/``kwargs`` are its arg specs) on one
-    device. ``launch(kernels, *args, **kwargs)`` returns what the op returns."""
+    device. ``run(args, kwargs)`` (a ``PlanRunner``) returns what the op returns."""
 
     op: str
     args: list
     kwargs: dict
-    launch: Callable[..., Any]
-    kernels: Any
+    runner: Callable[[tuple, dict], Any]
     device: torch.device
     label: str = ""
     key: str = ""  # the op card's key, for reports that join back to a session
@@ -89,14 +49,12 @@ class Entry:
         if self.disabled or not _all_on(self.device, args, kwargs):
             self.fallbacks += 1
             return _MISS
-        # launchers receive list arguments as tuples, as the evaluator passed them
-        args = tuple(tuple(a) if type(a) is list else a for a in args)
         try:
             if self.device.type == "cuda" and torch.cuda.current_device() != self.device.index:
                 with torch.cuda.device(self.device):  # as the op's own kernel would set it
-                    result = self.launch(self.kernels, *args, **kwargs)
+                    result = self.runner(args, kwargs)
             else:
-                result = self.launch(self.kernels, *args, **kwargs)
+                result = self.runner(args, kwargs)
         except Exception as exc:  # any failure of the kernel: the original op takes over
             self.disable(f"{type(exc).__name__}: {exc}")
             self.fallbacks += 1
@@ -137,9 +95,8 @@ class _OpEntries:
             raise ValueError(f"two kernels for one variant of {entry.op}")
         self.variants[key] = entry
         first = entry.args[0] if entry.args else None
-        if self.quick is not None and isinstance(first, dict) and first.get("t") == "tensor" \
-                and "stride" in first:
-            self.quick.add((tuple(first["shape"]), getattr(torch, first["dtype"])))
+        if self.quick is not None and is_tensor_spec(first) and "stride" in first:
+            self.quick.add((tuple(first["shape"]), torch_dtype(first["dtype"])))
         else:
             self.quick = None
 

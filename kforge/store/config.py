@@ -1,12 +1,16 @@
 """Where kforge keeps its files, and the user's config file.
 
 Paths follow platformdirs (``~/.local/share/kforge``, ``~/.config/kforge``, ``~/.cache/kforge`` on
-Linux) and each can be overridden by an environment variable. The config file is TOML::
+Linux) and each can be overridden by an environment variable. The config file is TOML, read into
+``kforge.core.settings.Settings`` (where every key is documented) and checked on load::
 
     [search]                 # defaults for `kforge search`
     proposer = "library"     # library | llm | both | module:factory
     iterations_per_op = 24
     usd = 5.0
+
+    [eval]                   # how candidates are verified and timed
+    timeout_s = 60
 
     [llm]                    # any OpenAI-compatible server
     base_url = "http://localhost:8000/v1"
@@ -25,8 +29,8 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any
 
+from kforge.core.settings import Origin, Settings
 from kforge.errors import KforgeError
 
 APP = "kforge"
@@ -70,18 +74,21 @@ def db_path(explicit: str | os.PathLike[str] | None = None) -> Path:
     return data_dir() / "kforge.db"
 
 
-def load_config(path: Path | None = None) -> dict[str, Any]:
-    """The user's config as a dict; an absent file is an empty config, a broken one an error."""
+def load_config(path: Path | None = None) -> Settings:
+    """The user's config file as the settings tree: an absent file gives every default; a file
+    that is not TOML, or names an unknown key or a value out of range, is a KforgeError naming
+    the file, section and key."""
     path = path or config_path()
     if not path.exists():
-        return {}
+        return Settings()
     try:
         with path.open("rb") as fh:
-            return tomllib.load(fh)
+            data = tomllib.load(fh)
     except tomllib.TOMLDecodeError as exc:
         raise KforgeError(f"config file {path} is not valid TOML: {exc}") from None
     except OSError as exc:
         raise KforgeError(f"cannot read config file {path}: {exc.strerror}") from None
+    return Settings.from_dict(data, Origin(f"in {path}"))
 
 
 def save_config_value(section: str, key: str, value: str | int | float | bool,

@@ -171,12 +171,3 @@ class Command:
     created_at: float
     done_at: float | None
     result: str
-
-
-@dataclass(frozen=True)
-class Event:
-    seq: int
-    session_id: int | None
-    kind: str
-    data: dict
-    at: float

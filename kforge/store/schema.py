@@ -109,6 +109,8 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX events_by_session ON events (session_id, seq);
     """,
+    # 2: a candidate's launch plan (JSON) beside its source
+    "ALTER TABLE nodes ADD COLUMN plan TEXT",
 ]
 
 LATEST = len(MIGRATIONS)

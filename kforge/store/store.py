@@ -1,8 +1,8 @@
 """The session store: one SQLite file (WAL) per workspace, shared by one engine and many viewers.
 
-Every state change is one transaction that also appends to the numbered ``events`` table, so a viewer
-in another process can tail ``events_since(seq)`` and never miss or half-see a change. Sample inputs
-live beside the database in ``samples/<session id>/``.
+Every state change is one transaction that also appends a record (``kforge.store.events``) to the
+numbered ``events`` table, so a viewer in another process can tail ``events_since(seq)`` and never
+miss or half-see a change. Sample inputs live beside the database in ``samples/<session id>/``.
 """
 
 from __future__ import annotations
@@ -24,11 +24,32 @@ import aiosqlite
 from kforge.core.candidate import Candidate, EvalOutcome, LlmCall
 from kforge.core.opcard import OpCard
 from kforge.errors import KforgeError
+from kforge.store.events import (
+    CardsAdded,
+    CardUpdated,
+    CommandDone,
+    CommandSent,
+    EngineAttached,
+    Event,
+    EventRecord,
+    LogLine,
+    NodeAdded,
+    NodeDeleted,
+    NodeFinished,
+    NodePruned,
+    NodeUpdated,
+    SessionCreated,
+    SessionDeleted,
+    SessionSettingsChanged,
+    SessionStatusChanged,
+    from_row,
+    kind_of,
+    to_row,
+)
 from kforge.store.records import (
     CardRow,
     CardStatus,
     Command,
-    Event,
     NodeDetail,
     NodeRow,
     NodeStatus,
@@ -159,8 +180,9 @@ class Store:
                 raise _explain(exc, self.path) from None
 
     @staticmethod
-    async def _event(db: aiosqlite.Connection, session_id: int | None, kind: str, /,
-                     **data: Any) -> None:
+    async def _event(db: aiosqlite.Connection, session_id: int | None,
+                     record: EventRecord) -> None:
+        kind, data = to_row(record)
         await db.execute("INSERT INTO events (session_id, kind, data, at) VALUES (?, ?, ?, ?)",
                          (session_id, kind, dumps(data), time.time()))
 
@@ -193,7 +215,7 @@ class Store:
             "INSERT INTO sessions (model, gpu, settings, status, created_at, updated_at) "
             "VALUES (?, ?, ?, ?, ?, ?)", (model, dumps(gpu), dumps(settings), status, now, now))
         session_id = cur.lastrowid
-        await self._event(db, session_id, "session_created", model=model, status=status)
+        await self._event(db, session_id, SessionCreated(model=model, status=status))
         return session_id
 
     async def create_profiled_session(self, model: str, settings: dict, gpu: dict,
@@ -241,7 +263,7 @@ class Store:
         async with self.transaction() as db:
             await db.execute("UPDATE sessions SET status = ?, error = ?, updated_at = ? "
                              "WHERE id = ?", (status, error, time.time(), session_id))
-            await self._event(db, session_id, "session_status", status=status, error=error)
+            await self._event(db, session_id, SessionStatusChanged(status=status, error=error))
 
     async def update_settings(self, session_id: int, changes: dict) -> dict:
         async with self.transaction() as db:
@@ -252,14 +274,14 @@ class Store:
             settings = {**loads(row["settings"], {}), **changes}
             await db.execute("UPDATE sessions SET settings = ?, updated_at = ? WHERE id = ?",
                              (dumps(settings), time.time(), session_id))
-            await self._event(db, session_id, "session_settings", changes=changes)
+            await self._event(db, session_id, SessionSettingsChanged(changes=changes))
             return settings
 
     async def delete_session(self, session_id: int) -> None:
         await self.get_session(session_id)
         async with self.transaction() as db:
             await db.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
-            await self._event(db, session_id, "session_deleted")
+            await self._event(db, session_id, SessionDeleted())
         shutil.rmtree(self.samples_dir(session_id), ignore_errors=True)
 
     # ----- the engine lease -----
@@ -281,7 +303,7 @@ class Store:
             await db.execute(
                 "UPDATE sessions SET engine_pid = ?, engine_host = ?, heartbeat_at = ?, "
                 "updated_at = ? WHERE id = ?", (pid, host, time.time(), time.time(), session_id))
-            await self._event(db, session_id, "engine_attached", pid=pid, host=host)
+            await self._event(db, session_id, EngineAttached(pid=pid, host=host))
 
     async def heartbeat(self, session_id: int, run_seconds: float) -> None:
         """Prove the engine is alive and add the wall time it ran since the last beat."""
@@ -296,15 +318,9 @@ class Store:
                 "UPDATE sessions SET engine_pid = NULL, engine_host = NULL, heartbeat_at = NULL, "
                 "status = ?, error = ?, updated_at = ? WHERE id = ?",
                 (status, error, time.time(), session_id))
-            await self._event(db, session_id, "session_status", status=status, error=error)
+            await self._event(db, session_id, SessionStatusChanged(status=status, error=error))
 
     # ----- op cards -----
-
-    async def add_cards(self, session_id: int, cards: list[OpCard],
-                        modules: dict[str, list[str]] | None = None) -> list[CardRow]:
-        async with self.transaction() as db:
-            await self._insert_cards(db, session_id, cards, modules or {})
-        return await self.list_cards(session_id)
 
     async def _insert_cards(self, db: aiosqlite.Connection, session_id: int, cards: list[OpCard],
                             modules: dict[str, list[str]]) -> None:
@@ -317,7 +333,7 @@ class Store:
                 (session_id, c.key, c.op, dumps(c.args), dumps(c.kwargs), c.calls, c.total_us,
                  c.share, c.library, int(c.target), dumps(modules.get(c.key, [])), c.eager_us,
                  c.compiled_us, c.floor_us, status))
-        await self._event(db, session_id, "cards_added", count=len(cards))
+        await self._event(db, session_id, CardsAdded(count=len(cards)))
 
     async def list_cards(self, session_id: int) -> list[CardRow]:
         rows = await self._read("SELECT * FROM op_cards WHERE session_id = ? "
@@ -349,8 +365,8 @@ class Store:
         await cur.close()
         if row is None:
             raise KforgeError(f"no op card {card_id}")
-        await self._event(db, row[0], "card_updated", card_id=card_id,
-                          **{k: v for k, v in changes.items() if k != "baseline"})
+        await self._event(db, row[0], CardUpdated(
+            card_id=card_id, changes={k: v for k, v in changes.items() if k != "baseline"}))
 
     # ----- search nodes -----
 
@@ -362,8 +378,8 @@ class Store:
                 "VALUES (?, ?, ?, ?, ?, ?)",
                 (session_id, card_id, parent_id, action, NodeStatus.PROPOSING, time.time()))
             node_id = cur.lastrowid
-            await self._event(db, session_id, "node_added", node_id=node_id, card_id=card_id,
-                              parent_id=parent_id, action=action)
+            await self._event(db, session_id, NodeAdded(node_id=node_id, card_id=card_id,
+                                                        parent_id=parent_id, action=action))
             return node_id
 
     async def set_candidate(self, node_id: int, candidate: Candidate,
@@ -373,12 +389,13 @@ class Store:
             row = await self._node_owner(db, node_id)
             usd = sum(c.usd for c in calls)
             await db.execute(
-                "UPDATE nodes SET status = ?, source = ?, launcher = ?, meta = ?, usd = usd + ? "
-                "WHERE id = ?", (NodeStatus.EVALUATING, candidate.source, candidate.launcher,
-                                 dumps(candidate.meta), usd, node_id))
+                "UPDATE nodes SET status = ?, source = ?, launcher = ?, plan = ?, meta = ?, "
+                "usd = usd + ? WHERE id = ?", (NodeStatus.EVALUATING, candidate.source,
+                                               candidate.launcher, dumps(candidate.plan),
+                                               dumps(candidate.meta), usd, node_id))
             await self._insert_calls(db, row["session_id"], row["card_id"], node_id, calls)
-            await self._event(db, row["session_id"], "node_updated", node_id=node_id,
-                              card_id=row["card_id"], status=NodeStatus.EVALUATING)
+            await self._event(db, row["session_id"], NodeUpdated(
+                node_id=node_id, card_id=row["card_id"], status=NodeStatus.EVALUATING))
 
     async def fail_proposal(self, node_id: int, error: str, calls: list[LlmCall] = (),
                             card_changes: dict | None = None) -> None:
@@ -392,8 +409,8 @@ class Store:
             await self._insert_calls(db, row["session_id"], row["card_id"], node_id, calls)
             if card_changes:
                 await self._update_card(db, row["card_id"], card_changes)
-            await self._event(db, row["session_id"], "node_finished", node_id=node_id,
-                              card_id=row["card_id"], status=NodeStatus.NO_CANDIDATE)
+            await self._event(db, row["session_id"], NodeFinished(
+                node_id=node_id, card_id=row["card_id"], status=NodeStatus.NO_CANDIDATE))
 
     async def finish_node(self, node_id: int, outcome: EvalOutcome, reward: float | None,
                           card_changes: dict | None = None) -> None:
@@ -410,24 +427,24 @@ class Store:
                              (node_id, dumps(outcome.to_dict())))
             if card_changes:
                 await self._update_card(db, row["card_id"], card_changes)
-            await self._event(db, row["session_id"], "node_finished", node_id=node_id,
-                              card_id=row["card_id"], status=outcome.status.value,
-                              speedup=outcome.speedup)
+            await self._event(db, row["session_id"], NodeFinished(
+                node_id=node_id, card_id=row["card_id"], status=outcome.status.value,
+                speedup=outcome.speedup))
 
     async def delete_node(self, node_id: int) -> None:
         """Drop an in-flight node whose work will be redone (after a crash)."""
         async with self.transaction() as db:
             row = await self._node_owner(db, node_id)
             await db.execute("DELETE FROM nodes WHERE id = ?", (node_id,))
-            await self._event(db, row["session_id"], "node_deleted", node_id=node_id,
-                              card_id=row["card_id"])
+            await self._event(db, row["session_id"],
+                              NodeDeleted(node_id=node_id, card_id=row["card_id"]))
 
     async def set_pruned(self, node_id: int, pruned: bool) -> None:
         async with self.transaction() as db:
             row = await self._node_owner(db, node_id)
             await db.execute("UPDATE nodes SET pruned = ? WHERE id = ?", (int(pruned), node_id))
-            await self._event(db, row["session_id"], "node_pruned", node_id=node_id,
-                              card_id=row["card_id"], pruned=pruned)
+            await self._event(db, row["session_id"], NodePruned(
+                node_id=node_id, card_id=row["card_id"], pruned=pruned))
 
     async def list_nodes(self, session_id: int, card_id: int | None = None,
                          after_id: int = 0) -> list[NodeRow]:
@@ -448,13 +465,14 @@ class Store:
         return [_node(r) for r in rows]
 
     async def get_node(self, node_id: int) -> NodeDetail:
-        rows = await self._read(f"SELECT {_NODE_COLUMNS}, source, launcher FROM nodes "
+        rows = await self._read(f"SELECT {_NODE_COLUMNS}, source, launcher, plan FROM nodes "
                                 "WHERE id = ?", (node_id,))
         if not rows:
             raise KforgeError(f"no search node {node_id}")
         r = rows[0]
         row = _node(r)
-        candidate = (Candidate(source=r["source"], launcher=r["launcher"] or "", meta=row.meta)
+        candidate = (Candidate(source=r["source"], launcher=r["launcher"] or "", meta=row.meta,
+                               plan=loads(r["plan"]))
                      if r["source"] is not None else None)
         ev = await self._read("SELECT outcome FROM evaluations WHERE node_id = ?", (node_id,))
         outcome = EvalOutcome.from_dict(loads(ev[0]["outcome"])) if ev else None
@@ -488,11 +506,6 @@ class Store:
             await db.execute("UPDATE sessions SET usd_spent = usd_spent + ? WHERE id = ?",
                              (total, session_id))
 
-    async def cost_by_card(self, session_id: int) -> dict[int, float]:
-        rows = await self._read("SELECT card_id, sum(usd) AS usd FROM llm_calls "
-                                "WHERE session_id = ? GROUP BY card_id", (session_id,))
-        return {r["card_id"]: r["usd"] for r in rows}
-
     # ----- commands from viewers to the engine -----
 
     async def send_command(self, session_id: int, kind: str, arg: Any = None) -> int:
@@ -501,8 +514,8 @@ class Store:
             cur = await db.execute("INSERT INTO commands (session_id, kind, arg, created_at) "
                                    "VALUES (?, ?, ?, ?)", (session_id, kind, dumps(arg),
                                                            time.time()))
-            await self._event(db, session_id, "command", command_id=cur.lastrowid, kind=kind,
-                              arg=arg)
+            await self._event(db, session_id,
+                              CommandSent(command_id=cur.lastrowid, command=kind, arg=arg))
             return cur.lastrowid
 
     async def pending_commands(self, session_id: int) -> list[Command]:
@@ -518,14 +531,14 @@ class Store:
                                           (command_id,))).fetchone()
             await db.execute("UPDATE commands SET done_at = ?, result = ? WHERE id = ?",
                              (time.time(), result, command_id))
-            await self._event(db, row["session_id"] if row else None, "command_done",
-                              command_id=command_id, result=result)
+            await self._event(db, row["session_id"] if row else None,
+                              CommandDone(command_id=command_id, result=result))
 
     # ----- events and the session log -----
 
     async def log(self, session_id: int, message: str, level: str = "info") -> None:
         async with self.transaction() as db:
-            await self._event(db, session_id, "log", level=level, message=message)
+            await self._event(db, session_id, LogLine(message=message, level=level))
 
     async def events_since(self, after_seq: int = 0, session_id: int | None = None,
                            limit: int = 1000) -> list[Event]:
@@ -538,11 +551,12 @@ class Store:
 
     async def recent_logs(self, session_id: int, limit: int = 500,
                           upto: int | None = None) -> list[Event]:
-        """The session's last ``limit`` log lines (up to event ``upto``), oldest first."""
+        """The session's last ``limit`` log lines (up to event ``upto``), oldest first; each
+        event's record is a ``LogLine``."""
         rows = await self._read("SELECT * FROM (SELECT * FROM events WHERE session_id = ? AND "
-                                "kind = 'log' AND seq <= ? ORDER BY seq DESC LIMIT ?) "
-                                "ORDER BY seq", (session_id, upto if upto is not None else
-                                                 2**62, limit))
+                                "kind = ? AND seq <= ? ORDER BY seq DESC LIMIT ?) ORDER BY seq",
+                                (session_id, kind_of(LogLine),
+                                 upto if upto is not None else 2**62, limit))
         return [_event(r) for r in rows]
 
     async def last_seq(self) -> int:
@@ -595,8 +609,8 @@ def _card(r: aiosqlite.Row) -> CardRow:
 
 
 def _event(r: aiosqlite.Row) -> Event:
-    return Event(seq=r["seq"], session_id=r["session_id"], kind=r["kind"],
-                 data=loads(r["data"], {}), at=r["at"])
+    return Event(seq=r["seq"], session_id=r["session_id"], at=r["at"],
+                 record=from_row(r["kind"], loads(r["data"], {})))
 
 
 def _node(r: aiosqlite.Row) -> NodeRow:

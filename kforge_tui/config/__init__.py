@@ -1,1 +1,2 @@
-"""The TUI's user settings: theme files and the key map, read from kforge's config directory."""
+"""The TUI's user settings: theme files and the key map (the config file's ``[tui]`` and ``[keys]``
+sections, read into ``kforge.core.settings``)."""

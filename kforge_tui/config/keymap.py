@@ -1,6 +1,7 @@
 """The user's key map: ``[keys]`` in the config file remaps bindings by id (``prune = "x"``).
 
-Checked before it reaches Textual's ``App.set_keymap``: unknown ids and chords that terminals
+The config file's loader checks that each entry names a key as text; the ids and keys are checked
+here, before they reach Textual's ``App.set_keymap``: unknown ids and chords that terminals
 (especially over SSH) cannot send are left out, each with a one-line reason."""
 
 from __future__ import annotations
@@ -8,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from textual.binding import Binding
+
+from kforge.core.settings import KeyBindings, nearest
 
 # Modifier combinations a terminal does not encode distinctly: the app would never see them.
 _UNSENDABLE = ("ctrl+enter", "shift+enter", "alt+enter", "ctrl+tab", "ctrl+shift+", "super+",
@@ -32,21 +35,18 @@ def unsendable(keys: str) -> str | None:
     return None
 
 
-def user_keymap(config: dict, known: Iterable[str]) -> tuple[dict[str, str], list[str]]:
+def user_keymap(keys: KeyBindings, known: Iterable[str]) -> tuple[dict[str, str], list[str]]:
     """The usable part of the config's ``[keys]`` table, and a message per entry left out."""
-    table = config.get("keys", {})
-    if not isinstance(table, dict):
-        return {}, ["[keys] in the config file must be a table of binding id = \"key\""]
     known = set(known)
     keymap: dict[str, str] = {}
     problems: list[str] = []
-    for binding_id, keys in table.items():
+    for binding_id, chords in keys.by_id.items():
         if binding_id not in known:
-            problems.append(f"[keys] {binding_id}: no such binding (press ? to see the ids)")
-        elif not isinstance(keys, str) or not keys.strip():
-            problems.append(f"[keys] {binding_id}: give the key as a string, e.g. \"x\"")
-        elif bad := unsendable(keys):
+            guess = nearest(binding_id, known)
+            hint = f"did you mean {guess}? " if guess else ""
+            problems.append(f"[keys] {binding_id}: no such binding ({hint}press ? to see the ids)")
+        elif bad := unsendable(chords):
             problems.append(f"[keys] {binding_id}: terminals cannot send {bad}; pick another key")
         else:
-            keymap[binding_id] = keys.replace(" ", "")
+            keymap[binding_id] = chords.replace(" ", "")
     return keymap, problems

@@ -10,10 +10,10 @@ from pathlib import Path
 from textual.color import ColorParseError
 from textual.theme import Theme
 
-from kforge.store.config import config_dir
+from kforge.core.settings import DEFAULT_THEME
 from kforge.errors import KforgeError
+from kforge.store.config import config_dir
 
-DEFAULT_THEME = "kforge-dark"
 # What the syntax colours are given for; capture names map onto these in kforge_tui.highlight.
 SYNTAX_ROLES = ("comment", "string", "number", "constant", "keyword", "preprocessor", "cuda",
                 "type", "function", "builtin", "property", "operator", "punctuation")

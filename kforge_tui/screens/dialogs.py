@@ -16,7 +16,7 @@ from kforge_tui.diffing import line_kind
 
 
 class Dialog(ModalScreen):
-    """A centred box; escape cancels."""
+    """A centred box: a bold title over what ``body`` yields; escape cancels."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "cancel", "cancel", id="cancel"),
@@ -31,6 +31,18 @@ class Dialog(ModalScreen):
     Dialog .hint { color: $text-muted; margin-top: 1; }
     """
 
+    def __init__(self, title: str) -> None:
+        super().__init__()
+        self.title_text = title
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label(self.title_text, classes="title")
+            yield from self.body()
+
+    def body(self) -> ComposeResult:
+        return iter(())
+
     def action_cancel(self) -> None:
         self.dismiss(None)
 
@@ -43,14 +55,12 @@ class Confirm(Dialog):
         Binding("n", "cancel", "no", id="no"),
     ]
 
-    def __init__(self, question: str) -> None:
-        super().__init__()
-        self.question = question
+    @property
+    def question(self) -> str:
+        return self.title_text
 
-    def compose(self) -> ComposeResult:
-        with Vertical():
-            yield Label(self.question, classes="title")
-            yield Label("y / enter: yes    n / escape: no", classes="hint")
+    def body(self) -> ComposeResult:
+        yield Label("y / enter: yes    n / escape: no", classes="hint")
 
     def action_yes(self) -> None:
         self.dismiss(True)
@@ -65,15 +75,12 @@ class Choose(Dialog):
     ]
 
     def __init__(self, title: str, options: list[str], current: str | None = None) -> None:
-        super().__init__()
-        self.title_text = title
+        super().__init__(title)
         self.options = options
         self.current = current
 
-    def compose(self) -> ComposeResult:
-        with Vertical():
-            yield Label(self.title_text, classes="title")
-            yield OptionList(*(Option(o, id=o) for o in self.options))
+    def body(self) -> ComposeResult:
+        yield OptionList(*(Option(o, id=o) for o in self.options))
 
     def on_mount(self) -> None:
         listing = self.query_one(OptionList)
@@ -95,15 +102,12 @@ class Ask(Dialog):
     """One line of text; enter accepts (an empty line is a valid answer)."""
 
     def __init__(self, title: str, value: str = "", placeholder: str = "") -> None:
-        super().__init__()
-        self.title_text = title
+        super().__init__(title)
         self.value = value
         self.placeholder = placeholder
 
-    def compose(self) -> ComposeResult:
-        with Vertical():
-            yield Label(self.title_text, classes="title")
-            yield Input(self.value, placeholder=self.placeholder)
+    def body(self) -> ComposeResult:
+        yield Input(self.value, placeholder=self.placeholder)
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         self.dismiss(event.value)
@@ -129,8 +133,7 @@ class DiffView(Dialog):
                                              "diff--header"}
 
     def __init__(self, title: str, lines: list[str]) -> None:
-        super().__init__()
-        self.title_text = title
+        super().__init__(title)
         self.lines = lines
 
     def compose(self) -> ComposeResult:

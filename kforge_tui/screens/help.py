@@ -6,7 +6,6 @@ from typing import ClassVar
 
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Vertical
 from textual.widgets import DataTable, Label
 
 from kforge.store.config import config_path
@@ -39,17 +38,15 @@ class Help(Dialog):
     """
 
     def __init__(self, rows: list[tuple[str, str, str]]) -> None:
-        super().__init__()
+        super().__init__("Keys here")
         self.rows = rows
 
-    def compose(self) -> ComposeResult:
-        with Vertical():
-            yield Label("Keys here", classes="title")
-            yield DataTable(cursor_type="row", zebra_stripes=True)
-            yield Label(f"Remap any key by its id in {config_path()}, e.g.\n"
-                        "  [keys]\n  prune = \"x\"\n"
-                        "ctrl+p or : opens the command palette. escape closes this.",
-                        classes="hint")
+    def body(self) -> ComposeResult:
+        yield DataTable(cursor_type="row", zebra_stripes=True)
+        yield Label(f"Remap any key by its id in {config_path()}, e.g.\n"
+                    "  [keys]\n  prune = \"x\"\n"
+                    "ctrl+p or : opens the command palette. escape closes this.",
+                    classes="hint")
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)

@@ -1,5 +1,5 @@
-"""The new-session form: model, dtype, proposer and budgets; runs ``kforge search --detach`` and
-shows its progress lines until the session exists."""
+"""The new-session form: model, dtype, proposer and budgets; runs ``kforge search --detach --json``
+and shows its progress lines until its answer names the new session."""
 
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ from kforge_tui.launch import (
     builtin_models,
     run_kforge,
     search_argv,
-    session_from_output,
 )
 
 
@@ -132,10 +131,10 @@ class NewSessionScreen(ModalScreen[int | None]):
         log.write_line("$ kforge " + " ".join(argv[3:]))
         self.query_one("#start", Button).disabled = True
         try:
-            lines = await run_kforge(argv, log.write_line)
+            answer = await run_kforge(argv, log.write_line)
         except KforgeError as exc:
             self.app.report(str(exc))
             return
         finally:
             self.query_one("#start", Button).disabled = False
-        self.dismiss(session_from_output(lines))
+        self.dismiss(answer["session"])

@@ -1,6 +1,6 @@
 """One session in four panes: the op profile, the live search tree of the selected op, the selected
-node's kernel and launcher, and its logs beside the session log. Wide terminals show all four in a
-grid; small ones (80x24) show one pane at a time, switched with 1-4 or tab."""
+node's kernel and launcher, and its logs beside the session log. The screen composes one widget
+per pane, routes what its workers report (by message) to them, and carries the keys' actions."""
 
 from __future__ import annotations
 
@@ -10,63 +10,45 @@ from typing import ClassVar
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Container, Vertical
-from textual.events import DescendantFocus, Resize
+from textual.events import Resize
 from textual.screen import Screen
-from textual.widget import Widget
-from textual.widgets import DataTable, Footer, Log, TabbedContent, TabPane, Tree
+from textual.widgets import DataTable, Footer, Tree
 
 from kforge.core.candidate import Candidate
 from kforge.errors import KforgeError
 from kforge.store import CommandKind, SessionStatus
+from kforge.store.commands import NoRunningSearch, issue
 from kforge.store.records import CardRow, NodeDetail
-from kforge_tui.control import NoRunningSearch, control
 from kforge_tui.diffing import candidate_diff
-from kforge_tui.follow import LOG_TAIL, follow_session
-from kforge_tui.format import eval_report, focus_of, llm_report, progress_line
+from kforge_tui.follow import follow_session
+from kforge_tui.format import focus_of, progress_line
 from kforge_tui.messages import (
     ErrorRaised,
     NodeLoaded,
+    Notice,
+    SearchNotRunning,
     SessionChanged,
     SessionSnapshot,
     SessionState,
 )
 from kforge_tui.screens.dialogs import Ask, Choose, DiffView
 from kforge_tui.search_model import NodeFilter, SearchModel
-from kforge_tui.widgets.code_view import CodeView
+from kforge_tui.widgets.node_view import NodeCode, NodeLogs
+from kforge_tui.widgets.panes import PANE_TITLES, PANES, Pane, PaneGrid
 from kforge_tui.widgets.search_tree import SearchTree
 from kforge_tui.widgets.status_bar import StatusBar
 from kforge_tui.widgets.tables import OpTable
 
-PANES = ("ops", "tree", "code", "logs")
-PANE_TITLES = {"ops": "1 ops", "tree": "2 search tree", "code": "3 kernel", "logs": "4 logs"}
-# Below this size the panes take turns instead of sharing the screen.
-COMPACT_WIDTH, COMPACT_HEIGHT = 110, 30
 REPAINT_S = 0.25  # how often changed tree figures are redrawn
-
-
-class Pane(Vertical):
-    """A bordered pane with its number and name in the border."""
-
-    DEFAULT_CSS = """
-    Pane { border: round $panel-lighten-2; height: 1fr; }
-    Pane:focus-within { border: round $primary; }
-    Pane > * { height: 1fr; }
-    """
-
-    def __init__(self, name: str, *children: Widget) -> None:
-        super().__init__(*children, id=f"pane-{name}")
-        self.pane = name
-        self.border_title = PANE_TITLES[name]
+NO_NODE_YET = "select a node in the search tree (2)"
 
 
 class SessionScreen(Screen):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "back", "sessions", id="back"),
-        Binding("1", "pane('ops')", "ops", show=False, id="pane_ops"),
-        Binding("2", "pane('tree')", "tree", show=False, id="pane_tree"),
-        Binding("3", "pane('code')", "kernel", show=False, id="pane_code"),
-        Binding("4", "pane('logs')", "logs", show=False, id="pane_logs"),
+        # 1-4 choose the panes in their numbered order.
+        *(Binding(str(number), f"pane('{name}')", PANE_TITLES[name].split(" ", 1)[1],
+                  show=False, id=f"pane_{name}") for number, name in enumerate(PANES, 1)),
         Binding("tab", "cycle_pane(1)", "next pane", show=False, id="next_pane"),
         Binding("shift+tab", "cycle_pane(-1)", "previous pane", show=False, id="prev_pane"),
         Binding("right_square_bracket", "cycle_tab(1)", "next tab", show=False, id="next_tab"),
@@ -82,14 +64,6 @@ class SessionScreen(Screen):
         Binding("f", "focus_op", "focus op", show=False, id="focus"),
         Binding("slash", "filter", "filter", id="filter"),
     ]
-    DEFAULT_CSS = """
-    SessionScreen #panes {
-        layout: grid; grid-size: 2 2; grid-columns: 2fr 3fr; grid-rows: 2fr 3fr;
-    }
-    SessionScreen #panes.-compact { grid-size: 1 1; grid-columns: 1fr; grid-rows: 1fr; }
-    SessionScreen TabbedContent > ContentSwitcher { height: 1fr; }
-    SessionScreen TabPane { padding: 0; height: 1fr; }
-    """
 
     def __init__(self, session_id: int) -> None:
         super().__init__()
@@ -98,90 +72,49 @@ class SessionScreen(Screen):
         self.state: SessionState | None = None
         self.detail: NodeDetail | None = None
         self.parent_candidate: Candidate | None = None
-        self.active = "ops"
 
     def compose(self) -> ComposeResult:
         yield StatusBar(f"session {self.session_id}: loading…", id="topbar")
-        with Container(id="panes"):
-            yield Pane("ops", OpTable(id="ops"))
-            with Pane("code"), TabbedContent(id="code-tabs"):
-                with TabPane("kernel.cu", id="tab-kernel"):
-                    yield CodeView("cuda", id="kernel")
-                with TabPane("launcher.py", id="tab-launcher"):
-                    yield CodeView("python", id="launcher")
-            yield Pane("tree", SearchTree(self.model, id="tree"))
-            with Pane("logs"), TabbedContent(id="log-tabs"):
-                with TabPane("eval", id="tab-eval"):
-                    yield CodeView(id="eval")
-                with TabPane("llm", id="tab-llm"):
-                    yield CodeView(id="llm")
-                with TabPane("session log", id="tab-log"):
-                    yield Log(max_lines=LOG_TAIL, id="log")
+        yield PaneGrid(Pane("ops", OpTable(id="ops")),
+                       Pane("code", NodeCode(id="code-tabs")),
+                       Pane("tree", SearchTree(self.model, id="tree")),
+                       Pane("logs", NodeLogs(id="log-tabs")), id="panes")
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
-        for view in ("#kernel", "#eval"):
-            self.query_one(view, CodeView).show_text("select a node in the search tree (2)")
-        self.layout_for(self.size.width, self.size.height)
+        self.query_one(NodeCode).show_hint(NO_NODE_YET)
+        self.query_one(NodeLogs).show_hint(NO_NODE_YET)
+        self.grid.fit(self.size.width, self.size.height)
         self.set_interval(REPAINT_S, self.query_one(SearchTree).repaint_if_dirty)
         self.app.gpu_known_signal.subscribe(self, lambda _gpu: self.show_bar())
         self.follow()
         self.action_pane("ops")
 
-    # ----- layout and panes -----
+    # ----- panes -----
 
-    def on_resize(self, event: Resize) -> None:
-        self.layout_for(event.size.width, event.size.height)
+    @property
+    def grid(self) -> PaneGrid:
+        return self.query_one(PaneGrid)
 
-    def layout_for(self, width: int, height: int) -> None:
-        compact = width < COMPACT_WIDTH or height < COMPACT_HEIGHT
-        self.query_one("#panes").set_class(compact, "-compact")
-        for pane in self.query(Pane):
-            pane.border_subtitle = "tab/1-4: other panes" if compact else ""
-        self._mark_active(self.active)
+    @property
+    def active(self) -> str:
+        return self.grid.active
 
     @property
     def compact(self) -> bool:
-        return self.query_one("#panes").has_class("-compact")
+        return self.grid.compact
+
+    def on_resize(self, event: Resize) -> None:
+        self.grid.fit(event.size.width, event.size.height)
 
     def action_pane(self, name: str) -> None:
-        self._mark_active(name)
-        self._pane_target(name).focus()
+        self.grid.choose(name)
 
     def action_cycle_pane(self, step: int) -> None:
-        self.action_pane(PANES[(PANES.index(self.active) + step) % len(PANES)])
-
-    def _mark_active(self, name: str) -> None:
-        # display is set inline, not by a CSS class, so it holds at once: a key typed right
-        # after the pane key already reaches the newly shown pane.
-        self.active = name
-        compact = self.compact
-        for pane in self.query(Pane):
-            pane.set_class(pane.pane == name, "-active")
-            pane.display = not compact or pane.pane == name
-
-    def _pane_target(self, name: str) -> Widget:
-        if name in ("code", "logs"):
-            tabs = self.query_one("#code-tabs" if name == "code" else "#log-tabs", TabbedContent)
-            pane = tabs.get_pane(tabs.active) if tabs.active else None
-            if pane is not None and pane.children:
-                return pane.children[0]
-            return tabs
-        return self.query_one(f"#{name}")
+        self.grid.step(step)
 
     def action_cycle_tab(self, step: int) -> None:
-        if self.active not in ("code", "logs"):
-            return
-        tabs = self.query_one("#code-tabs" if self.active == "code" else "#log-tabs",
-                              TabbedContent)
-        ids = [pane.id for pane in tabs.query(TabPane)]
-        tabs.active = ids[(ids.index(tabs.active) + step) % len(ids)]
-        self.call_after_refresh(self._pane_target(self.active).focus)  # once the tab shows
-
-    def on_descendant_focus(self, event: DescendantFocus) -> None:
-        for pane in self.query(Pane):
-            if event.widget in pane.walk_children() and pane.pane != self.active:
-                self._mark_active(pane.pane)
+        self.grid.cycle_tab(step)
 
     # ----- following the store -----
 
@@ -199,15 +132,14 @@ class SessionScreen(Screen):
     def attach(self, message: SessionSnapshot) -> None:
         self.model.load(message.nodes)
         self.show_state(message.state)
-        log = self.query_one("#log", Log)
-        log.clear()
-        log.write_lines(message.log)
-        cards = self.query_one(OpTable).visible_cards()
+        self.query_one(NodeLogs).restart_log(message.log)
+        table = self.query_one(OpTable)
+        cards = table.visible_cards()
         focus = focus_of(message.state.session)
         first = next((c for c in cards if c.id == focus), cards[0] if cards else None)
         if first is not None:
-            self.query_one(OpTable).select_key(str(first.id))
-            self.show_card(first)
+            table.select_key(str(first.id))
+            self.query_one(SearchTree).show_card(first)
 
     @on(SessionChanged)
     def apply_changes(self, message: SessionChanged) -> None:
@@ -219,12 +151,11 @@ class SessionScreen(Screen):
         added = [self.model.nodes[row.id] for row in changes.nodes if self.model.upsert(row)]
         for node_id in changes.deleted:
             self.model.remove(node_id)
-        tree = self.query_one(SearchTree)
-        tree.nodes_changed(added, changes.deleted)
+        self.query_one(SearchTree).nodes_changed(added, changes.deleted)
         if changes.state is not None:
             self.show_state(changes.state)
         if changes.log:
-            self.query_one("#log", Log).write_lines(changes.log)
+            self.query_one(NodeLogs).add_log(changes.log)
         for result in changes.results:
             self.app.notify(f"search: {result}", timeout=4)
         shown = self.detail.row.id if self.detail else None
@@ -233,8 +164,7 @@ class SessionScreen(Screen):
 
     def show_state(self, state: SessionState) -> None:
         self.state = state
-        table = self.query_one(OpTable)
-        table.show(state.cards, focus_of(state.session))
+        self.query_one(OpTable).show(state.cards, focus_of(state.session))
         tree = self.query_one(SearchTree)
         if tree.card is not None:
             tree.card = self.card(tree.card.id) or tree.card
@@ -258,14 +188,11 @@ class SessionScreen(Screen):
             card = self.card(int(event.row_key.value))
             tree = self.query_one(SearchTree)
             if card is not None and (tree.card is None or tree.card.id != card.id):
-                self.show_card(card)
+                tree.show_card(card)
 
     @on(DataTable.RowSelected, "#ops")
     def op_selected(self) -> None:
         self.action_pane("tree")
-
-    def show_card(self, card: CardRow) -> None:
-        self.query_one(SearchTree).show_card(card)
 
     @on(Tree.NodeHighlighted, "#tree")
     def node_highlighted(self, event: Tree.NodeHighlighted) -> None:
@@ -295,16 +222,11 @@ class SessionScreen(Screen):
     @on(NodeLoaded)
     def show_node(self, message: NodeLoaded) -> None:
         self.detail, self.parent_candidate = message.detail, message.parent
-        candidate = message.detail.candidate
-        waiting = "(no kernel: " + message.detail.row.status.replace("_", " ") + ")"
-        self.query_one("#kernel", CodeView).show_text(candidate.source if candidate else waiting)
-        self.query_one("#launcher", CodeView).show_text(candidate.launcher if candidate else "")
-        self.query_one("#eval", CodeView).show_text(eval_report(message.detail))
-        self.query_one("#llm", CodeView).show_text(llm_report(message.detail))
-        self.query_one("#pane-code", Pane).border_title = (
-            f"{PANE_TITLES['code']} · node #{message.detail.row.id}")
+        self.query_one(NodeCode).show_node(message.detail)
+        self.query_one(NodeLogs).show_node(message.detail)
+        self.grid.pane("code").title_with(f"node #{message.detail.row.id}")
 
-    # ----- commands -----
+    # ----- commands to the search -----
 
     def selected_node(self) -> int | None:
         node_id = self.query_one(SearchTree).selected_id
@@ -346,20 +268,28 @@ class SessionScreen(Screen):
                      None if focus_of(self.state.session) == card_id else card_id)
 
     @work(group="command")
-    async def command(self, kind: CommandKind, arg: object = None) -> None:
+    async def command(self, kind: CommandKind, arg: int | None = None) -> None:
         store = await self.app.open_store()
         if store is None:
             return
         try:
-            said = await control(store, self.session_id, kind, arg)
+            said = await issue(store, self.session_id, kind, arg)
         except NoRunningSearch as exc:
-            self.app.confirm(f"{exc}.\nStart the search now?",
-                             lambda: self.app.resume_session(self.session_id))
+            # Stopping what does not run needs no offer to start it.
+            self.post_message(ErrorRaised(str(exc)) if kind is CommandKind.STOP
+                              else SearchNotRunning(str(exc)))
             return
         except KforgeError as exc:
             self.post_message(ErrorRaised(str(exc)))
             return
-        self.app.notify(said, timeout=3)
+        self.post_message(Notice(said))
+
+    @on(SearchNotRunning)
+    def offer_to_start(self, message: SearchNotRunning) -> None:
+        self.app.confirm(f"{message.text}.\nStart the search now?",
+                         lambda: self.app.resume_session(self.session_id))
+
+    # ----- looking around -----
 
     def action_best(self) -> None:
         tree = self.query_one(SearchTree)

@@ -12,8 +12,8 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
 from kforge.errors import KforgeError
+from kforge.store.commands import is_alive
 from kforge.store.records import SessionSummary
-from kforge_tui.control import is_alive
 from kforge_tui.format import session_cells
 from kforge_tui.messages import ErrorRaised, SessionsLoaded
 from kforge_tui.widgets.status_bar import StatusBar

@@ -1,9 +1,11 @@
-"""The `kforge` command line: listings, a search through test doubles, detach/stop, bad input."""
+"""The `kforge` command line: listings, a search through test doubles, detach/stop, the --json
+answers programs read, bad input."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -91,10 +93,15 @@ def test_search_settings_persist_for_resume(tmp_path: Path):
 @pytest.mark.parametrize("args, message", [
     (["show", "42"], "no session 42"),
     (["resume", "42"], "no session 42"),
-    (["stop", "1"], "is not running"),
+    (["stop", "1"], "no search is running for session 1"),
     (["search", "--session", "1", "--time", "soon"], "cannot read 'soon' as a duration"),
     (["search", "--session", "1", "--proposer", "nosuch.module:f"], "cannot import"),
     (["search", "--session", "1", "--iterations", "0"], "at least 1"),
+    (["search", "--session", "1", "--usd", "nan"],
+     "[search] usd on the command line must be a finite number of at least 0, not nan"),
+    (["resume", "1", "--patience", "0"],
+     "[search] patience on the command line must be at least 1, not 0"),
+    (["resume", "1", "--focus", "99"], "session 1 has no op card 99 to focus on"),
 ])
 def test_bad_input_gives_one_clear_line_and_changes_nothing(tmp_path: Path, args, message):
     db = tmp_path / "k.db"
@@ -103,6 +110,54 @@ def test_bad_input_gives_one_clear_line_and_changes_nothing(tmp_path: Path, args
     result = kforge(*args, "--db", str(db))
     assert message in one_error_line(result)
     assert hashlib.sha256(db.read_bytes()).hexdigest() == digest
+
+
+def test_a_config_file_with_an_unknown_key_is_one_clear_line(tmp_path: Path,
+                                                             _isolated_kforge_dirs: Path):
+    db = tmp_path / "k.db"
+    make_db(db)
+    config = _isolated_kforge_dirs / "config.toml"
+    config.write_text("[search]\npatiense = 3\n")
+    assert one_error_line(kforge("resume", "1", "--db", str(db))) == (
+        f"kforge: unknown setting [search] patiense in {config} (did you mean patience?)")
+
+
+def test_config_values_fill_only_what_the_session_and_command_line_leave_out(
+        tmp_path: Path, _isolated_kforge_dirs: Path):
+    db = tmp_path / "k.db"
+    sid = make_db(db, {"search": {"patience": 7}})
+    (_isolated_kforge_dirs / "config.toml").write_text(
+        "[search]\npatience = 3\nseed = 5\nusd = 1.0\n\n[eval]\ntimeout_s = 20\n")
+    assert main(["search", "--session", str(sid), "--db", str(db), "--iterations", "1",
+                 "--usd", "2", "--quiet", *DOUBLES]) == 0
+
+    async def stored() -> dict:
+        async with await Store.open(db) as store:
+            return (await store.get_session(sid)).settings
+
+    settings = asyncio.run(stored())
+    assert (settings["search"]["patience"], settings["search"]["seed"],
+            settings["search"]["usd"]) == (7, 5, 2.0)
+    assert settings["eval"]["timeout_s"] == 20.0
+
+
+def test_an_older_sessions_stored_settings_still_resume_with_a_warning(tmp_path: Path):
+    db = tmp_path / "k.db"
+    sid = make_db(db, {"search": {"proposer": "tests.doubles:make_proposer",
+                                  "evaluator": "tests.doubles:make_evaluator",
+                                  "iterations_per_op": 1, "retired_knob": True, "patience": 0}})
+    assert main(["resume", str(sid), "--db", str(db), "--quiet"]) == 0
+
+    async def check() -> tuple[dict, list[str]]:
+        async with await Store.open(db) as store:
+            search = (await store.get_session(sid)).settings["search"]
+            return search, [e.record.message for e in await store.recent_logs(sid)]
+
+    search, logs = asyncio.run(check())
+    assert "retired_knob" not in search and search["patience"] == 12
+    assert ("ignored unknown setting [search] retired_knob in the stored settings of "
+            f"session {sid}") in logs
+    assert any(line.startswith("ignored [search] patience") for line in logs)
 
 
 def test_corrupt_database_file_is_reported_and_untouched(tmp_path: Path):
@@ -122,9 +177,13 @@ def test_detached_search_survives_and_stops_on_command(tmp_path: Path):
     db = tmp_path / "k.db"
     sid = make_db(db, {"fake": {"delay_s": 0.05}})
     started = kforge("search", "--session", str(sid), "--db", str(db), "--iterations", "500",
-                     "--detach", *DOUBLES)
+                     "--detach", "--json", *DOUBLES)
     assert started.returncode == 0, started.stderr
-    assert "searching in the background" in started.stdout
+    answer = json.loads(started.stdout)  # the one JSON object, nothing else
+    log = db.parent / "logs" / f"session-{sid}.log"
+    assert answer["session"] == sid and answer["model"] == "toy" and answer["detached"]
+    assert answer["log"] == str(log) and answer["engine_pid"] > 0
+    assert "searching in the background" in started.stderr  # the human report
 
     async def status() -> tuple[str, int, int | None]:
         store = await Store.open(db, create=False)
@@ -144,8 +203,43 @@ def test_detached_search_survives_and_stops_on_command(tmp_path: Path):
         assert time.monotonic() < deadline
         time.sleep(0.1)
     assert asyncio.run(status())[2] is None
-    log = (db.parent / "logs" / f"session-{sid}.log")
     assert log.exists()
+
+
+def test_search_json_is_one_object_on_stdout(tmp_path: Path, capsys):
+    db = tmp_path / "k.db"
+    sid = make_db(db)
+    assert main(["search", "--session", str(sid), "--db", str(db), "--iterations", "2",
+                 "--json", *DOUBLES]) == 0
+    captured = capsys.readouterr()
+    answer = json.loads(captured.out)
+    assert answer.keys() == {"session", "model", "status", "error", "cards", "targets",
+                             "best_speedup", "usd_spent", "detached"}
+    assert (answer["session"], answer["model"], answer["status"]) == (sid, "toy", "done")
+    assert (answer["cards"], answer["targets"], answer["error"]) == (4, 3, None)
+    assert answer["detached"] is False
+    assert f"session {sid}: done" in captured.err  # the human line, moved off stdout
+
+
+def test_profile_json_names_the_new_session_and_its_cards(tmp_path: Path, capsys):
+    db = tmp_path / "k.db"
+    toy = REPO / "tests" / "capture" / "capture_toy.py"
+    assert main(["profile", f"{toy}:build", "--device", "cpu", "--samples", "1",
+                 "--db", str(db), "--json"]) == 0
+    captured = capsys.readouterr()
+    answer = json.loads(captured.out)
+    assert (answer["session"], answer["status"]) == (1, "ready")
+    assert answer["model"].endswith("capture_toy.py:build")
+    assert answer["cards"] >= answer["targets"] >= 1 and answer["samples"] >= 1
+    assert "stored as session 1" in captured.err
+
+
+def test_a_failing_json_command_prints_nothing_on_stdout(tmp_path: Path):
+    db = tmp_path / "k.db"
+    make_db(db)
+    result = kforge("search", "--session", "9", "--db", str(db), "--json")
+    assert "no session 9" in one_error_line(result)
+    assert result.stdout == ""
 
 
 def test_delete_session(tmp_path: Path, capsys):

@@ -66,17 +66,14 @@ def layer_norm_args(rows: int, cols: int, dtype: str = "float32", affine: bool =
             "weight": weight, "bias": weight, "eps": 1e-5}
 
 
-def one_launch(grid: object = 1, block: object = 1, **launch: object) -> dict:
-    return {"outputs": [], "launches": [{"kernel": "k", "grid": [grid], "block": [block],
-                                         **launch}]}
+def one_launch(grid: list | None = None, block: list | None = None, **launch: object) -> dict:
+    """A plan with no outputs and one launch of kernel ``k`` (grid and block default to [1])."""
+    return {"outputs": [], "launches": [{"kernel": "k", "grid": grid or [1],
+                                         "block": block or [1], **launch}]}
 
 
 def value_of(expression: object, **bound: object) -> object:
-    """What a plan expression evaluates to, read back through an i64 or f64 parameter."""
-    plan = parse_plan({"outputs": [], "let": {"result": expression},
-                       "launches": [{"kernel": "k", "grid": [1], "block": [1],
-                                     "params": [{"f64": "0.0"}]}]})
-    del plan  # the let alone is evaluated; read it through a parameter next
+    """What a plan expression evaluates to, read back through an i64 parameter."""
     plan = parse_plan(one_launch(params=[{"i64": expression}]))
     return resolve(plan, bound).launches[0].params[0].value
 
@@ -278,7 +275,7 @@ def test_unknown_field_suggests_the_known_one():
 ])
 def test_forbidden_or_malformed_expressions_fail_at_parse(expression: str, fragment: str):
     with pytest.raises(PlanError) as caught:
-        parse_plan(one_launch(grid=expression))
+        parse_plan(one_launch(grid=[expression]))
     assert caught.value.path == "launches[0].grid[0]"
     assert fragment in str(caught.value)
 
@@ -301,21 +298,19 @@ def test_forbidden_or_malformed_expressions_fail_at_parse(expression: str, fragm
     ("self < 3", "compares numbers"),
 ])
 def test_expressions_that_fail_when_resolved(expression: str, fragment: str):
-    error = error_of(one_launch(grid=expression), {"self": contiguous(2, 3), "rows": 3})
+    error = error_of(one_launch(grid=[expression]), {"self": contiguous(2, 3), "rows": 3})
     assert error.path == "launches[0].grid[0]"
     assert fragment in str(error)
 
 
 def test_geometry_and_resource_limits():
-    assert "threads per block" in str(error_of(one_launch(block=64, grid=1)
-                                               | {"launches": [{"kernel": "k", "grid": [1],
-                                                                "block": [64, 32]}]}))
-    error = error_of({"outputs": [], "launches": [{"kernel": "k", "grid": [1],
-                                                   "block": [64, 32]}]})
+    error = error_of(one_launch(block=[64, 32]))
     assert error.path == "launches[0].block" and "2048 threads per block" in str(error)
-    error = error_of(one_launch(grid=[70000]) | {"launches": [{"kernel": "k", "grid": [1, 70000],
-                                                              "block": [1]}]})
+    error = error_of(one_launch(block=[1, 1, 65]))
+    assert error.path == "launches[0].block[2]" and "limit of 64" in str(error)
+    error = error_of(one_launch(grid=[1, 70000]))
     assert error.path == "launches[0].grid[1]" and "65535" in str(error)
+    assert error_of(one_launch(grid=[0])).path == "launches[0].grid[0]"
     error = error_of(one_launch(shared_mem=300 * 1024))
     assert error.path == "launches[0].shared_mem" and "232448" in str(error)
     many = {"outputs": [], "launches": [{"kernel": "k", "grid": [1], "block": [1]}] * 65}
@@ -352,7 +347,7 @@ def test_scalar_parameter_ranges():
 def test_pointer_errors_name_the_parameter():
     bound = {"x": contiguous(4), "xs": (contiguous(4),), "n": 3}
     cases = [
-        ("y", "'y' is no tensor argument, output or scratch buffer (did you mean 'x'?)"),
+        ("xss", "'xss' is no tensor argument, output or scratch buffer (did you mean 'xs'?)"),
         ("n", "'n' is the int 3, not a tensor"),
         ("xs", "is a list of 1; pick one as xs[i]"),
         ("xs[1]", "above the xs length limit of 0"),
@@ -388,12 +383,11 @@ def test_structural_errors():
     error = structure_error({"outputs": [], "launches": [
         {"kernel": "k", "grid": [1], "block": [1], "align": 16}]})
     assert error.path == "launches[0].align" and "unaligned_kernel" in str(error)
-    assert structure_error(one_launch(grid=True)).path == "launches[0].grid[0]"
+    assert structure_error(one_launch(grid=[True])).path == "launches[0].grid[0]"
     assert structure_error({"outputs": [], "launches": [{"kernel": "k(", "grid": [1],
                                                          "block": [1]}]}).path == \
         "launches[0].kernel"
-    assert structure_error(one_launch(grid=[1, 2, 3, 4]) | {"launches": [
-        {"kernel": "k", "grid": [1, 2, 3, 4], "block": [1]}]}).path == "launches[0].grid"
+    assert structure_error(one_launch(grid=[1, 2, 3, 4])).path == "launches[0].grid"
 
 
 def test_names_may_not_collide_with_arguments():
@@ -441,7 +435,7 @@ def _combine(children: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
 def test_integer_arithmetic_agrees_with_python(expression: str):
     reference_functions = {"__builtins__": {}, "min": min, "max": max, "abs": abs}
     try:
-        expected = eval(expression, reference_functions)  # noqa: S307 - test-generated text only
+        expected = eval(expression, reference_functions)  # the reference: test-generated text only
     except ZeroDivisionError:
         with pytest.raises(PlanError, match="divides by zero"):
             value_of(expression)
@@ -461,19 +455,18 @@ def test_resolution_is_deterministic_and_round_trips(rows: int, cols: int, dtype
     assert ResolvedPlan.from_dict(json.loads(json.dumps(first.to_dict()))) == first
 
 
-_EXPRESSION_ALPHABET = st.sampampled = st.sampled_from(
+_EXPRESSION_PIECES = st.sampled_from(
     list("abcdefghijklmnopqrstuvwxyz_0123456789 +-*/%()[].,<>=!'\"\\:{}@&|^~#\n\t")
     + ["self", "shape", "rows", "len", "if", "else", "not", "and", "or", "is", "None",
        "lambda", "__class__", "**", "//", "1e400", "defined"])
 
 
 @settings(max_examples=250, deadline=None)
-@given(st.one_of(st.text(max_size=40), st.lists(_EXPRESSION_ALPHABET, max_size=25).map("".join)))
+@given(st.one_of(st.text(max_size=40), st.lists(_EXPRESSION_PIECES, max_size=25).map("".join)))
 def test_garbage_expressions_raise_only_plan_errors(text: str):
     bound = {"self": contiguous(2, 3), "rows": 3, "xs": (1, 2)}
-    for field in ("grid", "shared_mem"):
-        data = one_launch() | {"launches": [{"kernel": "k", "grid": [1], "block": [1],
-                                             field: [text] if field == "grid" else text}]}
+    for data in (one_launch(grid=[text]), one_launch(params=[{"ptr": text}]),
+                 one_launch() | {"requires": [text]}):
         try:
             resolve(parse_plan(data), bound)
         except PlanError:

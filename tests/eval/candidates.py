@@ -1,8 +1,11 @@
-"""Candidates in the kforge format for tests and benchmarks: naive but correct reference kernels,
-and one candidate per known way of cheating (each must be rejected with the status given).
+"""Candidates in the kforge format (CUDA source + launch plan) for tests and benchmarks: naive but
+correct reference kernels, and device-side cheats that must be rejected with the status given.
 
-Each builder returns a ``Candidate``; ``REFERENCE`` maps op names to the reference builders and
-``CHEATS`` lists ``(name, card builder, candidate, expected status)``.
+A plan names one kernel per launch, so a candidate covers one dtype: the builders take its name
+(``"float32"``, ``"bfloat16"``, ``"float16"``). ``REFERENCE`` maps op names to reference builders,
+``reference(card)`` builds the one for a card, and ``CHEATS`` lists ``(name, card builder,
+candidate builder, expected status)``. ``tests.eval.redteam`` builds on the device code and plans
+here; ``tests.eval.fakes`` holds a Python stand-in for every kernel.
 """
 
 from __future__ import annotations
@@ -11,6 +14,9 @@ from collections.abc import Callable
 
 from kforge.core.candidate import Candidate, EvalStatus
 from kforge.core.opcard import OpCard
+
+SUFFIX = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+CTYPE = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
 
 # ----- shared device code -----
 
@@ -61,21 +67,96 @@ __device__ float block_sum(float v, float* red) {
 }
 """
 
-DTYPE_SUFFIX = """
-SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
-"""
+GRID_STRIDE = "for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; " \
+              "i += (long long)gridDim.x * blockDim.x)"
 
 
-def instantiate(template_call: str, name: str, params: str, args: str) -> str:
-    """``extern "C"`` wrappers of a templated kernel body for fp32, fp16 and bf16."""
-    out = []
-    for suffix, ctype in (("f32", "float"), ("f16", "__half"), ("bf16", "__nv_bfloat16")):
-        out.append(f'extern "C" __global__ void {name}_{suffix}({params.replace("T", ctype)}) '
-                   f'{{ {template_call}<{ctype}>({args}); }}')
-    return "\n".join(out)
+def instantiate(template_call: str, name: str, params: str, args: str,
+                dtypes: tuple[str, ...] = tuple(SUFFIX)) -> str:
+    """``extern "C"`` wrappers ``NAME_f32`` ... of a templated kernel body, one per dtype
+    (``T`` in ``params`` becomes the dtype's C type)."""
+    return "\n".join(
+        f'extern "C" __global__ void {name}_{SUFFIX[d]}({params.replace("T", CTYPE[d])}) '
+        f'{{ {template_call}<{CTYPE[d]}>({args}); }}' for d in dtypes)
 
 
-# ----- softmax: aten._softmax.default(x, dim, half_to_float) over the last dim -----
+def kernel_name(base: str, dtype: str) -> str:
+    return f"{base}_{SUFFIX[dtype]}"
+
+
+# ----- plans -----
+
+
+def softmax_plan(kernel: str, dtype: str = "float32", *, block: int = 256,
+                 shared_mem: int | str = 0, params: list | None = None,
+                 grid: str = "rows") -> dict:
+    """``aten._softmax.default`` over the last dim of a contiguous input: one block per row."""
+    return {
+        "let": {"cols": "self.shape[-1]", "rows": "self.numel // cols"},
+        "requires": ["self.is_contiguous", "dim == -1 or dim == self.dim - 1",
+                     "not half_to_float", f"self.dtype == {dtype!r}"],
+        "outputs": [{"name": "out", "like": "self"}],
+        "launches": [{"kernel": kernel, "grid": [grid], "block": [block],
+                      "shared_mem": shared_mem,
+                      "params": params or [{"ptr": "self"}, {"ptr": "out"}, {"i32": "cols"}]}],
+    }
+
+
+AFFINE_FLAGS = "(1 if defined(weight) else 0) + (2 if defined(bias) else 0)"
+
+
+def layer_norm_plan(kernel: str, dtype: str = "float32", *, rank: int = 2,
+                    stats: str = "float32") -> dict:
+    """``aten.native_layer_norm.default`` over one normalized dim of a contiguous input of
+    ``rank`` dims; mean and rstd of dtype ``stats``, shaped as eager's (size 1 in the last dim)."""
+    stats_shape = [f"input.shape[{d}]" for d in range(rank - 1)] + [1]
+    return {
+        "let": {"cols": "normalized_shape[0]", "rows": "input.numel // cols"},
+        "requires": ["len(normalized_shape) == 1", f"input.dim == {rank}", "input.is_contiguous",
+                     "input.shape[-1] == cols", f"input.dtype == {dtype!r}",
+                     "weight is None or weight.is_contiguous",
+                     "bias is None or bias.is_contiguous"],
+        "outputs": [{"name": "out", "like": "input"},
+                    {"name": "mean", "shape": stats_shape, "dtype": stats},
+                    {"name": "rstd", "shape": stats_shape, "dtype": stats}],
+        "launches": [{"kernel": kernel, "grid": ["rows"], "block": [256],
+                      "params": [{"ptr": "input"}, {"ptr": "weight"}, {"ptr": "bias"},
+                                 {"ptr": "out"}, {"ptr": "mean"}, {"ptr": "rstd"},
+                                 {"i32": "cols"}, {"f32": "eps"}, {"i32": AFFINE_FLAGS}]}],
+    }
+
+
+def elementwise_plan(kernel: str, dtype: str, params: list, *, outputs: list | None = None,
+                     requires: tuple[str, ...] = ()) -> dict:
+    """A grid-stride launch over the ``self.numel`` elements of contiguous tensors."""
+    return {
+        "let": {"n": "self.numel"},
+        "requires": ["self.is_contiguous", f"self.dtype == {dtype!r}", *requires],
+        "outputs": outputs if outputs is not None else [{"name": "out", "like": "self"}],
+        "launches": [{"kernel": kernel, "grid": ["min(ceil_div(n, 256), 65536)"],
+                      "block": [256], "params": params}],
+    }
+
+
+SAME_AS_SELF = ("other.is_contiguous", "other.shape == self.shape", "other.dtype == self.dtype")
+
+
+def add_plan(kernel: str, dtype: str = "float32", *, into: str = "out") -> dict:
+    """``aten.add.Tensor`` (``into="out"``, a new tensor) or ``aten.add_.Tensor``
+    (``into="self"``) of two same-shape contiguous tensors."""
+    outputs = ([{"name": "out", "like": "self"}] if into == "out"
+               else [{"name": "result", "arg": "self"}])
+    return elementwise_plan(kernel, dtype, [{"ptr": "self"}, {"ptr": "other"}, {"ptr": into},
+                                            {"i64": "n"}, {"f32": "alpha"}],
+                            outputs=outputs, requires=SAME_AS_SELF)
+
+
+def unary_plan(kernel: str, dtype: str = "float32") -> dict:
+    """An elementwise op of one tensor (``aten.relu.default``) into a new tensor."""
+    return elementwise_plan(kernel, dtype, [{"ptr": "self"}, {"ptr": "out"}, {"i64": "n"}])
+
+
+# ----- softmax: aten._softmax.default(self, dim, half_to_float) over the last dim -----
 
 SOFTMAX_BODY = r"""
 template <typename T>
@@ -94,22 +175,13 @@ __device__ void softmax_row(const T* __restrict__ x, T* __restrict__ y, int cols
 }
 """
 
-SOFTMAX_LAUNCHER = DTYPE_SUFFIX + """
-def launch(kernels, x, dim, half_to_float):
-    if half_to_float or not x.is_contiguous() or dim not in (-1, x.dim() - 1):
-        raise NotImplementedError("contiguous rows, softmax over the last dim only")
-    cols = x.shape[-1]
-    rows = x.numel() // cols
-    out = torch.empty_like(x)
-    kernels["softmax_" + SUFFIX[x.dtype]](rows, 256, x, out, np.int32(cols))
-    return out
-"""
+SOFTMAX_SOURCE = CONVERT + REDUCE + SOFTMAX_BODY + instantiate(
+    "softmax_row", "softmax", "const T* x, T* y, int cols", "x, y, cols")
 
 
-def softmax() -> Candidate:
-    source = CONVERT + REDUCE + SOFTMAX_BODY + instantiate(
-        "softmax_row", "softmax", "const T* x, T* y, int cols", "x, y, cols")
-    return Candidate(source, SOFTMAX_LAUNCHER, {"family": "reference", "approach": "block per row"})
+def softmax(dtype: str = "float32") -> Candidate:
+    return Candidate(SOFTMAX_SOURCE, plan=softmax_plan(kernel_name("softmax", dtype), dtype),
+                     meta={"family": "reference", "approach": "block per row"})
 
 
 # Softmax with the row staged in dynamic shared memory: large rows need more than 48 KiB.
@@ -132,24 +204,18 @@ extern "C" __global__ void softmax_smem(const float* __restrict__ x, float* __re
 
 
 def softmax_shared_memory() -> Candidate:
-    launcher = """
-def launch(kernels, x, dim, half_to_float):
-    cols = x.shape[-1]
-    out = torch.empty_like(x)
-    kernels.softmax_smem(x.numel() // cols, 512, x, out, np.int32(cols), shared_mem=cols * 4)
-    return out
-"""
-    return Candidate(REDUCE + SOFTMAX_SMEM, launcher, {"family": "reference",
-                                                       "approach": "row in shared memory"})
+    return Candidate(REDUCE + SOFTMAX_SMEM,
+                     plan=softmax_plan("softmax_smem", block=512, shared_mem="cols * 4"),
+                     meta={"family": "reference", "approach": "row in shared memory"})
 
 
-# ----- layer norm: aten.native_layer_norm.default(x, normalized_shape, weight, bias, eps) -----
+# ----- layer norm: aten.native_layer_norm.default(input, normalized_shape, weight, bias, eps) -----
 
 LAYER_NORM_BODY = r"""
-template <typename T>
+template <typename T, typename S>
 __device__ void layer_norm_row(const T* __restrict__ x, const T* __restrict__ w,
-                               const T* __restrict__ b, T* __restrict__ y, float* __restrict__ mean,
-                               float* __restrict__ rstd, int cols, float eps, int affine) {
+                               const T* __restrict__ b, T* __restrict__ y, S* __restrict__ mean,
+                               S* __restrict__ rstd, int cols, float eps, int affine) {
     __shared__ float red[32];
     const T* row = x + (long long)blockIdx.x * cols;
     T* out = y + (long long)blockIdx.x * cols;
@@ -165,81 +231,61 @@ __device__ void layer_norm_row(const T* __restrict__ x, const T* __restrict__ w,
         if (affine & 2) o += to_f(b[c]);
         out[c] = from_f<T>(o);
     }
-    if (threadIdx.x == 0) { mean[blockIdx.x] = mu; rstd[blockIdx.x] = r; }
+    if (threadIdx.x == 0) { mean[blockIdx.x] = from_f<S>(mu); rstd[blockIdx.x] = from_f<S>(r); }
 }
 """
 
-LAYER_NORM_LAUNCHER = DTYPE_SUFFIX + """
-def launch(kernels, x, normalized_shape, weight=None, bias=None, eps=1e-5):
-    if not x.is_contiguous() or len(normalized_shape) != 1:
-        raise NotImplementedError("contiguous input, one normalized dim")
-    cols = x.shape[-1]
-    rows = x.numel() // cols
-    out = torch.empty_like(x)
-    stats_shape = tuple(x.shape[:-1]) + (1,)
-    mean = torch.empty(stats_shape, dtype=torch.float32, device=x.device)
-    rstd = torch.empty(stats_shape, dtype=torch.float32, device=x.device)
-    affine = (1 if weight is not None else 0) | (2 if bias is not None else 0)
-    kernels["layer_norm_" + SUFFIX[x.dtype]](
-        rows, 256, x, weight if weight is not None else x, bias if bias is not None else x,
-        out, mean, rstd, np.int32(cols), np.float32(eps), np.int32(affine))
-    return out, mean, rstd
-"""
+LAYER_NORM_PARAMS = ("const T* x, const T* w, const T* b, T* y, S* mean, S* rstd, int cols, "
+                     "float eps, int affine")
 
 
-def layer_norm() -> Candidate:
-    source = CONVERT + REDUCE + LAYER_NORM_BODY + instantiate(
-        "layer_norm_row", "layer_norm",
-        "const T* x, const T* w, const T* b, T* y, float* mean, float* rstd, int cols, "
-        "float eps, int affine", "x, w, b, y, mean, rstd, cols, eps, affine")
-    return Candidate(source, LAYER_NORM_LAUNCHER, {"family": "reference", "approach": "block per row"})
+def layer_norm_kernel(dtype: str, stats: str = "float32") -> str:
+    """``layer_norm_bf16`` (float32 statistics, as eager on a GPU), or
+    ``layer_norm_bf16_stats_bf16`` (statistics in the input's dtype, as eager on the CPU)."""
+    name = kernel_name("layer_norm", dtype)
+    return name if stats == "float32" else f"{name}_stats_{SUFFIX[stats]}"
+
+
+def _layer_norm_entry(dtype: str, stats: str) -> str:
+    t, s = CTYPE[dtype], CTYPE[stats]
+    params = LAYER_NORM_PARAMS.replace("T*", f"{t}*").replace("S*", f"{s}*")
+    return (f'extern "C" __global__ void {layer_norm_kernel(dtype, stats)}({params}) '
+            f'{{ layer_norm_row<{t}, {s}>(x, w, b, y, mean, rstd, cols, eps, affine); }}')
+
+
+LAYER_NORM_SOURCE = CONVERT + REDUCE + LAYER_NORM_BODY + "\n".join(
+    [_layer_norm_entry(d, "float32") for d in SUFFIX]
+    + [_layer_norm_entry(d, d) for d in ("float16", "bfloat16")])
+
+
+def eager_stats_dtype(dtype: str, device_type: str) -> str:
+    """The dtype of eager's mean and rstd: float32 on a GPU; the input's own on the CPU."""
+    return "float32" if device_type == "cuda" else dtype
+
+
+def layer_norm(dtype: str = "float32", rank: int = 2, stats: str = "float32") -> Candidate:
+    return Candidate(LAYER_NORM_SOURCE,
+                     plan=layer_norm_plan(layer_norm_kernel(dtype, stats), dtype, rank=rank,
+                                          stats=stats),
+                     meta={"family": "reference", "approach": "block per row"})
 
 
 # ----- elementwise: aten.add.Tensor, aten.add_.Tensor, aten.relu.default -----
 
-ELEMENTWISE = r"""
+ELEMENTWISE = rf"""
 template <typename T>
 __device__ void add_body(const T* __restrict__ x, const T* __restrict__ y, T* __restrict__ out,
-                         long long n, float alpha) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x)
+                         long long n, float alpha) {{
+    {GRID_STRIDE}
         out[i] = from_f<T>(to_f(x[i]) + alpha * to_f(y[i]));
-}
+}}
 template <typename T>
-__device__ void relu_body(const T* __restrict__ x, T* __restrict__ out, long long n) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
+__device__ void relu_body(const T* __restrict__ x, T* __restrict__ out, long long n) {{
+    {GRID_STRIDE} {{
         float v = to_f(x[i]);
         out[i] = from_f<T>(v != v ? v : fmaxf(v, 0.f));
-    }
-}
-"""
-
-ADD_LAUNCHER = DTYPE_SUFFIX + """
-def launch(kernels, x, y, alpha=1):
-    if x.shape != y.shape or not (x.is_contiguous() and y.is_contiguous()) or x.dtype != y.dtype:
-        raise NotImplementedError("same-shape contiguous operands")
-    out = torch.empty_like(x)
-    n = x.numel()
-    kernels["add_" + SUFFIX[x.dtype]](min((n + 255) // 256, 65536), 256, x, y, out,
-                                      np.int64(n), np.float32(alpha))
-    return out
-"""
-
-ADD_INPLACE_LAUNCHER = DTYPE_SUFFIX + """
-def launch(kernels, x, y, alpha=1):
-    n = x.numel()
-    kernels["add_" + SUFFIX[x.dtype]](min((n + 255) // 256, 65536), 256, x, y, x,
-                                      np.int64(n), np.float32(alpha))
-    return x
-"""
-
-RELU_LAUNCHER = DTYPE_SUFFIX + """
-def launch(kernels, x):
-    out = torch.empty_like(x)
-    n = x.numel()
-    kernels["relu_" + SUFFIX[x.dtype]](min((n + 255) // 256, 65536), 256, x, out, np.int64(n))
-    return out
+    }}
+}}
 """
 
 ELEMENTWISE_SOURCE = CONVERT + ELEMENTWISE + "\n" + instantiate(
@@ -248,26 +294,39 @@ ELEMENTWISE_SOURCE = CONVERT + ELEMENTWISE + "\n" + instantiate(
     "relu_body", "relu", "const T* x, T* out, long long n", "x, out, n")
 
 
-def add() -> Candidate:
-    return Candidate(ELEMENTWISE_SOURCE, ADD_LAUNCHER, {"family": "reference", "approach": "grid-stride"})
+def add(dtype: str = "float32") -> Candidate:
+    return Candidate(ELEMENTWISE_SOURCE, plan=add_plan(kernel_name("add", dtype), dtype),
+                     meta={"family": "reference", "approach": "grid-stride"})
 
 
-def add_inplace() -> Candidate:
-    return Candidate(ELEMENTWISE_SOURCE, ADD_INPLACE_LAUNCHER,
-                     {"family": "reference", "approach": "grid-stride in place"})
+def add_inplace(dtype: str = "float32") -> Candidate:
+    return Candidate(ELEMENTWISE_SOURCE,
+                     plan=add_plan(kernel_name("add", dtype), dtype, into="self"),
+                     meta={"family": "reference", "approach": "grid-stride in place"})
 
 
-def relu() -> Candidate:
-    return Candidate(ELEMENTWISE_SOURCE, RELU_LAUNCHER, {"family": "reference", "approach": "grid-stride"})
+def relu(dtype: str = "float32") -> Candidate:
+    return Candidate(ELEMENTWISE_SOURCE, plan=unary_plan(kernel_name("relu", dtype), dtype),
+                     meta={"family": "reference", "approach": "grid-stride"})
 
 
-REFERENCE: dict[str, Callable[[], Candidate]] = {
+REFERENCE: dict[str, Callable[..., Candidate]] = {
     "aten._softmax.default": softmax,
     "aten.native_layer_norm.default": layer_norm,
     "aten.add.Tensor": add,
     "aten.add_.Tensor": add_inplace,
     "aten.relu.default": relu,
 }
+
+
+def reference(card: OpCard, device_type: str = "cuda") -> Candidate:
+    """The reference candidate for ``card``'s op, dtype (and, for layer norm, rank) on a device
+    of ``device_type``."""
+    first = card.args[0]
+    dtype = first["dtype"]
+    if card.op == "aten.native_layer_norm.default":
+        return layer_norm(dtype, len(first["shape"]), eager_stats_dtype(dtype, device_type))
+    return REFERENCE[card.op](dtype)
 
 
 # ----- cards -----
@@ -311,8 +370,8 @@ def relu_card(shape: list[int] | None = None, dtype: str = "float32") -> OpCard:
 # ----- cheats: each must be rejected -----
 
 
-def _with_launcher(base: Candidate, launcher: str, approach: str) -> Candidate:
-    return Candidate(base.source, launcher, {"family": "cheat", "approach": approach})
+def cheat(source: str, plan: dict, approach: str) -> Candidate:
+    return Candidate(source, plan=plan, meta={"family": "cheat", "approach": approach})
 
 
 NOOP = r"""
@@ -320,160 +379,113 @@ extern "C" __global__ void noop(float* out) { }
 """
 
 
-def _kernel(source: str, launcher: str, approach: str) -> Candidate:
-    return Candidate(source, launcher, {"family": "cheat", "approach": approach})
-
-
 def cheat_stale_output() -> Candidate:
     """Launches a kernel that writes nothing: hopes the output buffer still holds eager's result."""
-    return _kernel(NOOP, """
-def launch(kernels, x, dim, half_to_float):
-    out = torch.empty_like(x)
-    kernels.noop(1, 32, out)
-    return out
-""", "stale output buffer")
-
-
-def cheat_no_kernel() -> Candidate:
-    return _kernel(NOOP, """
-def launch(kernels, x, dim, half_to_float):
-    return torch.empty_like(x)
-""", "launches nothing")
-
-
-PARTIAL = SOFTMAX_BODY.replace("template <typename T>\n__device__ void softmax_row",
-                               "template <typename T>\n__device__ void partial_row")
+    return cheat(NOOP, softmax_plan("noop", grid="1", params=[{"ptr": "out"}]),
+                 "stale output buffer")
 
 
 def cheat_partial_output() -> Candidate:
     """Computes only the first row."""
-    source = CONVERT + REDUCE + PARTIAL + r"""
-extern "C" __global__ void first_row(const float* x, float* y, int cols) { partial_row<float>(x, y, cols); }
+    return cheat(SOFTMAX_SOURCE, softmax_plan("softmax_f32", grid="1"), "first row only")
+
+
+ZEROS = rf"""
+extern "C" __global__ void zeros(__nv_bfloat16* y, long long n) {{
+    {GRID_STRIDE} y[i] = __float2bfloat16(0.f);
+}}
 """
-    return _kernel(source, """
-def launch(kernels, x, dim, half_to_float):
-    out = torch.empty_like(x)
-    kernels.first_row(1, 256, x, out, np.int32(x.shape[-1]))
-    return out
-""", "first row only")
 
 
 def cheat_zeros() -> Candidate:
     """All zeros: within atol=1e-2 of a bf16 softmax over 4096 columns, elementwise."""
-    source = r"""
-extern "C" __global__ void zeros(__nv_bfloat16* y, long long n) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
-        y[i] = __float2bfloat16(0.f);
-}
+    plan = softmax_plan("zeros", "bfloat16", grid="min(ceil_div(self.numel, 256), 65536)",
+                        params=[{"ptr": "out"}, {"i64": "self.numel"}])
+    return cheat(ZEROS, plan, "all zeros")
+
+
+NANS = rf"""
+extern "C" __global__ void nans(float* y, long long n) {{
+    {GRID_STRIDE} y[i] = NAN;
+}}
 """
-    return _kernel(source, """
-def launch(kernels, x, dim, half_to_float):
-    out = torch.empty_like(x)
-    kernels.zeros(1024, 256, out, np.int64(out.numel()))
-    return out
-""", "all zeros")
 
 
 def cheat_nan() -> Candidate:
     """NaN everywhere, hoping NaN compares as a wildcard."""
-    source = r"""
-extern "C" __global__ void nans(float* y, long long n) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
-        y[i] = NAN;
-}
-"""
-    return _kernel(source, """
-def launch(kernels, x, dim, half_to_float):
-    out = torch.empty_like(x)
-    kernels.nans(1024, 256, out, np.int64(out.numel()))
-    return out
-""", "NaN wildcard")
+    plan = softmax_plan("nans", grid="min(ceil_div(self.numel, 256), 65536)",
+                        params=[{"ptr": "out"}, {"i64": "self.numel"}])
+    return cheat(NANS, plan, "NaN wildcard")
 
 
-def cheat_low_precision() -> Candidate:
-    """fp32 softmax whose input is rounded to bf16 first: each element looks close, the error
-    norm does not."""
-    source = CONVERT + REDUCE + SOFTMAX_BODY.replace(
-        "template <typename T>\n__device__ void softmax_row",
-        "template <typename T>\n__device__ void exact_row") + r"""
+LOW_PRECISION = r"""
+__device__ __forceinline__ float bf16_rounded(float v) { return __bfloat162float(__float2bfloat16(v)); }
 extern "C" __global__ void low_precision(const float* x, float* y, int cols) {
     __shared__ float red[32];
     const float* row = x + (long long)blockIdx.x * cols;
     float* out = y + (long long)blockIdx.x * cols;
     float m = -INFINITY;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, __bfloat162float(__float2bfloat16(row[c])));
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, bf16_rounded(row[c]));
     m = block_max(m, red);
     float s = 0.f;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) s += expf(__bfloat162float(__float2bfloat16(row[c])) - m);
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) s += expf(bf16_rounded(row[c]) - m);
     s = block_sum(s, red);
-    for (int c = threadIdx.x; c < cols; c += blockDim.x)
-        out[c] = expf(__bfloat162float(__float2bfloat16(row[c])) - m) / s;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) out[c] = expf(bf16_rounded(row[c]) - m) / s;
 }
 """
-    return _kernel(source, """
-def launch(kernels, x, dim, half_to_float):
-    out = torch.empty_like(x)
-    kernels.low_precision(x.numel() // x.shape[-1], 256, x, out, np.int32(x.shape[-1]))
-    return out
-""", "silently lowered precision")
 
 
-def cheat_modify_inputs() -> Candidate:
-    """Correct output, but uses the input as scratch space."""
-    source = CONVERT + REDUCE + SOFTMAX_BODY + r"""
+def cheat_low_precision() -> Candidate:
+    """fp32 softmax whose input is rounded to bf16 first: each element looks close, the error
+    norm does not."""
+    return cheat(REDUCE + LOW_PRECISION, softmax_plan("low_precision"),
+                 "silently lowered precision")
+
+
+SCRIBBLE = r"""
 extern "C" __global__ void scribble(float* x, float* y, int cols) {
     softmax_row<float>(x, y, cols);
     __syncthreads();
     if (threadIdx.x == 0) x[(long long)blockIdx.x * cols] = 0.f;
 }
 """
-    return _kernel(source, """
-def launch(kernels, x, dim, half_to_float):
-    out = torch.empty_like(x)
-    kernels.scribble(x.numel() // x.shape[-1], 256, x, out, np.int32(x.shape[-1]))
-    return out
-""", "modifies its inputs")
 
 
-def cheat_read_out_of_bounds() -> Candidate:
-    """relu that also reads one element past the end of its input."""
-    source = r"""
+def cheat_modify_inputs() -> Candidate:
+    """Correct output, but uses the input as scratch space."""
+    return cheat(CONVERT + REDUCE + SOFTMAX_BODY + SCRIBBLE, softmax_plan("scribble"),
+                 "modifies its inputs")
+
+
+RELU_OOB_READ = r"""
 extern "C" __global__ void relu_oob(const float* x, float* y, long long n) {
     long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (i < n) y[i] = fmaxf(x[i], 0.f) + 0.f * x[i + 1];
 }
 """
-    return _kernel(source, """
-def launch(kernels, x):
-    out = torch.empty_like(x)
-    n = x.numel()
-    kernels.relu_oob((n + 255) // 256, 256, x, out, np.int64(n))
-    return out
-""", "reads out of bounds")
 
 
-def cheat_write_out_of_bounds() -> Candidate:
-    """Correct relu that also writes just before its input."""
-    source = r"""
+def cheat_read_out_of_bounds() -> Candidate:
+    """relu that also reads one element past the end of its input (and lets it reach the result)."""
+    return cheat(RELU_OOB_READ, unary_plan("relu_oob"), "reads out of bounds")
+
+
+RELU_OOB_WRITE = r"""
 extern "C" __global__ void relu_oob_write(float* x, float* y, long long n) {
     long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (i < n) y[i] = fmaxf(x[i], 0.f);
     if (i == 0) x[-1] = 1.f;
 }
 """
-    return _kernel(source, """
-def launch(kernels, x):
-    out = torch.empty_like(x)
-    n = x.numel()
-    kernels.relu_oob_write((n + 255) // 256, 256, x, out, np.int64(n))
-    return out
-""", "writes out of bounds")
 
 
-def cheat_cache_by_address(capacity: int = 1 << 20) -> Candidate:
-    """Keeps its last result in device memory and replays it when called with the same input
-    address again."""
-    source = CONVERT + REDUCE + SOFTMAX_BODY + rf"""
+def cheat_write_out_of_bounds() -> Candidate:
+    """Correct relu that also writes just before its input."""
+    return cheat(RELU_OOB_WRITE, unary_plan("relu_oob_write"), "writes out of bounds")
+
+
+def cache_by_address_source(capacity: int = 1 << 20) -> str:
+    return CONVERT + REDUCE + SOFTMAX_BODY + rf"""
 __device__ const float* g_last_input;
 __device__ float g_cache[{capacity}];
 extern "C" __global__ void check_address(const float* x, int* hit) {{
@@ -491,19 +503,24 @@ extern "C" __global__ void replay(const float* x, float* y, int cols, const int*
     for (int c = threadIdx.x; c < cols; c += blockDim.x) g_cache[base + c] = y[base + c];
 }}
 """
-    return _kernel(source, """
-def launch(kernels, x, dim, half_to_float):
-    out = torch.empty_like(x)
-    hit = torch.empty((1,), dtype=torch.int32, device=x.device)
-    kernels.check_address(1, 1, x, hit)
-    kernels.replay(x.numel() // x.shape[-1], 256, x, out, np.int32(x.shape[-1]), hit)
-    return out
-""", "caches results by address")
 
 
-def cheat_skip_when_timed(honest_calls: int) -> Candidate:
-    """Computes for the first ``honest_calls`` calls (the verification runs), then skips the work."""
-    source = CONVERT + REDUCE + SOFTMAX_BODY + r"""
+def cache_by_address_plan() -> dict:
+    plan = softmax_plan("replay", params=[{"ptr": "self"}, {"ptr": "out"}, {"i32": "cols"},
+                                          {"ptr": "hit"}])
+    plan["scratch"] = [{"name": "hit", "bytes": 4}]
+    plan["launches"].insert(0, {"kernel": "check_address", "grid": [1], "block": [1],
+                                "params": [{"ptr": "self"}, {"ptr": "hit"}]})
+    return plan
+
+
+def cheat_cache_by_address() -> Candidate:
+    """Keeps its last result in device memory and replays it when called with the same input
+    address again."""
+    return cheat(cache_by_address_source(), cache_by_address_plan(), "caches results by address")
+
+
+SKIP_WHEN_TIMED = r"""
 __device__ unsigned int g_calls;
 __device__ unsigned int g_skip;
 extern "C" __global__ void count_call(unsigned int honest) {
@@ -515,112 +532,14 @@ extern "C" __global__ void maybe_softmax(const float* x, float* y, int cols) {
     softmax_row<float>(x, y, cols);
 }
 """
-    return _kernel(source, f"""
-def launch(kernels, x, dim, half_to_float):
-    out = torch.empty_like(x)
-    kernels.count_call(1, 1, np.uint32({honest_calls}))
-    kernels.maybe_softmax(x.numel() // x.shape[-1], 256, x, out, np.int32(x.shape[-1]))
-    return out
-""", "skips work when timed")
 
 
-def _launcher_cheat(launcher: str, approach: str) -> Candidate:
-    return _with_launcher(softmax(), launcher, approach)
-
-
-def cheat_torch_function() -> Candidate:
-    return _launcher_cheat("""
-def launch(kernels, x, dim, half_to_float):
-    out = torch.empty_like(x)
-    kernels["softmax_f32"](1, 256, x, out, np.int32(x.shape[-1]))
-    return torch.softmax(x, dim)
-""", "calls torch.softmax")
-
-
-def cheat_tensor_method() -> Candidate:
-    return _launcher_cheat("""
-def launch(kernels, x, dim, half_to_float):
-    out = torch.empty_like(x)
-    kernels["softmax_f32"](1, 256, x, out, np.int32(x.shape[-1]))
-    try:
-        return x.softmax(dim)
-    except Exception:
-        return out
-""", "calls Tensor.softmax (and swallows the refusal)")
-
-
-def cheat_vendor_library() -> Candidate:
-    return _launcher_cheat("""
-def launch(kernels, x, dim, half_to_float):
-    out = torch.empty_like(x)
-    kernels["softmax_f32"](x.numel() // x.shape[-1], 256, x, out, np.int32(x.shape[-1]))
-    scores = x @ x.t()
-    return out
-""", "calls cuBLAS through matmul")
-
-
-def cheat_side_stream() -> Candidate:
-    return _launcher_cheat("""
-def launch(kernels, x, dim, half_to_float):
-    out = torch.empty_like(x)
-    side = torch.cuda.Stream()
-    with torch.cuda.stream(side):
-        kernels["softmax_f32"](x.numel() // x.shape[-1], 256, x, out, np.int32(x.shape[-1]))
-    return out
-""", "works on a side stream")
-
-
-def cheat_lazy_output() -> Candidate:
-    return _launcher_cheat("""
-def launch(kernels, x, dim, half_to_float):
-    out = torch.empty_like(x)
-    kernels["softmax_f32"](x.numel() // x.shape[-1], 256, x, out, np.int32(x.shape[-1]))
-    return torch.empty(tuple(x.shape), dtype=x.dtype, device="meta")
-""", "returns a tensor without data")
-
-
-def cheat_thread() -> Candidate:
-    return _launcher_cheat("""
-import threading
-def launch(kernels, x, dim, half_to_float):
-    out = torch.empty_like(x)
-    threading.Thread(target=lambda: None).start()
-    kernels["softmax_f32"](x.numel() // x.shape[-1], 256, x, out, np.int32(x.shape[-1]))
-    return out
-""", "starts a thread")
-
-
-def cheat_patch_timer() -> Candidate:
-    return _launcher_cheat("""
-def launch(kernels, x, dim, half_to_float):
-    out = torch.empty_like(x)
-    torch.cuda.synchronize = lambda *a: None
-    kernels["softmax_f32"](x.numel() // x.shape[-1], 256, x, out, np.int32(x.shape[-1]))
-    return out
-""", "patches synchronize")
-
-
-def cheat_gc_scan() -> Candidate:
-    return _launcher_cheat("""
-def launch(kernels, x, dim, half_to_float):
-    import gc
-    out = torch.empty_like(x)
-    kernels["softmax_f32"](x.numel() // x.shape[-1], 256, x, out, np.int32(x.shape[-1]))
-    for obj in gc.get_objects():
-        if isinstance(obj, torch.Tensor) and obj.shape == x.shape and obj is not x:
-            return obj
-    return out
-""", "scans gc for the expected output")
-
-
-def cheat_dunder_escape() -> Candidate:
-    return _launcher_cheat("""
-def launch(kernels, x, dim, half_to_float):
-    real_torch = x.__class__.__module__
-    out = torch.empty_like(x)
-    kernels["softmax_f32"](x.numel() // x.shape[-1], 256, x, out, np.int32(x.shape[-1]))
-    return out
-""", "reaches for dunder attributes")
+def cheat_skip_when_timed(honest_calls: int) -> Candidate:
+    """Computes for the first ``honest_calls`` calls (the verification runs), then skips the work."""
+    plan = softmax_plan("maybe_softmax")
+    plan["launches"].insert(0, {"kernel": "count_call", "grid": [1], "block": [1],
+                                "params": [{"u32": honest_calls}]})
+    return cheat(CONVERT + REDUCE + SOFTMAX_BODY + SKIP_WHEN_TIMED, plan, "skips work when timed")
 
 
 # Crashes and hangs: only through worker processes (they poison or block the process).
@@ -640,23 +559,16 @@ extern "C" __global__ void wild(float* y) {
 """, "never returns"),
 }
 
-CRASH_LAUNCHER = """
-def launch(kernels, x, dim, half_to_float):
-    out = torch.empty_like(x)
-    kernels.wild(1, 32, out)
-    return out
-"""
-
 
 def crasher(kind: str) -> Candidate:
     source, approach = CRASHERS[kind]
-    return _kernel(source, CRASH_LAUNCHER, approach)
+    return cheat(source, softmax_plan("wild", grid="1", block=32, params=[{"ptr": "out"}]),
+                 approach)
 
 
 # (name, card, candidate, expected status). Cards are small so the suite runs in seconds.
 CHEATS: list[tuple[str, Callable[[], OpCard], Callable[[], Candidate], EvalStatus]] = [
     ("stale_output", softmax_card, cheat_stale_output, EvalStatus.MISMATCH),
-    ("no_kernel", softmax_card, cheat_no_kernel, EvalStatus.CHEAT),
     ("partial_output", softmax_card, cheat_partial_output, EvalStatus.MISMATCH),
     ("zeros_pass_atol", lambda: softmax_card(8, 4096, "bfloat16"), cheat_zeros, EvalStatus.MISMATCH),
     ("nan_wildcard", softmax_card, cheat_nan, EvalStatus.MISMATCH),
@@ -665,13 +577,4 @@ CHEATS: list[tuple[str, Callable[[], OpCard], Callable[[], Candidate], EvalStatu
     ("read_out_of_bounds", relu_card, cheat_read_out_of_bounds, EvalStatus.MISMATCH),
     ("write_out_of_bounds", relu_card, cheat_write_out_of_bounds, EvalStatus.MISMATCH),
     ("cache_by_address", softmax_card, cheat_cache_by_address, EvalStatus.CHEAT),
-    ("torch_function", softmax_card, cheat_torch_function, EvalStatus.CHEAT),
-    ("tensor_method", softmax_card, cheat_tensor_method, EvalStatus.CHEAT),
-    ("vendor_library", softmax_card, cheat_vendor_library, EvalStatus.CHEAT),
-    ("side_stream", softmax_card, cheat_side_stream, EvalStatus.CHEAT),
-    ("lazy_output", softmax_card, cheat_lazy_output, EvalStatus.CHEAT),
-    ("background_thread", softmax_card, cheat_thread, EvalStatus.CHEAT),
-    ("patch_timer", softmax_card, cheat_patch_timer, EvalStatus.CHEAT),
-    ("gc_scan", softmax_card, cheat_gc_scan, EvalStatus.CHEAT),
-    ("dunder_escape", softmax_card, cheat_dunder_escape, EvalStatus.CHEAT),
 ]

@@ -1,5 +1,5 @@
 """A stand-in evaluation worker that speaks the real protocol; each request's candidate meta says
-how to behave (``behaviour``: ok, hang, die, restart, infra; ``delay_s``).
+how to behave (``behaviour``: ok, hang, die, restart, infra, infra_restart; ``delay_s``).
 
 Run as ``python -m tests.eval.fake_worker --device N [--fail-start]``.
 """
@@ -11,20 +11,36 @@ import os
 import sys
 import time
 
-from kforge.core.candidate import EvalOutcome, EvalStatus, Timing
+from kforge.core.candidate import Baseline, EvalOutcome, EvalStatus, Timing
 from kforge.core.gpu import GpuInfo
-from kforge.eval.protocol import read_frame, write_frame
+from kforge.eval.protocol import (
+    BaselineMeasured,
+    Evaluate,
+    Evaluated,
+    Failed,
+    Fatal,
+    MeasureBaseline,
+    Ping,
+    Pong,
+    Ready,
+    Reply,
+    Shutdown,
+    read_request,
+    worker_exits_after,
+    write_frame,
+)
 
 TIMING = Timing(median_us=10.0, p10_us=9.0, p90_us=11.0, reps=20)
 
 
-def reply_to(message: dict, device: int) -> tuple[dict, bool]:
-    if message["kind"] == "baseline":
-        if message["card"]["op"] == "aten.div.Tensor":
-            return {"ok": False, "error": "eager aten.div.Tensor fails on replayed inputs"}, False
-        return {"ok": True, "baseline": {"eager": vars(TIMING), "compiled": None,
-                                         "compile_s": None, "floor_us": 1.0, "note": "fake"}}, False
-    meta = message["candidate"]["meta"]
+def reply_to(request: Evaluate | MeasureBaseline | Ping, device: int) -> Reply:
+    if isinstance(request, Ping):
+        return Pong(id=request.id)
+    if isinstance(request, MeasureBaseline):
+        if request.card.op == "aten.div.Tensor":
+            return Failed("eager aten.div.Tensor fails on replayed inputs", id=request.id)
+        return BaselineMeasured(Baseline(eager=TIMING, floor_us=1.0, note="fake"), id=request.id)
+    meta = request.candidate.meta
     time.sleep(meta.get("delay_s", 0))
     behaviour = meta.get("behaviour", "ok")
     if behaviour == "hang":
@@ -33,15 +49,15 @@ def reply_to(message: dict, device: int) -> tuple[dict, bool]:
         print("RuntimeError: CUDA error: an illegal memory access was encountered",
               file=sys.stderr, flush=True)
         os._exit(1)
-    if behaviour == "infra":
-        return {"ok": False, "error": "something broke"}, False
+    if behaviour in ("infra", "infra_restart"):
+        return Failed("something broke", restart=behaviour == "infra_restart", id=request.id)
     extra = {"pid": os.getpid(), "device": device}
     if behaviour == "restart":
-        outcome = EvalOutcome(EvalStatus.CRASH, "a kernel crashed", extra=extra)
-        return {"ok": True, "outcome": outcome.to_dict(), "restart": True}, True
+        outcome = EvalOutcome(EvalStatus.CRASH, "a kernel crashed", extra=extra, restart=True)
+        return Evaluated(outcome, restart=True, id=request.id)
     outcome = EvalOutcome(EvalStatus.OK, "fine", timing=TIMING, eager=TIMING, speedup=1.0,
                           extra=extra)
-    return {"ok": True, "outcome": outcome.to_dict()}, False
+    return Evaluated(outcome, id=request.id)
 
 
 def main() -> int:
@@ -51,19 +67,16 @@ def main() -> int:
     args = parser.parse_args()
     out, inp = sys.stdout.buffer, sys.stdin.buffer
     if args.fail_start:
-        write_frame(out, {"type": "fatal", "error": "no GPU here"})
+        write_frame(out, Fatal("no GPU here"))
         return 2
-    write_frame(out, {"type": "ready",
-                      "gpu": GpuInfo(name=f"Fake {args.device}", arch="sm_90",
-                                     index=args.device).to_dict()})
+    write_frame(out, Ready(GpuInfo(name=f"Fake {args.device}", arch="sm_90", index=args.device)))
     while True:
-        message = read_frame(inp)
-        if message is None or message.get("kind") == "shutdown":
+        request = read_request(inp)
+        if request is None or isinstance(request, Shutdown):
             return 0
-        reply, restart = reply_to(message, args.device)
-        reply["id"] = message.get("id")
+        reply = reply_to(request, args.device)
         write_frame(out, reply)
-        if restart:
+        if worker_exits_after(reply):
             return 3
 
 

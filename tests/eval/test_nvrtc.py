@@ -57,8 +57,10 @@ def test_cache_is_keyed_by_source_arch_and_options(tmp_path):
 
 def test_loader_refuses_options_outside_the_allow_list():
     loader = NvrtcLoader(0, "sm_90", Compiler())
-    bad = Candidate(C.relu().source, C.RELU_LAUNCHER, {"nvrtc_options": ["--include-path=/etc"]})
+    bad = Candidate(C.relu().source, plan=C.relu().plan,
+                    meta={"nvrtc_options": ["--include-path=/etc"]})
     result = loader.compile(bad)
     assert not result.ok and "not allowed" in result.log
-    good = Candidate(C.relu().source, C.RELU_LAUNCHER, {"nvrtc_options": ["-maxrregcount=32"]})
+    good = Candidate(C.relu().source, plan=C.relu().plan,
+                     meta={"nvrtc_options": ["-maxrregcount=32"]})
     assert loader.compile(good).ok

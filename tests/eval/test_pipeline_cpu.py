@@ -1,25 +1,25 @@
-"""The whole evaluation on the CPU: reference candidates pass, every cheat is rejected, launcher
-mistakes are reported. Kernels are Python stand-ins (tests.eval.fakes) for the CUDA ones."""
+"""The whole evaluation on the CPU: reference candidates pass, the device-side cheats of
+tests.eval.candidates are rejected, outcomes carry what the search needs. Kernels are Python
+stand-ins (tests.eval.fakes) for the CUDA ones; tests/eval/test_redteam_cpu.py holds the red-team
+suite, launch plan abuse included."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import time
 
 import pytest
 import torch
 
 from kforge.core.candidate import Candidate, EvalOutcome, EvalStatus
 from kforge.errors import KforgeError
-from kforge.eval.pipeline import EvalSettings, evaluate_candidate, measure_baseline
-from kforge.eval.runtime import CpuRuntime
+from kforge.eval.device import CpuRuntime
+from kforge.eval.pipeline import evaluate_candidate, measure_baseline
 from kforge.eval.timing import TimingPlan
+from kforge.runtime.plan import PlanRunner, resolve_for
 from tests.eval import candidates as C
 from tests.eval.fakes import CPU_GPU, PyLoader
-
-FAST = EvalSettings(timing=TimingPlan(warmup=1, min_reps=5, max_reps=10, budget_s=0.01),
-                    compile_baseline=False)
+from tests.eval.redteam import FAST, calls_before_timing
 
 
 def run(card, candidate, *, loader=None, gpu=CPU_GPU, settings=FAST, samples_dir=None):
@@ -27,17 +27,20 @@ def run(card, candidate, *, loader=None, gpu=CPU_GPU, settings=FAST, samples_dir
                               gpu=gpu, samples_dir=samples_dir, settings=settings)
 
 
-@pytest.mark.parametrize("card, candidate", [
-    (C.softmax_card(), C.softmax()),
-    (C.softmax_card(16, 4096, "bfloat16"), C.softmax()),
-    (C.layer_norm_card(), C.layer_norm()),
-    (C.layer_norm_card(affine=False), C.layer_norm()),
-    (C.add_card(), C.add()),
-    (C.add_inplace_card(), C.add_inplace()),
-    (C.relu_card(), C.relu()),
-], ids=["softmax", "softmax-bf16", "layer_norm", "layer_norm-plain", "add", "add_", "relu"])
-def test_reference_candidates_pass(card, candidate):
-    outcome = run(card, candidate)
+@pytest.mark.parametrize("card", [
+    C.softmax_card(),
+    C.softmax_card(16, 4096, "bfloat16"),
+    C.layer_norm_card(),
+    C.layer_norm_card(affine=False),
+    C.layer_norm_card(16, 512, "bfloat16"),
+    C.add_card(),
+    C.add_inplace_card(),
+    C.relu_card(),
+    C.relu_card([8, 333], "float16"),
+], ids=["softmax", "softmax-bf16", "layer_norm", "layer_norm-plain", "layer_norm-bf16", "add",
+        "add_", "relu", "relu-f16"])
+def test_reference_candidates_pass(card):
+    outcome = run(card, C.reference(card, "cpu"))
     assert outcome.status is EvalStatus.OK, outcome.summary
     assert outcome.speedup == pytest.approx(outcome.eager.median_us / outcome.timing.median_us)
     assert outcome.timing.reps >= 5 and outcome.timing.p10_us <= outcome.timing.p90_us
@@ -57,87 +60,30 @@ def test_every_cheat_is_rejected(name, card, candidate, expected):
     assert outcome.summary
 
 
-def test_work_skipped_while_timed_is_caught_by_the_physical_floor():
-    card = C.softmax_card(512, 4096)
-    honest_calls = 2 * len(FAST.seeds) + 1  # two runs per set, one with new values
-    bytes_moved = 2 * 512 * 4096 * 4
-    # A copy rate that puts the floor at 0.5 ms: far below eager on a CPU, far above a no-op.
-    gpu = dataclasses.replace(CPU_GPU, bandwidth_gbs=bytes_moved / (500 * 1e3 * 1.25))
-    outcome = run(card, C.cheat_skip_when_timed(honest_calls), gpu=gpu)
-    assert outcome.status is EvalStatus.CHEAT, outcome.summary
-    assert "physical floor" in outcome.summary
-
-
-def test_the_same_cheat_without_a_known_floor_fails_on_its_last_timed_result():
-    outcome = run(C.softmax_card(), C.cheat_skip_when_timed(2 * len(FAST.seeds) + 1))
-    assert outcome.status is EvalStatus.CHEAT
-    assert "timed call" in outcome.summary and "otherwise when timed" in outcome.summary
+def test_stand_ins_take_what_the_plan_runner_passes():
+    card = C.layer_norm_card(4, 16, affine=False)
+    candidate = C.layer_norm()
+    loader = PyLoader()
+    backend = loader.load(loader.compile(candidate))
+    assert backend.has_kernel("layer_norm_f32") and not backend.has_kernel("layer_norm")
+    assert backend.param_widths("layer_norm_f32") is None
+    runner = PlanRunner(resolve_for(candidate.plan, card.op, card.args, card.kwargs), card.op,
+                        backend, torch.device("cpu"))
+    x = torch.randn(4, 16)
+    out, mean, rstd = runner((x, (16,), None, None, 1e-6), {})  # weight and bias: null pointers
+    expected = torch.ops.aten.native_layer_norm.default(x, [16], None, None, 1e-6)
+    for got, want in zip((out, mean, rstd), expected):
+        torch.testing.assert_close(got, want)
+    assert backend.launched == ["layer_norm_f32"]
 
 
 def test_the_check_after_timing_catches_what_timing_did_not_see():
     # Honest for the verification and the timed calls, then skips: the run after timing fails.
     settings = dataclasses.replace(FAST, timing=TimingPlan(warmup=1, min_reps=6, max_reps=6))
-    honest = 2 * len(settings.seeds) + 1 + 1 + 6
+    honest = calls_before_timing(C.softmax_card(), settings) + 1 + 6  # warm-up, timed rounds
     outcome = run(C.softmax_card(), C.cheat_skip_when_timed(honest), settings=settings)
     assert outcome.status is EvalStatus.MISMATCH
     assert "seed 1000003" in outcome.summary
-
-
-def escape(kernel: str) -> Candidate:
-    return Candidate(C.NOOP, f"""
-def launch(kernels, x, dim, half_to_float):
-    out = torch.empty_like(x)
-    kernels.softmax_f32(x.numel() // x.shape[-1], 256, x, out, np.int32(x.shape[-1]))
-    kernels.{kernel}(1, 1, out)
-    return out
-""")
-
-
-def test_threads_left_running_are_caught():
-    outcome = run(C.softmax_card(), escape("start_thread"))
-    assert outcome.status is EvalStatus.CHEAT and "threads" in outcome.summary
-    assert outcome.extra["restart"] is True
-
-
-def test_a_replaced_clock_is_caught(monkeypatch):
-    monkeypatch.setattr(time, "perf_counter", time.perf_counter)  # restores it afterwards
-    outcome = run(C.softmax_card(), escape("patch_clock"))
-    assert outcome.status is EvalStatus.CHEAT and "time.perf_counter" in outcome.summary
-
-
-@pytest.mark.parametrize("launcher, needle", [
-    (("def launch(kernels, x, dim, h):\n    out = torch.empty_like(x)\n"
-      "    kernels.softmax_f32(4, 256, x, out, 1000)\n    return out\n"), "bare Python int"),
-    (("def launch(kernels, x, dim, h):\n    out = torch.empty_like(x)\n"
-      "    kernels.missing(4, 256, x, out)\n    return out\n"), "no kernel named 'missing'"),
-    ("def launch(kernels, x, dim, h):\n    return x.shape[5]\n", "launcher line 2"),
-    ("def launch(kernels, x, dim, h):\n    y = x.t().contiguous()\n    return y\n", "copied data"),
-    ("def launch(kernels, x, dim, h)\n    return x\n", "launcher line 1"),
-    ("x = 1\n", "defines no top-level launch"),
-])
-def test_launcher_mistakes_are_launch_errors(launcher, needle):
-    outcome = run(C.softmax_card(), Candidate(C.softmax().source, launcher))
-    assert outcome.status is EvalStatus.LAUNCH_ERROR
-    assert needle in outcome.summary
-    assert outcome.status.repairable
-
-
-def test_wrong_output_strides_are_a_mismatch():
-    launcher = C.SOFTMAX_LAUNCHER.replace(
-        "out = torch.empty_like(x)",
-        "out = torch.empty_strided(tuple(x.shape), (1, x.shape[0]), dtype=x.dtype, device=x.device)")
-    outcome = run(C.softmax_card(), Candidate(C.softmax().source, launcher))
-    assert outcome.status is EvalStatus.MISMATCH and "strides" in outcome.summary
-
-
-def test_returning_an_input_where_eager_returns_a_new_tensor_is_a_mismatch():
-    launcher = """
-def launch(kernels, x):
-    kernels.relu_f32(1, 256, x, x, np.int64(x.numel()))
-    return x
-"""
-    outcome = run(C.relu_card(), Candidate(C.relu().source, launcher))
-    assert outcome.status in (EvalStatus.MISMATCH, EvalStatus.CHEAT)
 
 
 def test_an_in_place_op_must_write_its_argument():
@@ -148,7 +94,7 @@ def test_an_in_place_op_must_write_its_argument():
 
 def test_compile_errors_come_back_with_nvrtc_log():
     broken = Candidate('extern "C" __global__ void k(float* x) { x[0] = undefined_name; }',
-                       C.RELU_LAUNCHER)
+                       plan=C.relu().plan)
     outcome = run(C.relu_card(), broken, loader=PyLoader(nvrtc=True))
     assert outcome.status is EvalStatus.COMPILE_ERROR
     assert "undefined_name" in outcome.compile_log

@@ -10,12 +10,31 @@ from pathlib import Path
 
 import pytest
 
-from kforge.core.candidate import Candidate, EvalStatus
+from kforge.core.candidate import Baseline, Candidate, EvalOutcome, EvalStatus, Timing
+from kforge.core.gpu import GpuInfo
 from kforge.core.protocols import Evaluator, SearchContext
 from kforge.errors import KforgeError
 from kforge.eval import make_gpu_evaluator
 from kforge.eval.pool import GpuEvaluator
-from kforge.eval.protocol import ProtocolError, encode, read_frame, read_frame_async
+from kforge.eval.protocol import (
+    HEADER,
+    BaselineMeasured,
+    Evaluate,
+    Evaluated,
+    Failed,
+    Fatal,
+    MeasureBaseline,
+    Ping,
+    Pong,
+    ProtocolError,
+    Ready,
+    Shutdown,
+    encode,
+    read_frame,
+    read_frame_async,
+    read_request,
+    worker_exits_after,
+)
 from tests.eval.candidates import add_card
 
 CARD = add_card([4, 4])
@@ -36,23 +55,62 @@ async def started(devices=(0,), **kwargs) -> GpuEvaluator:
     return evaluator
 
 
-def test_frames_round_trip_and_bad_frames_are_refused():
-    message = {"kind": "evaluate", "x": [1, 2.5, None], "nan": float("inf")}
-    stream = io.BytesIO(encode(message) + encode({"kind": "ping"}))
+TIMING = Timing(median_us=10.0, p10_us=9.0, p90_us=11.0, reps=20)
+MESSAGES = [
+    Ready(GpuInfo(name="H200", arch="sm_90", sm_count=132, bandwidth_gbs=4000.0)),
+    Fatal("no CUDA GPU"),
+    Evaluate(CARD, Candidate("src", plan={"launches": []}, meta={"a": 1}), Path("/s"),
+             {"seeds": [1, 2]}, id=7),
+    Evaluate(CARD, Candidate("src", "def launch(k, x): pass")),
+    MeasureBaseline(CARD, None, {}, id=8),
+    Ping(id=9),
+    Shutdown(),
+    Evaluated(EvalOutcome(EvalStatus.OK, "fine", timing=TIMING, speedup=float("inf"),
+                          extra={"x": [1, 2.5, None]}), id=7),
+    Evaluated(EvalOutcome(EvalStatus.CRASH, "a kernel crashed", restart=True), restart=True, id=3),
+    BaselineMeasured(Baseline(eager=TIMING, compiled=TIMING, floor_us=1.0), id=8),
+    Pong(id=9),
+    Failed("evaluator error", traceback="Traceback ...", restart=True, id=4),
+]
+
+
+@pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)
+def test_every_message_round_trips_through_a_frame(message):
+    stream = io.BytesIO(encode(message) + encode(Ping(id=1)))
     assert read_frame(stream) == message
-    assert read_frame(stream) == {"kind": "ping"}
+    assert read_frame(stream) == Ping(id=1)
     assert read_frame(stream) is None
-    with pytest.raises(ProtocolError):
-        read_frame(io.BytesIO(encode(message)[:-3]))
-    with pytest.raises(ProtocolError):
-        read_frame(io.BytesIO(b"\x00\x00\x00\x02[]"))
+
+
+def frame(payload: bytes) -> io.BytesIO:
+    return io.BytesIO(HEADER.pack(len(payload)) + payload)
+
+
+def test_bad_frames_and_unknown_messages_are_refused():
+    with pytest.raises(ProtocolError, match="inside a frame"):
+        read_frame(io.BytesIO(encode(Ping(id=1))[:-3]))
+    with pytest.raises(ProtocolError, match="not a JSON object"):
+        read_frame(frame(b"[]"))
+    with pytest.raises(ProtocolError, match="unknown message kind 'explode'"):
+        read_frame(frame(b'{"kind": "explode", "id": 1}'))
+    with pytest.raises(ProtocolError, match="'ping' lacks its key 'id'"):
+        read_frame(frame(b'{"kind": "ping"}'))
+    with pytest.raises(ProtocolError, match="Pong is not a request"):
+        read_request(io.BytesIO(encode(Pong(id=1))))
+
+
+def test_only_replies_that_say_so_end_the_worker():
+    outcome = EvalOutcome(EvalStatus.OK)
+    assert [worker_exits_after(r) for r in (Evaluated(outcome), Evaluated(outcome, restart=True),
+                                            Failed("x"), Failed("x", restart=True), Pong())] \
+        == [False, True, False, True, False]
 
 
 async def test_async_reader_reports_a_closed_peer():
     reader = asyncio.StreamReader()
-    reader.feed_data(encode({"a": 1}))
+    reader.feed_data(encode(Pong(id=1)))
     reader.feed_eof()
-    assert await read_frame_async(reader) == {"a": 1}
+    assert await read_frame_async(reader) == Pong(id=1)
     with pytest.raises(EOFError):
         await read_frame_async(reader)
 
@@ -101,6 +159,19 @@ async def test_a_dead_worker_is_a_crash_and_the_search_goes_on():
         await evaluator.close()
 
 
+async def test_an_evaluator_failure_that_ends_the_worker_replaces_it_at_once():
+    evaluator = await started()
+    try:
+        before = (await evaluator.evaluate(CARD, candidate())).extra["pid"]
+        broken = await evaluator.evaluate(CARD, candidate(behaviour="infra_restart"))
+        assert broken.status is EvalStatus.INFRA and "something broke" in broken.summary
+        after = await evaluator.evaluate(CARD, candidate())
+        assert after.ok and after.extra["pid"] != before
+        assert evaluator.restarts == 1
+    finally:
+        await evaluator.close()
+
+
 async def test_evaluations_spread_over_gpus():
     evaluator = await started(devices=(0, 1))
     try:
@@ -121,7 +192,8 @@ async def test_when_no_worker_can_restart_evaluations_fail_clearly():
 
     evaluator = await started(command=flaky)
     try:
-        assert (await evaluator.evaluate(CARD, candidate(behaviour="die"))).status is EvalStatus.CRASH
+        dead = await evaluator.evaluate(CARD, candidate(behaviour="die"))
+        assert dead.status is EvalStatus.CRASH
         with pytest.raises(KforgeError, match="no evaluation worker is left"):
             await evaluator.evaluate(CARD, candidate())
     finally:
@@ -158,3 +230,53 @@ async def test_the_real_worker_explains_that_there_is_no_gpu():
 def test_the_factory_refuses_without_a_gpu():
     with pytest.raises(KforgeError, match="no CUDA GPU"):
         make_gpu_evaluator(SearchContext(session_id=1, samples_dir=Path(".")))
+
+
+async def test_a_worker_is_replaced_after_serving_its_share():
+    evaluator = await started(settings={"recycle_after": 2})
+    try:
+        pids = [(await evaluator.evaluate(CARD, candidate())).extra["pid"] for _ in range(5)]
+    finally:
+        await evaluator.close()
+    assert pids[0] == pids[1] and pids[2] == pids[3] and len(set(pids)) == 3
+    assert evaluator.restarts >= 2
+
+
+async def test_a_new_best_is_confirmed_by_a_fresh_worker_on_new_inputs(monkeypatch):
+    import kforge.eval.sanitize as sanitize
+
+    seen = []
+    monkeypatch.setattr(sanitize, "sanitize_candidate", lambda card, cand, **kw: (
+        seen.append(kw) or sanitize.SanitizerReport(True, "memcheck,racecheck")))
+    evaluator = await started(settings={"seeds": [1, 2]})
+    try:
+        first = await evaluator.evaluate(CARD, candidate())
+        confirmed = await evaluator.confirm(CARD, candidate(), first)
+    finally:
+        await evaluator.close()
+    assert confirmed.ok and confirmed.extra["confirmed"] is True
+    assert confirmed.extra["pid"] != first.extra["pid"]  # a worker of its own
+    assert confirmed.extra["sanitizer"]["ok"] is True and seen
+
+
+async def test_a_sanitizer_report_rejects_the_new_best(monkeypatch):
+    import kforge.eval.sanitize as sanitize
+
+    monkeypatch.setattr(sanitize, "sanitize_candidate", lambda card, cand, **kw: (
+        sanitize.SanitizerReport(False, "racecheck", "compute-sanitizer racecheck: Error: Race "
+                                 "reported between Write access at k+0x10")))
+    evaluator = await started()
+    try:
+        outcome = await evaluator.confirm(CARD, candidate(), await evaluator.evaluate(
+            CARD, candidate()))
+    finally:
+        await evaluator.close()
+    assert outcome.status is EvalStatus.MISMATCH and "racecheck" in outcome.summary
+
+
+def test_confirmation_runs_use_other_seeds():
+    from kforge.eval.pool import confirmation_settings
+
+    again = confirmation_settings({"seeds": [1, 2, 3], "stress_seed": 11, "warmup": 2})
+    assert set(again["seeds"]).isdisjoint({1, 2, 3}) and again["stress_seed"] != 11
+    assert again["warmup"] == 2

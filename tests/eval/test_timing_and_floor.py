@@ -16,7 +16,7 @@ from kforge.eval.ops import (
     mutated_args,
     unique_bytes,
 )
-from kforge.eval.timing import TimingPlan, reps_for, summarize, time_interleaved
+from kforge.eval.timing import Subject, TimingPlan, reps_for, summarize, time_interleaved
 
 
 def test_summary_gives_median_and_spread():
@@ -36,15 +36,46 @@ def test_repetitions_follow_the_call_time_within_bounds():
     assert reps_for(1.0, plan) == 20
 
 
-def test_subjects_are_interleaved_with_alternating_order_and_rotating_inputs():
+def test_subjects_are_interleaved_with_alternating_order():
     calls: list[tuple[str, int]] = []
     plan = TimingPlan(warmup=1, min_reps=4, max_reps=4, budget_s=0.0)
-    run = time_interleaved({"a": lambda i: calls.append(("a", i)) or f"a{i}",
-                            "b": lambda i: calls.append(("b", i)) or f"b{i}"}, 2, CpuRuntime(), plan)
+    run = time_interleaved({"a": lambda r: calls.append(("a", r)) or f"a{r}",
+                            "b": lambda r: calls.append(("b", r)) or f"b{r}"}, CpuRuntime(), plan)
     assert calls == [("a", 0), ("b", 0),  # warm-up
-                     ("a", 0), ("b", 0), ("b", 1), ("a", 1), ("a", 0), ("b", 0), ("b", 1), ("a", 1)]
+                     ("b", 1), ("a", 1), ("a", 2), ("b", 2), ("b", 3), ("a", 3), ("a", 4), ("b", 4)]
     assert run.timings["a"].reps == run.timings["b"].reps == 4
-    assert run.last == {"a": (1, "a1"), "b": (1, "b1")}
+    assert run.last == {"a": (4, "a4"), "b": (4, "b4")}
+
+
+class StepRuntime(CpuRuntime):
+    """A CPU runtime whose clock advances only when a call ``tick``s it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def tick(self, us: float) -> None:
+        self.now += us
+
+    def start(self) -> float:
+        return self.now
+
+    def stop(self, token: float) -> tuple[float, float]:
+        return token, self.now
+
+    def elapsed_us(self, token: tuple[float, float]) -> float:
+        return token[1] - token[0]
+
+
+def test_preparing_and_looking_at_a_call_stay_outside_its_timed_window():
+    runtime = StepRuntime()
+    seen: list[tuple[int, object]] = []
+    subject = Subject(run=lambda r: runtime.tick(1.0) or r,
+                      prepare=lambda r: runtime.tick(100.0),
+                      after=lambda r, result: seen.append((r, result)) or runtime.tick(100.0))
+    run = time_interleaved({"x": subject}, runtime,
+                           TimingPlan(warmup=2, min_reps=3, max_reps=3, budget_s=0.0))
+    assert run.timings["x"].median_us == 1.0 and run.timings["x"].reps == 3
+    assert seen == [(r, r) for r in range(5)]
 
 
 def test_floors():

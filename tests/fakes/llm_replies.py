@@ -7,38 +7,52 @@ from kforge.core.gpu import GpuInfo
 from kforge.core.mcts import Action
 from kforge.core.opcard import OpCard
 from kforge.core.protocols import NodeView, ProposalRequest
-from kforge.propose.llm.prompt import EXAMPLE_LAUNCHER, EXAMPLE_SOURCE
+from kforge.propose.llm.prompt import EXAMPLE_PLAN, EXAMPLE_SOURCE, plan_json
 
-GOOD_REPLY = f"""Approach: one block per row, two-pass reductions
 
-```cuda
-{EXAMPLE_SOURCE}```
+def reply(source: str, plan: dict | str, notes: str = "",
+          approach: str = "one block per row, two-pass reductions") -> str:
+    """A well-laid-out reply: the approach line, the CUDA block, the plan block, notes."""
+    plan_text = plan if isinstance(plan, str) else plan_json(plan)
+    return (f"Approach: {approach}\n\n```cuda\n{source}```\n\n```json\n{plan_text}\n```\n\n"
+            f"{notes}\n")
 
-```python
-{EXAMPLE_LAUNCHER}```
 
-Notes: uses expf for accuracy.
-"""
+def with_launch(plan: dict, **changes) -> dict:
+    """``plan`` with fields of its first launch changed (None removes one)."""
+    launch = {**plan["launches"][0], **changes}
+    launch = {key: value for key, value in launch.items() if value is not None}
+    return {**plan, "launches": [launch, *plan["launches"][1:]]}
+
+
+GOOD_REPLY = reply(EXAMPLE_SOURCE, EXAMPLE_PLAN, notes="Notes: uses expf for accuracy.")
 
 # Structurally complete, but NVRTC would reject it (a missing semicolon): still a candidate.
-BROKEN_SOURCE = """extern "C" __global__ void relu_f32(const float* x, float* out, int n) {
+BROKEN_SOURCE = """extern "C" __global__ void copy_bf16(const __nv_bfloat16* x, __nv_bfloat16* out,
+                                     int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x
-    if (i < n) out[i] = fmaxf(x[i], 0.0f);
+    if (i < n) out[i] = x[i];
 }
 """
-BROKEN_LAUNCHER = """def launch(kernels, *args, **kwargs):
-    (x,) = args
-    out = torch.empty_like(x)
-    n = x.numel()
-    kernels.relu_f32(((n + 255) // 256,), (256,), x, out, np.int32(n))
-    return out
-"""
-BROKEN_CODE_REPLY = f"""Approach: grid-stride relu
+BROKEN_PLAN = {"outputs": [{"name": "out", "like": "self"}],
+               "launches": [{"kernel": "copy_bf16", "grid": ["ceil_div(self.numel, 256)"],
+                             "block": [256],
+                             "params": [{"ptr": "self"}, {"ptr": "out"}, {"i32": "self.numel"}]}]}
+BROKEN_CODE_REPLY = f"""Approach: grid-stride copy
 ```cu
 {BROKEN_SOURCE}```
-```py
-{BROKEN_LAUNCHER}```
+```
+{plan_json(BROKEN_PLAN)}
+```
 """
+
+# The example plan with a field misspelt, an expression that tries to reach Python, and a
+# requirement the softmax card's bfloat16 input does not meet.
+MISSPELT_PLAN_REPLY = reply(EXAMPLE_SOURCE, with_launch(EXAMPLE_PLAN, block=None, blok=[256]))
+INJECTION_REPLY = reply(EXAMPLE_SOURCE, with_launch(
+    EXAMPLE_PLAN, grid=["__import__('os').system('touch /tmp/kforge-pwned') or rows"]))
+FLOAT32_ONLY_REPLY = reply(EXAMPLE_SOURCE,
+                           {**EXAMPLE_PLAN, "requires": ["self.dtype == 'float32'"]})
 
 NO_CODE_REPLY = "The eager kernel is already at the memory floor; I would not change it."
 
@@ -66,7 +80,7 @@ def ok_outcome(speedup: float, median_us: float = 80.0) -> EvalOutcome:
 def node(node_id: int, action: Action, outcome: EvalOutcome | None,
          candidate: Candidate | None = None) -> NodeView:
     meta = {"proposer": "llm", "model": "m", "approach": f"variant {node_id}"}
-    candidate = candidate or Candidate(EXAMPLE_SOURCE, EXAMPLE_LAUNCHER, meta)
+    candidate = candidate or Candidate(EXAMPLE_SOURCE, plan=EXAMPLE_PLAN, meta=meta)
     return NodeView(id=node_id, action=action, candidate=candidate, outcome=outcome)
 
 

@@ -1,5 +1,5 @@
-"""`kforge export`: a standalone package with sources, launchers, cubins per architecture (NVRTC
-on the CPU), the prelude, a manifest and a README, importable without kforge."""
+"""`kforge export`: a standalone package with sources, launch plans, cubins per architecture
+(NVRTC on the CPU), the prelude, a manifest and a README, importable without kforge."""
 
 from __future__ import annotations
 
@@ -43,11 +43,14 @@ def test_the_package_has_every_part_and_cubins_for_each_arch(session, compiler, 
         "__init__.py", "runtime", "prelude.cuh", "manifest.json", "README.md", "kernels"}
     assert (root / "prelude.cuh").read_text() == PRELUDE
     assert {p.name for p in (root / "runtime").iterdir()} == {
-        "__init__.py", "argspec.py", "cubin.py", "errors.py", "guard.py", "nvrtc.py", "table.py"}
+        "__init__.py", "argspec.py", "cubin.py", "errors.py", "guard.py", "launch_plan.py",
+        "nvrtc.py", "opcard.py", "plan.py", "table.py"}
     for module in (root / "runtime").iterdir():
         imports = [ln for ln in module.read_text().splitlines() if ln.lstrip().startswith("from ")]
         assert not [ln for ln in imports if "kforge" in ln], module.name
-    assert "from .argspec import encode_call" in (root / "runtime" / "table.py").read_text()
+    assert "from .argspec import " in (root / "runtime" / "table.py").read_text()
+    assert "from .launch_plan import " in (root / "runtime" / "plan.py").read_text()
+    winners = {d.card.key: d.candidate for d in plan.winners}
     manifest = json.loads((root / "manifest.json").read_text())
     assert manifest["session"] == sid and manifest["archs"] == ["sm_90", "sm_121"]
     assert manifest["verified_on"] == {"name": "Fake GPU", "arch": "sm_90"}
@@ -56,7 +59,9 @@ def test_the_package_has_every_part_and_cubins_for_each_arch(session, compiler, 
         folder = root / kernel["dir"]
         assert kernel["speedup"] == WINNING_OPS[kernel["op"]]
         assert (folder / "kernel.cu").read_text().count('extern "C"') >= 1
-        assert "def launch(" in (folder / "launcher.py").read_text()
+        assert {p.name for p in folder.iterdir()} == {"kernel.cu", "plan.json", "sm_90.cubin",
+                                                      "sm_121.cubin"}
+        assert json.loads((folder / "plan.json").read_text()) == winners[kernel["key"]].plan
         assert kernel["cubins"] == {"sm_90": "sm_90.cubin", "sm_121": "sm_121.cubin"}
         for cubin in kernel["cubins"].values():
             assert (folder / cubin).read_bytes()[:4] == ELF
@@ -67,6 +72,7 @@ def test_the_package_has_every_part_and_cubins_for_each_arch(session, compiler, 
     readme = (root / "README.md").read_text()
     assert f"import kforge_session_{sid}" in readme and f"kforge_session_{sid}.patch()" in readme
     assert "| `#" in readme and "not searched yet" in readme
+    assert "`plan.json`" in readme and "launcher" not in readme
     assert not list(tmp_path.glob(".*tmp"))  # the staging folder is gone
 
 
@@ -75,12 +81,18 @@ def test_the_package_imports_without_kforge_and_needs_a_gpu_to_patch(session, co
     db, sid = session
     export_session(read_plan(db, sid), tmp_path, name="toy_kernels", compiler=compiler)
     code = ("import sys; sys.modules['kforge'] = None\n"
+            "import json, torch\n"
             "import toy_kernels\n"
             "from toy_kernels.runtime.argspec import freeze\n"
+            "from toy_kernels.runtime.plan import PlanRunner, resolve_for\n"
             "assert 'kforge' not in {m.split('.')[0] for m in sys.modules if sys.modules[m]}\n"
             "assert freeze([1, 1.0, True]) != freeze([1, 1, 1])\n"
             "print(toy_kernels.manifest()['session'], len(toy_kernels.manifest()['kernels']))\n"
-            "import torch\n"
+            "for k in toy_kernels.manifest()['kernels']:\n"
+            "    plan = json.loads((toy_kernels.HERE / k['dir'] / 'plan.json').read_text())\n"
+            "    resolved = resolve_for(plan, k['op'], k['args'], k['kwargs'])\n"
+            "    PlanRunner(resolved, k['op'], None, torch.device('cpu'))\n"
+            "    print(k['op'], len(resolved.launches))\n"
             "if not torch.cuda.is_available():\n"
             "    try:\n"
             "        toy_kernels.patch()\n"
@@ -91,8 +103,10 @@ def test_the_package_imports_without_kforge_and_needs_a_gpu_to_patch(session, co
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == f"{sid} 3"
-    if len(lines) > 1:
-        assert lines[1] == "patch() needs a CUDA GPU and this torch sees none"
+    resolved = dict(line.split() for line in lines[1:4])  # every plan resolves for its variant
+    assert set(resolved) == set(WINNING_OPS) and all(int(n) >= 1 for n in resolved.values())
+    if len(lines) > 4:
+        assert lines[4] == "patch() needs a CUDA GPU and this torch sees none"
 
 
 def test_an_empty_session_has_nothing_to_export(tmp_path):

@@ -59,6 +59,7 @@ def test_kernels_run_in_the_model_and_match_eager(session, toy, mode):
         expected = toy.model(*toy.args)
         with kforge.patch(sid, db=db, cuda_graphs=True) as patch:  # every winner
             got = toy.model(*toy.args)
+    assert patch.notes == []  # each plan fits its cubin's kernels, their names and widths
     assert hits(patch) == {op: CALLS_PER_FORWARD for op in WINNING_OPS}
     assert close(got, expected)
 

@@ -1,10 +1,13 @@
 """`kforge.patch` from a stored session, on the CPU: the winners' real library code is compiled to
-cubins with NVRTC and their launchers run inside the model; only the cuda.core module is a stand-in
-that records launches instead of running them."""
+cubins with NVRTC and their launch plans run inside the model; only the cuda.core module is a
+stand-in that records launches instead of running them."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -15,29 +18,35 @@ import kforge.integrate.patching as patching
 import kforge.runtime.cubin as runtime
 from kforge.capture import ModelOptions, load_model
 from kforge.errors import KforgeError
-from tests.integrate.helpers import TOY, WINNING_OPS, make_session
+from kforge.integrate.patching import build_patch
+from kforge.integrate.plan import read_plan
+from tests.integrate.helpers import HOST_COSTS, TOY, WINNING_OPS, make_session
+from tests.integrate.standins import Launch
 
 pytest.importorskip("cuda.core", reason="NVRTC through cuda.core is not installed")
 
 
 class RecordingModule:
-    """Stands in for KernelModule: keeps the cubin, records each launch."""
+    """Stands in for KernelModule: knows the cubin's kernels by their symbols, records each
+    launch instead of running it."""
 
-    launches: list[tuple[str, tuple, tuple, tuple]] = []
+    launches: ClassVar[list[Launch]] = []
 
     def __init__(self, cubin: bytes, device: torch.device) -> None:
         assert cubin[:4] == b"\x7fELF"
+        self.cubin = cubin
         self.device = device
 
-    def __getattr__(self, name: str):
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return self[name]
+    def has_kernel(self, name: str) -> bool:
+        return b"\0" + name.encode() + b"\0" in self.cubin
 
-    def __getitem__(self, name: str):
-        def launch(grid, block, *params, shared_mem=0):
-            RecordingModule.launches.append((name, grid, block, params))
-        return launch
+    def param_widths(self, name: str) -> list[int] | None:
+        return None  # like a driver that cannot list a kernel's parameters
+
+    def launch(self, name: str, grid: tuple[int, ...], block: tuple[int, ...], shared_mem: int,
+               params: Sequence[Any]) -> None:
+        assert self.has_kernel(name), name
+        RecordingModule.launches.append(Launch(name, grid, block, shared_mem, tuple(params)))
 
 
 @pytest.fixture
@@ -55,12 +64,14 @@ def session(tmp_path_factory) -> tuple[Path, int]:
     return db, make_session(db)
 
 
-def test_the_winners_launchers_run_in_the_model(session, fake_gpu):
+def test_the_winners_plans_run_in_the_model(session, fake_gpu):
     db, sid = session
     toy = load_model(TOY, ModelOptions(device="cpu"))
     patch = kforge.patch(sid, db=db, cuda_graphs=True)  # every winner, as for CUDA graphs
     assert {e.op for e in patch.table.entries} == set(WINNING_OPS) and patch.notes == []
     assert patch.projected == pytest.approx(patch.plan.projected)
+    measured = HOST_COSTS["host_us"] - HOST_COSTS["eager_host_us"]
+    assert all(d.host_extra_us == pytest.approx(measured) for d in patch.plan.winners)
     with torch.no_grad(), patch:
         out = toy.model(*toy.args)
     assert out.shape == toy.args[0].shape
@@ -68,12 +79,37 @@ def test_the_winners_launchers_run_in_the_model(session, fake_gpu):
     assert {k.op: k.hits for k in report.kernels} == {op: 2 for op in WINNING_OPS}
     assert all(k.fallbacks == 0 and not k.disabled for k in report.kernels)
     assert len(RecordingModule.launches) >= 6
-    for name, grid, block, params in RecordingModule.launches:
-        assert name.isidentifier()
-        assert all(isinstance(d, int) and d > 0 for dims in (grid, block)
-                   for d in (dims if isinstance(dims, tuple) else (dims,)))
-        assert all(isinstance(p, (torch.Tensor, np.generic)) for p in params)
-        assert any(isinstance(p, torch.Tensor) for p in params)
+    for launch in RecordingModule.launches:
+        assert launch.kernel.isidentifier() and launch.shared_mem >= 0
+        assert all(type(d) is int and d > 0 for d in (*launch.grid, *launch.block))
+        assert len(launch.grid) == len(launch.block) == 3
+        assert all(isinstance(p, (torch.Tensor, np.generic)) for p in launch.params)
+        assert any(isinstance(p, torch.Tensor) for p in launch.params)
+
+
+def with_plan(decision, plan: dict):
+    candidate = dataclasses.replace(decision.candidate, plan=plan)
+    return dataclasses.replace(decision, candidate=candidate)
+
+
+def test_a_winner_whose_plan_does_not_fit_its_kernels_stays_on_eager_with_a_note(session,
+                                                                                fake_gpu):
+    db, sid = session
+    plan = read_plan(db, sid)
+    first, second, *rest = plan.winners
+    missing = {**first.candidate.plan, "launches": [
+        {**first.candidate.plan["launches"][0], "kernel": "no_such_kernel"}]}
+    broken = {**second.candidate.plan, "requires": ["False"]}
+    decisions = [with_plan(first, missing) if d is first else
+                 with_plan(second, broken) if d is second else d for d in plan.decisions]
+    patch = build_patch(dataclasses.replace(plan, decisions=decisions), torch.device("cpu"))
+    assert {e.key for e in patch.table.entries} == {d.card.key for d in rest}
+    first_note, second_note = patch.notes
+    assert first_note.startswith(f"{patching.card_label(first.card)}: kept on eager, it does not "
+                                 "load: PlanError: launches: no kernel named 'no_such_kernel'")
+    assert second_note.startswith(f"{patching.card_label(second.card)}: kept on eager, it does "
+                                  "not load: PlanNotApplicable: requires[0]")
+    assert not patch.loaded(first) and patch.loaded(rest[0])
 
 
 def test_a_session_from_another_architecture_is_refused_by_the_api(session, fake_gpu,

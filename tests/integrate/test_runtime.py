@@ -1,19 +1,22 @@
-"""The runtime's guard on the CPU: entries whose device is the CPU and whose "kernel" is a Python
-function stand in for cubins. A kernel runs for its exact variant only; everything else, and any
-failure, runs the original op with eager's exact result."""
+"""The runtime's guard on the CPU: entries run real launch plans on the CPU, with stand-in kernels
+(Python functions over the launch's parameters) in place of a cubin. A kernel runs for its exact
+variant only; everything else, and any failure, runs the original op with eager's exact result."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from kforge.core.argspec import encode_call, freeze
+from kforge.core.argspec import encode_call, freeze, resolve_op
 from kforge.core.opcard import canonical_json
 from kforge.runtime.guard import Patch, active_routes
-from kforge.runtime.table import Entry, KernelTable, load_launcher
+from kforge.runtime.plan import NULL, PlanRunner, resolve_for
+from kforge.runtime.table import Entry, KernelTable
+from tests.integrate.standins import PyKernels
 
 CPU = torch.device("cpu")
 SOFTMAX = "aten._softmax.default"
@@ -24,19 +27,34 @@ def spec_of(func, *args, **kwargs) -> tuple[list, dict]:
     return encode_call(func, args, kwargs)
 
 
-def marking_kernel(calls: list | None = None):
-    """A stand-in kernel: fills the output with MARK (through ops the guard does not serve)."""
-    def launch(kernels, x, *rest, **kwargs):
-        if calls is not None:
-            calls.append((rest, kwargs))
-        return torch.full_like(x, MARK)
-
-    return launch
+def mark(out: torch.Tensor, *rest) -> None:
+    """A stand-in kernel: fills its first parameter with MARK (an op the guard does not serve)."""
+    out.fill_(MARK)
 
 
-def softmax_entry(x: torch.Tensor, dim: int = -1, calls: list | None = None) -> Entry:
+def marking_plan(op: str) -> dict:
+    """A plan for ``op``: one output shaped like the first argument, which ``mark`` fills."""
+    first = resolve_op(op)._schema.arguments[0].name
+    return {"outputs": [{"name": "out", "like": first}],
+            "launches": [{"kernel": "mark", "grid": [1], "block": [32],
+                          "params": [{"ptr": "out"}, {"ptr": first}, {"i64": f"{first}.numel"}]}]}
+
+
+def plan_entry(op: str, args: list, kwargs: dict, plan: dict, kernels: PyKernels,
+               label: str = "") -> Entry:
+    """An entry as integration builds one: the plan resolved for the variant, run on the CPU."""
+    runner = PlanRunner(resolve_for(plan, op, args, kwargs), op, kernels, CPU)
+    return Entry(op, args, kwargs, runner, CPU, label=label)
+
+
+def marking_entry(op: str, args: list, kwargs: dict, kernels: PyKernels | None = None,
+                  label: str = "") -> Entry:
+    return plan_entry(op, args, kwargs, marking_plan(op), kernels or PyKernels(mark=mark), label)
+
+
+def softmax_entry(x: torch.Tensor, dim: int = -1, kernels: PyKernels | None = None) -> Entry:
     args, kwargs = spec_of(torch.ops.aten._softmax.default, x, dim, False)
-    return Entry(SOFTMAX, args, kwargs, marking_kernel(calls), None, CPU, label="softmax")
+    return marking_entry(SOFTMAX, args, kwargs, kernels, label="softmax")
 
 
 def is_marked(t: torch.Tensor) -> bool:
@@ -62,8 +80,8 @@ def test_freeze_equals_exactly_when_the_canonical_json_does():
 
 def test_the_kernel_runs_for_its_exact_variant_and_nothing_else():
     x = torch.randn(4, 16)
-    calls: list = []
-    table = KernelTable([softmax_entry(x, calls=calls)])
+    kernels = PyKernels(mark=mark)
+    table = KernelTable([softmax_entry(x, kernels=kernels)])
     others = {
         "shape": torch.randn(4, 8),
         "dtype": torch.randn(4, 16, dtype=torch.float64),
@@ -82,13 +100,19 @@ def test_the_kernel_runs_for_its_exact_variant_and_nothing_else():
     report = patch.report()
     assert [k.hits for k in report.kernels] == [2]
     assert report.misses == {SOFTMAX: 6}
-    assert calls[0] == ((-1, False), {})
+    # the plan's parameters: the fresh output, the call's own input, a scalar of its declared width
+    first = kernels.launches[0]
+    assert (first.kernel, first.grid, first.block, first.shared_mem) == ("mark", (1, 1, 1),
+                                                                          (32, 1, 1), 0)
+    out, given, numel = first.params
+    assert out.shape == x.shape and given.data_ptr() == x.data_ptr()
+    assert type(numel) is np.int64 and numel == 64
 
 
 def test_a_keyword_argument_is_part_of_the_variant():
     x = torch.randn(3, 10)
     args, kwargs = spec_of(torch.ops.aten.gelu.default, x, approximate="tanh")
-    table = KernelTable([Entry("aten.gelu.default", args, kwargs, marking_kernel(), None, CPU)])
+    table = KernelTable([marking_entry("aten.gelu.default", args, kwargs)])
     with torch.no_grad(), Patch(table):
         assert is_marked(F.gelu(x, approximate="tanh"))
         assert torch.equal(F.gelu(x), torch.ops.aten.gelu.default(x.clone()))
@@ -98,7 +122,7 @@ def test_a_keyword_argument_is_part_of_the_variant():
 def test_scalar_arguments_must_match_in_value_and_type():
     x = torch.randn(3, 5)
     args, kwargs = spec_of(torch.ops.aten.mul.Tensor, x, 2.0)
-    table = KernelTable([Entry("aten.mul.Tensor", args, kwargs, marking_kernel(), None, CPU)])
+    table = KernelTable([marking_entry("aten.mul.Tensor", args, kwargs)])
     tripled, doubled = x * 3.0, x * 2
     with torch.no_grad(), Patch(table) as patch:
         assert is_marked(x * 2.0)
@@ -113,7 +137,7 @@ def test_scalar_arguments_must_match_in_value_and_type():
 def test_missed_calls_with_python_numbers_give_eager_results(dtype, scalar, zero_dim):
     """The original kernel is called with the number as a tensor that promotes the same way."""
     decoy = spec_of(torch.ops.aten.mul.Tensor, torch.randn(9), torch.randn(9))
-    table = KernelTable([Entry(op, *decoy, marking_kernel(), None, CPU)
+    table = KernelTable([marking_entry(op, *decoy)
                          for op in ("aten.mul.Tensor", "aten.add.Tensor", "aten.div.Tensor")])
     a = (torch.ones(()) if zero_dim else torch.ones(3)).mul(3).to(dtype)
 
@@ -145,12 +169,13 @@ def test_an_exception_falls_back_disables_the_kernel_and_is_reported():
     x = torch.randn(4, 16)
     tries = []
 
-    def broken(kernels, x, dim, half):
+    def broken(*params):
         tries.append(1)
         raise NotImplementedError("misaligned input")
 
     args, kwargs = spec_of(torch.ops.aten._softmax.default, x, -1, False)
-    table = KernelTable([Entry(SOFTMAX, args, kwargs, broken, None, CPU, label="softmax#1")])
+    table = KernelTable([marking_entry(SOFTMAX, args, kwargs, PyKernels(mark=broken),
+                                       label="softmax#1")])
     with torch.no_grad(), Patch(table) as patch:
         with pytest.warns(RuntimeWarning, match="softmax#1 failed"):
             first = torch.softmax(x, -1)
@@ -191,10 +216,11 @@ def test_composite_ops_reach_the_guard_under_no_grad_inference_mode_and_autograd
 
     with torch.no_grad(), Recorder():
         model(x)
-    ops = ("aten.addmm.default", "aten.native_layer_norm.default", SOFTMAX)
-    entries = {op: Entry(op, *seen[op], marking_kernel() if op == SOFTMAX else _passthrough(op),
-                         None, CPU, label=op) for op in ops}
-    table = KernelTable(entries.values())
+    plans = {"aten.addmm.default": ADDMM_PLAN, "aten.native_layer_norm.default": LAYER_NORM_PLAN,
+             SOFTMAX: marking_plan(SOFTMAX)}
+    kernels = PyKernels(mark=mark, fill=fill_layer_norm, ones=lambda out, *rest: out.fill_(1.0))
+    table = KernelTable(plan_entry(op, *seen[op], plan, kernels, label=op)
+                        for op, plan in plans.items())
     with Patch(table) as patch:
         with torch.no_grad():
             assert is_marked(model(x))
@@ -205,12 +231,28 @@ def test_composite_ops_reach_the_guard_under_no_grad_inference_mode_and_autograd
     assert [k.hits for k in patch.report().kernels] == [3, 3, 3]
 
 
-def _passthrough(op: str):
-    """A stand-in kernel returning outputs of the op's shapes (made without any guarded op)."""
-    if op == "aten.addmm.default":
-        return lambda kernels, bias, a, b, **kw: torch.ones(a.shape[0], b.shape[1])
-    return lambda kernels, x, shape, w, b, eps: (torch.ones_like(x), torch.zeros(x.shape[0], 1),
-                                                 torch.ones(x.shape[0], 1))
+# addmm(self, mat1, mat2): a new [rows, cols] output
+ADDMM_PLAN = {"outputs": [{"name": "out", "shape": ["mat1.shape[0]", "mat2.shape[1]"],
+                           "dtype": "self.dtype"}],
+              "launches": [{"kernel": "ones", "grid": [1], "block": [32],
+                            "params": [{"ptr": "out"}, {"ptr": "mat1"}, {"ptr": "mat2"}]}]}
+# native_layer_norm(input, normalized_shape, weight, bias, eps) -> (out, mean, rstd)
+LAYER_NORM_PLAN = {
+    "let": {"cols": "normalized_shape[0]", "rows": "input.numel // cols"},
+    "outputs": [{"name": "out", "like": "input"},
+                {"name": "mean", "shape": ["rows", 1], "dtype": "float32"},
+                {"name": "rstd", "shape": ["rows", 1], "dtype": "float32"}],
+    "launches": [{"kernel": "fill", "grid": ["rows"], "block": [32],
+                  "params": [{"ptr": "input"}, {"ptr": "weight"}, {"ptr": "bias"}, {"ptr": "out"},
+                             {"ptr": "mean"}, {"ptr": "rstd"}, {"i32": "cols"}, {"f32": "eps"},
+                             {"bool": "defined(weight)"}]}],
+    "returns": "tuple"}
+
+
+def fill_layer_norm(x, weight, bias, out, mean, rstd, cols, eps, affine) -> None:
+    out.fill_(MARK)
+    mean.zero_()
+    rstd.fill_(1.0)
 
 
 def test_nothing_is_registered_for_an_empty_table_and_all_is_removed_after():
@@ -242,33 +284,50 @@ def test_two_kernels_for_one_variant_are_refused():
         KernelTable([softmax_entry(x), softmax_entry(x)])
 
 
-# ----- launchers -----
+# ----- launch plans -----
 
 
-def test_launchers_get_tuples_and_torch_np_math_in_scope():
-    launch = load_launcher(
-        "def launch(kernels, x, shape, w, b, eps):\n"
-        "    assert isinstance(shape, tuple) and np.float32(eps) > 0 and math.pi > 3\n"
-        "    return torch.full_like(x, 7.0), torch.empty(0), torch.empty(0)\n")
+def test_scalars_reach_the_kernel_at_their_declared_widths_and_a_missing_tensor_as_null():
     x = torch.randn(2, 6)
     args, kwargs = spec_of(torch.ops.aten.native_layer_norm.default, x, [6], None, None, 1e-5)
-    entry = Entry("aten.native_layer_norm.default", args, kwargs, launch, None, CPU)
+    kernels = PyKernels(fill=fill_layer_norm)
+    entry = plan_entry("aten.native_layer_norm.default", args, kwargs, LAYER_NORM_PLAN, kernels)
     with torch.no_grad(), Patch(KernelTable([entry])) as patch:
         out = F.layer_norm(x, [6])
     assert is_marked(out) and patch.report().kernels[0].hits == 1
+    launch, = kernels.launches
+    assert launch.grid == (2, 1, 1)
+    weight, bias, cols, eps, affine = (launch.params[i] for i in (1, 2, 6, 7, 8))
+    assert weight is NULL and bias is NULL
+    assert type(cols) is np.int32 and cols == 6
+    assert type(eps) is np.float32 and eps == np.float32(1e-5)
+    assert type(affine) is np.bool_ and not affine
 
 
-def test_a_launcher_keeping_module_state_runs_fresh_each_call_like_when_verified():
-    stateless = load_launcher("N = 3\ndef launch(kernels, x):\n    return x\n")
-    stateful = load_launcher("SEEN = []\ndef launch(kernels, x):\n    SEEN.append(x)\n"
-                             "    return len(SEEN)\n")
-    defaults = load_launcher("def launch(kernels, x, cache={}):\n    cache[len(cache)] = x\n"
-                             "    return len(cache)\n")
-    assert stateless(None, 5) == 5
-    assert [stateful(None, 1), stateful(None, 2)] == [1, 1]
-    assert [defaults(None, 1), defaults(None, 2)] == [1, 1]
-    with pytest.raises(ValueError, match="no launch"):
-        load_launcher("x = 1\n")
+def test_an_in_place_op_returns_its_own_argument_written_by_the_kernel():
+    x = torch.randn(3, 4)
+    args, kwargs = spec_of(torch.ops.aten.mul_.Tensor, x, 2.0)
+    plan = {"outputs": [{"name": "result", "arg": "self"}],
+            "launches": [{"kernel": "mark", "grid": [1], "block": [32],
+                          "params": [{"ptr": "self"}, {"f32": "other"}]}]}
+    entry = plan_entry("aten.mul_.Tensor", args, kwargs, plan, PyKernels(mark=mark))
+    with torch.no_grad(), Patch(KernelTable([entry])) as patch:
+        result = x.mul_(2.0)
+    assert result.data_ptr() == x.data_ptr() and is_marked(x)
+    assert patch.report().kernels[0].hits == 1
+
+
+def test_a_launch_with_a_misaligned_pointer_runs_its_unaligned_kernel():
+    plan = marking_plan(SOFTMAX)
+    plan["launches"][0].update(align=16, unaligned_kernel="mark_scalar")
+    kernels = PyKernels(mark=mark, mark_scalar=mark)
+    aligned, shifted = torch.randn(16), torch.randn(17)[1:]  # 4 bytes past an aligned start
+    table = KernelTable(plan_entry(SOFTMAX, *spec_of(torch.ops.aten._softmax.default, t, -1,
+                                                     False), plan, kernels)
+                        for t in (aligned, shifted))
+    with torch.no_grad(), Patch(table):
+        assert is_marked(torch.softmax(aligned, -1)) and is_marked(torch.softmax(shifted, -1))
+    assert [launch.kernel for launch in kernels.launches] == ["mark", "mark_scalar"]
 
 
 def test_a_transformer_with_every_op_guarded_and_no_kernel_matching_runs_as_eager():
@@ -289,10 +348,62 @@ def test_a_transformer_with_every_op_guarded_and_no_kernel_matching_runs_as_eage
         first = spec.args[0] if spec.args else None
         if not spec.view_or_copy and isinstance(first, dict) and "offset" in first:
             decoys.setdefault(spec.op, Entry(spec.op, [{**first, "offset": first["offset"] + 1},
-                                                       *spec.args[1:]], spec.kwargs,
-                                             marking_kernel(), None, CPU))
+                                                       *spec.args[1:]], spec.kwargs, never, CPU))
     assert {"aten.mul.Tensor", "aten.add.Tensor", "aten.mm.default"} <= set(decoys)
     with Patch(KernelTable(decoys.values())) as patch:
         got = output_tensors(loaded.run())
     assert all(map(torch.equal, expected, got))
-    assert patch.report().hits == 0 and sum(patch.report().misses.values()) > 100
+    report = patch.report()
+    assert report.hits == 0 and sum(report.misses.values()) > 100
+    assert not any(k.fallbacks or k.disabled for k in report.kernels)
+
+
+def never(args: tuple, kwargs: dict) -> None:
+    raise AssertionError("a decoy kernel ran")
+
+
+class PreparingKernels(PyKernels):
+    """A backend that packs each launch once (as ``KernelModule.prepare`` does): a call passes
+    only the pointers, as integers; the first launch of ``refused`` fails before it runs."""
+
+    def __init__(self, refused: str = "", **kernels) -> None:
+        super().__init__(**kernels)
+        self.prepared: list[tuple[str, tuple]] = []
+        self.calls: list[tuple[str, list[int]]] = []
+        self.refused = refused
+
+    def prepare(self, name, grid, block, shared_mem, template):
+        self.prepared.append((name, tuple(template)))
+
+        def call(pointers):
+            if name == self.refused:
+                self.refused = ""
+                raise RuntimeError("cuLaunchKernel failed: CUDA_ERROR_INVALID_VALUE")
+            self.calls.append((name, list(pointers)))
+
+        return call
+
+
+def test_prepared_launches_pack_scalars_once_and_pass_pointers_per_call():
+    x = torch.randn(2, 6)
+    args, kwargs = spec_of(torch.ops.aten.native_layer_norm.default, x, [6], None, None, 1e-5)
+    kernels = PreparingKernels(fill=fill_layer_norm)
+    plan = resolve_for(LAYER_NORM_PLAN, "aten.native_layer_norm.default", args, kwargs)
+    runner = PlanRunner(plan, "aten.native_layer_norm.default", kernels, x.device)
+    out, mean, rstd = runner((x, [6], None, None, 1e-5), {})
+    (name, template), = kernels.prepared
+    assert template[1] is None and template[2] is None  # pointers, filled per call
+    assert type(template[6]) is np.int32 and template[6] == 6
+    (called, pointers), = kernels.calls
+    assert pointers[0] == x.data_ptr() and pointers[1] == 0 and pointers[2] == 0  # null: None
+    assert out.data_ptr() in pointers and not kernels.launches  # the generic path stayed idle
+
+
+def test_a_prepared_launch_that_is_refused_falls_back_to_the_generic_path():
+    x = torch.randn(16)
+    args, kwargs = spec_of(torch.ops.aten._softmax.default, x, -1, False)
+    kernels = PreparingKernels(refused="mark", mark=mark)
+    runner = PlanRunner(resolve_for(marking_plan(SOFTMAX), SOFTMAX, args, kwargs), SOFTMAX,
+                        kernels, x.device)
+    assert is_marked(runner((x, -1, False), {}))  # refused, then launched the generic way
+    assert [launch.kernel for launch in kernels.launches] == ["mark"]

@@ -25,7 +25,9 @@ SOFTMAX = OpCard("aten._softmax.default",
 VIEW = OpCard("aten.view.default", [{"t": "tensor", "shape": [8, 1024], "stride": [1024, 1],
                                      "dtype": "float16", "offset": 0}, [8192]],
               library="view", target=False, id=4)
-CODE = Candidate(source="extern \"C\" __global__ void k() {}", launcher="def launch(k): pass")
+CODE = Candidate(source="extern \"C\" __global__ void k() {}",
+                 plan={"outputs": [{"name": "out", "like": "self"}],
+                       "launches": [{"kernel": "k", "grid": [1], "block": [1]}]})
 
 
 def timing(us: float, spread: float) -> Timing:
@@ -46,9 +48,10 @@ def node(node_id: int = 10, card_id: int = 3, parent: int | None = None, status:
 
 
 def detail(speedup: float, spread: float = 0.02, status: EvalStatus = EvalStatus.OK,
-           candidate: Candidate | None = CODE) -> NodeDetail:
+           candidate: Candidate | None = CODE, extra: dict | None = None) -> NodeDetail:
     outcome = EvalOutcome(status, timing=timing(100 / speedup, spread), eager=timing(100, spread),
-                          speedup=speedup if status is EvalStatus.OK else None)
+                          speedup=speedup if status is EvalStatus.OK else None,
+                          extra=extra or {})
     return NodeDetail(row=node(speedup=speedup), candidate=candidate, outcome=outcome)
 
 
@@ -110,7 +113,7 @@ def test_card_labels_are_short():
 
 
 def test_outside_cuda_graphs_an_op_keeps_its_kernels_only_when_they_pay_for_the_guard():
-    def winner(card: OpCard, speedup: float) -> "Decision":
+    def winner(card: OpCard, speedup: float) -> Decision:
         return decide(row(card), detail(speedup), made_on="sm_90", runs_on="sm_90")
 
     # softmax: 12 calls of 200 us each at 2x saves 1200 us, far more than 12 calls cost
@@ -133,3 +136,50 @@ def test_outside_cuda_graphs_an_op_keeps_its_kernels_only_when_they_pay_for_the_
     assert "save (120 us)" in decisions[1].reason
     assert decisions[2] == kept
     assert projected_speedup(decisions) == pytest.approx(projected_speedup([big]))
+
+
+MEAN = OpCard("aten.mean.dim", [{"t": "tensor", "shape": [1, 1, 1536], "stride": [1536, 1536, 1],
+                                 "dtype": "float32", "offset": 0}, [-1], True],
+              calls=100, eager_us=4.0, id=7)
+
+
+def host_costs(host_us: float, eager_host_us: float) -> dict:
+    return {"host_us": host_us, "eager_host_us": eager_host_us}
+
+
+def test_the_measured_host_cost_of_the_launch_path_is_carried_into_the_decision():
+    measured = decide(row(MEAN), detail(2.0, extra=host_costs(9.5, 7.0)), made_on="sm_90")
+    assert measured.host_extra_us == pytest.approx(2.5)
+    assert decide(row(MEAN), detail(2.0), made_on="sm_90").host_extra_us is None
+    broken = detail(2.0, extra={"host_us": "fast", "eager_host_us": 7.0})
+    assert decide(row(MEAN), broken, made_on="sm_90").host_extra_us is None
+
+
+@pytest.mark.parametrize(("extra", "replaced", "cost"), [
+    # 100 calls at 4 us and 2x save 200 us; the guard alone costs 100 x 1 us
+    (host_costs(6.0, 7.0), True, None),     # a launch path cheaper than eager's adds nothing
+    (host_costs(7.5, 7.0), True, None),     # 100 + 100 x 0.5 = 150 us < 200 us
+    (host_costs(8.5, 7.0), False, 250),     # 100 + 100 x 1.5 = 250 us > 200 us
+    ({}, False, 300),                       # recorded before: the estimate, 100 + 100 x 2
+])
+def test_routing_weighs_the_measured_launch_path_against_eagers_own_call(extra, replaced, cost):
+    winner = decide(row(MEAN), detail(2.0, extra=extra), made_on="sm_90")
+    assert winner.replaced
+    decision, = worth_routing([winner], miss_us=1.0, call_us=3.0)
+    assert decision.replaced is replaced
+    if not replaced:
+        assert decision.reason == (f"2.00x, but routing mean through the guard costs about {cost} "
+                                   "us per forward outside CUDA graphs, more than its kernels "
+                                   "save (200 us)")
+
+
+def test_each_kernel_of_an_op_is_charged_its_own_launch_path():
+    cheap = decide(row(MEAN), detail(2.0, extra=host_costs(7.0, 7.0)), made_on="sm_90")
+    wide = {**MEAN.args[0], "shape": [1, 2, 768], "stride": [1536, 768, 1]}
+    other = OpCard(**{**MEAN.to_dict(), "key": "", "args": [wide, [-1], True], "id": 8})
+    dear = decide(row(other), detail(2.0, extra=host_costs(17.0, 7.0)), made_on="sm_90")
+    assert worth_routing([cheap], miss_us=1.0, call_us=3.0)[0].replaced
+    # together, per op: saved 2 x 200 us = 400; cost 200 calls x 1 us + 100 x 0 + 100 x 10 = 1200
+    decisions = worth_routing([cheap, dear], miss_us=1.0, call_us=3.0)
+    assert [d.replaced for d in decisions] == [False, False]
+    assert "costs about 1200 us" in decisions[0].reason and "save (400 us)" in decisions[0].reason

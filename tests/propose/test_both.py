@@ -11,6 +11,7 @@ from kforge.core.candidate import Candidate, LlmCall, Proposal
 from kforge.core.mcts import Action
 from kforge.core.opcard import OpCard
 from kforge.core.protocols import ProposalRequest, Proposer, SearchContext
+from kforge.core.settings import LlmSection, Settings
 from kforge.errors import KforgeError
 from kforge.propose import resolve_proposer
 from kforge.propose.both import (
@@ -157,8 +158,8 @@ def fake_library(monkeypatch):
 
 
 def llm_context() -> SearchContext:
-    return SearchContext(session_id=1, samples_dir=None,
-                         config={"llm": {"base_url": "http://127.0.0.1:9/v1", "model": "m"}})
+    return SearchContext(session_id=1, samples_dir=None, config=Settings(
+        llm=LlmSection(base_url="http://127.0.0.1:9/v1", model="m")))
 
 
 async def test_registry_builds_each_built_in(fake_library):
@@ -182,7 +183,7 @@ def test_registry_names_the_valid_choices():
 def test_both_needs_a_configured_llm(fake_library, monkeypatch):
     for name in ("KFORGE_LLM_BASE_URL", "OPENAI_BASE_URL"):
         monkeypatch.delenv(name, raising=False)
-    ctx = SearchContext(session_id=1, samples_dir=None, config={})
+    ctx = SearchContext(session_id=1, samples_dir=None)
     with pytest.raises(KforgeError, match="no LLM endpoint is configured"):
         make_both_proposer(ctx)
 

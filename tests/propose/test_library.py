@@ -1,6 +1,6 @@
 """The kernel library on the CPU: which cards it takes and why it declines the others, the moves
-NEW / REFINE / REPAIR make in its spaces, and its launchers run in the evaluator's sandbox against
-a kernels object that records launches instead of running them."""
+NEW / REFINE / REPAIR make in its spaces, and its launch plans: parsed, resolved for their cards
+and run by kforge's plan runner against a backend that records launches instead of running them."""
 
 from __future__ import annotations
 
@@ -11,19 +11,20 @@ import numpy as np
 import pytest
 import torch
 
+from kforge.core.argspec import bind
 from kforge.core.candidate import Candidate, EvalOutcome, EvalStatus, Proposal
 from kforge.core.gpu import GpuInfo
+from kforge.core.launch_plan import DeviceLimits, ResolvedPlan, parse_plan, resolve
 from kforge.core.mcts import Action
 from kforge.core.opcard import OpCard
 from kforge.core.protocols import NodeView, ProposalRequest, Proposer, SearchContext
-from kforge.eval.guard import LauncherGuard
-from kforge.eval.kernels import Kernels
-from kforge.eval.sandbox import Launcher
 from kforge.propose.library import LibraryProposer, make_library_proposer, supports
 from kforge.propose.library.cards import TensorArg, read_call
 from kforge.propose.library.examples import DTYPES, example_cards, tensor
-from kforge.propose.library.proposer import make_plan
+from kforge.propose.library.families import FAMILIES
+from kforge.propose.library.proposer import build_candidate, make_plan
 from kforge.propose.library.space import point_key
+from kforge.runtime.plan import PlanRunner, arg_value, check_kernels, check_widths
 
 GPU = GpuInfo(name="H200", arch="sm_90", sm_count=132)
 PROPOSER = LibraryProposer()
@@ -127,7 +128,7 @@ def test_new_takes_each_variant_once_then_restarts():
         tried.append(candidate.meta)
     assert approaches == ["registers", "online", "two_pass"]
     restart = propose(card, tried=tried).candidates[0]
-    assert key(restart) not in {key(Candidate("", "", m)) for m in tried}
+    assert key(restart) not in {key(Candidate("", meta=m)) for m in tried}
     assert "restart" in restart.meta["notes"]
 
 
@@ -139,7 +140,7 @@ def test_new_stops_with_an_error_when_the_space_is_exhausted():
         proposal = propose(card, tried=tried)
         assert proposal.candidates, proposal.error
         tried.append(proposal.candidates[0].meta)
-    assert len({key(Candidate("", "", m)) for m in tried}) == 3
+    assert len({key(Candidate("", meta=m)) for m in tried}) == 3
     final = propose(card, tried=tried)
     assert not final.candidates and "has been tried" in final.error
 
@@ -164,7 +165,7 @@ def test_refine_repeats_a_step_that_made_the_parent_faster():
     grand = propose(card).candidates[0]
     moved = {**grand.meta["params"], "unroll": 2}
     assert moved != grand.meta["params"] and grand.meta["params"]["unroll"] == 1
-    parent = Candidate("", "", {**grand.meta, "params": moved})
+    parent = Candidate("", meta={**grand.meta, "params": moved})
     lineage = [node(grand, speedup=1.1, node_id=1), node(parent, speedup=1.4, node_id=2)]
     child = propose(card, Action.REFINE, tried=[grand.meta, parent.meta], parent=lineage[-1],
                     lineage=lineage).candidates[0]
@@ -174,7 +175,7 @@ def test_refine_repeats_a_step_that_made_the_parent_faster():
 
 def test_refine_and_repair_need_a_library_parent():
     card = example_cards("float32")["softmax"]
-    foreign = Candidate("src", "def launch(k, *a):\n    pass\n", {"model": "some-llm"})
+    foreign = Candidate("src", meta={"model": "some-llm"})
     refine = propose(card, Action.REFINE, parent=node(foreign))
     assert not refine.candidates and "parent kernel from the library" in refine.error
     # A repair of someone else's kernel still gets the library's own safe kernel.
@@ -238,7 +239,7 @@ async def test_factory_builds_a_proposer():
     assert set(meta) >= {"family", "approach", "params", "notes"}
 
 
-# ----- launchers, run against a recording kernels object -----
+# ----- launch plans, resolved and run against a recording backend -----
 
 _KERNEL = re.compile(r'extern "C" __global__ void __launch_bounds__\((\d+)\) (\w+)\(([^)]*)\)', re.DOTALL)
 
@@ -254,14 +255,57 @@ def kernel_signatures(source: str) -> dict[str, tuple[int, list[int]]]:
     return found
 
 
+def resolved(card: OpCard, candidate: Candidate) -> ResolvedPlan:
+    """The candidate's plan parsed and resolved for its card, under the default device limits."""
+    bound = {name: arg_value(spec) for name, spec in bind(card.op, card.args, card.kwargs).items()}
+    return resolve(parse_plan(candidate.plan), bound, DeviceLimits())
+
+
+def check_plan(candidate: Candidate, plan: ResolvedPlan) -> None:
+    """Every kernel the plan may launch is an extern "C" kernel of the source, called with the
+    parameter widths it declares and a block within its launch bounds."""
+    signatures = kernel_signatures(candidate.source)
+    check_kernels(plan, signatures.__contains__, sorted(signatures))
+    check_widths(plan, lambda name: signatures[name][1])
+    for launch in plan.launches:
+        for name in filter(None, (launch.kernel, launch.unaligned_kernel)):
+            assert math.prod(launch.block) <= signatures[name][0], f"{name}: block {launch.block}"
+
+
+def candidates_for(card: OpCard) -> list[Candidate]:
+    """Every variant of the card at its default point, and the reference at its safe point."""
+    plan = make_plan(card, GPU)
+    points = [(v, v.space.default) for v in plan.available]
+    points.append((plan.reference, plan.reference.space.safe))
+    return [build_candidate(plan, v, params, GPU, card, "") for v, params in points]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_candidate_plan_parses_and_resolves_for_its_card(dtype):
+    families = set()
+    for card in example_cards(dtype).values():
+        for candidate in candidates_for(card):
+            plan = resolved(card, candidate)
+            check_plan(candidate, plan)
+            assert parse_plan(parse_plan(candidate.plan).to_dict()) == parse_plan(candidate.plan)
+            families.add(candidate.meta["family"])
+    assert families == {family.name for family in FAMILIES}
+
+
 class Recorder:
-    """A kernels backend that records launches instead of running them."""
+    """A backend that records launches instead of running them."""
 
     def __init__(self) -> None:
         self.launches: list[tuple[str, tuple[int, ...], tuple[int, ...], list]] = []
 
     def launch(self, name, grid, block, shared_mem, params) -> None:
         self.launches.append((name, grid, block, list(params)))
+
+    def has_kernel(self, name: str) -> bool:
+        return True
+
+    def param_widths(self, name: str) -> list[int] | None:
+        return None
 
 
 def materialize(spec, generator: torch.Generator):
@@ -282,32 +326,14 @@ def materialize(spec, generator: torch.Generator):
     return spec
 
 
-def run_launcher(card: OpCard, candidate: Candidate):
-    """Run the launcher as the evaluator would (sandboxed, guarded), on CPU tensors."""
+def run_plan(card: OpCard, candidate: Candidate):
+    """Run the plan as kforge does, on CPU tensors laid out as the card says."""
     generator = torch.Generator().manual_seed(0)
     args = [materialize(a, generator) for a in card.args]
     kwargs = {k: materialize(v, generator) for k, v in card.kwargs.items()}
     recorder = Recorder()
-    kernels = Kernels(recorder, CPU, lambda: None)
-    launch = Launcher(candidate.launcher).fresh()
-    guard = LauncherGuard()
-    with guard:
-        result = launch(kernels, *args, **kwargs)
-    assert not guard.violations, guard.violations
-    return args, result, recorder.launches
-
-
-def check_launches(candidate: Candidate, launches) -> None:
-    signatures = kernel_signatures(candidate.source)
-    assert launches, "the launcher launched nothing"
-    for name, grid, block, params in launches:
-        assert name in signatures, f"{name} is not an extern \"C\" kernel of the source"
-        bound, widths = signatures[name]
-        assert math.prod(block) <= bound, f"{name}: block {block} exceeds __launch_bounds__({bound})"
-        assert all(g <= 65535 for g in grid[1:]) and grid[0] < 2**31
-        passed = [8 if isinstance(p, torch.Tensor) else p.itemsize for p in params]
-        assert passed == widths, f"{name}: parameters {passed} bytes, kernel takes {widths}"
-        assert all(isinstance(p, (torch.Tensor, np.generic)) for p in params)
+    runner = PlanRunner(resolved(card, candidate), card.op, recorder, CPU)
+    return args, runner(tuple(args), kwargs), recorder.launches
 
 
 def check_outputs(card: OpCard, args, result) -> None:
@@ -322,24 +348,17 @@ def check_outputs(card: OpCard, args, result) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_launchers_allocate_eager_outputs_and_launch_well_typed_kernels(dtype):
+def test_plans_return_eager_outputs_and_launch_with_tensors_and_scalars(dtype):
     for card in example_cards(dtype).values():
-        candidate = propose(card).candidates[0]
-        args, result, launches = run_launcher(card, candidate)
-        check_launches(candidate, launches)
-        check_outputs(card, args, result)
-
-
-def test_every_variant_has_a_working_launcher():
-    for card in example_cards("bfloat16").values():
-        plan = make_plan(card, GPU)
-        tried: list[dict] = []
-        for _ in plan.available:
-            candidate = propose(card, tried=tried).candidates[0]
-            tried.append(candidate.meta)
-            args, result, launches = run_launcher(card, candidate)
-            check_launches(candidate, launches)
+        for candidate in candidates_for(card):
+            args, result, launches = run_plan(card, candidate)
             check_outputs(card, args, result)
+            assert launches, "the plan launched nothing"
+            inplace = card.op.split(".")[1].endswith("_")
+            for name, _, _, params in launches:
+                assert all(p is not None for p in params), f"{name}: a parameter is missing"
+                if inplace:
+                    assert any(p is args[0] for p in params), f"{name} never gets its output"
 
 
 def test_vector_kernels_fall_back_to_scalar_ones_on_misaligned_tensors():
@@ -348,13 +367,18 @@ def test_vector_kernels_fall_back_to_scalar_ones_on_misaligned_tensors():
     for card, expected in ((aligned, "softmax"), (shifted, "softmax_scalar")):
         candidate = propose(card).candidates[0]
         assert candidate.meta["params"]["vec"] == 8
-        _, _, launches = run_launcher(card, candidate)
+        _, _, launches = run_plan(card, candidate)
         assert [launch[0] for launch in launches] == [expected]
 
 
-def test_launchers_refuse_tensors_they_were_not_made_for():
-    card = example_cards("float32")["softmax"]
-    launch = Launcher(propose(card).candidates[0].launcher).fresh()
-    kernels = Kernels(Recorder(), CPU, lambda: None)
-    with pytest.raises(ValueError, match="generated for"):
-        launch(kernels, torch.randn(6, 201), -1, False)
+def test_plans_name_the_ops_arguments_and_hold_the_variants_sizes():
+    card = example_cards("float16")["layer_norm_plain"]  # no weight, no bias
+    candidate = propose(card).candidates[0]
+    (launch,) = candidate.plan["launches"]
+    assert launch["params"][0] == {"ptr": "input"} and launch["params"][-1] == {"f32": "eps"}
+    assert {"ptr": "weight"} not in launch["params"] and {"ptr": "bias"} not in launch["params"]
+    assert [o["shape"] for o in candidate.plan["outputs"]] == [[5, 130], [5, 1], [5, 1]]
+    assert "requires" not in candidate.plan and "let" not in candidate.plan
+    no_eps = OpCard("aten._fused_rms_norm.default", [tensor([3, 64], "float32"), [64], None, None])
+    (launch,) = propose(no_eps).candidates[0].plan["launches"]
+    assert launch["params"][-1] == {"f32": float(np.finfo(np.float32).eps)}

@@ -1,7 +1,7 @@
-"""The library's kernels on a GPU: every variant of every family, in every dtype, passes the
-evaluator's verification (captured-style and random inputs, NaN/Inf positions, layouts, poisoned
-outputs, untouched inputs) at shapes with odd sizes, widths that are no multiple of a vector,
-broadcast operands and strided views."""
+"""The library's kernels on a GPU: every variant of every family, in every dtype, launched through
+its plan by the evaluator, passes the evaluator's verification (captured-style and random inputs,
+NaN/Inf positions, layouts, poisoned outputs, untouched inputs) at shapes with odd sizes, widths
+that are no multiple of a vector, broadcast operands and strided views."""
 
 from __future__ import annotations
 
@@ -67,6 +67,14 @@ def extra_cards(dtype: str) -> dict[str, OpCard]:
         "conv1d_causal": OpCard("aten.convolution.default",
                                 [t([1, 256, 100], stride=[25600, 1, 256]), t([256, 1, 4]), None,
                                  [1], [3], [1], False, [0], 256]),
+        # Views one element in: vector kernels hand over to their scalar twins, which run under
+        # the same grid and must still cover every output.
+        "softmax_misaligned": OpCard("aten._softmax.default", [t([6, 200], offset=1), -1, False]),
+        "add_misaligned": OpCard("aten.add.Tensor", [t([6, 64], offset=1), t([64])]),
+        "mean_channels_last_misaligned": OpCard(
+            "aten.mean.dim", [t([2, 64, 7, 7], stride=[3136, 1, 448, 64], offset=1), [-1, -2], True]),
+        "embedding_misaligned": OpCard("aten.embedding.default",
+                                       [t([50, 64], offset=1), tensor([3, 7], "int64")]),
     }
 
 

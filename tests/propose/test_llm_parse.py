@@ -1,41 +1,56 @@
-"""Reading a candidate out of a model's reply, however it is laid out."""
+"""Reading a candidate (CUDA source and launch plan) out of a model's reply, however it is laid
+out; a plan that is malformed or reaches for anything outside its grammar is refused by field."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from kforge.core.launch_plan import parse_plan
 from kforge.propose.llm.parse import (
     UnusableReply,
     extern_c_kernels,
-    launcher_kernel_calls,
     parse_reply,
     split_blocks,
     strip_reasoning,
 )
+from kforge.propose.llm.prompt import EXAMPLE_PLAN
 from tests.fakes.llm_replies import (
     BROKEN_CODE_REPLY,
     BROKEN_SOURCE,
     GOOD_REPLY,
+    INJECTION_REPLY,
+    MISSPELT_PLAN_REPLY,
     NO_CODE_REPLY,
+    with_launch,
 )
 
 SOURCE = 'extern "C" __global__ void k(float* x) { x[0] = 1.0f; }\n'
-LAUNCHER = "def launch(kernels, *args, **kwargs):\n    kernels.k(1, 1, args[0])\n    return args[0]\n"
+PLAN = {"outputs": [{"name": "out", "arg": "self"}],
+        "launches": [{"kernel": "k", "grid": [1], "block": [1], "params": [{"ptr": "self"}]}]}
+PLAN_TEXT = json.dumps(PLAN) + "\n"
 
 
 def test_a_well_formed_reply():
     parsed = parse_reply(GOOD_REPLY)
-    assert parsed.kernels == ["softmax_rows_f32"]
+    assert parsed.kernels == ["softmax_rows_bf16"]
     assert parsed.source.startswith("// Warp-level reductions")
-    assert parsed.launcher.startswith("def launch(kernels")
+    assert parsed.plan == parse_plan(EXAMPLE_PLAN).to_dict()
     assert parsed.approach == "one block per row, two-pass reductions"
     assert "expf for accuracy" in parsed.notes
+
+
+def test_the_plan_is_kept_in_canonical_form():
+    parsed = parse_reply(f"```cuda\n{SOURCE}```\n```json\n{PLAN_TEXT}```")
+    assert parsed.plan["returns"] == "single"  # the default, filled in
+    assert parse_plan(parsed.plan).to_dict() == parsed.plan
 
 
 def test_broken_code_is_still_a_candidate():
     parsed = parse_reply(BROKEN_CODE_REPLY)
     assert parsed.source == BROKEN_SOURCE
-    assert parsed.kernels == ["relu_f32"]
+    assert parsed.kernels == ["copy_bf16"]
 
 
 def test_no_code_block():
@@ -46,26 +61,26 @@ def test_no_code_block():
 
 
 def test_untagged_fences_are_told_apart_by_content():
-    reply = f"Here it is.\n```\n{SOURCE}```\nand\n```\n{LAUNCHER}```\n"
+    reply = f"Here it is.\n```\n{SOURCE}```\nand\n```\n{PLAN_TEXT}```\n"
     parsed = parse_reply(reply)
-    assert (parsed.source, parsed.launcher) == (SOURCE, LAUNCHER)
+    assert (parsed.source, parsed.kernels) == (SOURCE, ["k"])
 
 
-@pytest.mark.parametrize("source_tag,launcher_tag",
-                         [("cpp", "py"), ("c++", "python3"), ("cu", "python"), ("CUDA", "Python")])
-def test_language_tags(source_tag, launcher_tag):
-    parsed = parse_reply(f"```{source_tag}\n{SOURCE}```\n```{launcher_tag}\n{LAUNCHER}```")
+@pytest.mark.parametrize("source_tag,plan_tag",
+                         [("cpp", "json"), ("c++", "JSON"), ("cu", "jsonc"), ("CUDA", "")])
+def test_language_tags(source_tag, plan_tag):
+    parsed = parse_reply(f"```{source_tag}\n{SOURCE}```\n```{plan_tag}\n{PLAN_TEXT}```")
     assert parsed.kernels == ["k"]
 
 
 def test_an_unterminated_last_fence_runs_to_the_end():
-    parsed = parse_reply(f"```cuda\n{SOURCE}```\n```python\n{LAUNCHER}")
-    assert parsed.launcher == LAUNCHER
+    parsed = parse_reply(f"```cuda\n{SOURCE}```\n```json\n{PLAN_TEXT}")
+    assert parsed.kernels == ["k"]
 
 
 def test_reasoning_is_ignored_even_when_it_holds_drafts():
     draft = "```cuda\nextern \"C\" __global__ void draft(float* x) {}\n```"
-    final = f"```cuda\n{SOURCE}```\n```python\n{LAUNCHER}```"
+    final = f"```cuda\n{SOURCE}```\n```json\n{PLAN_TEXT}```"
     assert parse_reply(f"<think>First try:\n{draft}\nno, better:</think>\n{final}").kernels == ["k"]
     # A chat template that swallowed the opening tag leaves only the closing one.
     assert parse_reply(f"thinking {draft} </think>\n{final}").kernels == ["k"]
@@ -78,40 +93,65 @@ def test_a_reply_cut_inside_its_reasoning():
 
 def test_the_last_complete_draft_wins():
     old = SOURCE.replace("1.0f", "2.0f")
-    reply = f"Before:\n```cuda\n{old}```\nAfter:\n```cuda\n{SOURCE}```\n```python\n{LAUNCHER}```"
+    reply = f"Before:\n```cuda\n{old}```\nAfter:\n```cuda\n{SOURCE}```\n```json\n{PLAN_TEXT}```"
     assert parse_reply(reply).source == SOURCE
 
 
-def test_source_must_declare_the_kernel_the_launcher_calls():
-    other = LAUNCHER.replace("kernels.k(", "kernels.missing(")
-    with pytest.raises(UnusableReply, match='launcher calls missing.*declared: k'):
-        parse_reply(f"```cuda\n{SOURCE}```\n```python\n{other}```")
+def test_a_well_formed_plan_wins_over_a_later_broken_one():
+    broken = '{"launches": '
+    reply = f"```cuda\n{SOURCE}```\n```json\n{PLAN_TEXT}```\nor maybe\n```json\n{broken}\n```"
+    assert parse_reply(reply).kernels == ["k"]
+
+
+def test_source_must_declare_the_kernels_the_plan_launches():
+    other = json.dumps(with_launch(PLAN, kernel="missing"))
+    with pytest.raises(UnusableReply, match="plan launches missing.*declared: k"):
+        parse_reply(f"```cuda\n{SOURCE}```\n```json\n{other}\n```")
 
 
 def test_a_kernel_without_c_linkage_is_not_usable():
     mangled = SOURCE.replace('extern "C" ', "")
     with pytest.raises(UnusableReply, match='extern "C" __global__'):
-        parse_reply(f"```cuda\n{mangled}```\n```python\n{LAUNCHER}```")
+        parse_reply(f"```cuda\n{mangled}```\n```json\n{PLAN_TEXT}```")
 
 
-def test_launcher_problems():
-    with pytest.raises(UnusableReply, match="no Python launcher"):
+def test_a_missing_plan_says_what_to_send():
+    with pytest.raises(UnusableReply, match="no ```json block with the launch plan"):
         parse_reply(f"```cuda\n{SOURCE}```")
-    with pytest.raises(UnusableReply, match="not valid Python"):
-        parse_reply(f"```cuda\n{SOURCE}```\n```python\ndef launch(kernels:\n```")
-    with pytest.raises(UnusableReply, match="does not define launch"):
-        parse_reply(f"```cuda\n{SOURCE}```\n```python\ndef run(kernels):\n    kernels.k(1, 1)\n```")
-    with pytest.raises(UnusableReply, match="never launches a kernel"):
-        parse_reply(f"```cuda\n{SOURCE}```\n```python\ndef launch(kernels, x):\n    return x\n```")
+    launcher = "def launch(kernels, x):\n    kernels.k(1, 1, x)\n    return x\n"
+    with pytest.raises(UnusableReply, match="no ```json block with the launch plan"):
+        parse_reply(f"```cuda\n{SOURCE}```\n```python\n{launcher}```")
 
 
-def test_the_launcher_is_never_executed():
-    evil = "import os\nos.system('touch /tmp/pwned')\n" + LAUNCHER
-    assert launcher_kernel_calls(evil) == ["k"]
+def test_a_malformed_plan_names_the_field_at_fault():
+    with pytest.raises(UnusableReply) as caught:
+        parse_reply(MISSPELT_PLAN_REPLY)
+    assert str(caught.value).startswith("launch plan: launches[0].blok: unknown field 'blok'")
+    assert "did you mean 'block'" in str(caught.value)
 
 
-def test_getattr_launches_count():
-    assert launcher_kernel_calls("def launch(ks, x):\n    getattr(ks, 'a')(1, 1, x)\n") == ["a"]
+def test_a_plan_that_is_not_json_says_where():
+    with pytest.raises(UnusableReply, match=r"^launch plan: not valid JSON: .*line 1 column"):
+        parse_reply(f"```cuda\n{SOURCE}```\n```json\n{{'outputs': []}}\n```")
+    with pytest.raises(UnusableReply, match="^launch plan: the field 'launches' is missing"):
+        parse_reply(f"```cuda\n{SOURCE}```\n```json\n{{\"outputs\": []}}\n```")
+
+
+def test_an_expression_reaching_for_python_is_a_plan_error():
+    with pytest.raises(UnusableReply) as caught:
+        parse_reply(INJECTION_REPLY)
+    message = str(caught.value)
+    assert message.startswith("launch plan: launches[0].grid[0]: ")
+    assert "only the functions min, max, abs, ceil_div, len, defined may be called" in message
+
+
+@pytest.mark.parametrize("expression", [
+    "self.__class__", "open('/etc/passwd')", "(lambda: 1)()", "[c for c in 'ab']",
+    "rows.bit_length()", "2 ** 40"])
+def test_nothing_outside_the_grammar_gets_through(expression):
+    with pytest.raises(UnusableReply, match=r"^launch plan: launches\[0\]\.grid\[0\]: "):
+        parse_reply(f"```cuda\n{SOURCE}```\n```json\n"
+                    f"{json.dumps(with_launch(PLAN, grid=[expression]))}\n```")
 
 
 def test_kernel_declaration_forms():

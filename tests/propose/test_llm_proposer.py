@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import random
 import socket
@@ -11,14 +12,21 @@ import socket
 import pytest
 
 from kforge.core.candidate import EvalOutcome, EvalStatus, Proposal
+from kforge.core.launch_plan import parse_plan
 from kforge.core.mcts import Action
+from kforge.core.opcard import OpCard
 from kforge.core.protocols import Proposer, SearchContext
+from kforge.core.settings import LlmSection, SessionSettings, Settings
 from kforge.errors import KforgeError
 from kforge.propose.llm import LlmProposer, LlmSettings, Price, make_llm_proposer
+from kforge.propose.llm.prompt import EXAMPLE_PLAN
 from tests.fakes.llm_replies import (
     BROKEN_CODE_REPLY,
     BROKEN_SOURCE,
+    FLOAT32_ONLY_REPLY,
     GOOD_REPLY,
+    INJECTION_REPLY,
+    MISSPELT_PLAN_REPLY,
     NO_CODE_REPLY,
     SECRET_KEY,
     node,
@@ -76,7 +84,8 @@ async def make(server, sleeps):
 
 
 def assert_no_secret(proposal: Proposal, caplog: pytest.LogCaptureFixture | None = None) -> None:
-    texts = [proposal.error, *(repr(c.meta) + c.source + c.launcher for c in proposal.candidates)]
+    texts = [proposal.error,
+             *(repr(c.meta) + c.source + json.dumps(c.plan) for c in proposal.candidates)]
     texts += [f"{c.prompt}{c.reply}{c.error}" for c in proposal.calls]
     if caplog is not None:
         texts += [r.getMessage() for r in caplog.records]
@@ -88,7 +97,9 @@ async def test_a_good_reply_becomes_a_candidate_with_its_cost(server, make):
     proposal = await make().propose(request(Action.NEW))
     assert proposal.error == ""
     (candidate,) = proposal.candidates
-    assert "softmax_rows_f32" in candidate.source and candidate.launcher.startswith("def launch")
+    assert "softmax_rows_bf16" in candidate.source
+    assert candidate.plan == parse_plan(EXAMPLE_PLAN).to_dict()
+    assert candidate.meta["kernels"] == ["softmax_rows_bf16"]
     assert candidate.meta["proposer"] == "llm" and candidate.meta["model"] == MODEL
     assert candidate.meta["approach"] == "one block per row, two-pass reductions"
     (call,) = proposal.calls
@@ -150,7 +161,9 @@ async def test_refine_prompt_carries_the_parent_code_and_lineage(server, make):
     proposal = await make().propose(request(Action.REFINE, parent=parent, lineage=[first, parent]))
     sent = server.requests[0].text
     assert "# The parent kernel (node 8, refine)" in sent
-    assert "kernels.softmax_rows_f32((rows,), (256,)" in sent.split("# The parent kernel")[1]
+    parent_section = sent.split("# The parent kernel")[1]
+    assert '"kernel": "softmax_rows_bf16", "grid": ["rows"]' in parent_section
+    assert "def launch" not in sent
     assert "- node 3 (new)" in sent and "(improvement)" in sent
     assert proposal.candidates[0].meta["parent"] == 8
 
@@ -163,6 +176,52 @@ async def test_repair_prompt_carries_the_compile_log(server, make):
     proposal = await make().propose(request(Action.REPAIR, parent=parent))
     assert log in server.requests[0].text
     assert proposal.candidates[0].meta["action"] == "repair"
+
+
+async def test_a_malformed_plan_is_not_proposed_and_the_error_names_the_field(server, make):
+    server.add(chat_reply(MISSPELT_PLAN_REPLY))
+    proposal = await make().propose(request(Action.NEW))
+    assert proposal.candidates == []
+    assert proposal.error.startswith(
+        "unusable reply: launch plan: launches[0].blok: unknown field 'blok'")
+    assert proposal.calls[0].error == proposal.error
+
+
+async def test_an_expression_injection_is_refused_as_a_plan_error(server, make):
+    server.add(chat_reply(INJECTION_REPLY))
+    proposal = await make().propose(request(Action.NEW))
+    assert proposal.candidates == []
+    assert proposal.error.startswith("unusable reply: launch plan: launches[0].grid[0]: ")
+    assert "may be called" in proposal.error
+
+
+async def test_a_plan_using_an_unknown_name_is_refused_when_resolved(server, make):
+    lets = {"cols": "x.shape[-1]", "rows": "x.numel // cols"}
+    server.add(chat_reply(GOOD_REPLY.replace(json.dumps(EXAMPLE_PLAN["let"]), json.dumps(lets))))
+    proposal = await make().propose(request(Action.NEW))
+    assert proposal.candidates == []
+    assert proposal.error.startswith("unusable reply: launch plan: let.cols: ")
+    assert "unknown name 'x'" in proposal.error
+
+
+async def test_a_plan_that_does_not_cover_the_variant_is_not_proposed(server, make):
+    server.add(chat_reply(FLOAT32_ONLY_REPLY))
+    proposal = await make().propose(request(Action.NEW))
+    assert proposal.candidates == []
+    assert proposal.error == ("the launch plan does not cover this op variant: requires[0]: "
+                              "\"self.dtype == 'float32'\" is false for this variant")
+    assert proposal.calls[0].error == proposal.error and proposal.calls[0].usd > 0
+
+
+async def test_a_card_no_plan_can_be_given_is_declined_without_a_call(server, make):
+    x = {"t": "tensor", "shape": [4, 4], "stride": [4, 1], "dtype": "float32", "offset": 0}
+    card = OpCard(op="aten._softmax.default", args=[x])  # dim and half_to_float are missing
+    proposer = make()
+    reason = proposer.declines(card)
+    assert reason is not None and "needs argument 'dim'" in reason
+    proposal = await proposer.propose(dataclasses.replace(request(), card=card))
+    assert proposal.error == reason and proposal.calls == [] and server.requests == []
+    assert proposer.declines(request().card) is None
 
 
 async def test_rate_limit_honours_retry_after_then_succeeds(server, make, sleeps):
@@ -277,8 +336,9 @@ async def test_factory_reads_config_and_environment(server, monkeypatch):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("KFORGE_LLM_API_KEY", SECRET_KEY)
     server.add(chat_reply(GOOD_REPLY))
-    ctx = SearchContext(session_id=1, samples_dir=None, settings={"llm_model": "override"},
-                        config={"llm": {"base_url": server.base_url, "model": MODEL}})
+    ctx = SearchContext(session_id=1, samples_dir=None,
+                        settings=SessionSettings(llm_model="override"),
+                        config=Settings(llm=LlmSection(base_url=server.base_url, model=MODEL)))
     proposer = make_llm_proposer(ctx)
     try:
         assert isinstance(proposer, Proposer) and proposer.name == "llm"
@@ -294,6 +354,6 @@ async def test_factory_reads_config_and_environment(server, monkeypatch):
 def test_factory_without_an_endpoint_says_how_to_configure_one(monkeypatch):
     for name in ("KFORGE_LLM_BASE_URL", "OPENAI_BASE_URL"):
         monkeypatch.delenv(name, raising=False)
-    ctx = SearchContext(session_id=1, samples_dir=None, config={"llm": {"model": MODEL}})
+    ctx = SearchContext(session_id=1, samples_dir=None, config=Settings(llm=LlmSection(model=MODEL)))
     with pytest.raises(KforgeError, match="no LLM endpoint is configured"):
         make_llm_proposer(ctx)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from kforge.core.settings import Origin, Settings
 from kforge.errors import KforgeError
 from kforge.propose.llm.settings import (
     PLACEHOLDER_KEY,
@@ -14,11 +15,17 @@ from kforge.propose.llm.settings import (
 )
 
 
+def load_llm(config: dict, env: dict, model: str | None = None, **options) -> LlmSettings:
+    """The endpoint settings from a config file's tables, as kforge reads them."""
+    return load_llm_settings(Settings.from_dict(config, Origin("in config.toml")).llm, env, model,
+                             **options)
+
+
 def test_config_file_gives_every_setting():
     config = {"llm": {"base_url": "http://localhost:8000/v1", "model": "qwen", "api_key": "k-123456",
                       "timeout_s": 60, "max_retries": 5, "temperature": 0.4, "max_tokens": 4096,
                       "prices": {"qwen": {"input_per_mtok": 0.5, "output_per_mtok": 1.5}}}}
-    s = load_llm_settings(config, env={})
+    s = load_llm(config, env={})
     assert (s.base_url, s.model, s.api_key) == ("http://localhost:8000/v1", "qwen", "k-123456")
     assert (s.timeout_s, s.max_retries, s.temperature, s.max_tokens) == (60, 5, 0.4, 4096)
     assert s.prices == {"qwen": Price(0.5, 1.5)}
@@ -28,44 +35,44 @@ def test_kforge_env_wins_over_the_file():
     config = {"llm": {"model": "file-model", "base_url": "http://file/v1", "api_key": "k-file"}}
     env = {"KFORGE_LLM_MODEL": "env-model", "KFORGE_LLM_API_KEY": "k-env",
            "KFORGE_LLM_BASE_URL": "http://env/v1"}
-    s = load_llm_settings(config, env)
+    s = load_llm(config, env)
     assert (s.model, s.api_key, s.base_url) == ("env-model", "k-env", "http://env/v1")
 
 
 def test_openai_variables_only_fill_gaps():
     env = {"OPENAI_BASE_URL": "http://openai-env/v1", "OPENAI_API_KEY": "sk-openai"}
-    s = load_llm_settings({"llm": {"model": "m"}}, env)
+    s = load_llm({"llm": {"model": "m"}}, env)
     assert (s.base_url, s.api_key) == ("http://openai-env/v1", "sk-openai")
-    s = load_llm_settings({"llm": {"model": "m"}}, {"OPENAI_API_KEY": "sk-openai"})
+    s = load_llm({"llm": {"model": "m"}}, {"OPENAI_API_KEY": "sk-openai"})
     assert (s.base_url, s.api_key) == (None, "sk-openai")
 
 
 def test_the_openai_key_is_not_sent_to_a_server_configured_for_kforge():
-    s = load_llm_settings({"llm": {"model": "m", "base_url": "http://gpu-box:8000/v1"}},
+    s = load_llm({"llm": {"model": "m", "base_url": "http://gpu-box:8000/v1"}},
                           {"OPENAI_API_KEY": "sk-openai", "OPENAI_BASE_URL": "http://elsewhere/v1"})
     assert (s.base_url, s.api_key) == ("http://gpu-box:8000/v1", PLACEHOLDER_KEY)
 
 
 def test_session_setting_overrides_the_model():
-    s = load_llm_settings({"llm": {"model": "a", "api_key": "k"}}, {}, overrides={"llm_model": "b"})
+    s = load_llm({"llm": {"model": "a", "api_key": "k"}}, {}, model="b")
     assert s.model == "b"
 
 
 def test_local_server_needs_no_key():
-    s = load_llm_settings({"llm": {"base_url": "http://127.0.0.1:11434/v1", "model": "llama3"}}, {})
+    s = load_llm({"llm": {"base_url": "http://127.0.0.1:11434/v1", "model": "llama3"}}, {})
     assert s.api_key == PLACEHOLDER_KEY
     assert s.secrets == []
     assert s.token_limit_field == "max_tokens"
 
 
 def test_openai_itself_uses_the_new_token_limit_field():
-    assert load_llm_settings({"llm": {"model": "gpt", "api_key": "k"}}, {}).token_limit_field \
+    assert load_llm({"llm": {"model": "gpt", "api_key": "k"}}, {}).token_limit_field \
         == "max_completion_tokens"
 
 
 def test_no_key_and_no_endpoint_is_one_clear_error():
     with pytest.raises(KforgeError) as err:
-        load_llm_settings({"llm": {"model": "m"}}, {}, config_file="/home/u/.config/kforge/config.toml")
+        load_llm({"llm": {"model": "m"}}, {}, config_file="/home/u/.config/kforge/config.toml")
     message = str(err.value)
     assert "no LLM endpoint is configured" in message
     assert "api_key" in message and "base_url" in message and "config.toml" in message
@@ -74,19 +81,19 @@ def test_no_key_and_no_endpoint_is_one_clear_error():
 
 def test_no_model_is_an_error_naming_the_setting():
     with pytest.raises(KforgeError, match=r"\[llm\] model"):
-        load_llm_settings({"llm": {"api_key": "k"}}, {})
+        load_llm({"llm": {"api_key": "k"}}, {})
 
 
 @pytest.mark.parametrize("key,value", [("timeout_s", "slow"), ("timeout_s", 0), ("max_retries", -1),
                                        ("max_tokens", 1.5), ("temperature", True)])
 def test_bad_values_are_named(key, value):
     with pytest.raises(KforgeError, match=key):
-        load_llm_settings({"llm": {"api_key": "k", "model": "m", key: value}}, {})
+        load_llm({"llm": {"api_key": "k", "model": "m", key: value}}, {})
 
 
 def test_a_price_without_its_fields_is_an_error():
     with pytest.raises(KforgeError, match="output_per_mtok"):
-        load_llm_settings({"llm": {"api_key": "k", "model": "m",
+        load_llm({"llm": {"api_key": "k", "model": "m",
                                    "prices": {"m": {"input_per_mtok": 1}}}}, {})
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import pytest
 from kforge.core.candidate import Candidate, EvalOutcome, EvalStatus, LlmCall, Timing
 from kforge.errors import KforgeError
 from kforge.store import CardStatus, NodeStatus, SessionStatus, Store
+from kforge.store.events import CardUpdated, NodeAdded, NodeFinished, NodeUpdated
 from kforge.store.schema import LATEST
 from tests.doubles import sample_cards
 
@@ -71,8 +73,25 @@ async def test_node_lifecycle_records_outcome_cost_and_events(store: Store):
     assert detail.llm_calls[0]["usd"] == 0.25
     assert (await store.get_session(sid)).usd_spent == 0.25
     assert (await store.get_card(card.id)).best_speedup == 1.5
-    kinds = [e.kind for e in await store.events_since(start)]
-    assert kinds == ["node_added", "node_updated", "card_updated", "node_finished"]
+    records = [e.record for e in await store.events_since(start)]
+    assert [type(r) for r in records] == [NodeAdded, NodeUpdated, CardUpdated, NodeFinished]
+    assert records[2].changes == {"spent": 1, "best_node": node, "best_speedup": 1.5}
+    assert records[3] == NodeFinished(node, card.id, NodeStatus.OK, speedup=1.5)
+
+
+async def test_an_outcome_stored_with_the_restart_signal_in_extra_reads(tmp_path: Path):
+    path = tmp_path / "k.db"
+    async with await Store.open(path) as s:
+        sid = await make_session(s)
+        node = await s.add_node(sid, (await s.list_cards(sid))[0].id, None, "new")
+    old = {"status": "crash", "summary": "a kernel crashed", "extra": {"restart": True, "pid": 7}}
+    with sqlite3.connect(path) as raw:
+        raw.execute("INSERT INTO evaluations (node_id, outcome) VALUES (?, ?)",
+                    (node, json.dumps(old)))
+    raw.close()
+    async with await Store.open(path, create=False) as s:
+        outcome = (await s.get_node(node)).outcome
+    assert outcome.status is EvalStatus.CRASH and outcome.restart and outcome.extra == {"pid": 7}
 
 
 async def test_a_failed_change_leaves_nothing_behind(store: Store):
@@ -229,12 +248,12 @@ async def test_one_writer_and_several_readers_in_other_processes(tmp_path: Path)
         while True:
             for event in await reader.events_since(seq, session_id=sid):
                 seq = event.seq
-                if event.kind == "node_finished":
+                if isinstance(event.record, NodeFinished):
                     # every event a reader sees refers to fully committed state
-                    detail = await reader.get_node(event.data["node_id"])
+                    detail = await reader.get_node(event.record.node_id)
                     assert detail.row.status == NodeStatus.OK
                     assert detail.outcome is not None
-                    seen.append(event.data["node_id"])
+                    seen.append(event.record.node_id)
             if len(seen) == n:
                 return seen
             await asyncio.sleep(0.01)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from kforge.core.settings import SearchSettings, Settings
 from kforge.engine.engine import Engine
-from kforge.engine.settings import SearchSettings
 from kforge.store import SessionStatus, Store
 from kforge_tui.screens.dialogs import Confirm
 from kforge_tui.screens.session import SessionScreen
@@ -54,7 +54,8 @@ async def test_pause_without_an_engine_says_so_and_offers_to_resume(fixture_db):
 
 async def test_remapped_keys_work_and_bad_entries_are_reported(fixture_db):
     db, ids = fixture_db
-    config = {"keys": {"prune": "z", "no_such_thing": "y", "diff": "ctrl+enter"}}
+    config = Settings.from_dict({"keys": {"prune": "z", "no_such_thing": "y",
+                                          "diff": "ctrl+enter"}})
     app = make_app(db, config=config)
     async with app.run_test(size=(80, 24)) as pilot:
         screen = await open_first_session(pilot)

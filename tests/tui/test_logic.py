@@ -1,5 +1,5 @@
-"""The TUI's pure parts: the node model, event folding, command routing, the new-session form,
-GPU detection, key maps, diffs, themes and the CUDA highlight query."""
+"""The TUI's pure parts: the node model, event folding, the new-session form and the kforge
+subprocess's JSON answer, GPU detection, key maps, diffs, themes and the CUDA highlight query."""
 
 from __future__ import annotations
 
@@ -11,12 +11,23 @@ import pytest
 from tree_sitter import Parser, Query, QueryCursor
 
 from kforge.core.candidate import Candidate
+from kforge.core.settings import KeyBindings
 from kforge.errors import KforgeError
-from kforge.store import CommandKind
-from kforge.store.records import Event, NodeRow
+from kforge.store.events import (
+    CommandDone,
+    Event,
+    EventRecord,
+    LogLine,
+    NodeAdded,
+    NodeDeleted,
+    NodeFinished,
+    NodePruned,
+    SessionDeleted,
+    UnknownEvent,
+)
+from kforge.store.records import NodeRow
 from kforge_tui.config.keymap import unsendable, user_keymap
 from kforge_tui.config.themes import SYNTAX_ROLES, load_themes, shipped_dir
-from kforge_tui.control import Route, route
 from kforge_tui.diffing import candidate_diff, line_kind
 from kforge_tui.follow import fold
 from kforge_tui.highlight import (
@@ -28,10 +39,10 @@ from kforge_tui.highlight import (
 from kforge_tui.launch import (
     NewSession,
     failure_message,
+    json_answer,
     parse_nvidia_smi,
     run_kforge,
     search_argv,
-    session_from_output,
 )
 from kforge_tui.search_model import NodeFilter, SearchModel
 from tests.tui.fixtures import KERNEL
@@ -72,38 +83,28 @@ def test_model_filters_keep_the_path_to_each_match_and_pruning_covers_subtrees()
     assert model.visible(1, NodeFilter.IMPROVED) == set()  # all at 1.0x: none faster
 
 
-def event(seq: int, kind: str, **data) -> Event:
-    return Event(seq=seq, session_id=1, kind=kind, data=data, at=0.0)
+def events(*records: EventRecord) -> list[Event]:
+    return [Event(seq=seq, session_id=1, at=0.0, record=r) for seq, r in enumerate(records, 1)]
 
 
 def test_fold_turns_events_into_the_reads_that_catch_up():
-    got = fold([event(1, "node_added", node_id=7), event(2, "node_finished", node_id=7),
-                event(3, "node_added", node_id=8), event(4, "node_deleted", node_id=8),
-                event(5, "log", level="warning", message="slow"),
-                event(6, "command_done", command_id=1, result="paused")])
+    got = fold(events(NodeAdded(7, 1, None, "new"), NodeFinished(7, 1, "ok", 1.2),
+                      NodeAdded(8, 1, 7, "refine"), NodeDeleted(8, 1),
+                      LogLine("slow", level="warning"), CommandDone(1, "paused")))
     assert got.nodes == {7} and got.deleted == {8} and got.state
     assert got.log[0].endswith("WARNING: slow") and got.results == ["paused"]
-    assert fold([event(1, "session_deleted")]).gone
-    assert not fold([event(1, "node_pruned", node_id=3)]).state
-
-
-@pytest.mark.parametrize(("kind", "alive", "expected"), [
-    (CommandKind.PAUSE, True, Route.ENGINE), (CommandKind.PRUNE, True, Route.ENGINE),
-    (CommandKind.PRUNE, False, Route.DIRECT), (CommandKind.FOCUS, False, Route.DIRECT),
-    (CommandKind.PAUSE, False, Route.NO_ENGINE), (CommandKind.STOP, False, Route.NO_ENGINE),
-    (CommandKind.RESUME, False, Route.NO_ENGINE),
-])
-def test_commands_go_to_the_engine_or_the_store(kind, alive, expected):
-    assert route(kind, alive) is expected
+    assert fold(events(SessionDeleted())).gone
+    assert not fold(events(NodePruned(3, 1, True))).state
+    assert fold(events(UnknownEvent("from_a_newer_kforge", {"x": 1}))).state
 
 
 def test_new_session_form_becomes_a_checked_kforge_command(tmp_path: Path):
     db = tmp_path / "k.db"
     argv = search_argv(NewSession("resnet50", "float16", "llm", "12", "2.5", "30m"), db)
     assert argv[:3] == [sys.executable, "-m", "kforge"]
-    assert argv[3:] == ["search", "resnet50", "--db", str(db), "--detach", "--dtype", "float16",
-                        "--proposer", "llm", "--iterations", "12", "--usd", "2.5",
-                        "--time", "30m"]
+    assert argv[3:] == ["search", "resnet50", "--db", str(db), "--detach", "--json",
+                        "--dtype", "float16", "--proposer", "llm", "--iterations", "12",
+                        "--usd", "2.5", "--time", "30m"]
     factory = tmp_path / "net.py"
     factory.write_text("def build(): ...\n")
     assert f"{factory}:build" in search_argv(NewSession(f"{factory}:build"), db)
@@ -116,16 +117,25 @@ def test_new_session_form_becomes_a_checked_kforge_command(tmp_path: Path):
             search_argv(bad, db)
 
 
-async def test_kforge_subprocess_lines_stream_and_failures_read_as_one_line():
+async def test_kforge_subprocess_streams_stderr_and_answers_with_stdout_json():
     seen: list[str] = []
-    script = "import sys; print('profiled m into session 7'); sys.stderr.write('half\\r')"
-    lines = await run_kforge([sys.executable, "-c", script], seen.append)
-    assert seen == lines == ["profiled m into session 7", "half"]
-    assert session_from_output(lines) == 7
-    failing = "import sys; print('step'); print('kforge: no GPU here'); sys.exit(1)"
+    script = ("import sys; sys.stderr.write('profiling: 1/2\\nhalf\\r'); "
+              "print('{\"session\": 7, \"status\": \"ready\"}')")
+    answer = await run_kforge([sys.executable, "-c", script], seen.append)
+    assert seen == ["profiling: 1/2", "half"]
+    assert answer == {"session": 7, "status": "ready"}
+    failing = ("import sys; sys.stderr.write('step\\nkforge: no GPU here\\n'); "
+               "sys.exit(1)")
     with pytest.raises(KforgeError, match="^no GPU here$"):
         await run_kforge([sys.executable, "-c", failing], seen.append)
     assert failure_message(["boom"], 2) == "kforge exited with code 2: boom"
+
+
+@pytest.mark.parametrize("stdout", ["", "stored as session 3\n", "[3]", '{"status": "ready"}',
+                                    '{"session": "3"}', '{"session": 3}\n{"session": 4}'])
+def test_an_answer_that_names_no_session_is_one_clear_error(stdout):
+    with pytest.raises(KforgeError, match="^kforge answered without naming a session"):
+        json_answer(stdout)
 
 
 def test_gpu_detection_reads_nvidia_smi():
@@ -136,10 +146,13 @@ def test_gpu_detection_reads_nvidia_smi():
 
 
 def test_keymap_keeps_known_sendable_keys_only():
-    keymap, problems = user_keymap({"keys": {"prune": "z", "diff": "ctrl+enter", "nope": "a",
-                                             "best": 3}}, {"prune", "diff", "best"})
+    keys = KeyBindings({"prune": "z", "diff": "ctrl+enter", "prnue": "a", "zzz": "b"})
+    keymap, problems = user_keymap(keys, {"prune", "diff", "best"})
     assert keymap == {"prune": "z"}
-    assert len(problems) == 3
+    assert problems == ["[keys] diff: terminals cannot send ctrl+enter; pick another key",
+                        "[keys] prnue: no such binding (did you mean prune? press ? to see the "
+                        "ids)",
+                        "[keys] zzz: no such binding (press ? to see the ids)"]
     assert unsendable("x,ctrl+shift+p") == "ctrl+shift+p" and unsendable("ctrl+p,G") is None
 
 

@@ -10,6 +10,14 @@ from typing import Any
 
 import torch
 
+from kforge.core.argspec import (
+    ArgSpecError,
+    bind,
+    decode,
+    dtype_name,
+    resolve_op,
+    torch_dtype,
+)
 from kforge.core.opcard import DTYPE_BYTES, OpCard
 
 # Storage types the library computes with (always accumulating in float).
@@ -39,8 +47,7 @@ class TensorArg:
 
     @classmethod
     def from_tensor(cls, t: torch.Tensor) -> TensorArg:
-        return cls(tuple(t.shape), tuple(t.stride()), str(t.dtype).removeprefix("torch."),
-                   t.storage_offset())
+        return cls(tuple(t.shape), tuple(t.stride()), dtype_name(t.dtype), t.storage_offset())
 
     @property
     def ndim(self) -> int:
@@ -65,11 +72,6 @@ class TensorArg:
         require_float(self)
         return FLOAT_CTYPES[self.dtype]
 
-    @property
-    def torch_dtype(self) -> str:
-        """The dtype as launcher source text, e.g. ``torch.bfloat16``."""
-        return f"torch.{self.dtype}"
-
     def describe(self) -> str:
         dims = ",".join(str(d) for d in self.shape)
         return f"{_SHORT.get(self.dtype, self.dtype)}[{dims}]"
@@ -90,54 +92,24 @@ def contiguous_strides(shape: tuple[int, ...] | list[int]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def decode(spec: Any) -> Any:
-    """An arg spec as a value: tensors become ``TensorArg``, lists lists, dtypes ``torch.dtype``."""
-    if isinstance(spec, dict):
-        kind = spec.get("t")
-        if kind == "tensor":
-            return TensorArg.from_spec(spec)
-        if kind == "list":
-            return [decode(item) for item in spec["items"]]
-        if kind == "dtype":
-            return getattr(torch, spec["v"])
-        if kind == "device":
-            return torch.device(spec["v"])
-        if kind == "layout":
-            return getattr(torch, spec["v"])
-        if kind == "memory_format":
-            return getattr(torch, spec["v"])
-        raise Declined(f"an argument of kind {kind!r} is not supported")
-    if isinstance(spec, (list, tuple)):
-        return [decode(item) for item in spec]
-    return spec
-
-
 @dataclass(frozen=True)
 class Call:
-    """One card's call, decoded: ``args`` and ``kwargs`` as values, and eager's outputs."""
+    """One card's call, decoded: ``args`` and ``kwargs`` as passed, eager's outputs, and
+    ``bound``, every argument by its schema name (defaults filled in)."""
 
     op: str
     args: list
     kwargs: dict
     outputs: tuple[TensorArg, ...]
+    bound: dict[str, Any]
 
     def value(self, index: int) -> Any:
         """Argument ``index`` of the op's schema, passed by position or keyword, or its default."""
-        if index < len(self.args):
-            return self.args[index]
-        argument = resolve_op(self.op)._schema.arguments[index]
-        if argument.name in self.kwargs:
-            return self.kwargs[argument.name]
-        return argument.default_value if argument.has_default_value() else None
+        return self.bound[self.arg_name(index)]
 
-    def source(self, index: int) -> str:
-        """Launcher text that reads argument ``index`` as the op received it."""
-        if index < len(self.args):
-            return f"args[{index}]"
-        name = resolve_op(self.op)._schema.arguments[index].name
-        if name not in self.kwargs:
-            raise ValueError(f"argument {name} of {self.op} was not passed")
-        return f"kwargs[{name!r}]"
+    def arg_name(self, index: int) -> str:
+        """The schema name of argument ``index``: how a launch plan refers to it."""
+        return resolve_op(self.op)._schema.arguments[index].name
 
     def tensor(self, index: int, what: str) -> TensorArg:
         value = self.value(index)
@@ -145,21 +117,25 @@ class Call:
             raise Declined(f"{what} is not a tensor")
         return value
 
+    def float_tensor(self, index: int, what: str) -> TensorArg:
+        """Argument ``index`` as the library computes on it: a non-empty float tensor."""
+        value = self.tensor(index, what)
+        require_float(value)
+        if value.numel == 0:
+            raise Declined(f"{what} is empty")
+        return value
+
 
 def read_call(card: OpCard) -> Call:
-    args = [decode(a) for a in card.args]
-    kwargs = {k: decode(v) for k, v in card.kwargs.items()}
-    return Call(card.op, args, kwargs, eager_outputs(card.op, args, kwargs))
-
-
-def resolve_op(op: str) -> torch._ops.OpOverload:
-    parts = op.split(".")
-    if len(parts) != 3 or parts[0] != "aten":
-        raise Declined(f"{op} is not an aten operator overload")
+    """The card's call with tensors as ``TensorArg``, lists as lists, dtypes as ``torch.dtype``."""
     try:
-        return getattr(getattr(torch.ops.aten, parts[1]), parts[2])
-    except AttributeError:
-        raise Declined(f"this PyTorch has no operator {op}") from None
+        bound = {name: decode(spec, TensorArg.from_spec, make_list=list)
+                 for name, spec in bind(card.op, card.args, card.kwargs).items()}
+        args = list(bound.values())[:len(card.args)]
+        kwargs = {name: bound[name] for name in card.kwargs}
+        return Call(card.op, args, kwargs, eager_outputs(card.op, args, kwargs), bound)
+    except ArgSpecError as exc:
+        raise Declined(str(exc)) from None
 
 
 def eager_outputs(op: str, args: list, kwargs: dict) -> tuple[TensorArg, ...]:
@@ -169,8 +145,8 @@ def eager_outputs(op: str, args: list, kwargs: dict) -> tuple[TensorArg, ...]:
         if isinstance(value, TensorArg):
             if any(s < 0 for s in value.stride):
                 raise Declined("negative strides are not supported")
-            dtype = getattr(torch, value.dtype)
-            return torch.empty_strided(value.shape, value.stride, dtype=dtype, device="meta")
+            return torch.empty_strided(value.shape, value.stride, dtype=torch_dtype(value.dtype),
+                                       device="meta")
         if isinstance(value, list):
             return [to_meta(v) for v in value]
         if isinstance(value, torch.device):

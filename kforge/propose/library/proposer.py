@@ -22,7 +22,7 @@ from kforge.core.opcard import OpCard
 from kforge.core.protocols import NodeView, ProposalRequest
 from kforge.propose.library.cards import Declined, read_call
 from kforge.propose.library.families import BY_OP
-from kforge.propose.library.families.base import LAUNCHER_HELPERS, Family, Variant
+from kforge.propose.library.families.base import Family, Variant
 from kforge.propose.library.space import Params, point_key
 
 
@@ -90,8 +90,7 @@ def build_candidate(plan: Plan, variant: Variant, params: Params, gpu: GpuInfo, 
     kernel = plan.family.render(plan.problem, variant.approach, params, gpu)
     meta = {"family": plan.family.name, "approach": variant.approach, "params": dict(params),
             "op": card.op, "notes": f"{variant.summary}; {note}"}
-    return Candidate(source=plan.family.source(kernel), launcher=LAUNCHER_HELPERS + kernel.launcher,
-                     meta=meta)
+    return Candidate(source=plan.family.source(kernel), meta=meta, plan=kernel.plan)
 
 
 class LibraryProposer:

@@ -1,24 +1,24 @@
-"""Turn a model's reply into candidate parts: the CUDA source, the Python launcher, a name for the
+"""Turn a model's reply into candidate parts: the CUDA source, the launch plan, a name for the
 approach and the model's notes.
 
 Replies are messy: prose around the code, fences without a language, several drafts, reasoning in
 ``<think>`` sections, a fence cut off when the reply hit its token limit. The parser takes the last
-launcher that defines ``launch`` (checked with ``ast``; nothing is executed) and the last CUDA block
-declaring the ``extern "C" __global__`` kernels that launcher calls. Whether the code compiles or is
-correct is the evaluator's question, not this module's.
+JSON block that is a well-formed launch plan (``kforge.core.launch_plan.parse_plan``: data checked
+against a closed grammar, never run) and the last CUDA block declaring the ``extern "C"
+__global__`` kernels that plan launches. Whether the plan covers the card's variant is the
+proposer's question; whether the code compiles or is correct is the evaluator's.
 """
 
 from __future__ import annotations
 
-import ast
 import re
 from dataclasses import dataclass
 
+from kforge.core.launch_plan import LaunchPlan, PlanError, parse_plan
 from kforge.propose.llm.text import one_line
 
 SOURCE_TAGS = frozenset({"cuda", "cu", "cuh", "cpp", "c++", "cxx", "cc", "c", "h", "hpp"})
-LAUNCHER_TAGS = frozenset({"python", "py", "python3", "py3"})
-LAUNCH = "launch"
+PLAN_TAGS = frozenset({"json", "jsonc", "json5"})
 APPROACH_CHARS = 80
 NOTES_CHARS = 600
 
@@ -30,12 +30,11 @@ _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 _FUNCTION = re.compile(r"\bvoid\s+(?:__launch_bounds__\s*\([^()]*\)\s*)?([A-Za-z_]\w*)\s*\(")
 _EXTERN_C = re.compile(r'extern\s+"C"')
 _EXTERN_C_BLOCK = re.compile(r'extern\s+"C"\s*\{')
-_DEFINES_LAUNCH = re.compile(rf"^def\s+{LAUNCH}\s*\(", re.M)
 _APPROACH = re.compile(r"^[\s*_#>`-]*approach[\s*_`]*:[\s*_`]*(?P<name>.+?)[\s*_`]*$", re.I | re.M)
 
 
 class UnusableReply(ValueError):
-    """The reply holds no usable candidate; the message says what is missing."""
+    """The reply holds no usable candidate; the message says what is missing or wrong."""
 
 
 @dataclass(frozen=True)
@@ -47,8 +46,8 @@ class CodeBlock:
 @dataclass(frozen=True)
 class ParsedReply:
     source: str
-    launcher: str
-    kernels: list[str]  # the extern "C" kernels the launcher calls
+    plan: dict  # the launch plan in canonical form (``LaunchPlan.to_dict``)
+    kernels: list[str]  # the extern "C" kernels the plan launches
     approach: str
     notes: str
 
@@ -63,14 +62,20 @@ def parse_reply(text: str) -> ParsedReply:
         if _THINK_OPEN.search(text) and not _THINK_CLOSE.search(text):
             raise UnusableReply("the reply ended inside its <think> section, before any code")
         raise UnusableReply("the reply has no code block")
-    launcher, calls = _pick_launcher([b.code for b in blocks if _is_launcher(b)])
-    source = _pick_source([b.code for b in blocks if _is_source(b)], calls)
+    plan = _pick_plan([b.code for b in blocks if _is_plan(b)])
+    kernels = list(plan.kernel_names())
+    source = _pick_source([b.code for b in blocks if _is_source(b)], kernels)
     approach_match = _APPROACH.search(prose)
     approach = approach_match.group("name").strip() if approach_match else ""
     notes = _APPROACH.sub("", prose) if approach_match else prose
-    return ParsedReply(source=source, launcher=launcher, kernels=calls,
+    return ParsedReply(source=source, plan=plan.to_dict(), kernels=kernels,
                        approach=one_line(approach, APPROACH_CHARS),
                        notes=one_line(notes, NOTES_CHARS))
+
+
+def plan_error_text(error: PlanError) -> str:
+    """A plan error as one line starting ``launch plan:``, then the field at fault."""
+    return f"launch plan: {error}" if error.path else str(error)
 
 
 def strip_reasoning(text: str) -> str:
@@ -125,83 +130,51 @@ def extern_c_kernels(source: str) -> list[str]:
     return names
 
 
-def launcher_kernel_calls(launcher: str) -> list[str]:
-    """Names the launcher reaches on its kernels object (``kernels.NAME`` or
-    ``getattr(kernels, "NAME")``), in order; UnusableReply when it defines no ``launch``."""
-    try:
-        tree = ast.parse(launcher)
-    except SyntaxError as exc:
-        raise UnusableReply(f"the launcher is not valid Python (line {exc.lineno}: {exc.msg})") from None
-    launch = next((node for node in tree.body
-                   if isinstance(node, ast.FunctionDef) and node.name == LAUNCH), None)
-    if launch is None:
-        raise UnusableReply("the Python block does not define launch(kernels, *args, **kwargs)")
-    params = launch.args.posonlyargs + launch.args.args
-    if not params:
-        raise UnusableReply("launch() must take the compiled kernels as its first parameter")
-    kernels = params[0].arg
-    names: list[str] = []
-    for node in ast.walk(launch):
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
-                and node.value.id == kernels:
-            names.append(node.attr)
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-              and node.func.id == "getattr" and len(node.args) >= 2
-              and isinstance(node.args[0], ast.Name) and node.args[0].id == kernels
-              and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
-            names.append(node.args[1].value)
-    if not names:
-        raise UnusableReply(
-            f"launch() never launches a kernel (expected {kernels}.NAME(grid, block, ...))")
-    return list(dict.fromkeys(names))
-
-
-def _pick_launcher(candidates: list[str]) -> tuple[str, list[str]]:
-    """The last launcher block that is usable, with the kernels it calls; the last block's
-    problem when none is."""
+def _pick_plan(candidates: list[str]) -> LaunchPlan:
+    """The last block that is a well-formed launch plan; the last block's problem when none is."""
     if not candidates:
-        raise UnusableReply("the reply has no Python launcher block defining launch()")
-    problem: UnusableReply | None = None
+        raise UnusableReply("the reply has no ```json block with the launch plan")
+    problem: PlanError | None = None
     for code in reversed(candidates):
         try:
-            return code, launcher_kernel_calls(code)
-        except UnusableReply as exc:
+            return parse_plan(code)
+        except PlanError as exc:
             problem = problem or exc
     assert problem is not None
-    raise problem
+    raise UnusableReply(plan_error_text(problem))
 
 
-def _pick_source(candidates: list[str], calls: list[str]) -> str:
-    """The last CUDA block declaring every kernel the launcher calls."""
+def _pick_source(candidates: list[str], kernels: list[str]) -> str:
+    """The last CUDA block declaring every kernel the plan launches."""
     if not candidates:
         raise UnusableReply("the reply has no CUDA source block")
     declared_anywhere: list[str] = []
     for code in reversed(candidates):
         declared = extern_c_kernels(code)
-        if set(calls) <= set(declared):
+        if set(kernels) <= set(declared):
             return code
         declared_anywhere += declared
     if not declared_anywhere:
         raise UnusableReply('the CUDA source declares no extern "C" __global__ kernel')
-    missing = [name for name in calls if name not in declared_anywhere]
+    missing = [name for name in kernels if name not in declared_anywhere]
     if not missing:
-        raise UnusableReply(f"the kernels the launcher calls ({', '.join(calls)}) are spread over "
-                            "several CUDA blocks: one block must hold the complete source")
+        raise UnusableReply(f"the kernels the plan launches ({', '.join(kernels)}) are spread "
+                            "over several CUDA blocks: one block must hold the complete source")
     declared = ", ".join(dict.fromkeys(declared_anywhere))
-    raise UnusableReply(f'the launcher calls {", ".join(missing)}, which no CUDA block declares '
+    raise UnusableReply(f'the plan launches {", ".join(missing)}, which no CUDA block declares '
                         f'extern "C" __global__ (declared: {declared})')
 
 
-def _is_launcher(block: CodeBlock) -> bool:
-    if block.tag in LAUNCHER_TAGS:
+def _is_plan(block: CodeBlock) -> bool:
+    if block.tag in PLAN_TAGS:
         return True
-    return block.tag not in SOURCE_TAGS and _DEFINES_LAUNCH.search(block.code) is not None
+    return block.tag not in SOURCE_TAGS and block.code.lstrip().startswith("{")
 
 
 def _is_source(block: CodeBlock) -> bool:
     if block.tag in SOURCE_TAGS:
         return True
-    return block.tag not in LAUNCHER_TAGS and "__global__" in block.code
+    return block.tag not in PLAN_TAGS and "__global__" in block.code
 
 
 def _matching_brace(code: str, open_at: int) -> int:
@@ -214,4 +187,3 @@ def _matching_brace(code: str, open_at: int) -> int:
             if depth == 0:
                 return i
     return len(code)
-

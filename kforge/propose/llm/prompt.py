@@ -1,5 +1,6 @@
-"""The prompts sent to the model: a fixed system prompt teaching the candidate format, and a user
-prompt describing one request (the op card, the GPU, the parent kernel and what the search learned).
+"""The prompts sent to the model: a fixed system prompt teaching the candidate format (CUDA source
+and launch plan), and a user prompt describing one request (the op card as a plan sees it, the GPU,
+the parent kernel and what the search learned).
 
 Pure text building: the same request always gives the same prompt.
 """
@@ -10,10 +11,12 @@ import json
 
 from kforge.core.candidate import EvalOutcome, EvalStatus
 from kforge.core.gpu import GpuInfo
+from kforge.core.launch_plan import ArgValue, TensorMeta
 from kforge.core.mcts import Action
 from kforge.core.opcard import OpCard, is_contiguous
 from kforge.core.protocols import NodeView, ProposalRequest
 from kforge.propose.llm.text import head_and_tail, one_line
+from kforge.propose.llm.variant import variant_view
 
 COMPILE_LOG_CHARS = 6000  # a repair needs the first errors; later ones are mostly knock-on
 REPORT_CHARS = 1500  # ptxas' register and spill report of a working kernel
@@ -44,65 +47,128 @@ __device__ float block_reduce(float v, float* scratch) {
     return v;
 }
 
-// One block per row of a contiguous [rows, cols] float tensor.
-extern "C" __global__ void softmax_rows_f32(const float* __restrict__ x, float* __restrict__ out,
-                                            int rows, int cols) {
+// One block per row of a contiguous [rows, cols] bfloat16 tensor, accumulating in float.
+extern "C" __global__ void softmax_rows_bf16(const __nv_bfloat16* __restrict__ x,
+                                             __nv_bfloat16* __restrict__ out, int rows, int cols) {
     __shared__ float scratch[32];
     if (blockIdx.x >= rows) return;
-    const float* in = x + (long long)blockIdx.x * cols;
-    float* dst = out + (long long)blockIdx.x * cols;
+    const __nv_bfloat16* in = x + (long long)blockIdx.x * cols;
+    __nv_bfloat16* dst = out + (long long)blockIdx.x * cols;
     float row_max = -INFINITY;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) row_max = fmaxf(row_max, in[c]);
+    for (int c = threadIdx.x; c < cols; c += blockDim.x)
+        row_max = fmaxf(row_max, __bfloat162float(in[c]));
     row_max = block_reduce<true>(row_max, scratch);
     float sum = 0.0f;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) sum += expf(in[c] - row_max);
+    for (int c = threadIdx.x; c < cols; c += blockDim.x)
+        sum += expf(__bfloat162float(in[c]) - row_max);
     const float inv_sum = 1.0f / block_reduce<false>(sum, scratch);
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) dst[c] = expf(in[c] - row_max) * inv_sum;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x)
+        dst[c] = __float2bfloat16(expf(__bfloat162float(in[c]) - row_max) * inv_sum);
 }
 """
 
-EXAMPLE_LAUNCHER = """def launch(kernels, *args, **kwargs):
-    x, dim, half_to_float = args  # exactly the aten op's arguments
-    cols = x.shape[-1]
-    rows = x.numel() // cols
-    out = torch.empty_like(x)
-    kernels.softmax_rows_f32((rows,), (256,), x, out, np.int32(rows), np.int32(cols), shared_mem=0)
-    return out  # exactly what the aten op returns
-"""
+EXAMPLE_PLAN = {
+    "let": {"cols": "self.shape[-1]", "rows": "self.numel // cols"},
+    "requires": ["self.dtype == 'bfloat16'", "self.is_contiguous", "self.numel > 0",
+                 "dim == -1 or dim == self.dim - 1", "not half_to_float"],
+    "outputs": [{"name": "out", "like": "self"}],
+    "launches": [{"kernel": "softmax_rows_bf16", "grid": ["rows"], "block": [256],
+                  "params": [{"ptr": "self"}, {"ptr": "out"}, {"i32": "rows"}, {"i32": "cols"}]}],
+}
+
+
+def plan_json(plan: dict) -> str:
+    """A plan as compact JSON for a prompt: one line per field, and per item of a list of
+    objects (outputs, scratch buffers, launches)."""
+
+    def compact(value: object) -> str:
+        return json.dumps(value, separators=(", ", ": "))
+
+    fields = []
+    for key, value in plan.items():
+        if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            items = ",\n".join(f"    {compact(v)}" for v in value)
+            fields.append(f"  {compact(key)}: [\n{items}\n  ]")
+        else:
+            fields.append(f"  {compact(key)}: {compact(value)}")
+    return "{\n" + ",\n".join(fields) + "\n}"
+
 
 REPLY_FORMAT = """Reply with, in this order:
 1. one line `Approach: <a few words naming the technique>`;
 2. one ```cuda block with the complete CUDA source;
-3. one ```python block with the complete launcher.
-A few lines of notes may follow. Always send complete code, never a diff or an excerpt."""
+3. one ```json block with the complete launch plan.
+A few lines of notes may follow. Always send the complete source and plan, never a diff or an \
+excerpt."""
+
+PLAN_FORMAT = """The launch plan is a JSON object that kforge checks and interprets itself: no \
+host code of yours runs. It covers exactly the variant shown (shapes, dtypes, strides, scalar \
+arguments) and is evaluated once for it. Arguments are named by the operator's schema (shown in \
+the task: `self`, `dim`, `weight`, `eps`, ...). Unknown fields are errors.
+- "let": {"name": expr, ...}, evaluated in order; each may use arguments and earlier lets, and \
+may not reuse an argument's name.
+- "requires": [bool expr, ...]: every assumption your kernels make (dtype, contiguity, the \
+reduced dimension, sizes that divide evenly). If one is false the candidate is not used. Order \
+them so that later ones only matter where earlier ones hold.
+- "outputs": what the op returns, in its return order, each one of
+  {"name": N, "like": ARG}: a new tensor with tensor argument ARG's shape, dtype and (dense) \
+strides;
+  {"name": N, "shape": [expr, ...], "dtype": "float32", "stride": [expr, ...]}: a new tensor; \
+"dtype" is a dtype name or an expression such as "self.dtype"; "stride" is optional \
+(default contiguous);
+  {"name": N, "arg": ARG}: the op returns tensor argument ARG itself (in-place ops, out= variants).
+  New outputs must have eager's shapes, dtypes and strides (shown in the task).
+- "scratch": [{"name": N, "bytes": expr, "zero": true}, ...]: global memory for one call, \
+16-byte aligned; "zero": true zero-fills it first.
+- "launches": 1 to 64 launches, run in order on one stream, each {"kernel": NAME, \
+"grid": [expr, ...], "block": [expr, ...], "shared_mem": expr, "params": [...]}: 1 to 3 grid and \
+block dimensions (missing ones are 1), dynamic shared memory in bytes (default 0). Optionally \
+"align": A with "unaligned_kernel": NAME2: on a call where a pointer parameter of the launch is \
+not a multiple of A bytes, NAME2 runs instead.
+- "params": the kernel's parameters in order, each an object with one key: {"ptr": NAME} for a \
+tensor argument, output or scratch buffer (an element of a list argument: "tensors[1]"; an \
+optional argument that is None passes a null pointer), or a scalar typed as the kernel declares \
+it: "i32" (int), "u32" (unsigned), "i64" (long long, int64_t), "u64", "f32" (float), "f64" \
+(double), "bool", e.g. {"i32": "rows"}.
+- "returns": "single" (the default for one output), "tuple" (the default for several) or "list".
+
+Expressions are strings (a JSON number is fine too) in a small closed grammar:
+- literals: ints, floats, True, False, None, 'strings' (to compare with dtype names); names: the \
+arguments and lets;
+- tensor attributes, without (): x.shape[i], x.stride[i] (negative i counts from the end), \
+x.numel, x.dim, x.itemsize, x.offset (storage offset in elements), x.is_contiguous, x.dtype (a \
+name such as 'bfloat16'); list arguments index as normalized_shape[0] or tensors[1].shape[0];
+- operators: + - * // % and / (gives a float), unary -, not, and, or, == != < <= > >= \
+(chainable), is None, is not None, a if cond else b;
+- functions: min, max, abs, ceil_div(a, b), len(list), defined(x) (x is not None);
+- types are strict: conditions need bools; grid, block, sizes, strides and byte counts need ints \
+(write cols // 4, not cols / 4);
+- nothing else: no **, no bit operators, no method calls or other attributes and functions, no \
+imports, comprehensions or list literals.
+
+Limits: at most 1024 threads per block, block at most (1024, 1024, 64), grid at most \
+(2^31-1, 65535, 65535), shared memory at most 227 KiB (above 48 KiB is opted into for you), \
+scalars within their type's range. A plan breaking a rule is refused with the path of the field at \
+fault, such as `launches[0].grid[0]`."""
 
 SYSTEM_PROMPT = f"""You are an expert CUDA performance engineer. You write a kernel that replaces one \
 PyTorch aten operator call, for the exact shapes, dtypes and strides given, on the GPU described. \
 It must compute exactly what the operator computes, and be as fast as the hardware allows.
 
 # The candidate format
-A candidate has two parts.
+A candidate has two parts: CUDA source and a launch plan.
 
 CUDA source, compiled with NVRTC for the GPU's architecture:
-- Kernels the launcher calls are declared `extern "C" __global__`. Templates are fine inside; \
+- Kernels the plan launches are declared `extern "C" __global__`. Templates are fine inside; \
 instantiate them through `extern "C"` wrappers.
 - Do not #include anything. A prelude already includes cuda_fp16.h and cuda_bf16.h and defines \
 INFINITY, NAN, FLT_MAX, FLT_MIN and the fixed-width integer types (int32_t, uint64_t, ...).
 - half is `__half` (__half2float, __float2half), bfloat16 is `__nv_bfloat16` (__bfloat162float, \
 __float2bfloat16). Accumulate reductions of half and bfloat16 data in float.
+- A tensor parameter points at the tensor's first element (storage offset included); index it \
+with the strides shown.
 
-Python launcher, defining `launch(kernels, *args, **kwargs)`:
-- It receives exactly the aten operator's arguments and returns exactly what the operator returns: \
-a tensor or tuple of tensors with eager PyTorch's shapes, dtypes and strides.
-- `torch`, `np` (numpy) and `math` are already in scope; do not import anything.
-- `kernels.NAME(grid, block, *params, shared_mem=0)` launches kernel NAME on PyTorch's current \
-stream; grid and block are an int or a tuple of up to 3 ints. A tensor parameter is passed as its data \
-pointer (storage offset included). Scalars must be numpy scalars of the width the kernel declares \
-(np.int32, np.int64, np.uint32, np.float32, np.float64); a bare Python int or float is refused.
-- It may only allocate (torch.empty, empty_like, empty_strided, new_empty), read metadata (shape, \
-stride(), dtype, numel(), is_contiguous()) and make views. Any other torch operation (.contiguous() \
-on a non-contiguous tensor, copy_, fill_, zero_, matmul, torch.nn.functional) and any vendor library \
-is refused at run time. No state kept between calls, no threads, no other streams.
+{PLAN_FORMAT}
 
 # How the candidate is judged
 It must match eager PyTorch on the captured inputs and on fresh random inputs, at per-dtype \
@@ -114,15 +180,18 @@ below the physical floor (the memory traffic at the measured bandwidth) is treat
 {REPLY_FORMAT}
 
 # Example
-Task: aten._softmax.default with arguments f32[8192,4096], -1, False (contiguous).
+Task: aten._softmax.default, schema aten::_softmax(Tensor self, int dim, bool half_to_float) -> \
+Tensor, with self a contiguous bfloat16 tensor of shape [8192, 4096], dim = -1, \
+half_to_float = False; eager returns bfloat16 [8192, 4096] with stride [4096, 1].
 Reply:
 Approach: one block per row, two passes with warp-shuffle reductions
 
 ```cuda
 {EXAMPLE_SOURCE}```
 
-```python
-{EXAMPLE_LAUNCHER}```
+```json
+{plan_json(EXAMPLE_PLAN)}
+```
 """
 
 _INSTRUCTIONS = {
@@ -132,8 +201,8 @@ _INSTRUCTIONS = {
     Action.REFINE: (
         "Make the parent kernel below faster while keeping its output the same. Study its metrics and "
         "compiler report and change what limits it: the width of memory accesses, the number of "
-        "passes over memory, occupancy, synchronisation, work per thread. Name the change in the "
-        "Approach line."),
+        "passes over memory, occupancy, synchronisation, work per thread, the launch "
+        "configuration. Name the change in the Approach line."),
     Action.REPAIR: (
         "The parent kernel below failed. Fix the cause shown in its log with the smallest change that "
         "does it, keeping its approach unless that approach cannot work."),
@@ -142,18 +211,21 @@ _INSTRUCTIONS = {
 _REPAIR_HINTS = {
     EvalStatus.COMPILE_ERROR: "NVRTC rejected the source: fix every error in the compiler log.",
     EvalStatus.LAUNCH_ERROR: (
-        "The launcher raised or a launch was refused: check that scalars are numpy scalars of the "
-        "declared width, the grid and block limits (at most 1024 threads a block, 48 KB of shared "
-        "memory without opting in), and that it only allocates, reads metadata and makes views."),
+        "The launch plan was refused or a launch failed: the summary names the plan field at "
+        "fault. Check that every kernel the plan launches is declared extern \"C\" __global__, that the "
+        "params match the kernel's parameters in number and width (ptr for pointers, i32 for int, "
+        "i64 for long long, f32 for float), and the grid, block and shared memory limits."),
     EvalStatus.CRASH: (
         "The kernel crashed the CUDA context (an out-of-bounds or misaligned access, or a trap): check "
-        "every index against its bound and the alignment of vector loads and stores."),
+        "every index against its bound, the alignment of vector loads and stores, and that the "
+        "plan's grid, block and scratch sizes match what the kernel assumes."),
     EvalStatus.TIMEOUT: (
         "The kernel never finished: look for a loop that does not end or a __syncthreads() that not "
         "every thread of the block reaches."),
     EvalStatus.MISMATCH: (
         "The output differs from eager PyTorch where the summary below says: check the maths, the "
-        "precision (accumulate in float), the tensor strides and that every output element is written."),
+        "precision (accumulate in float), the tensor strides, that every output element is "
+        "written, and that the plan's outputs have eager's shapes, dtypes and strides."),
 }
 
 
@@ -198,14 +270,21 @@ def user_prompt(request: ProposalRequest) -> str:
 
 
 def card_section(card: OpCard) -> str:
-    lines = ["# The operator", f"op: {card.op}", f"call: {card.op}({card.signature})"]
-    tensors = list(_tensor_args(card))
-    if tensors:
-        lines.append("tensor arguments:")
-        for path, spec in tensors:
-            layout = "contiguous" if is_contiguous(spec["shape"], spec["stride"]) else "NOT contiguous"
-            lines.append(f"- {path}: {spec['dtype']}, shape {list(spec['shape'])}, stride "
-                         f"{list(spec['stride'])}, storage offset {spec.get('offset', 0)}, {layout}")
+    """The operator, its arguments by the names a plan uses, eager's outputs and the times.
+    Raises KforgeError when the arguments cannot be given to a plan (see ``variant_view``)."""
+    view = variant_view(card)
+    lines = ["# The operator", f"op: {card.op}", f"schema: {view.schema}",
+             f"call: {card.op}({card.signature})",
+             "arguments, by the schema names the plan uses:"]
+    for name, value in view.arguments.items():
+        lines += _argument_lines(name, value)
+    if view.outputs is None:
+        lines.append(f"eager's outputs could not be derived ({view.outputs_note}): follow the "
+                     "schema's return type")
+    else:
+        lines.append("eager returns (the plan's outputs, in this order):")
+        lines += [f"- output {i}: {t.dtype}, shape {list(t.shape)}, stride {list(t.stride)}"
+                  for i, t in enumerate(view.outputs)]
     lines.append(f"per model run: {card.calls} call{'s' if card.calls != 1 else ''}, "
                  f"{card.share:.1%} of the model's operator time")
     lines.append(f"eager PyTorch: {_us(card.eager_us)} per call; torch.compile: "
@@ -213,6 +292,26 @@ def card_section(card: OpCard) -> str:
     lines.append("The kernel serves exactly these shapes, dtypes and strides; "
                  "it may specialise for them.")
     return "\n".join(lines)
+
+
+def _argument_lines(name: str, value: ArgValue) -> list[str]:
+    """One line per argument, and per tensor of a list argument."""
+    if isinstance(value, TensorMeta):
+        contiguous = is_contiguous(list(value.shape), list(value.stride))
+        return [f"- {name}: tensor {value.dtype}, shape {list(value.shape)}, stride "
+                + f"{list(value.stride)}, storage offset {value.offset}, "
+                + ("contiguous" if contiguous else "NOT contiguous")]
+    if isinstance(value, tuple) and any(isinstance(item, TensorMeta) for item in value):
+        return [line for i, item in enumerate(value)
+                for line in _argument_lines(f"{name}[{i}]", item)]
+    return [f"- {name} = {_literal(value)}"]
+
+
+def _literal(value: ArgValue) -> str:
+    """A value as a plan expression writes it (lists with brackets)."""
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_literal(item) for item in value) + "]"
+    return repr(value)
 
 
 def gpu_section(gpu: GpuInfo) -> str:
@@ -225,7 +324,7 @@ def gpu_section(gpu: GpuInfo) -> str:
 
 
 def node_section(node: NodeView, repair: bool) -> str:
-    """The parent kernel: its result, the logs a repair or refine needs, and its code."""
+    """The parent kernel: its result, the logs a repair or refine needs, its source and plan."""
     assert node.candidate is not None
     lines = [f"# The parent kernel (node {node.id}, {node.action.value})",
              f"approach: {node_label(node)}", f"result: {describe_outcome(node.outcome)}"]
@@ -244,7 +343,9 @@ def node_section(node: NodeView, repair: bool) -> str:
         report = head_and_tail(outcome.compile_log, REPORT_CHARS)
         lines.append(_fenced("compiler report", "text", report))
     lines.append(f"```cuda\n{node.candidate.source.rstrip()}\n```")
-    lines.append(f"```python\n{node.candidate.launcher.rstrip()}\n```")
+    plan = node.candidate.plan
+    lines.append(_fenced("launch plan", "json", plan_json(plan)) if plan is not None
+                 else "launch plan: none; write one")
     return "\n".join(lines)
 
 
@@ -303,22 +404,6 @@ def _approach(meta: dict) -> str:
 def _tried_lines(tried: list[dict]) -> str:
     labels = list(dict.fromkeys(_approach(meta) for meta in tried))
     return "\n".join(f"- {label}" for label in labels[-LIST_ITEMS:])
-
-
-def _tensor_args(card: OpCard):
-    """(where, tensor spec) for each tensor argument, e.g. ``args[0]`` or ``kwargs['weight']``."""
-
-    def walk(path: str, spec):
-        if isinstance(spec, dict) and spec.get("t") == "tensor":
-            yield path, spec
-        elif isinstance(spec, dict) and spec.get("t") == "list":
-            for i, item in enumerate(spec["items"]):
-                yield from walk(f"{path}[{i}]", item)
-
-    for i, spec in enumerate(card.args):
-        yield from walk(f"args[{i}]", spec)
-    for name, spec in sorted(card.kwargs.items()):
-        yield from walk(f"kwargs[{name!r}]", spec)
 
 
 def _fenced(title: str, tag: str, body: str) -> str:

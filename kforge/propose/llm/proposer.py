@@ -3,6 +3,10 @@
 One request, one chat completion. Transient failures are retried here with backoff (the SDK's own
 retries are off); every attempt is recorded as an ``LlmCall`` with its tokens and cost, and what
 cannot be fixed by retrying ends as a Proposal error, never as an exception.
+
+A reply's launch plan is resolved for the card's variant before its candidate is proposed: a plan
+that is malformed, or that does not cover the variant, is not proposed, and the proposal's error
+says why, naming the plan field at fault.
 """
 
 from __future__ import annotations
@@ -18,15 +22,19 @@ from dataclasses import dataclass, replace
 import openai
 from openai.types.chat import ChatCompletion
 
-from kforge.store.config import config_path
 from kforge.core.candidate import Candidate, LlmCall, Proposal
+from kforge.core.launch_plan import PlanError, PlanNotApplicable
 from kforge.core.mcts import Action
 from kforge.core.opcard import OpCard
 from kforge.core.protocols import ProposalRequest, SearchContext
-from kforge.propose.llm.parse import UnusableReply, parse_reply
+from kforge.errors import KforgeError
+from kforge.propose.llm.parse import UnusableReply, parse_reply, plan_error_text
 from kforge.propose.llm.prompt import build_messages, effective_action, render_messages
 from kforge.propose.llm.retry import Backoff, classify
 from kforge.propose.llm.settings import LlmSettings, load_llm_settings
+from kforge.propose.llm.variant import plan_arguments
+from kforge.runtime.plan import resolve_for
+from kforge.store.config import config_path
 
 log = logging.getLogger(__name__)
 
@@ -61,27 +69,30 @@ class LlmProposer:
         self._noted: set[str] = set()
 
     async def propose(self, request: ProposalRequest) -> Proposal:
+        if reason := self.declines(request.card):
+            return Proposal(error=reason)
         messages = build_messages(request)
         prompt = self.settings.redact(render_messages(messages))
         answer, calls, failure = await self._complete(messages, prompt)
         if answer is None:
             return Proposal(calls=calls, error=f"LLM call failed: {failure}")
         try:
-            parsed = parse_reply(answer.text)
+            parsed = parse_reply(self.settings.redact(answer.text))
+            reason = plan_problem(parsed.plan, request.card)
         except UnusableReply as exc:
             reason = f"unusable reply: {exc}"
+        if reason:
             if answer.finish_reason == "length":
                 reason += (f" (the reply was cut at max_tokens={self.settings.max_tokens}: "
                            "raise [llm] max_tokens)")
             calls[-1] = replace(calls[-1], error=reason)
             return Proposal(calls=calls, error=reason)
         action = effective_action(request)
-        redact = self.settings.redact
         meta = {
             "proposer": PROPOSER,
             "model": self.settings.model,
-            "approach": redact(parsed.approach) or f"{action.value} by {self.settings.model}",
-            "notes": redact(parsed.notes),
+            "approach": parsed.approach or f"{action.value} by {self.settings.model}",
+            "notes": parsed.notes,
             "action": action.value,
             "kernels": parsed.kernels,
         }
@@ -89,11 +100,16 @@ class LlmProposer:
             meta["parent"] = request.parent.id
         if answer.cost_note:
             meta["cost_note"] = answer.cost_note
-        candidate = Candidate(redact(parsed.source), redact(parsed.launcher), meta)
-        return Proposal(candidates=[candidate], calls=calls)
+        return Proposal(candidates=[Candidate(parsed.source, plan=parsed.plan, meta=meta)],
+                        calls=calls)
 
     def declines(self, card: OpCard) -> str | None:
-        return None  # a model may try any op
+        """A model may try any op whose arguments a launch plan can be given."""
+        try:
+            plan_arguments(card)
+        except KforgeError as exc:
+            return f"a launch plan cannot be given this card's arguments: {exc}"
+        return None
 
     async def close(self) -> None:
         await self._client.close()
@@ -158,8 +174,20 @@ class LlmProposer:
         return _Answer(text, finish, note), call
 
 
+def plan_problem(plan: dict, card: OpCard) -> str:
+    """Why ``plan`` is not proposed for ``card``, or "" when it resolves for the card's variant."""
+    try:
+        resolve_for(plan, card.op, card.args, card.kwargs)
+    except PlanNotApplicable as exc:
+        return f"the launch plan does not cover this op variant: {exc}"
+    except PlanError as exc:
+        return f"unusable reply: {plan_error_text(exc)}"
+    return ""
+
+
 def make_llm_proposer(ctx: SearchContext) -> LlmProposer:
     """The factory behind ``--proposer llm``: settings from the config file, the environment and
     the session's ``llm_model`` override."""
-    settings = load_llm_settings(ctx.config, os.environ, ctx.settings, config_file=str(config_path()))
+    settings = load_llm_settings(ctx.config.llm, os.environ, ctx.settings.llm_model,
+                                 config_file=str(config_path()))
     return LlmProposer(settings)

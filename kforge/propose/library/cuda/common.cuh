@@ -21,22 +21,33 @@ template <typename T> __device__ __forceinline__ float round_through(float v) {
 }
 
 // N consecutive elements moved as one access: alignas makes the compiler emit a single
-// ld/st.global.v2/v4 when sizeof(T) * N is 8 or 16 bytes.
+// ld/st.global.v2/v4 when sizeof(T) * N is 8 or 16 bytes. With PACKED false the same elements
+// move one at a time: the scalar twin of a vector kernel, for pointers not aligned for a pack.
 template <typename T, int N> struct alignas(sizeof(T) * N) Pack { T v[N]; };
 
-template <typename T, int N>
+template <typename T, int N, bool PACKED = true>
 __device__ __forceinline__ void load(const T* __restrict__ p, float (&out)[N]) {
-  const Pack<T, N> pack = *reinterpret_cast<const Pack<T, N>*>(p);
+  if constexpr (PACKED) {
+    const Pack<T, N> pack = *reinterpret_cast<const Pack<T, N>*>(p);
 #pragma unroll
-  for (int i = 0; i < N; ++i) out[i] = to_float(pack.v[i]);
+    for (int i = 0; i < N; ++i) out[i] = to_float(pack.v[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = to_float(p[i]);
+  }
 }
 
-template <typename T, int N>
+template <typename T, int N, bool PACKED = true>
 __device__ __forceinline__ void store(T* __restrict__ p, const float (&in)[N]) {
-  Pack<T, N> pack;
+  if constexpr (PACKED) {
+    Pack<T, N> pack;
 #pragma unroll
-  for (int i = 0; i < N; ++i) pack.v[i] = from_float<T>(in[i]);
-  *reinterpret_cast<Pack<T, N>*>(p) = pack;
+    for (int i = 0; i < N; ++i) pack.v[i] = from_float<T>(in[i]);
+    *reinterpret_cast<Pack<T, N>*>(p) = pack;
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) p[i] = from_float<T>(in[i]);
+  }
 }
 
 // ----- reductions -----

@@ -10,6 +10,7 @@
 // operand with stride 1 is read with one vector access, one with stride 0 (broadcast) with one
 // scalar load, any other with VEC scalar loads. The innermost size is a multiple of VEC, so a
 // group never wraps a row. GRID_STRIDE kernels loop over the data with a grid sized to the GPU.
+// PACKED false (the scalar twin, for misaligned pointers) moves a group one element at a time.
 
 namespace kf {
 
@@ -26,10 +27,10 @@ __device__ __forceinline__ float gelu_tanh(float a) {
 
 }  // namespace kf
 
-template <int INNER, int VEC, typename T, typename Index>
+template <int INNER, int VEC, bool PACKED, typename T, typename Index>
 __device__ __forceinline__ void gather(const T* p, Index off, float (&v)[VEC]) {
   if constexpr (INNER == 1) {
-    kf::load<T, VEC>(p + off, v);
+    kf::load<T, VEC, PACKED>(p + off, v);
   } else if constexpr (INNER == 0) {
     const float s = kf::to_float(p[off]);
 #pragma unroll
@@ -40,10 +41,10 @@ __device__ __forceinline__ void gather(const T* p, Index off, float (&v)[VEC]) {
   }
 }
 
-template <int INNER, int VEC, typename T, typename Index>
+template <int INNER, int VEC, bool PACKED, typename T, typename Index>
 __device__ __forceinline__ void scatter(T* p, Index off, const float (&v)[VEC]) {
   if constexpr (INNER == 1) {
-    kf::store<T, VEC>(p + off, v);
+    kf::store<T, VEC, PACKED>(p + off, v);
   } else {
 #pragma unroll
     for (int k = 0; k < VEC; ++k) p[off + k * INNER] = kf::from_float<T>(v[k]);
@@ -51,8 +52,8 @@ __device__ __forceinline__ void scatter(T* p, Index off, const float (&v)[VEC]) 
 }
 
 // Pointers are not __restrict__: an in-place op's output is its first operand.
-template <class G, class Op, int VEC, int UNROLL, bool GRID_STRIDE, typename TO, typename TA,
-          typename TB, typename TC>
+template <class G, class Op, int VEC, int UNROLL, bool GRID_STRIDE, bool PACKED, typename TO,
+          typename TA, typename TB, typename TC>
 __device__ __forceinline__ void elementwise_loop(TO* out, const TA* a, const TB* b, const TC* c,
                                             const Op op) {
   using Index = typename G::Index;
@@ -68,9 +69,9 @@ __device__ __forceinline__ void elementwise_loop(TO* out, const TA* a, const TB*
       if (g < GROUPS) {
         Index oa, ob, oc;
         G::offsets(g * VEC, where[u], oa, ob, oc);
-        gather<G::A_INNER, VEC>(a, oa, va[u]);
-        if constexpr (Op::ARITY > 1) gather<G::B_INNER, VEC>(b, ob, vb[u]);
-        if constexpr (Op::ARITY > 2) gather<G::C_INNER, VEC>(c, oc, vc[u]);
+        gather<G::A_INNER, VEC, PACKED>(a, oa, va[u]);
+        if constexpr (Op::ARITY > 1) gather<G::B_INNER, VEC, PACKED>(b, ob, vb[u]);
+        if constexpr (Op::ARITY > 2) gather<G::C_INNER, VEC, PACKED>(c, oc, vc[u]);
       }
     }
 #pragma unroll
@@ -79,7 +80,7 @@ __device__ __forceinline__ void elementwise_loop(TO* out, const TA* a, const TB*
         float r[VEC];
 #pragma unroll
         for (int k = 0; k < VEC; ++k) r[k] = op(va[u][k], vb[u][k], vc[u][k]);
-        scatter<G::OUT_INNER, VEC>(out, where[u], r);
+        scatter<G::OUT_INNER, VEC, PACKED>(out, where[u], r);
       }
     }
     if constexpr (!GRID_STRIDE) break;

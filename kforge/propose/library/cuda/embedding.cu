@@ -5,6 +5,7 @@
 // - embedding_rows: TPR threads copy one row with VEC-wide accesses, RPB rows per block.
 // - embedding_flat: the output as one list of VEC-wide groups, UNROLL per thread; each group
 //   reads its row's index (neighbouring groups share it through the cache). For short rows.
+//   PACKED false (the scalar twin, for misaligned pointers) copies a group element by element.
 
 template <typename TI>
 __device__ __forceinline__ int64_t checked_index(const TI* __restrict__ indices, int64_t row,
@@ -29,7 +30,7 @@ __device__ __forceinline__ void embedding_rows(const T* __restrict__ weight,
   }
 }
 
-template <typename T, typename TI, int D, int WSTRIDE, int VEC, int UNROLL>
+template <typename T, typename TI, int D, int WSTRIDE, int VEC, int UNROLL, bool PACKED>
 __device__ __forceinline__ void embedding_flat(const T* __restrict__ weight,
                                                const TI* __restrict__ indices, T* __restrict__ y,
                                                int64_t rows, int64_t vocab) {
@@ -45,12 +46,24 @@ __device__ __forceinline__ void embedding_flat(const T* __restrict__ weight,
     if (g < groups) {
       const int64_t row = g / GROUPS_PER_ROW;
       const int c = int(g % GROUPS_PER_ROW) * VEC;
-      v[u] = *reinterpret_cast<const P*>(weight + checked_index(indices, row, vocab) * WSTRIDE + c);
+      const T* src = weight + checked_index(indices, row, vocab) * WSTRIDE + c;
+      if constexpr (PACKED) {
+        v[u] = *reinterpret_cast<const P*>(src);
+      } else {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) v[u].v[k] = src[k];
+      }
       where[u] = row * D + c;
     }
   }
 #pragma unroll
   for (int u = 0; u < UNROLL; ++u) {
-    if (where[u] >= 0) *reinterpret_cast<P*>(y + where[u]) = v[u];
+    if (where[u] < 0) continue;
+    if constexpr (PACKED) {
+      *reinterpret_cast<P*>(y + where[u]) = v[u];
+    } else {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) y[where[u] + k] = v[u].v[k];
+    }
   }
 }

@@ -6,7 +6,8 @@
 //   rows into shared memory with vector loads (one contiguous span), then each row is summed
 //   there. Rows too short for vector access of their own still get full-width loads.
 // - reduce_columns (K2 > 1, e.g. channels-last pooling): TX threads along K2 with VEC-wide
-//   loads, TY threads along R; the TY partial sums meet in shared memory.
+//   loads, TY threads along R; the TY partial sums meet in shared memory. PACKED false (the
+//   scalar twin, for a misaligned input) loads the same VEC columns one at a time.
 // The result is sum * scale (scale is 1 for sum, 1/R for mean), accumulated in float.
 
 template <typename TI, typename TO, int COLS, int XSTRIDE, int OSTRIDE, int TPR, int RPB, int VEC,
@@ -67,7 +68,7 @@ __device__ __forceinline__ void reduce_rows_tile(const TI* __restrict__ x, TO* _
 }
 
 template <typename TI, typename TO, int K2, int R, int K1STRIDE, int RSTRIDE, int OS1, int OS2,
-          int TX, int TY, int VEC>
+          int TX, int TY, int VEC, bool PACKED>
 __device__ __forceinline__ void reduce_columns(const TI* __restrict__ x, TO* __restrict__ y,
                                                float scale) {
   __shared__ float partial[TY][TX * VEC];
@@ -80,7 +81,7 @@ __device__ __forceinline__ void reduce_columns(const TI* __restrict__ x, TO* __r
     const TI* base = x + k1 * K1STRIDE + k2;
     for (int r = ty; r < R; r += TY) {
       float v[VEC];
-      kf::load<TI, VEC>(base + int64_t(r) * RSTRIDE, v);
+      kf::load<TI, VEC, PACKED>(base + int64_t(r) * RSTRIDE, v);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) acc[k] += v[k];
     }

@@ -11,15 +11,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kforge.core.gpu import GpuInfo
-from kforge.propose.library.cards import Call, Declined, TensorArg, require_float
+from kforge.propose.library.cards import Call, Declined, TensorArg
 from kforge.propose.library.families.base import (
     SHARED_FLOATS,
+    Affine,
     Family,
     Kernel,
     Variant,
-    alloc_line,
     cuda_bool,
-    expect_line,
+    entry_points,
+    launch,
+    new_output,
+    ptr,
 )
 from kforge.propose.library.families.pool import window_space
 from kforge.propose.library.layout import (
@@ -66,8 +69,7 @@ class DepthwiseConv1d(Family):
     reference = "direct"
 
     def analyze(self, call: Call) -> ConvProblem:
-        x, weight, bias = call.tensor(0, "the input"), call.tensor(1, "the weight"), call.value(2)
-        require_float(x, weight)
+        x, weight = call.float_tensor(0, "the input"), call.float_tensor(1, "the weight")
         if call.value(6):
             raise Declined("transposed convolutions are not supported")
         if x.ndim != 3 or weight.ndim != 3:
@@ -76,13 +78,10 @@ class DepthwiseConv1d(Family):
         if groups != channels or weight.shape[:2] != (channels, 1):
             raise Declined(f"not a depthwise convolution (groups {groups}, {channels} channels, "
                            f"weight {weight.shape})")
-        if not weight.is_contiguous or (bias is not None and not bias.is_contiguous):
-            raise Declined("the weight or bias is not contiguous")
-        if bias is not None and bias.dtype != weight.dtype:
-            raise Declined("the bias and weight have different dtypes")
+        bias = Affine.read(call, 1, 2).bias  # a packed weight, and bias of its dtype
         out = call.outputs[0]
-        if x.numel == 0 or out.numel == 0:
-            raise Declined("the input or output is empty")
+        if out.numel == 0:
+            raise Declined("the output is empty")
         if any(p != 0 for p in call.value(7) or []):
             raise Declined("output padding is not supported")
         return ConvProblem(call, x, weight, bias, out, single(call.value(3), "stride"),
@@ -130,29 +129,21 @@ class DepthwiseConv1d(Family):
             + f"    n = {coords[0]};\n    c = {coords[1]};\n    l = {coords[2]};\n"
             f"    out = {linear_code(coords, out.stride)};\n  }}\n}};\n\n")
         wt = w.ctype
-        signature = (f"const {x.ctype}* __restrict__ x, const {wt}* __restrict__ w"
-                     + (f", const {wt}* __restrict__ bias" if has_bias else "")
-                     + f", {out.ctype}* __restrict__ y")
+        signature = [f"const {x.ctype}* __restrict__ x", f"const {wt}* __restrict__ w",
+                     *([f"const {wt}* __restrict__ bias"] if has_bias else []),
+                     f"{out.ctype}* __restrict__ y"]
         args = f"x, w, {'bias' if has_bias else 'nullptr'}, y"
         if approach == "tiled":
             tc, tl, block = params["tile_c"], params["tile_l"], params["block"]
             body = (f"conv1d_tiled<Geometry, {x.ctype}, {wt}, {cuda_bool(has_bias)}, {tc}, {tl}, "
                     f"{block}>({args})")
-            grid = f"({ceil_div(out.shape[2], tl)}, {ceil_div(out.shape[1], tc)}, {out.shape[0]})"
+            grid = (ceil_div(out.shape[2], tl), ceil_div(out.shape[1], tc), out.shape[0])
         else:
             block = params["block"]
             body = f"conv1d_direct<Geometry, {x.ctype}, {wt}, {cuda_bool(has_bias)}, {params['unroll']}>({args})"
-            grid = f"({ceil_div(out.numel, block * params['unroll'])},)"
-        source = (geometry + f'extern "C" __global__ void __launch_bounds__({block}) conv1d({signature}) {{\n'
-                  f"  {body};\n}}\n")
+            grid = (ceil_div(out.numel, block * params["unroll"]),)
         call = problem.call
-        lines = ["def launch(kernels, *args, **kwargs):\n",
-                 f"    x = {call.source(0)}\n", expect_line("x", "input", x),
-                 f"    weight = {call.source(1)}\n", expect_line("weight", "weight", w)]
-        tensors = "x, weight"
-        if has_bias:
-            lines += [f"    bias = {call.source(2)}\n", expect_line("bias", "bias", problem.bias)]
-            tensors += ", bias"
-        lines += [alloc_line("out", out, "x"),
-                  f"    kernels.conv1d({grid}, ({block},), {tensors}, out)\n", "    return out\n"]
-        return Kernel(source, "".join(lines))
+        tensors = [call.arg_name(0), call.arg_name(1)] + ([call.arg_name(2)] if has_bias else [])
+        plan = {"outputs": [new_output("out", out)],
+                "launches": [launch("conv1d", grid, block, [*map(ptr, tensors), ptr("out")])]}
+        return Kernel(geometry + entry_points("conv1d", 1, block, signature, lambda _: body), plan)

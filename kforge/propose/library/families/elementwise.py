@@ -20,10 +20,12 @@ from kforge.propose.library.families.base import (
     Family,
     Kernel,
     Variant,
-    alloc_line,
-    choose_kernels,
-    expect_line,
-    kernel_names,
+    cuda_bool,
+    entry_points,
+    f32,
+    launch,
+    new_output,
+    ptr,
     sm_count,
     vec_options,
 )
@@ -123,16 +125,16 @@ FORMS = _forms()
 @dataclass(frozen=True)
 class Operand:
     letter: str
-    source: str  # launcher text that reads it
+    arg: str  # the schema name
     tensor: TensorArg
 
 
 @dataclass(frozen=True)
 class Scalar:
-    """A number the op takes, passed to the kernel as a float parameter."""
+    """A number the op takes (the argument ``arg``), passed to the kernel as float ``name``."""
 
     name: str
-    source: str
+    arg: str
 
 
 @dataclass(frozen=True)
@@ -169,11 +171,11 @@ class Elementwise(Family):
             value = call.value(i)
             if isinstance(value, TensorArg):
                 require_float(value)
-                operands.append(Operand(LETTERS[len(operands)], call.source(i), value))
+                operands.append(Operand(LETTERS[len(operands)], call.arg_name(i), value))
                 terms.append(operands[-1].letter)
                 values.append(None)
             elif i > 0 and isinstance(value, (int, float)):
-                scalars.append(Scalar(f"p{len(scalars)}", call.source(i)))
+                scalars.append(Scalar(f"p{len(scalars)}", call.arg_name(i)))
                 terms.append(scalars[-1].name)
                 values.append(value)
             else:
@@ -184,7 +186,7 @@ class Elementwise(Family):
             if not isinstance(value, (int, float)):
                 raise Declined(f"{keyword}={value!r} is not a number")
             if value != 1:
-                scalars.append(Scalar(f"p{len(scalars)}", call.source(position)))
+                scalars.append(Scalar(f"p{len(scalars)}", call.arg_name(position)))
                 named[keyword] = scalars[-1].name
         if call.op.startswith("aten.gelu"):
             named["approximate"] = "tanh" if call.value(1) == "tanh" else "erf"
@@ -241,35 +243,26 @@ class Elementwise(Family):
                     + [f"float {s.name}" for s in problem.scalars])
         args = ["out"] + [o.letter for o in problem.operands] + ["(const float*)nullptr"] * (3 - arity)
         op = "Op{" + ", ".join(s.name for s in problem.scalars) + "}"
-        grid_stride = "true" if approach == "grid_stride" else "false"
-        wrappers = [geometry]
-        for name, vec in kernel_names("elementwise", params["vec"]):
-            wrappers.append(
-                f'extern "C" __global__ void __launch_bounds__({params["block"]}) {name}('
-                + ", ".join(params_c) + ") {\n"
-                f"  elementwise_loop<Geometry, Op, {vec}, {params['unroll']}, {grid_stride}>("
-                + ", ".join(args) + f", {op});\n}}\n")
-        return Kernel("\n".join(wrappers), self.launcher(problem, approach, params, gpu))
+        grid_stride = cuda_bool(approach == "grid_stride")
+        source = geometry + "\n" + entry_points(
+            "elementwise", params["vec"], params["block"], params_c,
+            lambda vec: f"elementwise_loop<Geometry, Op, {params['vec']}, {params['unroll']}, "
+                        f"{grid_stride}, {cuda_bool(vec > 1)}>(" + ", ".join(args) + f", {op})")
+        return Kernel(source, self.plan(problem, approach, params, gpu))
 
-    def launcher(self, problem: ElementwiseProblem, approach: str, params: Params, gpu: GpuInfo) -> str:
-        it = problem.it
-        lines = ["def launch(kernels, *args, **kwargs):\n"]
-        for i, o in enumerate(problem.operands):
-            lines += [f"    {o.letter} = {o.source}\n", expect_line(o.letter, f"operand {i}", o.tensor)]
-        letters = [o.letter for o in problem.operands]
-        lines.append("    out = a\n" if problem.form.inplace else alloc_line("out", problem.out, "a"))
-        if len(letters) > 1:
-            lines.append(f"    if any(t.device != out.device for t in ({', '.join(letters)})):\n"
-                         "        raise ValueError('the operands are on different devices')\n")
-        vectored = ["out"] + [o.letter for i, o in enumerate(problem.operands) if it.inner(i + 1) == 1]
-        lines.append(choose_kernels(params["vec"], problem.itemsize, vectored, {"kernel": "elementwise"}))
-        blocks = ceil_div(it.numel // params["vec"], params["block"] * params["unroll"])
+    def plan(self, problem: ElementwiseProblem, approach: str, params: Params, gpu: GpuInfo) -> dict:
+        """Eager's output (or, in place, the first operand itself) and one launch."""
+        first = problem.operands[0].arg
+        output = {"name": "out", "arg": first} if problem.form.inplace else new_output("out", problem.out)
+        blocks = ceil_div(problem.it.numel // params["vec"], params["block"] * params["unroll"])
         if approach == "grid_stride":
             blocks = min(blocks, sm_count(gpu) * (THREADS_PER_SM // params["block"]))
-        scalars = "".join(f", np.float32({s.source})" for s in problem.scalars)
-        lines.append(f"    kernel(({blocks},), ({params['block']},), out, {', '.join(letters)}{scalars})\n")
-        lines.append("    return out\n")
-        return "".join(lines)
+        kernel_params = ([ptr(first if problem.form.inplace else "out")]
+                         + [ptr(o.arg) for o in problem.operands]
+                         + [f32(s.arg) for s in problem.scalars])
+        return {"outputs": [output],
+                "launches": [launch("elementwise", blocks, params["block"], kernel_params,
+                                    params["vec"], problem.itemsize)]}
 
 
 def check_plain_copy(call: Call) -> None:

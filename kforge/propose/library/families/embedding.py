@@ -8,21 +8,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kforge.core.gpu import GpuInfo
-from kforge.propose.library.cards import (
-    INDEX_CTYPES,
-    Call,
-    Declined,
-    TensorArg,
-    require_float,
-)
+from kforge.propose.library.cards import INDEX_CTYPES, Call, Declined, TensorArg
 from kforge.propose.library.families.base import (
     Family,
     Kernel,
     Variant,
-    alloc_line,
-    choose_kernels,
-    expect_line,
-    kernel_names,
+    cuda_bool,
+    entry_points,
+    i64,
+    launch,
+    new_output,
+    ptr,
     vec_options,
 )
 from kforge.propose.library.families.elementwise import MAX_THREAD_OUTPUTS
@@ -58,8 +54,7 @@ class Embedding(Family):
     reference = "rows"
 
     def analyze(self, call: Call) -> EmbeddingProblem:
-        weight, indices = call.tensor(0, "the weight"), call.tensor(1, "the indices")
-        require_float(weight)
+        weight, indices = call.float_tensor(0, "the weight"), call.tensor(1, "the indices")
         if indices.dtype not in INDEX_CTYPES:
             raise Declined(f"indices of dtype {indices.dtype} are not supported (int64, int32 are)")
         if weight.ndim != 2 or weight.stride[1] != 1 or weight.stride[0] < weight.shape[1]:
@@ -98,25 +93,23 @@ class Embedding(Family):
         else:
             block = params["block"]
             grid = ceil_div(problem.rows.rows * d // params["vec"], block * params["unroll"])
-        wrappers = []
-        for name, vec in kernel_names("embedding", params["vec"]):
+
+        def body(vec: int) -> str:
             if approach == "rows":
-                body = (f"embedding_rows<{t}, {ti}, {d}, {stride}, {params['threads_per_row']}, "
+                return (f"embedding_rows<{t}, {ti}, {d}, {stride}, {params['threads_per_row']}, "
                         f"{params['rows_per_block']}, {vec}>")
-            else:
-                body = f"embedding_flat<{t}, {ti}, {d}, {stride}, {vec}, {params['unroll']}>"
-            wrappers.append(
-                f'extern "C" __global__ void __launch_bounds__({block}) {name}(const {t}* __restrict__ '
-                f"weight, const {ti}* __restrict__ indices, {t}* __restrict__ y, int64_t rows, "
-                f"int64_t vocab) {{\n  {body}(weight, indices, y, rows, vocab);\n}}\n")
-        launcher = ("def launch(kernels, *args, **kwargs):\n"
-                    f"    weight = {problem.call.source(0)}\n" + expect_line("weight", "weight", weight)
-                    + f"    indices = {problem.call.source(1)}\n"
-                    + expect_line("indices", "indices", indices)
-                    + alloc_line("out", out, "weight")
-                    + choose_kernels(params["vec"], weight.itemsize, ["weight", "out"],
-                                     {"kernel": "embedding"})
-                    + f"    kernel(({grid},), ({block},), weight, indices, out, "
-                    f"np.int64({problem.rows.rows}), np.int64({weight.shape[0]}))\n"
-                    "    return out\n")
-        return Kernel("\n".join(wrappers), launcher)
+            return (f"embedding_flat<{t}, {ti}, {d}, {stride}, {params['vec']}, {params['unroll']}, "
+                    f"{cuda_bool(vec > 1)}>")
+
+        source = entry_points(
+            "embedding", params["vec"], block,
+            [f"const {t}* __restrict__ weight", f"const {ti}* __restrict__ indices",
+             f"{t}* __restrict__ y", "int64_t rows", "int64_t vocab"],
+            lambda vec: f"{body(vec)}(weight, indices, y, rows, vocab)")
+        call = problem.call
+        plan = {"outputs": [new_output("out", out)],
+                "launches": [launch("embedding", grid, block,
+                                    [ptr(call.arg_name(0)), ptr(call.arg_name(1)), ptr("out"),
+                                     i64(problem.rows.rows), i64(weight.shape[0])],
+                                    params["vec"], weight.itemsize)]}
+        return Kernel(source, plan)

@@ -10,16 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kforge.core.gpu import GpuInfo
-from kforge.propose.library.cards import Call, Declined, TensorArg, require_float
+from kforge.propose.library.cards import Call, Declined, TensorArg
 from kforge.propose.library.families.base import (
+    Affine,
     Family,
     Kernel,
     Variant,
-    alloc_line,
-    choose_kernels,
-    cuda_bool,
-    expect_line,
-    kernel_names,
+    entry_points,
+    f32,
+    launch,
+    new_output,
+    ptr,
     sm_count,
     vec_options,
 )
@@ -33,13 +34,15 @@ from kforge.propose.library.space import (
     powers_of_two,
 )
 
+# A partial Welford state (kf::Welford: count, mean, m2 as floats), one per block of a split.
+WELFORD_BYTES = 12
+
 
 @dataclass(frozen=True)
 class GroupNormProblem:
     call: Call
     x: TensorArg
-    weight: TensorArg | None
-    bias: TensorArg | None
+    affine: Affine
     n: int
     c: int
     hw: int
@@ -54,11 +57,6 @@ class GroupNormProblem:
     def group_size(self) -> int:
         return self.c // self.groups * self.hw
 
-    @property
-    def wtype(self) -> str:
-        affine = self.weight or self.bias
-        return affine.ctype if affine else self.x.ctype
-
 
 class GroupNorm(Family):
     name = "group_norm"
@@ -67,33 +65,25 @@ class GroupNorm(Family):
     reference = "block_two_pass"
 
     def analyze(self, call: Call) -> GroupNormProblem:
-        x = call.tensor(0, "the input")
-        require_float(x)
-        weight, bias = call.value(1), call.value(2)
+        x = call.float_tensor(0, "the input")
         n, c, hw, groups = (call.value(i) for i in (3, 4, 5, 6))
         if not x.is_contiguous:
             raise Declined("the input is not contiguous")
-        if x.numel == 0:
-            raise Declined("the input is empty")
-        for t, what in ((weight, "weight"), (bias, "bias")):
-            if t is not None:
-                require_float(t)
-                if not t.is_contiguous or t.numel != c:
-                    raise Declined(f"{what} is not a packed vector of {c} channels")
-        affine = {t.dtype for t in (weight, bias) if t is not None}
-        if len(affine) > 1:
-            raise Declined("weight and bias have different dtypes")
+        affine = Affine.read(call, 1, 2)
+        if any(t.numel != c for t in affine.present):
+            raise Declined(f"the weight or bias is not a vector of {c} channels")
+        dtype = affine.present[0].dtype if affine.present else x.dtype
         # Eager keeps the statistics in float when a half-precision input meets float weights.
-        mixed = affine == {"float32"} and x.dtype != "float32"
-        if affine and affine != {x.dtype} and not mixed:
-            raise Declined(f"{x.dtype} input with {affine.pop()} weights is not supported")
+        mixed = dtype == "float32" and x.dtype != "float32"
+        if dtype != x.dtype and not mixed:
+            raise Declined(f"{x.dtype} input with {dtype} weights is not supported")
         if c % groups:
             raise Declined(f"{c} channels do not split into {groups} groups")
         y = call.outputs[0]
         if not y.is_contiguous or y.stride != x.stride:
             raise Declined("eager's output is laid out differently than expected here")
         stats = TensorArg((n, groups), (groups, 1), "float32" if mixed else x.dtype)
-        return GroupNormProblem(call, x, weight, bias, n, c, hw, groups, (y, stats, stats))
+        return GroupNormProblem(call, x, affine, n, c, hw, groups, (y, stats, stats))
 
     def variants(self, problem: GroupNormProblem, gpu: GpuInfo) -> list[Variant]:
         vecs = vec_options(problem.x.itemsize, problem.hw)
@@ -134,67 +124,40 @@ class GroupNorm(Family):
         return [split_variant, *block_variants] if total < 2 * sms else [*block_variants, split_variant]
 
     def render(self, problem: GroupNormProblem, approach: str, params: Params, gpu: GpuInfo) -> Kernel:
-        x, wt = problem.x, problem.wtype
-        has_w, has_b = problem.weight is not None, problem.bias is not None
-        ts = problem.outputs[1].ctype
+        x, affine = problem.x, problem.affine
+        wt, ts = affine.ctype(x), problem.outputs[1].ctype
         shape = f"{problem.c}, {problem.hw}, {problem.groups}"
-        block = params["block"]
-        affine_c = ([f"const {wt}* __restrict__ w"] if has_w else []) + (
-            [f"const {wt}* __restrict__ b"] if has_b else [])
-        affine_args = ["w" if has_w else "nullptr", "b" if has_b else "nullptr"]
-        outs_c = [f"{x.ctype}* __restrict__ y", f"{ts}* __restrict__ mean", f"{ts}* __restrict__ rstd",
-                  "float eps"]
-        flags = f"{cuda_bool(has_w)}, {cuda_bool(has_b)}"
-        wrappers = []
+        block, vec = params["block"], params["vec"]
+        x_c = f"const {x.ctype}* __restrict__ x"
+        outs_c = [f"{x.ctype}* __restrict__ y", f"{ts}* __restrict__ mean",
+                  f"{ts}* __restrict__ rstd", "float eps"]
+        x_ptr = ptr(problem.call.arg_name(0))
+        outs = [ptr("out"), ptr("mean"), ptr("rstd"), f32(problem.call.arg_name(7))]
+        itemsize = max(t.itemsize for t in [x, *affine.present])
+        plan: dict = {"outputs": [new_output(name, t) for name, t in
+                                  zip(("out", "mean", "rstd"), problem.outputs)]}
         if approach == "split":
-            for name, vec in kernel_names("group_norm_stats", params["vec"]):
-                wrappers.append(
-                    f'extern "C" __global__ void __launch_bounds__({block}) {name}(\n'
-                    f"    const {x.ctype}* __restrict__ x, kf::Welford* __restrict__ parts) {{\n"
-                    f"  group_norm_split_stats<{x.ctype}, {shape}, {params['splits']}, {block}, {vec}, "
-                    f"{params['unroll']}>(x, parts);\n}}\n")
-            for name, vec in kernel_names("group_norm_apply", params["vec"]):
-                wrappers.append(
-                    f'extern "C" __global__ void __launch_bounds__({block}) {name}(\n    '
-                    + ", ".join([f"const {x.ctype}* __restrict__ x", *affine_c,
-                                 "const kf::Welford* __restrict__ parts", *outs_c]) + ") {\n"
-                    f"  group_norm_split_apply<{x.ctype}, {wt}, {ts}, {shape}, {params['splits']}, "
-                    f"{block}, {vec}, {flags}>(x, {', '.join(affine_args)}, parts, y, mean, rstd, eps);\n}}\n")
+            splits, blocks = params["splits"], problem.groups_total * params["splits"]
+            source = entry_points(
+                "group_norm_stats", vec, block, [x_c, "kf::Welford* __restrict__ parts"],
+                lambda v: f"group_norm_split_stats<{x.ctype}, {shape}, {splits}, {block}, {v}, "
+                          f"{params['unroll']}>(x, parts)")
+            source += "\n" + entry_points(
+                "group_norm_apply", vec, block,
+                [x_c, *affine.c_params(wt), "const kf::Welford* __restrict__ parts", *outs_c],
+                lambda v: f"group_norm_split_apply<{x.ctype}, {wt}, {ts}, {shape}, {splits}, {block}, "
+                          f"{v}, {affine.flags()}>(x, {affine.c_args()}, parts, y, mean, rstd, eps)")
+            plan["scratch"] = [{"name": "parts", "bytes": blocks * WELFORD_BYTES}]
+            plan["launches"] = [
+                launch("group_norm_stats", blocks, block, [x_ptr, ptr("parts")], vec, itemsize),
+                launch("group_norm_apply", blocks, block,
+                       [x_ptr, *affine.pointers(), ptr("parts"), *outs], vec, itemsize)]
         else:
             unroll = f", {params['unroll']}" if approach == "block_welford" else ""
-            for name, vec in kernel_names("group_norm", params["vec"]):
-                wrappers.append(
-                    f'extern "C" __global__ void __launch_bounds__({block}) {name}(\n    '
-                    + ", ".join([f"const {x.ctype}* __restrict__ x", *affine_c, *outs_c]) + ") {\n"
-                    f"  group_norm_{approach}<{x.ctype}, {wt}, {ts}, {shape}, {block}, {vec}{unroll}, "
-                    f"{flags}>(x, {', '.join(affine_args)}, y, mean, rstd, eps);\n}}\n")
-        return Kernel("\n".join(wrappers), self.launcher(problem, approach, params))
-
-    def launcher(self, problem: GroupNormProblem, approach: str, params: Params) -> str:
-        call, x = problem.call, problem.x
-        lines = ["def launch(kernels, *args, **kwargs):\n",
-                 f"    x = {call.source(0)}\n", expect_line("x", "input", x)]
-        inputs = ["x"]
-        for var, t, index in (("weight", problem.weight, 1), ("bias", problem.bias, 2)):
-            if t is not None:
-                lines += [f"    {var} = {call.source(index)}\n", expect_line(var, var, t)]
-                inputs.append(var)
-        for var, t in zip(("out", "mean", "rstd"), problem.outputs):
-            lines.append(alloc_line(var, t, "x"))
-        lines.append(f"    eps = np.float32({call.source(7)})\n")
-        itemsize = max(t.itemsize for t in (x, problem.weight, problem.bias) if t is not None)
-        block = params["block"]
-        if approach == "split":
-            blocks = problem.groups_total * params["splits"]
-            lines.append(choose_kernels(params["vec"], itemsize, ["x", "out"],
-                                        {"stats": "group_norm_stats", "apply": "group_norm_apply"}))
-            lines.append(f"    parts = torch.empty(({blocks}, 3), dtype=torch.float32, device=x.device)\n")
-            lines.append(f"    stats(({blocks},), ({block},), x, parts)\n")
-            lines.append(f"    apply(({blocks},), ({block},), {', '.join(inputs)}, parts, out, mean, "
-                         "rstd, eps)\n")
-        else:
-            lines.append(choose_kernels(params["vec"], itemsize, ["x", "out"], {"kernel": "group_norm"}))
-            lines.append(f"    kernel(({problem.groups_total},), ({block},), {', '.join(inputs)}, out, "
-                         "mean, rstd, eps)\n")
-        lines.append("    return out, mean, rstd\n")
-        return "".join(lines)
+            source = entry_points(
+                "group_norm", vec, block, [x_c, *affine.c_params(wt), *outs_c],
+                lambda v: f"group_norm_{approach}<{x.ctype}, {wt}, {ts}, {shape}, {block}, {v}{unroll}, "
+                          f"{affine.flags()}>(x, {affine.c_args()}, y, mean, rstd, eps)")
+            plan["launches"] = [launch("group_norm", problem.groups_total, block,
+                                       [x_ptr, *affine.pointers(), *outs], vec, itemsize)]
+        return Kernel(source, plan)

@@ -16,8 +16,10 @@ from kforge.propose.library.families.base import (
     Family,
     Kernel,
     Variant,
-    alloc_line,
-    expect_line,
+    entry_points,
+    launch,
+    new_output,
+    ptr,
 )
 from kforge.propose.library.families.reduce import (
     ReduceProblem,
@@ -59,10 +61,8 @@ class AdaptiveAvgPool(Family):
     reference = "window"
 
     def analyze(self, call: Call) -> PoolProblem:
-        x, out = call.tensor(0, "the input"), call.outputs[0]
-        require_float(x, out)
-        if x.numel == 0 or x.ndim not in (3, 4):
-            raise Declined("the input is not a non-empty 3-d or 4-d tensor")
+        x, out = pooled_input(call), call.outputs[0]
+        require_float(out)
         global_ = None
         if tuple(out.shape[-2:]) == (1, 1):
             try:
@@ -82,23 +82,21 @@ class AdaptiveAvgPool(Family):
     def render(self, problem: PoolProblem, approach: str, params: Params, gpu: GpuInfo) -> Kernel:
         if approach != "window":
             assert problem.global_ is not None
-            return render_reduce(problem.global_, approach, params, problem.call.source(0))
+            return render_reduce(problem.global_, approach, params)
         x, out = problem.x, problem.out
-        geometry = window_geometry(x, out)
-        h, w, oh, ow = x.shape[-2], x.shape[-1], out.shape[-2], out.shape[-1]
-        geometry += (f"  static constexpr int H = {h}, W = {w}, OH = {oh}, OW = {ow};\n"
-                     f"  static constexpr Index XH = {x.stride[-2]}, XW = {x.stride[-1]};\n}};\n")
-        source = geometry + "\n" + window_kernel(
-            "adaptive_avg_pool", params,
-            f"const {x.ctype}* __restrict__ x, {out.ctype}* __restrict__ y",
-            f"adaptive_avg_pool_window<Geometry, {x.ctype}, {params['unroll']}>(x, y)")
-        blocks = ceil_div(out.numel, params["block"] * params["unroll"])
-        launcher = ("def launch(kernels, *args, **kwargs):\n"
-                    f"    x = {problem.call.source(0)}\n" + expect_line("x", "input", x)
-                    + alloc_line("out", out, "x")
-                    + f"    kernels.adaptive_avg_pool(({blocks},), ({params['block']},), x, out)\n"
-                    "    return out\n")
-        return Kernel(source, launcher)
+        geometry = window_geometry(x, out, OH=out.shape[-2], OW=out.shape[-1])
+        return render_window(
+            problem.call, "adaptive_avg_pool", geometry, params,
+            [f"const {x.ctype}* __restrict__ x", f"{out.ctype}* __restrict__ y"],
+            f"adaptive_avg_pool_window<Geometry, {x.ctype}, {params['unroll']}>(x, y)", {"out": out})
+
+
+def pooled_input(call: Call) -> TensorArg:
+    """The input of a 2-d pooling; Declined unless a non-empty 3-d or 4-d float tensor."""
+    x = call.float_tensor(0, "the input")
+    if x.ndim not in (3, 4):
+        raise Declined("the input is not a 3-d or 4-d tensor")
+    return x
 
 
 def window_space(outputs: int) -> Space | None:
@@ -112,15 +110,16 @@ def window_space(outputs: int) -> Space | None:
                        {"block": 128, "unroll": 1})
 
 
-def window_geometry(x: TensorArg, out: TensorArg) -> str:
-    """The head of a pooling ``Geometry``: index type, output count, and ``split`` from a linear
-    output index (in the output's memory order) to the input plane's offset, the output row and
-    column, and the output offset."""
+def window_geometry(x: TensorArg, out: TensorArg, **constants: int) -> str:
+    """A pooling kernel's ``Geometry``: index type, output count, ``split`` from a linear output
+    index (in the output's memory order) to the input plane's offset, the output row and column,
+    and the output offset; the input's height, width and strides, and ``constants``."""
     split, coords = coords_code(out.shape, out.stride)
     lead = len(out.shape) - 2
     plane = linear_code(coords[:lead], x.stride[:lead])
     body = "".join(f"    {line}\n" for line in split.splitlines())
     index = index_type(max_offset(x), max_offset(out))
+    named = ", ".join(f"{name} = {value}" for name, value in constants.items())
     return ("struct Geometry {\n"
             f"  using Index = {index};\n"
             f"  static constexpr Index NUMEL = {out.numel};\n"
@@ -129,13 +128,23 @@ def window_geometry(x: TensorArg, out: TensorArg) -> str:
             f"{body}"
             f"    plane = {plane};\n    oh = {coords[-2]};\n    ow = {coords[-1]};\n"
             f"    out = {linear_code(coords, out.stride)};\n"
-            "  }\n")
+            "  }\n"
+            f"  static constexpr int H = {x.shape[-2]}, W = {x.shape[-1]};\n"
+            f"  static constexpr int {named};\n"
+            f"  static constexpr Index XH = {x.stride[-2]}, XW = {x.stride[-1]};\n}};\n")
 
 
-def window_kernel(name: str, params: Params, signature: str, call: str) -> str:
-    return (f'extern "C" __global__ void __launch_bounds__({params["block"]}) {name}({signature}) {{\n'
-            f"  {call};\n}}\n")
-
+def render_window(call: Call, name: str, geometry: str, params: Params, signature: list[str],
+                  body: str, outputs: dict[str, TensorArg]) -> Kernel:
+    """A window kernel (``body`` on one output per thread, ``unroll`` outputs each) and its plan:
+    the input, then ``outputs`` (plan name: eager's tensor), the first of which sets the count."""
+    first = next(iter(outputs.values()))
+    blocks = ceil_div(first.numel, params["block"] * params["unroll"])
+    plan = {"outputs": [new_output(output, t) for output, t in outputs.items()],
+            "launches": [launch(name, blocks, params["block"],
+                                [ptr(call.arg_name(0)), *map(ptr, outputs)])]}
+    return Kernel(geometry + "\n" + entry_points(name, 1, params["block"], signature, lambda _: body),
+                  plan)
 
 
 def pair(value: list[int] | int) -> tuple[int, int]:
@@ -165,11 +174,8 @@ class MaxPool2d(Family):
     reference = "window"
 
     def analyze(self, call: Call) -> MaxPoolProblem:
-        x = call.tensor(0, "the input")
+        x = pooled_input(call)
         out, indices = call.outputs
-        require_float(x)
-        if x.numel == 0 or x.ndim not in (3, 4):
-            raise Declined("the input is not a non-empty 3-d or 4-d tensor")
         if indices.stride != out.stride:
             raise Declined("eager's values and indices are laid out differently here")
         kernel = pair(call.value(1))
@@ -185,19 +191,10 @@ class MaxPool2d(Family):
         x, out = problem.x, problem.out
         (kh, kw), (sh, sw), (ph, pw), (dh, dw) = (problem.kernel, problem.stride, problem.padding,
                                                   problem.dilation)
-        geometry = window_geometry(x, out) + (
-            f"  static constexpr int H = {x.shape[-2]}, W = {x.shape[-1]};\n"
-            f"  static constexpr int KH = {kh}, KW = {kw}, SH = {sh}, SW = {sw}, PH = {ph}, PW = {pw}, "
-            f"DH = {dh}, DW = {dw};\n"
-            f"  static constexpr Index XH = {x.stride[-2]}, XW = {x.stride[-1]};\n}};\n")
-        source = geometry + "\n" + window_kernel(
-            "max_pool", params,
-            f"const {x.ctype}* __restrict__ x, {out.ctype}* __restrict__ y, int64_t* __restrict__ indices",
-            f"max_pool_window<Geometry, {x.ctype}, {params['unroll']}>(x, y, indices)")
-        blocks = ceil_div(out.numel, params["block"] * params["unroll"])
-        launcher = ("def launch(kernels, *args, **kwargs):\n"
-                    f"    x = {problem.call.source(0)}\n" + expect_line("x", "input", x)
-                    + alloc_line("out", out, "x") + alloc_line("indices", problem.indices, "x")
-                    + f"    kernels.max_pool(({blocks},), ({params['block']},), x, out, indices)\n"
-                    "    return out, indices\n")
-        return Kernel(source, launcher)
+        geometry = window_geometry(x, out, KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw)
+        return render_window(
+            problem.call, "max_pool", geometry, params,
+            [f"const {x.ctype}* __restrict__ x", f"{out.ctype}* __restrict__ y",
+             "int64_t* __restrict__ indices"],
+            f"max_pool_window<Geometry, {x.ctype}, {params['unroll']}>(x, y, indices)",
+            {"out": out, "indices": problem.indices})

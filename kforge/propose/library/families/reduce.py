@@ -19,10 +19,13 @@ from kforge.propose.library.families.base import (
     Family,
     Kernel,
     Variant,
-    alloc_line,
-    choose_kernels,
-    expect_line,
-    kernel_names,
+    cuda_bool,
+    entry_points,
+    f32,
+    i64,
+    launch,
+    new_output,
+    ptr,
     sm_count,
     vec_options,
 )
@@ -165,40 +168,37 @@ def columns_space(s: Shape3, itemsize: int, gpu: GpuInfo) -> Space | None:
     return Space.build(axes, valid, default, {"tile_x": 32, "tile_y": 4, "vec": 1})
 
 
-def render_reduce(problem: ReduceProblem, approach: str, params: Params, x_source: str) -> Kernel:
+def render_reduce(problem: ReduceProblem, approach: str, params: Params) -> Kernel:
     x, out, s = problem.x, problem.out, problem.shape
-    head = f"const {x.ctype}* __restrict__ x, {out.ctype}* __restrict__ y"
-    wrappers = []
+    head = [f"const {x.ctype}* __restrict__ x", f"{out.ctype}* __restrict__ y"]
+    pointers = [ptr(problem.call.arg_name(0)), ptr("out")]
     if approach == "columns":
         block = params["tile_x"] * params["tile_y"]
-        grid = f"({ceil_div(s.k2, params['tile_x'] * params['vec'])}, {s.k1})"
-        for name, vec in kernel_names("reduce", params["vec"]):
-            wrappers.append(
-                f'extern "C" __global__ void __launch_bounds__({block}) {name}({head}, float scale) {{\n'
-                f"  reduce_columns<{x.ctype}, {out.ctype}, {s.k2}, {s.r}, {s.k1_stride}, {s.r_stride}, "
-                f"{s.out_k1}, {s.out_k2}, {params['tile_x']}, {params['tile_y']}, {vec}>(x, y, scale);\n}}\n")
-        call = f"    kernel({grid}, ({block},), x, out, np.float32({scale(problem)!r}))\n"
+        grid = (ceil_div(s.k2, params["tile_x"] * params["vec"]), s.k1)
+        source = entry_points("reduce", params["vec"], block, [*head, "float scale"], lambda vec: (
+            f"reduce_columns<{x.ctype}, {out.ctype}, {s.k2}, {s.r}, {s.k1_stride}, {s.r_stride}, "
+            f"{s.out_k1}, {s.out_k2}, {params['tile_x']}, {params['tile_y']}, {params['vec']}, "
+            f"{cuda_bool(vec > 1)}>(x, y, scale)"))
+        kernel_params = [*pointers, f32(scale(problem))]
     else:
         rows = s.rows
         block = params["threads_per_row"] * params["rows_per_block"]
-        grid = f"({ceil_div(rows.rows, params['rows_per_block'])},)"
-        for name, vec in kernel_names("reduce", params["vec"]):
+        grid = (ceil_div(rows.rows, params["rows_per_block"]),)
+
+        def body(vec: int) -> str:
             if approach == "tile":
-                body = (f"reduce_rows_tile<{x.ctype}, {out.ctype}, {rows.cols}, {s.out_k1}, "
+                return (f"reduce_rows_tile<{x.ctype}, {out.ctype}, {rows.cols}, {s.out_k1}, "
                         f"{params['threads_per_row']}, {params['rows_per_block']}, {vec}>")
-            else:
-                body = (f"reduce_rows<{x.ctype}, {out.ctype}, {rows.cols}, {rows.stride}, {s.out_k1}, "
-                        f"{params['threads_per_row']}, {params['rows_per_block']}, {vec}, {params['unroll']}>")
-            wrappers.append(
-                f'extern "C" __global__ void __launch_bounds__({block}) {name}({head}, int64_t rows, '
-                f"float scale) {{\n  {body}(x, y, rows, scale);\n}}\n")
-        call = (f"    kernel({grid}, ({block},), x, out, np.int64({rows.rows}), "
-                f"np.float32({scale(problem)!r}))\n")
-    launcher = ("def launch(kernels, *args, **kwargs):\n"
-                f"    x = {x_source}\n" + expect_line("x", "input", x) + alloc_line("out", out, "x")
-                + choose_kernels(params["vec"], x.itemsize, ["x"], {"kernel": "reduce"})
-                + call + "    return out\n")
-    return Kernel("\n".join(wrappers), launcher)
+            return (f"reduce_rows<{x.ctype}, {out.ctype}, {rows.cols}, {rows.stride}, {s.out_k1}, "
+                    f"{params['threads_per_row']}, {params['rows_per_block']}, {vec}, "
+                    f"{params['unroll']}>")
+
+        source = entry_points("reduce", params["vec"], block, [*head, "int64_t rows", "float scale"],
+                              lambda vec: f"{body(vec)}(x, y, rows, scale)")
+        kernel_params = [*pointers, i64(rows.rows), f32(scale(problem))]
+    plan = {"outputs": [new_output("out", out)],
+            "launches": [launch("reduce", grid, block, kernel_params, params["vec"], x.itemsize)]}
+    return Kernel(source, plan)
 
 
 def scale(problem: ReduceProblem) -> float:
@@ -212,10 +212,8 @@ class Reduction(Family):
     reference = "rows"
 
     def analyze(self, call: Call) -> ReduceProblem:
-        x, out = call.tensor(0, "the input"), call.outputs[0]
-        require_float(x, out)
-        if x.numel == 0:
-            raise Declined("the input is empty")
+        x, out = call.float_tensor(0, "the input"), call.outputs[0]
+        require_float(out)
         dims = call.value(1)
         reduced = set(range(x.ndim)) if not dims else {d % max(x.ndim, 1) for d in dims}
         shape = reduce_shape(x, reduced, out, bool(call.value(2)))
@@ -225,4 +223,4 @@ class Reduction(Family):
         return reduce_variants(problem, gpu)
 
     def render(self, problem: ReduceProblem, approach: str, params: Params, gpu: GpuInfo) -> Kernel:
-        return render_reduce(problem, approach, params, problem.call.source(0))
+        return render_reduce(problem, approach, params)

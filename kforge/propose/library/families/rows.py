@@ -15,15 +15,16 @@ import numpy as np
 from kforge.core.gpu import GpuInfo
 from kforge.propose.library.cards import Call, Declined, TensorArg, require_float
 from kforge.propose.library.families.base import (
+    Affine,
     Family,
     Kernel,
     Variant,
-    alloc_line,
-    choose_kernels,
-    cuda_bool,
     entry_points,
-    expect_line,
-    kernel_names,
+    f32,
+    i64,
+    launch,
+    new_output,
+    ptr,
     sm_count,
     vec_options,
 )
@@ -129,11 +130,11 @@ class Softmax(Family):
     reference = "two_pass"
 
     def analyze(self, call: Call) -> SoftmaxProblem:
-        x = call.tensor(0, "the input")
+        x = call.float_tensor(0, "the input")
         dim, out = call.value(1), call.outputs[0]
         if x.ndim == 0:
             raise Declined("softmax of a 0-d tensor")
-        require_float(x, out)
+        require_float(out)
         dim %= x.ndim
         if any(n != 1 for n in x.shape[dim + 1:]):
             raise Declined(f"softmax over dimension {dim} of {x.describe()}, not the innermost, "
@@ -157,25 +158,17 @@ class Softmax(Family):
 
     def render(self, problem: SoftmaxProblem, approach: str, params: Params, gpu: GpuInfo) -> Kernel:
         x, out, rows = problem.x, problem.out, problem.rows
-        unrolled = approach == "online"
         grid, block = launch_geometry(rows, params)
-        wrappers = []
-        for name, vec in kernel_names("softmax", params["vec"]):
-            wrappers.append(
-                f'extern "C" __global__ void __launch_bounds__({block}) {name}(\n'
-                f"    const {x.ctype}* __restrict__ x, {out.ctype}* __restrict__ y, int64_t rows) {{\n"
-                f"  softmax_{approach}<{x.ctype}, {out.ctype}, "
-                f"{template_args(rows, params, vec, unrolled)}>(x, y, rows);\n}}\n")
-        launcher = (
-            "def launch(kernels, *args, **kwargs):\n"
-            f"    x = {problem.call.source(0)}\n"
-            + expect_line("x", "input", x)
-            + alloc_line("out", out, "x")
-            + choose_kernels(params["vec"], max(x.itemsize, out.itemsize), ["x", "out"],
-                             {"kernel": "softmax"})
-            + f"    kernel(({grid},), ({block},), x, out, np.int64({rows.rows}))\n"
-            "    return out\n")
-        return Kernel("\n".join(wrappers), launcher)
+        source = entry_points(
+            "softmax", params["vec"], block,
+            [f"const {x.ctype}* __restrict__ x", f"{out.ctype}* __restrict__ y", "int64_t rows"],
+            lambda vec: f"softmax_{approach}<{x.ctype}, {out.ctype}, "
+                        f"{template_args(rows, params, vec, approach == 'online')}>(x, y, rows)")
+        plan = {"outputs": [new_output("out", out)],
+                "launches": [launch("softmax", grid, block,
+                                    [ptr(problem.call.arg_name(0)), ptr("out"), i64(rows.rows)],
+                                    params["vec"], max(x.itemsize, out.itemsize))]}
+        return Kernel(source, plan)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -187,67 +180,46 @@ class NormProblem:
 
     call: Call
     x: TensorArg
-    weight: TensorArg | None
-    bias: TensorArg | None
+    affine: Affine
     rows: Rows
     outputs: tuple[TensorArg, ...]  # y, then the statistics eager returns
 
-    @property
-    def wtype(self) -> str:
-        affine = self.weight or self.bias
-        return affine.ctype if affine else self.x.ctype
-
 
 def analyze_norm(call: Call, shape_index: int, weight_index: int, bias_index: int | None) -> NormProblem:
-    x = call.tensor(0, "the input")
-    require_float(x)
+    x = call.float_tensor(0, "the input")
     normalized = list(call.value(shape_index))
-    weight = call.value(weight_index)
-    bias = call.value(bias_index) if bias_index is not None else None
-    for t, what in ((weight, "weight"), (bias, "bias")):
-        if t is None:
-            continue
-        if not isinstance(t, TensorArg):
-            raise Declined(f"{what} is not a tensor")
-        require_float(t)
-        if not t.is_contiguous:
-            raise Declined(f"{what} is not contiguous")
-    if weight is not None and bias is not None and weight.dtype != bias.dtype:
-        raise Declined("weight and bias have different dtypes")
+    affine = Affine.read(call, weight_index, bias_index)
     y = call.outputs[0]
     if not y.is_contiguous or not all(s.is_contiguous and s.dtype == "float32" for s in call.outputs[1:]):
         raise Declined("eager's outputs are laid out differently than expected here")
-    return NormProblem(call, x, weight, bias, row_view(x, len(normalized)), call.outputs)
+    return NormProblem(call, x, affine, row_view(x, len(normalized)), call.outputs)
 
 
 def norm_vecs(problem: NormProblem) -> tuple[int, ...]:
-    tensors = [problem.x] + [t for t in (problem.weight, problem.bias) if t is not None]
-    return row_vecs(problem.rows, *tensors)
+    return row_vecs(problem.rows, problem.x, *problem.affine.present)
 
 
-def norm_launcher(problem: NormProblem, name: str, params: Params, eps_source: str,
-                  out_names: list[str]) -> str:
-    """Launcher shared by the norms: check inputs, allocate eager's outputs, launch once."""
-    call, x = problem.call, problem.x
-    grid, block = launch_geometry(problem.rows, params)
-    lines = ["def launch(kernels, *args, **kwargs):\n",
-             f"    x = {call.source(0)}\n", expect_line("x", "input", x)]
-    aligned = ["x"]
-    for var, t, index in (("weight", problem.weight, 2), ("bias", problem.bias, 3)):
-        if t is not None:
-            lines.append(f"    {var} = {call.source(index)}\n")
-            lines.append(expect_line(var, var, t))
-            aligned.append(var)
-    for var, t in zip(out_names, problem.outputs):
-        lines.append(alloc_line(var, t, "x"))
-    aligned.append("out")
-    itemsize = max(t.itemsize for t in [x] + [t for t in (problem.weight, problem.bias) if t])
-    lines.append(choose_kernels(params["vec"], itemsize, aligned, {"kernel": name}))
-    lines.append(f"    eps = {eps_source}\n")
-    lines.append(f"    kernel(({grid},), ({block},), {', '.join(aligned[:-1] + out_names)}, "
-                 f"np.int64({problem.rows.rows}), np.float32(eps))\n")
-    lines.append(f"    return {', '.join(out_names)}\n")
-    return "".join(lines)
+def render_norm(problem: NormProblem, name: str, approach: str, params: Params, unrolled: bool,
+                stats: tuple[str, ...], eps: float | str) -> Kernel:
+    """A norm's kernels (template ``<name>_<approach>``) and plan: one launch over the rows,
+    taking the input, the weight and bias present, eager's outputs (y, then the float statistics
+    ``stats``), rows and ``eps``."""
+    x, affine, rows = problem.x, problem.affine, problem.rows
+    grid, block = launch_geometry(rows, params)
+    params_c = [f"const {x.ctype}* __restrict__ x", *affine.c_params(affine.ctype(x)),
+                f"{x.ctype}* __restrict__ y", *(f"float* __restrict__ {s}" for s in stats),
+                "int64_t rows", "float eps"]
+    args = ", ".join(["x", affine.c_args(), "y", *stats, "rows", "eps"])
+    source = entry_points(name, params["vec"], block, params_c, lambda vec: (
+        f"{name}_{approach}<{x.ctype}, {affine.ctype(x)}, "
+        f"{template_args(rows, params, vec, unrolled)}, {affine.flags()}>({args})"))
+    outputs = ("out", *stats)
+    plan = {"outputs": [new_output(n, t) for n, t in zip(outputs, problem.outputs)],
+            "launches": [launch(name, grid, block,
+                                [ptr(problem.call.arg_name(0)), *affine.pointers(),
+                                 *map(ptr, outputs), i64(rows.rows), f32(eps)],
+                                params["vec"], max(t.itemsize for t in [x, *affine.present]))]}
+    return Kernel(source, plan)
 
 
 class LayerNorm(Family):
@@ -271,23 +243,8 @@ class LayerNorm(Family):
         ]
 
     def render(self, problem: NormProblem, approach: str, params: Params, gpu: GpuInfo) -> Kernel:
-        x, wt = problem.x, problem.wtype
-        has_w, has_b = problem.weight is not None, problem.bias is not None
-        _, block = launch_geometry(problem.rows, params)
-        params_c = [f"const {x.ctype}* __restrict__ x"]
-        params_c += [f"const {wt}* __restrict__ w"] if has_w else []
-        params_c += [f"const {wt}* __restrict__ b"] if has_b else []
-        params_c += [f"{x.ctype}* __restrict__ y", "float* __restrict__ mean",
-                     "float* __restrict__ rstd", "int64_t rows", "float eps"]
-        call_args = ["x", "w" if has_w else "nullptr", "b" if has_b else "nullptr", "y", "mean",
-                     "rstd", "rows", "eps"]
-        source = entry_points("layer_norm", params["vec"], block, params_c, lambda vec: (
-            f"layer_norm_{approach}<{x.ctype}, {wt}, "
-            f"{template_args(problem.rows, params, vec, approach == 'welford')}, "
-            f"{cuda_bool(has_w)}, {cuda_bool(has_b)}>({', '.join(call_args)})"))
-        launcher = norm_launcher(problem, "layer_norm", params, problem.call.source(4),
-                                 ["out", "mean", "rstd"])
-        return Kernel(source, launcher)
+        return render_norm(problem, "layer_norm", approach, params, approach == "welford",
+                           ("mean", "rstd"), problem.call.arg_name(4))
 
 
 class RmsNorm(Family):
@@ -309,19 +266,5 @@ class RmsNorm(Family):
         ]
 
     def render(self, problem: NormProblem, approach: str, params: Params, gpu: GpuInfo) -> Kernel:
-        x, wt = problem.x, problem.wtype
-        has_w = problem.weight is not None
-        _, block = launch_geometry(problem.rows, params)
-        params_c = [f"const {x.ctype}* __restrict__ x"]
-        params_c += [f"const {wt}* __restrict__ w"] if has_w else []
-        params_c += [f"{x.ctype}* __restrict__ y", "float* __restrict__ rstd", "int64_t rows",
-                     "float eps"]
-        call_args = ["x", "w" if has_w else "nullptr", "y", "rstd", "rows", "eps"]
-        source = entry_points("rms_norm", params["vec"], block, params_c, lambda vec: (
-            f"rms_norm_{approach}<{x.ctype}, {wt}, "
-            f"{template_args(problem.rows, params, vec, approach == 'loop')}, "
-            f"{cuda_bool(has_w)}>({', '.join(call_args)})"))
-        eps = problem.call.value(3)
-        eps_source = repr(FLOAT_EPSILON) if eps is None else problem.call.source(3)
-        launcher = norm_launcher(problem, "rms_norm", params, eps_source, ["out", "rstd"])
-        return Kernel(source, launcher)
+        eps = FLOAT_EPSILON if problem.call.value(3) is None else problem.call.arg_name(3)
+        return render_norm(problem, "rms_norm", approach, params, approach == "loop", ("rstd",), eps)

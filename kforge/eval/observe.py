@@ -1,0 +1,127 @@
+"""What one call returned, as the checks see it, and the verdicts those checks reach.
+
+A call's results are its returned tensors, then the arguments the op writes in place, each with
+its layout and the input buffer it aliases. Two observations are compared layout first, then
+values (``kforge.eval.compare``); the first difference ends the evaluation with a ``Verdict``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kforge.core.candidate import EvalStatus
+from kforge.eval.compare import Meta, ValueReport, compare_structure, compare_values, layout_problem
+from kforge.eval.inputs import InputSet
+from kforge.eval.ops import flatten_tensors, mutated_values
+
+
+class Verdict(Exception):
+    """An evaluation decided before its end."""
+
+    def __init__(self, status: EvalStatus, summary: str, *, restart: bool = False,
+                 **details: Any) -> None:
+        super().__init__(summary)
+        self.status = status
+        self.summary = summary
+        self.restart = restart  # the process is unfit for another evaluation (EvalOutcome.restart)
+        self.details = details
+
+
+@dataclass
+class Observed:
+    """One call's results: its return value, and the tensors to compare (returned tensors, then
+    the arguments the op writes) with their layouts and the input each one aliases."""
+
+    returned: Any
+    tensors: list[torch.Tensor]
+    metas: list[Meta]
+    aliases: list[int | None]
+
+
+def aliased_buffer(t: torch.Tensor, inputs: InputSet) -> int | None:
+    """Index of the input buffer whose memory ``t`` lies in, if any."""
+    if t.numel() == 0:
+        return None
+    ptr = t.data_ptr()
+    for i, buf in enumerate(inputs.buffers):
+        start = buf.base.data_ptr()
+        if start <= ptr < start + buf.base.numel() * buf.base.element_size():
+            return i
+    return None
+
+
+def plain_problem(t: Any) -> str | None:
+    """Why a returned value is not a plain tensor with storage (a lazy subclass, a meta tensor)."""
+    if type(t) is not torch.Tensor:
+        return f"is a {type(t).__name__}, not a plain torch.Tensor"
+    if t.device.type == "meta":
+        return "is a meta tensor with no data"
+    try:
+        t.untyped_storage()
+    except (RuntimeError, NotImplementedError):
+        return "has no storage"
+    return None
+
+
+def observe(returned: Any, inputs: InputSet, written: list[int], candidate: bool) -> Observed:
+    tensors, metas, aliases = [], [], []
+    for i, t in enumerate(flatten_tensors(returned)):
+        if candidate and (problem := plain_problem(t)):
+            raise Verdict(EvalStatus.CHEAT, f"returned tensor {i} {problem}")
+        alias = aliased_buffer(t, inputs)
+        tensors.append(t.clone() if alias is not None else t)
+        metas.append(Meta.of(t))
+        aliases.append(alias)
+    for i in written:
+        view = inputs.buffers[i].view
+        tensors.append(view.clone())
+        metas.append(Meta.of(view))
+        aliases.append(i)
+    return Observed(returned, tensors, metas, aliases)
+
+
+def compare_observed(out: Observed, ref: Observed, label: str) -> list[ValueReport]:
+    """Check ``out`` against eager's ``ref``; raise a MISMATCH verdict at the first difference."""
+    if problem := compare_structure(out.returned, ref.returned):
+        raise Verdict(EvalStatus.MISMATCH, f"{label}: {problem}")
+    reports = []
+    for i, (o, r) in enumerate(zip(out.tensors, ref.tensors)):
+        what = f"{label}, result {i}"
+        if out.aliases[i] != ref.aliases[i]:
+            theirs = ("a new tensor" if ref.aliases[i] is None
+                      else f"tensor argument {ref.aliases[i]} itself")
+            raise Verdict(EvalStatus.MISMATCH, f"{what}: eager returns {theirs}, the candidate "
+                          + ("a new tensor" if out.aliases[i] is None
+                             else f"memory of tensor argument {out.aliases[i]}"))
+        if problem := layout_problem(out.metas[i], ref.metas[i]):
+            raise Verdict(EvalStatus.MISMATCH, f"{what} {problem}")
+        report = compare_values(o, r)
+        if not report.ok:
+            raise Verdict(EvalStatus.MISMATCH, f"{what}: {report.reason}", report=report.to_dict())
+        reports.append(report)
+    return reports
+
+
+def same_bytes(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Bitwise equality (NaN equals the same NaN)."""
+    if x.shape != y.shape or x.dtype != y.dtype:
+        return False
+    return torch.equal(x.contiguous().reshape(-1).view(torch.uint8),
+                       y.contiguous().reshape(-1).view(torch.uint8))
+
+
+def bitwise_equal(a: Observed, b: Observed) -> bool:
+    return len(a.tensors) == len(b.tensors) and all(
+        same_bytes(x, y) for x, y in zip(a.tensors, b.tensors))
+
+
+def written_buffers(op_name: str, inputs: InputSet) -> list[int]:
+    """Indices of the input buffers the op writes in place (``self`` of add_, ``out=``)."""
+    index = {id(b.view): i for i, b in enumerate(inputs.buffers)}
+    values = mutated_values(op_name, inputs.args, inputs.kwargs)
+    return [index[id(t)] for t in flatten_tensors(values) if id(t) in index]
+
+
