@@ -191,7 +191,9 @@ def host_cost(device: torch.device, calls: int) -> None:
     where = "stand-in backend, no GPU: the launch path without the driver's launch" \
         if device.type != "cuda" else torch.cuda.get_device_name(device)
     print(f"\nhost time per call of {card.short_op}({card.signature}), {calls} calls per path "
-          f"({where})")
+          f"({where}); launches "
+          + ("straight to cuLaunchKernel, parameters packed once" if runner.direct
+             else "through the backend's generic launch"))
     print(f"{'path':<36} {'median':>9} {'p10':>9} {'p90':>9} {'vs eager':>9}")
     for name, values in samples.items():
         deciles = statistics.quantiles(values, n=10)

@@ -1,10 +1,11 @@
-"""A node's kernel against its parent's, as a unified diff of the source and the launcher."""
+"""A node's kernel against its parent's, as a unified diff of the source and the launch plan."""
 
 from __future__ import annotations
 
 import difflib
 
 from kforge.core.candidate import Candidate
+from kforge_tui.format import plan_text
 
 
 def candidate_diff(parent: Candidate | None, child: Candidate, parent_name: str,
@@ -12,7 +13,7 @@ def candidate_diff(parent: Candidate | None, child: Candidate, parent_name: str,
     """Unified diff lines (no trailing newlines); a root node is diffed against nothing."""
     lines: list[str] = []
     for part, old, new in (("kernel.cu", parent.source if parent else "", child.source),
-                           ("launcher.py", parent.launcher if parent else "", child.launcher)):
+                           ("plan.json", plan_text(parent), plan_text(child))):
         lines += difflib.unified_diff(old.splitlines(), new.splitlines(),
                                       fromfile=f"{parent_name}/{part}",
                                       tofile=f"{child_name}/{part}", lineterm="")

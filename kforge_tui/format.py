@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 
 from kforge.core.argspec import tensor_specs
-from kforge.core.candidate import EvalOutcome, Timing
+from kforge.core.candidate import Candidate, EvalOutcome, Timing
 from kforge.core.fmt import fmt_age, fmt_speedup, fmt_us
 from kforge.core.settings import SessionSettings
 from kforge.store import NodeStatus
@@ -156,3 +156,10 @@ def llm_report(detail: NodeDetail) -> str:
             body += ["", f"» error: {call['error']}"]
         parts.append("\n".join(body))
     return "\n\n".join(parts)
+
+
+def plan_text(candidate: Candidate | None) -> str:
+    """A candidate's launch plan as indented JSON ("" for none)."""
+    if candidate is None or candidate.plan is None:
+        return ""
+    return json.dumps(candidate.plan, indent=1) + "\n"

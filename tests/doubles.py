@@ -37,6 +37,12 @@ def timing(us: float) -> Timing:
     return Timing(median_us=us, p10_us=us * 0.98, p90_us=us * 1.02, reps=50)
 
 
+# What a fake candidate's host side says: one launch of its one kernel.
+FAKE_PLAN = {"outputs": [{"name": "out", "like": "self"}],
+             "launches": [{"kernel": "k", "grid": [1], "block": [32],
+                           "params": [{"ptr": "self"}, {"ptr": "out"}]}]}
+
+
 class FakeProposer:
     """Writes a 'kernel' whose speed is drawn from its seed; refinements of a good parent are
     usually a little better, repairs usually work."""
@@ -70,8 +76,7 @@ class FakeProposer:
         meta = {"approach": f"fake-{request.action}", "speed": speed, "seed": request.seed,
                 "broken": broken}
         source = f'extern "C" __global__ void k_{request.seed}(float* x) {{ /* {speed} */ }}'
-        return Proposal(candidates=[Candidate(source=source, launcher="def launch(k, *a): pass",
-                                              meta=meta)], calls=calls)
+        return Proposal(candidates=[Candidate(source=source, plan=FAKE_PLAN, meta=meta)], calls=calls)
 
     async def close(self) -> None:
         pass

@@ -1,8 +1,8 @@
 """Candidates (a kernel proposal) and evaluation outcomes: the data that crosses the
 proposer -> engine -> evaluator boundary and is stored per search node.
 
-A candidate is CUDA C++ device code compiled with NVRTC plus a small Python launcher; see
-``docs/candidate-format.md`` for the contract both sides follow.
+A candidate is CUDA C++ device code compiled with NVRTC plus a launch plan, the host side as data
+that kforge interprets; see ``docs/candidate-format.md`` for the contract both sides follow.
 """
 
 from __future__ import annotations
@@ -26,13 +26,12 @@ class Candidate:
     """
 
     source: str
-    launcher: str = ""
-    meta: dict = field(default_factory=dict)
     plan: dict | None = None
+    meta: dict = field(default_factory=dict)
 
     @property
     def digest(self) -> str:
-        host = json.dumps(self.plan, sort_keys=True) if self.plan is not None else self.launcher
+        host = json.dumps(self.plan, sort_keys=True)
         return hashlib.sha256((self.source + "\0" + host).encode()).hexdigest()[:16]
 
     @property
@@ -44,8 +43,8 @@ class Candidate:
 
     @classmethod
     def from_dict(cls, data: dict) -> Candidate:
-        return cls(source=data["source"], launcher=data.get("launcher") or "",
-                   meta=dict(data.get("meta") or {}), plan=data.get("plan"))
+        return cls(source=data["source"], plan=data.get("plan"),
+                   meta=dict(data.get("meta") or {}))
 
 
 class EvalStatus(StrEnum):
@@ -53,7 +52,7 @@ class EvalStatus(StrEnum):
 
     OK = "ok"
     COMPILE_ERROR = "compile_error"  # NVRTC rejected the source
-    LAUNCH_ERROR = "launch_error"  # the launcher raised, or a launch was refused
+    LAUNCH_ERROR = "launch_error"  # the launch plan is malformed or a launch was refused
     CRASH = "crash"  # the worker died (illegal address, trap): the CUDA context is gone
     TIMEOUT = "timeout"  # the kernel hung; the worker was killed
     MISMATCH = "mismatch"  # ran, but the output differs from eager

@@ -20,9 +20,13 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
+from kforge.core.argspec import storage_span
 from kforge.core.candidate import Candidate
 from kforge.core.opcard import OpCard
 from kforge.eval.inputs import Buffer, InputFactory, InputSet, build_set
+from kforge.runtime.plan import Allocation, PlanRunner
 
 TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 # The exit code the sanitizer returns when it found something.
@@ -139,25 +143,46 @@ def _last_lines(text: str, n: int = 6) -> str:
     return " | ".join(ln.strip("= ").strip() for ln in text.strip().splitlines()[-n:])
 
 
-def exact(inputs: InputSet) -> InputSet:
-    """The same arguments in allocations of exactly their size (no canaries around them)."""
-    import torch
+# PyTorch rounds every allocation up to this many bytes, without its cache too.
+ALLOCATION_GRAIN = 512
 
+
+def at_the_end(like: torch.Tensor, values: torch.Tensor | None = None) -> torch.Tensor:
+    """A tensor with ``like``'s shape, strides and dtype whose last element ends its allocation,
+    so the first byte past it is padding; ``values`` copied in."""
+    item = like.element_size()
+    span = storage_span(like.shape, like.stride())
+    total = -(-max(span * item, 1) // ALLOCATION_GRAIN) * ALLOCATION_GRAIN
+    raw = torch.empty(total // item, dtype=like.dtype, device=like.device)
+    tensor = raw.as_strided(like.shape, like.stride(), total // item - span)
+    if values is not None and span:
+        tensor.copy_(values)
+    return tensor
+
+
+def exact(inputs: InputSet) -> InputSet:
+    """The same arguments, each ending where its allocation ends (no canaries around it)."""
     buffers = []
     for buf in inputs.buffers:
-        g = buf.geometry
-        base = torch.empty(g.offset + g.span, dtype=g.dtype, device=buf.view.device)
-        view = base.as_strided(g.shape, g.stride, g.offset)
-        if g.span:
-            view.copy_(buf.view)
-        buffers.append(Buffer(g, base, view))
+        view = at_the_end(buf.view, buf.view)
+        base = view.as_strided((view.untyped_storage().nbytes() // view.element_size(),), (1,), 0)
+        buffers.append(Buffer(buf.geometry, base, view))
     return build_set(inputs.label, inputs.args_spec, inputs.kwargs_spec, buffers,
                      inputs.device)
 
 
+class TailRunner(PlanRunner):
+    """The plan's runner with every new output ending where its allocation ends."""
+
+    def allocate(self) -> Allocation:
+        memory = super().allocate()
+        memory.outputs = [None if t is None else at_the_end(t) for t in memory.outputs]
+        return memory
+
+
 def run_job(path: Path) -> None:
-    """The child: compile, resolve the plan, call the candidate twice on one input set held in
-    allocations of exactly its size."""
+    """The child: compile, resolve the plan, call the candidate twice on one input set, every
+    tensor (inputs and outputs) ending where its allocation ends."""
     from kforge.eval.local import device_context
     from kforge.eval.pipeline import CandidateCalls, plan_runner
 
@@ -169,9 +194,10 @@ def run_job(path: Path) -> None:
         raise SystemExit(f"does not compile: {compiled.log[:500]}")
     samples = Path(job["samples_dir"]) if job["samples_dir"] else None
     with ctx.runtime.scope():
-        runner = plan_runner(card, candidate, ctx.loader.load(compiled), compiled,
-                             ctx.runtime.device)
-        calls = CandidateCalls(runner, ctx.runtime)
+        backend = ctx.loader.load(compiled)
+        plan = plan_runner(card, candidate, backend, compiled, ctx.runtime.device).plan
+        calls = CandidateCalls(TailRunner(plan, card.op, backend, ctx.runtime.device),
+                               ctx.runtime)
         inputs = exact(InputFactory(card, ctx.runtime.device, samples, 1).sets((1,))[0])
         for _ in range(2):
             calls.call(inputs)

@@ -130,13 +130,16 @@ class KernelModule:
         launch = _driver_launch()
         if launch is None:
             return None
-        try:
-            from cuda.bindings import driver
+        from cuda.bindings import driver
 
-            handle = self.kernel(name).handle
-            err, function = driver.cuKernelGetFunction(handle)
-            address = int(function) if err == driver.CUresult.CUDA_SUCCESS else int(handle)
-        except Exception:  # bindings without context-less kernels: the generic path serves
+        handle = self.kernel(name).handle
+        try:
+            address = int(handle)  # cuLaunchKernel takes a CUkernel as well as a CUfunction
+            if isinstance(handle, driver.CUkernel):
+                err, function = driver.cuKernelGetFunction(handle)
+                if err == driver.CUresult.CUDA_SUCCESS:
+                    address = int(function)
+        except (TypeError, ValueError, AttributeError):  # a handle of another kind
             return None
         if shared_mem > DEFAULT_SHARED_LIMIT:
             self.allow_shared(name, shared_mem)

@@ -166,6 +166,11 @@ class PlanRunner:
                     prepared = None
             self._steps.append(_Step(launch, getters, pointers, prepared))
 
+    @property
+    def direct(self) -> bool:
+        """Whether every launch goes straight to the driver with parameters packed once."""
+        return all(step.prepared is not None for step in self._steps)
+
     def allocate(self) -> Allocation:
         outputs: list[torch.Tensor | None] = [None] * len(self.plan.outputs)
         for i, shape, stride, dtype in self._new_outputs:

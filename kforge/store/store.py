@@ -389,10 +389,10 @@ class Store:
             row = await self._node_owner(db, node_id)
             usd = sum(c.usd for c in calls)
             await db.execute(
-                "UPDATE nodes SET status = ?, source = ?, launcher = ?, plan = ?, meta = ?, "
+                "UPDATE nodes SET status = ?, source = ?, plan = ?, meta = ?, "
                 "usd = usd + ? WHERE id = ?", (NodeStatus.EVALUATING, candidate.source,
-                                               candidate.launcher, dumps(candidate.plan),
-                                               dumps(candidate.meta), usd, node_id))
+                                               dumps(candidate.plan), dumps(candidate.meta), usd,
+                                               node_id))
             await self._insert_calls(db, row["session_id"], row["card_id"], node_id, calls)
             await self._event(db, row["session_id"], NodeUpdated(
                 node_id=node_id, card_id=row["card_id"], status=NodeStatus.EVALUATING))
@@ -465,14 +465,13 @@ class Store:
         return [_node(r) for r in rows]
 
     async def get_node(self, node_id: int) -> NodeDetail:
-        rows = await self._read(f"SELECT {_NODE_COLUMNS}, source, launcher, plan FROM nodes "
+        rows = await self._read(f"SELECT {_NODE_COLUMNS}, source, plan FROM nodes "
                                 "WHERE id = ?", (node_id,))
         if not rows:
             raise KforgeError(f"no search node {node_id}")
         r = rows[0]
         row = _node(r)
-        candidate = (Candidate(source=r["source"], launcher=r["launcher"] or "", meta=row.meta,
-                               plan=loads(r["plan"]))
+        candidate = (Candidate(source=r["source"], plan=loads(r["plan"]), meta=row.meta)
                      if r["source"] is not None else None)
         ev = await self._read("SELECT outcome FROM evaluations WHERE node_id = ?", (node_id,))
         outcome = EvalOutcome.from_dict(loads(ev[0]["outcome"])) if ev else None

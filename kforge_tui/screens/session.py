@@ -1,5 +1,5 @@
 """One session in four panes: the op profile, the live search tree of the selected op, the selected
-node's kernel and launcher, and its logs beside the session log. The screen composes one widget
+node's kernel and launch plan, and its logs beside the session log. The screen composes one widget
 per pane, routes what its workers report (by message) to them, and carries the keys' actions."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A read-only text view for kernel source, launcher and logs, coloured by the app's theme."""
+"""A read-only text view for kernel source, launch plans and logs, coloured by the app's theme."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The selected search node in two tabbed panes: its code (kernel and launcher), and its details
+"""The selected search node in two tabbed panes: its code (kernel and launch plan), and its details
 (the evaluation report, the LLM exchange) beside the session log."""
 
 from __future__ import annotations
@@ -7,18 +7,18 @@ from textual.widgets import Log, TabPane
 
 from kforge.store.records import NodeDetail
 from kforge_tui.follow import LOG_TAIL
-from kforge_tui.format import eval_report, llm_report
+from kforge_tui.format import eval_report, llm_report, plan_text
 from kforge_tui.widgets.code_view import CodeView
 from kforge_tui.widgets.panes import PaneTabs
 
 
 class NodeCode(PaneTabs):
-    """kernel.cu and launcher.py of the selected node."""
+    """kernel.cu and plan.json of the selected node."""
 
     def __init__(self, id: str | None = None) -> None:
         super().__init__(TabPane("kernel.cu", CodeView("cuda", id="kernel"), id="tab-kernel"),
-                         TabPane("launcher.py", CodeView("python", id="launcher"),
-                                 id="tab-launcher"), id=id)
+                         TabPane("plan.json", CodeView(id="plan"),
+                                 id="tab-plan"), id=id)
 
     def show_hint(self, text: str) -> None:
         self.query_one("#kernel", CodeView).show_text(text)
@@ -27,7 +27,7 @@ class NodeCode(PaneTabs):
         candidate = detail.candidate
         waiting = "(no kernel: " + detail.row.status.replace("_", " ") + ")"
         self.query_one("#kernel", CodeView).show_text(candidate.source if candidate else waiting)
-        self.query_one("#launcher", CodeView).show_text(candidate.launcher if candidate else "")
+        self.query_one("#plan", CodeView).show_text(plan_text(candidate))
 
 
 class NodeLogs(PaneTabs):

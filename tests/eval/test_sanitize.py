@@ -54,3 +54,18 @@ INITCHECK_MEMCPY = """\
 
 def test_a_report_that_names_no_candidate_kernel_is_not_the_candidates():
     assert kernel_reports(INITCHECK_MEMCPY, {"relu_f32", "relu_f32_scalar"}) == []
+
+
+def test_a_tensor_placed_at_the_end_of_its_allocation_keeps_layout_and_values():
+    import torch
+
+    from kforge.eval.sanitize import ALLOCATION_GRAIN, at_the_end
+
+    like = torch.randn(7, 5).t()  # strides (1, 5)
+    placed = at_the_end(like, like)
+    assert placed.shape == like.shape and placed.stride() == like.stride()
+    assert torch.equal(placed, like)
+    storage = placed.untyped_storage().nbytes()
+    assert storage % ALLOCATION_GRAIN == 0
+    span = 1 + 4 * 1 + 6 * 5  # shape (5, 7), strides (1, 5)
+    assert (placed.storage_offset() + span) * placed.element_size() == storage

@@ -25,9 +25,9 @@ from kforge.propose.both import (
 from kforge.propose.llm import LlmProposer
 from tests.fakes.llm_replies import node, ok_outcome, request
 
-LIBRARY_MADE = Candidate("src", "launcher",
+LIBRARY_MADE = Candidate("src", {"launches": []},
                          {"family": "softmax", "approach": "online", "params": {"block": 256}})
-LLM_MADE = Candidate("src", "launcher", {"proposer": "llm", "model": "m", "approach": "warp per row"})
+LLM_MADE = Candidate("src", {"launches": []}, {"proposer": "llm", "model": "m", "approach": "warp per row"})
 
 
 class StubProposer:
@@ -37,7 +37,7 @@ class StubProposer:
                  declines: str | None = None) -> None:
         self.name = name
         self.reason = declines
-        self.proposal = proposal or Proposal(candidates=[Candidate(f"{name} src", "launcher", {})])
+        self.proposal = proposal or Proposal(candidates=[Candidate(f"{name} src", {"launches": []}, {})])
         self.asked: list[ProposalRequest] = []
         self.closed = False
         self.fail_close = fail_close
