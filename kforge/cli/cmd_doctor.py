@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from rich.text import Text
 
 from kforge.cli.common import add_db_option, out, resolve_db
-from kforge.store.config import config_path, load_config
 from kforge.errors import KforgeError
+from kforge.store.config import config_path, load_config
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 _MARK = {OK: ("ok  ", "green"), WARN: ("warn", "yellow"), FAIL: ("FAIL", "bold red")}

@@ -1,4 +1,5 @@
-"""Evaluation: compile, verify and time candidates (GPU work runs in worker processes).
+"""Evaluation: compile, verify and time candidates (GPU work runs in worker processes), beside
+``propose`` above ``capture``/``store``; compute-sanitizer and re-timing confirm a would-be best.
 
 ``make_gpu_evaluator`` is the engine's factory for the ``gpu`` evaluator. Importing this package
 is cheap: torch and CUDA load only when an evaluator is made.

@@ -120,8 +120,8 @@ def allocate(geometry: Geometry, device: torch.device) -> Buffer:
 
 def decode(spec: Any, device: torch.device, tensors: Iterator[torch.Tensor]) -> Any:
     """An arg spec as the value the op gets on ``device``: tensors are taken in order from
-    ``tensors``, lists become tuples (aten accepts them, and a launcher cannot keep state in
-    them), a CUDA device becomes ``device`` (a card recorded on one GPU runs on another)."""
+    ``tensors``, lists become tuples (as aten accepts them), a CUDA device becomes ``device`` (a
+    card recorded on one GPU runs on another)."""
 
     def named(kind: str, name: Any) -> Any:
         if kind == "device" and str(name).startswith("cuda"):

@@ -13,7 +13,13 @@ from typing import Any
 import torch
 
 from kforge.core.candidate import EvalStatus
-from kforge.eval.compare import Meta, ValueReport, compare_structure, compare_values, layout_problem
+from kforge.eval.compare import (
+    Meta,
+    ValueReport,
+    compare_structure,
+    compare_values,
+    layout_problem,
+)
 from kforge.eval.inputs import InputSet
 from kforge.eval.ops import flatten_tensors, mutated_values
 

@@ -11,7 +11,6 @@ from typing import Any
 import torch
 
 from kforge.core.argspec import resolve_op, storage_span
-from kforge.errors import KforgeError
 
 
 @dataclass(frozen=True)

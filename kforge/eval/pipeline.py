@@ -63,7 +63,13 @@ from kforge.eval.poison import PoisonCycle
 from kforge.eval.precision import judge_precision, precision_reference
 from kforge.eval.timing import Subject, time_interleaved
 from kforge.runtime.nvrtc import CompileResult
-from kforge.runtime.plan import Allocation, Backend, PlanRunner, check_kernels, check_widths
+from kforge.runtime.plan import (
+    Allocation,
+    Backend,
+    PlanRunner,
+    check_kernels,
+    check_widths,
+)
 from kforge.runtime.plan import resolve_for as resolve_plan
 
 # On stress values a result outside eager's tolerances still passes when it is this many times

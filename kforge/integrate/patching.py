@@ -10,7 +10,6 @@ import os
 
 import torch
 
-from kforge.store.config import db_path
 from kforge.errors import KforgeError
 from kforge.integrate.plan import SessionPlan, read_plan
 from kforge.integrate.winners import (
@@ -23,6 +22,7 @@ from kforge.runtime.cubin import KernelModule, device_arch
 from kforge.runtime.guard import Patch
 from kforge.runtime.plan import PlanRunner, check_kernels, check_widths, resolve_for
 from kforge.runtime.table import Entry, KernelTable, Report
+from kforge.store.config import db_path
 
 
 class SessionPatch(Patch):

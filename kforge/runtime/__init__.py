@@ -3,6 +3,6 @@ PyTorch's stream, the table of kernels by exact op variant and the ``torch.libra
 puts them in front of their ops.
 
 Both the evaluator and integration launch through this layer, and ``kforge export`` copies it
-verbatim into every artifact, so it imports nothing from kforge but ``kforge.core.argspec`` and
-``kforge.errors``.
+verbatim into every artifact, so it imports nothing from kforge but ``kforge.errors`` and the core
+modules ``argspec``, ``launch_plan`` and ``opcard``. Layer: above ``core``, below everything else.
 """

@@ -1,4 +1,7 @@
-"""The session store: one SQLite file per workspace (see ``store.Store``)."""
+"""Persistent state, beside ``capture`` above ``runtime``: the session store (one SQLite file per
+workspace, ``store.Store``), its closed set of typed events (``events``), the commands TUI, CLI
+and engine send a search (``commands``), and where kforge keeps its files and reads the user's
+config (``config``)."""
 
 from kforge.store.records import CardStatus, CommandKind, NodeStatus, SessionStatus
 from kforge.store.store import Store

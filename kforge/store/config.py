@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
+from typing import Any
 
 from kforge.core.settings import Origin, Settings
 from kforge.errors import KforgeError
@@ -81,14 +82,18 @@ def load_config(path: Path | None = None) -> Settings:
     path = path or config_path()
     if not path.exists():
         return Settings()
+    return Settings.from_dict(read_toml(path, "config file"), Origin(f"in {path}"))
+
+
+def read_toml(path: Path, what: str) -> dict[str, Any]:
+    """A TOML file's tables; KforgeError naming ``what`` and the file when it cannot be read."""
     try:
         with path.open("rb") as fh:
-            data = tomllib.load(fh)
+            return tomllib.load(fh)
     except tomllib.TOMLDecodeError as exc:
-        raise KforgeError(f"config file {path} is not valid TOML: {exc}") from None
+        raise KforgeError(f"{what} {path} is not valid TOML: {exc}") from None
     except OSError as exc:
-        raise KforgeError(f"cannot read config file {path}: {exc.strerror}") from None
-    return Settings.from_dict(data, Origin(f"in {path}"))
+        raise KforgeError(f"cannot read {what} {path}: {exc.strerror}") from None
 
 
 def save_config_value(section: str, key: str, value: str | int | float | bool,

@@ -3,7 +3,6 @@ user's (``<config dir>/themes/*.toml``), turned into Textual themes plus syntax 
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,7 +11,7 @@ from textual.theme import Theme
 
 from kforge.core.settings import DEFAULT_THEME
 from kforge.errors import KforgeError
-from kforge.store.config import config_dir
+from kforge.store.config import config_dir, read_toml
 
 # What the syntax colours are given for; capture names map onto these in kforge_tui.highlight.
 SYNTAX_ROLES = ("comment", "string", "number", "constant", "keyword", "preprocessor", "cuda",
@@ -68,14 +67,7 @@ def parse_theme(data: dict, path: Path | None = None) -> ThemeSpec:
 
 
 def read_theme(path: Path) -> ThemeSpec:
-    try:
-        with path.open("rb") as fh:
-            data = tomllib.load(fh)
-    except tomllib.TOMLDecodeError as exc:
-        raise KforgeError(f"theme file {path} is not valid TOML: {exc}") from None
-    except OSError as exc:
-        raise KforgeError(f"cannot read theme file {path}: {exc.strerror}") from None
-    return parse_theme(data, path)
+    return parse_theme(read_toml(path, "theme file"), path)
 
 
 def load_themes(folders: list[Path] | None = None) -> tuple[dict[str, ThemeSpec], list[str]]:

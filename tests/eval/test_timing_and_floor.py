@@ -16,7 +16,13 @@ from kforge.eval.ops import (
     mutated_args,
     unique_bytes,
 )
-from kforge.eval.timing import Subject, TimingPlan, reps_for, summarize, time_interleaved
+from kforge.eval.timing import (
+    Subject,
+    TimingPlan,
+    reps_for,
+    summarize,
+    time_interleaved,
+)
 
 
 def test_summary_gives_median_and_spread():
