@@ -137,6 +137,17 @@ def eval_report(detail: NodeDetail) -> str:
         lines.append(f"bandwidth  {outcome.bandwidth_gbs:.0f} GB/s")
     if outcome.floor_fraction is not None:
         lines.append(f"floor      {100 * outcome.floor_fraction:.0f}% of the physical floor")
+    extra = outcome.extra
+    if "host_us" in extra and "eager_host_us" in extra:
+        lines.append(f"host       {fmt_us(extra['host_us'])} per call for the launch path, "
+                     f"{fmt_us(extra['eager_host_us'])} for eager's dispatch")
+    if extra.get("confirmed"):
+        sanitizer = extra.get("sanitizer") or {}
+        checked = ("compute-sanitizer clean" if sanitizer.get("ok") and sanitizer.get("ran")
+                   else sanitizer.get("message") or "not sanitized")
+        lines.append(f"confirmed  {fmt_speedup(outcome.speedup)} on new inputs in a fresh "
+                     f"worker (first timed at {fmt_speedup(extra.get('first_speedup'))}); "
+                     f"{checked}")
     lines.append(f"evaluated in {outcome.wall_s:.2f} s")
     return "\n".join(lines)
 

@@ -82,6 +82,10 @@ class FakeProposer:
         pass
 
 
+# Host time per call of a fake kernel's launch path and of eager's dispatch.
+HOST_US, EAGER_HOST_US = 6.0, 5.5
+
+
 class FakeEvaluator:
     """Judges a fake candidate by its meta: broken ones fail to compile, others run at
     ``EAGER_US / speed``."""
@@ -126,7 +130,8 @@ class FakeEvaluator:
                                compile_log="candidate.cu(3): error: expected a ';'")
         speed = float(candidate.meta.get("speed", 1.0))
         return EvalOutcome(EvalStatus.OK, summary=f"{speed:.2f}x", timing=timing(EAGER_US / speed),
-                           eager=timing(EAGER_US), speedup=speed)
+                           eager=timing(EAGER_US), speedup=speed,
+                           extra={"host_us": HOST_US, "eager_host_us": EAGER_HOST_US})
 
     async def confirm(self, card: OpCard, candidate: Candidate,
                       outcome: EvalOutcome) -> EvalOutcome:
@@ -138,7 +143,8 @@ class FakeEvaluator:
         speed = float(candidate.meta.get("confirmed_speed", outcome.speedup or 1.0))
         return EvalOutcome(EvalStatus.OK, summary=f"{speed:.2f}x", timing=timing(EAGER_US / speed),
                            eager=timing(EAGER_US), speedup=speed,
-                           extra={"confirmed": True, "first_speedup": outcome.speedup})
+                           extra={**outcome.extra, "confirmed": True,
+                                  "first_speedup": outcome.speedup})
 
     def _write(self, line: str) -> None:
         if self.journal:

@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kforge.cli.common import add_db_option, out, session_id, with_store
+from kforge.core.candidate import EvalOutcome
 from kforge.core.fmt import fmt_age, fmt_speedup, fmt_us
 from kforge.core.settings import SessionSettings
 from kforge.errors import KforgeError
@@ -60,9 +61,12 @@ def cmd_sessions(args: argparse.Namespace) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     async def work(store: Store):
-        return await store.get_session(args.session), await store.list_cards(args.session)
+        cards = await store.list_cards(args.session)
+        best = {row.id: (await store.get_node(row.best_node)).outcome for row in cards
+                if row.best_node is not None}
+        return await store.get_session(args.session), cards, best
 
-    session, cards = with_store(args, work)
+    session, cards, best = with_store(args, work)
     settings = session.settings
     search = SessionSettings.from_stored(settings).search
     out.print(Text.assemble((f"session {session.id}", "bold"),
@@ -77,7 +81,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     table = Table(box=None, header_style="bold")
     for name, right in (("card", True), ("op", False), ("arguments", False), ("calls", True),
                         ("share", True), ("kind", False), ("eager", True), ("compile", True),
-                        ("best", True), ("tries", True), ("status", False)):
+                        ("best", True), ("kernel", True), ("host", True), ("tries", True),
+                        ("status", False)):
         table.add_column(name, justify="right" if right else "left", overflow="fold")
     hidden = 0
     for row in cards:
@@ -86,14 +91,26 @@ def cmd_show(args: argparse.Namespace) -> int:
             hidden += 1
             continue
         status = row.status + (f": {row.stop_reason}" if row.stop_reason else "")
+        kernel, host = kernel_times(best.get(row.id))
         table.add_row(str(row.id), c.short_op, c.signature[:70], str(c.calls),
                       f"{100 * c.share:.1f}%", c.library, fmt_us(c.eager_us),
-                      fmt_us(c.compiled_us), fmt_speedup(row.best_speedup), str(row.spent),
-                      status, style=None if c.target else "dim")
+                      fmt_us(c.compiled_us), fmt_speedup(row.best_speedup), kernel, host,
+                      str(row.spent), status, style=None if c.target else "dim")
     out.print(table)
     if hidden:
         out.print(f"  ({hidden} views and copies hidden: they are never targets)")
     return 0
+
+
+def kernel_times(outcome: EvalOutcome | None) -> tuple[str, str]:
+    """The best kernel's GPU time per call, and its launch path's host time per call next to
+    eager's dispatch ("-" where not measured)."""
+    if outcome is None or outcome.timing is None:
+        return "-", "-"
+    extra = outcome.extra
+    host = (f"{fmt_us(extra['host_us'])} vs {fmt_us(extra['eager_host_us'])}"
+            if "host_us" in extra and "eager_host_us" in extra else "-")
+    return fmt_us(outcome.timing.median_us), host
 
 
 def cmd_delete(args: argparse.Namespace) -> int:

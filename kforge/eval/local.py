@@ -12,10 +12,11 @@ from pathlib import Path
 from kforge.core.candidate import Baseline, Candidate, EvalOutcome
 from kforge.core.gpu import GpuInfo
 from kforge.core.opcard import OpCard
+from kforge.eval.baseline import measure_baseline
 from kforge.eval.device import CudaRuntime
 from kforge.eval.gpuinfo import detect_gpu
 from kforge.eval.kernel_loader import NvrtcLoader
-from kforge.eval.pipeline import EvalSettings, evaluate_candidate, measure_baseline
+from kforge.eval.pipeline import EvalSettings, evaluate_candidate
 
 
 @dataclass

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 import torch
 
 from kforge.core.argspec import resolve_op
-from kforge.core.candidate import Baseline, Candidate, EvalOutcome, EvalStatus, Timing
+from kforge.core.candidate import Candidate, EvalOutcome, EvalStatus, Timing
 from kforge.core.gpu import GpuInfo
 from kforge.core.launch_plan import PlanError, PlanNotApplicable
 from kforge.core.opcard import OpCard
@@ -480,53 +480,3 @@ def evaluate_candidate(card: OpCard, candidate: Candidate, *, runtime: Runtime,
         bandwidth_gbs=moved / (timing.median_us * 1e3) if timing.median_us > 0 else None,
         floor_fraction=floor / timing.median_us if floor and timing.median_us > 0 else None,
         extra=extra)
-
-
-def call_op(op: Callable[..., Any]) -> Callable[..., Any]:
-    """A plain function calling ``op``, for torch.compile to trace."""
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        return op(*args, **kwargs)
-
-    return call
-
-
-def measure_baseline(card: OpCard, *, runtime: Runtime, gpu: GpuInfo,
-                     samples_dir: Path | None = None,
-                     settings: EvalSettings | None = None) -> Baseline:
-    """Eager and torch.compile times for ``card`` (interleaved), and its memory floor. Raises
-    KforgeError when eager itself cannot run the card's inputs."""
-    settings = settings or EvalSettings()
-    op = resolve_op(card.op)
-    with runtime.scope():
-        factory = InputFactory(card, runtime.device, samples_dir, settings.max_samples)
-        sets = factory.sets(settings.seeds)[:max(1, settings.timing_sets)]
-        try:
-            result = op(*sets[0].args, **sets[0].kwargs)
-            runtime.sync()
-        except Exception as exc:  # the op cannot be replayed alone: the engine skips the card
-            raise KforgeError(f"eager {card.op} fails on replayed inputs: {exc}") from None
-        read = traffic_bytes([b.view for b in sets[0].buffers])
-        write = traffic_bytes(flatten_tensors(result))
-        del result
-        n = len(sets)
-        subjects: dict[str, Callable[[int], Any]] = {
-            "eager": lambda r: op(*sets[r % n].args, **sets[r % n].kwargs)}
-        compile_s, notes = None, [f"inputs: {', '.join(s.label for s in sets)}"]
-        if settings.compile_baseline:
-            try:
-                torch._dynamo.reset()
-                compiled = torch.compile(call_op(op), dynamic=False)
-                start = time.perf_counter()
-                compiled(*sets[0].args, **sets[0].kwargs)
-                runtime.sync()
-                compile_s = time.perf_counter() - start
-                subjects["compiled"] = lambda r: compiled(*sets[r % n].args, **sets[r % n].kwargs)
-            except Exception as exc:  # Inductor cannot handle every op: eager still counts
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                notes.append(f"torch.compile failed: {first[:300]}")
-        timings = time_interleaved(subjects, runtime, settings.timing).timings
-    return Baseline(eager=timings["eager"], compiled=timings.get("compiled"),
-                    compile_s=round(compile_s, 3) if compile_s is not None else None,
-                    floor_us=memory_floor_us(read, write, gpu.bandwidth_gbs),
-                    note="; ".join(notes))

@@ -47,11 +47,8 @@ class Worker:
 
     def handle(self, request: Evaluate | MeasureBaseline | Ping) -> Reply:
         """The reply to one request; it says whether the process must restart afterwards."""
-        from kforge.eval.pipeline import (
-            EvalSettings,
-            evaluate_candidate,
-            measure_baseline,
-        )
+        from kforge.eval.baseline import measure_baseline
+        from kforge.eval.pipeline import EvalSettings, evaluate_candidate
 
         ctx = self.ctx
         match request:

@@ -93,7 +93,7 @@ class _Slot:
         return value
 
 
-@dataclass
+@dataclass(slots=True)
 class Allocation:
     """One call's fresh memory: the plan's new outputs (None where the op returns an argument)
     and its scratch buffers."""
@@ -173,8 +173,11 @@ class PlanRunner:
 
     def allocate(self) -> Allocation:
         outputs: list[torch.Tensor | None] = [None] * len(self.plan.outputs)
+        device = self.device
         for i, shape, stride, dtype in self._new_outputs:
-            outputs[i] = torch.empty_strided(shape, stride, dtype=dtype, device=self.device)
+            outputs[i] = torch.empty_strided(shape, stride, dtype=dtype, device=device)
+        if not self.plan.scratch:
+            return Allocation(outputs, [])
         scratch = []
         for spec in self.plan.scratch:
             buffer = torch.empty(max(spec.nbytes, 1), dtype=torch.uint8, device=self.device)
@@ -188,8 +191,10 @@ class PlanRunner:
         for step in self._steps:
             launch = step.launch
             if step.prepared is not None:
-                values = [0 if p is NULL else p.data_ptr()
-                          for p in (get(args, kwargs, memory) for get in step.pointers)]
+                values = []
+                for get in step.pointers:
+                    p = get(args, kwargs, memory)
+                    values.append(0 if p is NULL else p.data_ptr())
                 name = launch.kernel
                 if launch.align and any(v % launch.align for v in values):
                     name = launch.unaligned_kernel or name

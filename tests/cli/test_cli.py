@@ -65,6 +65,7 @@ def test_search_through_doubles_then_show_and_sessions(tmp_path: Path, capsys):
     shown = capsys.readouterr().out
     assert "_softmax" in shown and "f16[8,1024], -1, False" in shown
     assert "view" in shown  # views are listed, not searched
+    assert "6.0 us vs 5.5 us" in shown  # the best kernel's host cost beside eager's
     assert main(["sessions", "--db", str(db)]) == 0
     listed = capsys.readouterr().out
     assert "toy" in listed and "done" in listed and "Fake GPU (sm_90)" in listed

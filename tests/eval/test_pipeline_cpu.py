@@ -13,8 +13,9 @@ import torch
 
 from kforge.core.candidate import Candidate, EvalOutcome, EvalStatus
 from kforge.errors import KforgeError
+from kforge.eval.baseline import measure_baseline
 from kforge.eval.device import CpuRuntime
-from kforge.eval.pipeline import evaluate_candidate, measure_baseline
+from kforge.eval.pipeline import evaluate_candidate
 from kforge.eval.timing import TimingPlan
 from kforge.runtime.plan import PlanRunner, resolve_for
 from tests.eval import candidates as C
