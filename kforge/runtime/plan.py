@@ -73,7 +73,8 @@ def resolve_for(plan: Mapping[str, Any] | None, op: str, args_spec: list, kwargs
     """The candidate ``plan`` resolved for one exact variant of ``op``. PlanError (with the field
     at fault) when it is malformed, PlanNotApplicable when it does not cover the variant."""
     if plan is None:
-        raise PlanError("plan", "the candidate has no launch plan")
+        raise PlanError("plan", "the candidate has no launch plan (a kernel searched by a kforge "
+                                "that still ran Python launchers: search its op again)")
     bound = {name: arg_value(spec) for name, spec in bind(op, args_spec, kwargs_spec).items()}
     return resolve(parse_plan(plan), bound, limits)
 
