@@ -210,6 +210,8 @@ def _load_factory(spec: str, options: ModelOptions, device: torch.device) -> Loa
         result = factory(**call_kwargs)
     except torch.OutOfMemoryError:
         raise
+    except SystemExit as exc:
+        raise KforgeError(f"{spec} called sys.exit({exc.code!r})") from None
     except Exception as exc:
         raise KforgeError(f"{spec} raised {type(exc).__name__}: {first_line(exc)}") from None
     model, args, kwargs = _unpack(spec, result)
@@ -241,10 +243,11 @@ def _import_factory(path: Path, name: str) -> Callable:
     sys.modules[module_name] = module  # dataclasses and pickling look the module up by name
     try:
         module_spec.loader.exec_module(module)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         del sys.modules[module_name]
-        raise KforgeError(f"cannot import {path}: {type(exc).__name__}: {first_line(exc)}") \
-            from None
+        reason = (f"it called sys.exit({exc.code!r})" if isinstance(exc, SystemExit)
+                  else f"{type(exc).__name__}: {first_line(exc)}")
+        raise KforgeError(f"cannot import {path}: {reason}") from None
     factory = getattr(module, name, None)
     if not callable(factory):
         raise KforgeError(f"{path} has no function {name!r} (give the factory as "

@@ -11,7 +11,11 @@ staging folder: it hands it to the store with the cards, or removes it if anythi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import contextlib
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +38,7 @@ from kforge.errors import KforgeError
 Progress = Callable[[str, int, int], None]
 # Kernel time outside any aten op (custom extensions, Triton) above this share earns a warning.
 UNATTRIBUTED_WARN_SHARE = 0.01
+TRACE_LINE_PREFIX = b"USDT:"  # torch.profiler's (kineto's) own lines on stderr
 
 
 @dataclass
@@ -140,12 +145,33 @@ def _timed_forward(loaded: LoadedModel, on_gpu: bool, tracker: ModuleTracker,
     if on_gpu:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
         torch.cuda.synchronize(loaded.device)
-    with torch.profiler.profile(activities=activities) as prof:
+    with _without_trace_lines(), torch.profiler.profile(activities=activities) as prof:
         with tracker, recorder:
             loaded.step()
         if on_gpu:
             torch.cuda.synchronize(loaded.device)
     return prof
+
+
+@contextlib.contextmanager
+def _without_trace_lines() -> Iterator[None]:
+    """Hold back what native code writes to stderr meanwhile, then pass it on without the
+    profiler's own trace lines (``USDT: ... profiler_start``), which say nothing to a user."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            kept = [line for line in held if not line.startswith(TRACE_LINE_PREFIX)]
+            if kept:
+                with open(2, "wb", closefd=False) as native_stderr:
+                    native_stderr.write(b"".join(kept))
 
 
 def _sampled_forward(loaded: LoadedModel, on_gpu: bool, sampler: SampleRecorder) -> None:
@@ -166,6 +192,8 @@ def _guarded(loaded: LoadedModel, work: Callable[[], Any]) -> Any:
                           "smaller --batch, --seq-len or --layers") from None
     except KforgeError:
         raise
+    except SystemExit as exc:
+        raise KforgeError(f"{loaded.name} called sys.exit({exc.code!r}) while running") from None
     except Exception as exc:
         dtype = str(loaded.dtype).removeprefix("torch.")
         raise KforgeError(f"{loaded.name} failed to run on {loaded.device} in {dtype}: "

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from rich.text import Text
 
-from kforge.cli.common import add_db_option, out, resolve_db
+from kforge.cli.common import add_db_option, open_store, out, resolve_db
 from kforge.errors import KforgeError
 from kforge.store.config import config_path, load_config
 
@@ -120,9 +120,7 @@ def check_database(args: argparse.Namespace) -> Check:
         return Check("database", OK, f"{path} (not created yet: the first profile creates it)")
 
     async def probe() -> Check:
-        from kforge.store import Store
-
-        store = await Store.open(path, create=False)
+        store = await open_store(path, reads_only=True)
         try:
             sessions = await store.list_sessions()
         finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import shutil
 import sys
 from typing import TYPE_CHECKING, TextIO
@@ -103,28 +104,38 @@ def profile_to_session(args: argparse.Namespace, top: int = 15) -> tuple[int, di
 
 async def _profile_into_store(args: argparse.Namespace, progress: ProgressLine
                               ) -> tuple[int, Profile, str, dict]:
-    """Profile into a staging folder, then store cards and samples together, or nothing."""
+    """Profile into a staging folder, then store cards and samples together, or nothing: a new
+    database is created only once there is a profile to store."""
     from kforge.capture import ModelOptions, load_model, profile
+    from kforge.capture.staging import new_staging_dir, remove_abandoned
 
-    store = await Store.open(resolve_db(args), create=True)
+    db = resolve_db(args)
+    store = await Store.open(db, create=False) if db.exists() else None
+    samples_root = db.parent / "samples"  # where the store keeps samples (Store.samples_root)
+    staging = None
     try:
         options = ModelOptions(dtype=args.dtype, device=args.device, batch=args.batch,
                                seq_len=args.seq_len, mode=args.mode, layers=args.layers)
+        remove_abandoned(samples_root)
+        staging = new_staging_dir(samples_root)
         loaded = load_model(args.model, options, progress)
         settings = {**loaded.settings, "samples": args.samples}
-        staging = store.new_staging_dir()
-        try:
-            result = profile(loaded, samples_per_card=args.samples, staging_dir=staging,
-                             progress=progress)
-            session = await store.create_profiled_session(
-                model=loaded.name, settings=settings, gpu=_gpu_info(loaded.device.type).to_dict(),
-                cards=result.cards, staging_dir=staging, modules=result.modules)
-        except BaseException:
+        result = profile(loaded, samples_per_card=args.samples, staging_dir=staging,
+                         progress=progress)
+        store = store or await Store.open(db, create=True)
+        session = await store.create_profiled_session(
+            model=loaded.name, settings=settings, gpu=_gpu_info(loaded.device.type).to_dict(),
+            cards=result.cards, staging_dir=staging, modules=result.modules)
+    except BaseException:
+        if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
-            raise
+            with contextlib.suppress(OSError):  # left only where it holds nothing else
+                samples_root.rmdir()
+        raise
     finally:
         progress.finish()
-        await store.close()
+        if store is not None:
+            await store.close()
     return session, result, loaded.name, settings
 
 

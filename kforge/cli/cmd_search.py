@@ -18,8 +18,10 @@ from kforge.cli.common import (
     with_store,
 )
 from kforge.cli.progress import Progress
-from kforge.core.settings import parse_duration
+from kforge.core.settings import Origin, parse_duration
+from kforge.engine.plugins import check_can_start
 from kforge.engine.runner import log_path, prepare_session, run_session, spawn_detached
+from kforge.errors import KforgeError
 from kforge.store import CommandKind, SessionStatus
 from kforge.store.commands import issue
 from kforge.store.config import load_config
@@ -84,16 +86,22 @@ def cmd_search(args: argparse.Namespace) -> int:
     def work() -> tuple[int, dict]:
         if args.session is not None:
             return _start(args, args.session)
-        evaluator = args.evaluator or load_config().search.evaluator
-        if evaluator == "gpu":  # say so before a long profile, not after it
-            from kforge.eval.gpuinfo import require_cuda
-
-            require_cuda()
+        _check_new_search(_given(args))  # before a long profile, not after it
         sid, profiled = profile_to_session(args)
         code, facts = _start(args, sid)
         return code, {**facts, **profiled}
 
     return respond(args, work)
+
+
+def _check_new_search(given: dict) -> None:
+    """Refuse, before anything is profiled or stored, settings a new session could not search
+    with: the command line's and the config file's, as its search would settle them."""
+    if "focus" in given:
+        raise KforgeError("--focus names an op card of a profiled session: profile first, then "
+                          "`kforge search --session N --focus CARD`")
+    config = load_config()
+    check_can_start(config.search.updated(given, Origin("on the command line")), config.llm)
 
 
 def cmd_resume(args: argparse.Namespace) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 from rich.table import Table
@@ -40,7 +41,7 @@ def cmd_sessions(args: argparse.Namespace) -> int:
     if not db_path(args.db).exists():
         out.print(f"no sessions yet (database {db_path(args.db)} does not exist)")
         return 0
-    summaries = with_store(args, lambda store: store.list_sessions())
+    summaries = with_store(args, lambda store: store.list_sessions(), reads_only=True)
     if not summaries:
         out.print("no sessions yet")
         return 0
@@ -66,7 +67,7 @@ def cmd_show(args: argparse.Namespace) -> int:
                 if row.best_node is not None}
         return await store.get_session(args.session), cards, best
 
-    session, cards, best = with_store(args, work)
+    session, cards, best = with_store(args, work, reads_only=True)
     settings = session.settings
     search = SessionSettings.from_stored(settings).search
     out.print(Text.assemble((f"session {session.id}", "bold"),
@@ -120,6 +121,9 @@ def cmd_delete(args: argparse.Namespace) -> int:
             raise KforgeError(f"session {args.session} is being searched right now: "
                               f"`kforge stop {args.session}` first")
         if not args.yes:
+            if not sys.stdin.isatty():
+                raise KforgeError(f"not deleting session {args.session} without a terminal to "
+                                  f"confirm on: add --yes")
             answer = input(f"delete session {args.session} ({session.model}) and all its "
                            "kernels? [y/N] ")
             if answer.strip().lower() not in ("y", "yes"):

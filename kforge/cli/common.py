@@ -36,17 +36,27 @@ def resolve_db(args: argparse.Namespace) -> Path:
 
 
 def with_store(args: argparse.Namespace, work: Callable[[Store], Awaitable[T]], *,
-               create: bool = False) -> T:
-    """Open the database (never creating it unless ``create``), run ``work``, close it."""
+               create: bool = False, reads_only: bool = False) -> T:
+    """Open the database (never creating it unless ``create``), run ``work``, close it. Work
+    that ``reads_only`` opens a database this process may not write read-only."""
 
     async def go() -> T:
-        store = await Store.open(resolve_db(args), create=create)
+        store = await open_store(resolve_db(args), create=create, reads_only=reads_only)
         try:
             return await work(store)
         finally:
             await store.close()
 
     return asyncio.run(go())
+
+
+async def open_store(path: Path, *, create: bool = False, reads_only: bool = False) -> Store:
+    """The store at ``path``; for work that ``reads_only``, opened read-only where the file or
+    its folder may not be written, so a database in a read-only place can still be browsed."""
+    if reads_only and path.exists() and not (os.access(path, os.W_OK)
+                                             and os.access(path.parent, os.W_OK)):
+        return await Store.open_read_only(path)
+    return await Store.open(path, create=create)
 
 
 def add_json_option(parser: argparse.ArgumentParser) -> None:

@@ -114,17 +114,13 @@ class CardSearch:
         """Whether a node with ``speedup`` would become this card's best."""
         return speedup is not None and self.best.after(-1, speedup) is not self.best
 
-    def stored_after(self, result: NodeResult) -> dict[str, object]:
-        """The card's stored fields once ``result`` is in: written with the node in one
-        transaction, before ``finish`` takes the result into memory."""
-        best = self.best.after(result.node_id, result.speedup)
-        return {"spent": self.spent + 1, "best_node": best.node, "best_speedup": best.speedup}
-
-    def finish(self, result: NodeResult) -> None:
-        """Take a finished node in: the tree backs its reward up, the count and the best move."""
+    def finish(self, result: NodeResult, spent: int, best: Best) -> None:
+        """Take a finished node in: the tree backs its reward up, and the count and the best
+        become the card's as stored with the node (the store derives them from the card's
+        finished nodes, so results that finish in parallel each count once)."""
         self.tree.complete(result.node_id, result.reward, repairable=result.repairable)
-        self.spent += 1
-        self.best = self.best.after(result.node_id, result.speedup)
+        self.spent = spent
+        self.best = best
         if result.failure:
             self.failed.append(result.failure)
 

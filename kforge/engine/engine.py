@@ -18,8 +18,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from kforge.core.candidate import Candidate, EvalOutcome, EvalStatus, Proposal
 from kforge.core.mcts import ROOT, Action, Decision, Tree
@@ -40,8 +41,10 @@ from kforge.errors import KforgeError
 from kforge.store import CardStatus, CommandKind, NodeStatus, SessionStatus, Store
 from kforge.store.commands import BadCommand, checked, save_focus, save_pruned
 from kforge.store.records import CardRow, Command
+from kforge.store.store import LeaseLost
 
 log = logging.getLogger("kforge.engine")
+T = TypeVar("T")
 
 HEARTBEAT_S = 2.0
 COMMAND_POLL_S = 0.25
@@ -95,6 +98,9 @@ class Engine:
     async def run(self) -> SessionStatus:
         """Search until the budget is spent, every op is done, or a stop command arrives."""
         await self.store.claim_engine(self.session_id)
+        # each heartbeat stores the session's whole searched time: count on from the stored one
+        self._run_s_before = (await self.store.get_session(self.session_id)).run_seconds
+        self._started = time.monotonic()
         status, error = SessionStatus.FAILED, ""
         beat = asyncio.create_task(self._heartbeat())
         try:
@@ -104,6 +110,8 @@ class Engine:
             await self._set_status(SessionStatus.RUNNING)
             await self._redo_inflight()
             status = await self._loop()
+        except LeaseLost as exc:
+            error = str(exc)  # the session is another engine's now: nothing more is written
         except KforgeError as exc:
             error = str(exc)
             await self._log(f"search failed: {error}", "error")
@@ -113,7 +121,6 @@ class Engine:
             await self._log(f"search failed: {error}", "error")
         finally:
             await self._cancel_tasks()
-            await self._park_cards(error or self._end_reason or str(status))
             beat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await beat
@@ -121,8 +128,12 @@ class Engine:
                 await self.evaluator.close()
             with contextlib.suppress(Exception):
                 await self.proposer.close()
-            await self.store.heartbeat(self.session_id, self._take_run_seconds())
-            await self.store.release_engine(self.session_id, status, error)
+            try:
+                await self._park_cards(error or self._end_reason or str(status))
+                await self.store.heartbeat(self.session_id, self._run_seconds())
+                await self.store.release_engine(self.session_id, status, error)
+            except LeaseLost as exc:
+                error = str(exc)  # taken over meanwhile: the session is left to its new engine
             self._notify(status)
         if error:
             raise KforgeError(error)
@@ -169,7 +180,6 @@ class Engine:
     async def _load(self) -> None:
         session = await self.store.get_session(self.session_id)
         self._usd = session.usd_spent
-        self._run_s_before = session.run_seconds
         rows = await self.store.list_cards(self.session_id)
         nodes = await self.store.list_nodes(self.session_id)
         for stale in [n for n in nodes if n.status == NodeStatus.PROPOSING]:
@@ -298,7 +308,9 @@ class Engine:
         if not proposal.candidates:
             await self._record(search, node_id, None, proposal)
             return
-        await self.store.set_candidate(node_id, proposal.candidates[0], proposal.calls)
+        # the reply is paid for: its cost is stored even if the engine is stopped meanwhile
+        await _completed(self.store.set_candidate(node_id, proposal.candidates[0],
+                                                  proposal.calls))
         search.metas[node_id] = proposal.candidates[0].meta
         await self._evaluate(search, node_id, proposal.candidates[0])
 
@@ -330,17 +342,20 @@ class Engine:
 
     async def _record(self, search: CardSearch, node_id: int, outcome: EvalOutcome | None,
                       proposal: Proposal | None) -> None:
-        """Store the node's result and the card's new state in one transaction, then update the
-        tree: a crash between the two replays the stored result on restart."""
+        """Store the node's result with the card's new count and best in one transaction (the
+        store derives them from the card's finished nodes, so parallel results never overwrite
+        each other's), then take both into memory: a crash between the two replays the stored
+        result on restart. A result in hand (and a reply's cost) is stored even if the engine
+        is stopped meanwhile."""
         result = _result(node_id, outcome, proposal, search.metas.get(node_id, {}))
-        changes = search.stored_after(result)
         if outcome is None:
             assert proposal is not None
-            await self.store.fail_proposal(node_id, proposal.error or "no candidate",
-                                           proposal.calls, changes)
+            card = await _completed(self.store.fail_proposal(
+                node_id, proposal.error or "no candidate", proposal.calls))
         else:
-            await self.store.finish_node(node_id, outcome, result.reward, changes)
-        search.finish(result)
+            card = await _completed(self.store.finish_node(node_id, outcome, result.reward))
+        self.rows[search.card_id] = card
+        search.finish(result, card.spent, Best(card.best_node, card.best_speedup))
         if reason := self.schedule.conclude(search):
             self._done_queue.append((search, reason))
         await self._flush_card_done()
@@ -436,15 +451,20 @@ class Engine:
         self._status = status
 
     async def _heartbeat(self) -> None:
+        """Beat until cancelled. A beat that fails (the database locked for long, a full disk)
+        does not end the beating: the engine still runs, and the next beat may get through. A
+        lost lease stops the search."""
         while True:
             await asyncio.sleep(HEARTBEAT_S)
-            await self.store.heartbeat(self.session_id, self._take_run_seconds())
-
-    def _take_run_seconds(self) -> float:
-        now = time.monotonic()
-        elapsed, self._started = now - self._started, now
-        self._run_s_before += elapsed
-        return elapsed
+            try:
+                await self.store.heartbeat(self.session_id, self._run_seconds())
+            except LeaseLost as exc:
+                log.error("%s", exc)
+                self.request_stop()
+                return
+            except Exception as exc:  # noqa: BLE001 - whatever failed, the next beat may pass
+                log.warning("heartbeat of session %d failed, beating on: %s", self.session_id,
+                            exc)
 
     def _run_seconds(self) -> float:
         return self._run_s_before + (time.monotonic() - self._started)
@@ -463,6 +483,22 @@ class Engine:
             iterations=self.schedule.iterations(), total=self.schedule.total_iterations,
             inflight=self.schedule.in_flight(), usd=self._usd, elapsed_s=self._run_seconds(),
             cards=self.schedule.progress(), message=self._message))
+
+
+async def _completed(write: Awaitable[T]) -> T:
+    """Await a store write to its end even when the caller is cancelled meanwhile (the
+    cancellation is passed on once the write is done): a reply paid for or a result measured is
+    never dropped half-way by a stop."""
+    task = asyncio.ensure_future(write)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    return task.result()
 
 
 def _result(node_id: int, outcome: EvalOutcome | None, proposal: Proposal | None,

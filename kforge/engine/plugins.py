@@ -7,9 +7,11 @@ a factory that takes a ``SearchContext``; that is how test doubles and users' ow
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any
 
 from kforge.core.protocols import Evaluator, Proposer, SearchContext
+from kforge.core.settings import LlmSection, SearchSettings
 from kforge.errors import KforgeError
 
 
@@ -37,6 +39,23 @@ def check_spec(spec: str, builtins: tuple[str, ...], what: str) -> None:
         load_factory(spec)
     elif spec not in builtins:
         raise KforgeError(f"unknown {what} {spec!r}: use {', '.join(builtins)} or module:function")
+
+
+def check_can_start(search: SearchSettings, llm: LlmSection, llm_model: str | None = None) -> None:
+    """Fail, before a session is profiled or its settings saved, where the search could not start:
+    a plug-in that cannot be loaded, the GPU evaluator without a GPU, an LLM proposer without an
+    endpoint (``llm`` is the config file's ``[llm]``, ``llm_model`` the session's own model)."""
+    check_spec(search.proposer, BUILTIN_PROPOSERS, "proposer")
+    check_spec(search.evaluator, BUILTIN_EVALUATORS, "evaluator")
+    if search.evaluator == "gpu":
+        from kforge.eval.gpuinfo import require_cuda
+
+        require_cuda()
+    if search.proposer in ("llm", "both"):
+        from kforge.propose.llm.settings import load_llm_settings
+        from kforge.store.config import config_path
+
+        load_llm_settings(llm, os.environ, llm_model, config_file=str(config_path()))
 
 
 def make_proposer(spec: str, ctx: SearchContext) -> Proposer:

@@ -17,13 +17,7 @@ from kforge.core.gpu import GpuInfo
 from kforge.core.protocols import SearchContext
 from kforge.core.settings import Origin, SearchSettings, SessionSettings, Settings
 from kforge.engine.engine import Engine, Snapshot
-from kforge.engine.plugins import (
-    BUILTIN_EVALUATORS,
-    BUILTIN_PROPOSERS,
-    check_spec,
-    make_evaluator,
-    make_proposer,
-)
+from kforge.engine.plugins import check_can_start, make_evaluator, make_proposer
 from kforge.errors import KforgeError
 from kforge.store import SessionStatus, Store
 from kforge.store.config import load_config
@@ -45,8 +39,7 @@ async def prepare_session(store: Store, session_id: int, given: Mapping[str, Any
     # the stored tables as they are: a key an older session left out takes the config's value
     search = config.search.updated({**(session.settings.get("search") or {}), **given}, stored)
     evaluation = config.eval.updated(session.settings.get("eval") or {}, stored)
-    check_spec(search.proposer, BUILTIN_PROPOSERS, "proposer")
-    check_spec(search.evaluator, BUILTIN_EVALUATORS, "evaluator")
+    check_can_start(search, config.llm, session.settings.get("llm_model"))
     if given.get("focus") is not None:
         if given["focus"] not in {row.id for row in await store.list_cards(session_id)}:
             raise KforgeError(f"session {session_id} has no op card {given['focus']} to focus on "

@@ -76,7 +76,8 @@ def asked(kind: CommandKind, arg: int | None) -> str:
 
 
 def is_alive(session: Session) -> bool:
-    """Whether an engine is searching the session right now (its heartbeat is fresh)."""
+    """Whether an engine is searching the session right now: on this host its process still
+    runs (however late its heartbeat); on another host its heartbeat is fresh."""
     return engine_alive(session.engine_pid, session.engine_host, session.heartbeat_at)
 
 

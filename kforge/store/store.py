@@ -3,11 +3,21 @@
 Every state change is one transaction that also appends a record (``kforge.store.events``) to the
 numbered ``events`` table, so a viewer in another process can tail ``events_since(seq)`` and never
 miss or half-see a change. Sample inputs live beside the database in ``samples/<session id>/``.
+
+Durability is ``SYNCHRONOUS``: with ``FULL`` every committed transaction (a finished evaluation,
+its cost) survives a power loss, at the price of one fsync per commit.
+
+A store that holds a session's engine lease (``claim_engine``) belongs to that engine: a write that
+finds the database locked by another process (a backup, an ``sqlite3`` shell) waits it out with
+backoff for as long as it takes, saying that it waits, instead of failing the search; and each write
+first checks that the lease is still its own, so an engine whose lease was taken over stops
+writing at once (``LeaseLost``). Viewers' stores fail fast on a lock instead.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 import socket
@@ -16,6 +26,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +72,15 @@ from kforge.store.records import (
 )
 from kforge.store.schema import LATEST, MIGRATIONS
 
-# An engine that has not written a heartbeat for this long is taken to be gone.
+log = logging.getLogger("kforge.store")
+
+# An engine on another host that has not written a heartbeat for this long is taken to be gone
+# (on this host the process table says whether it still runs).
 ENGINE_STALE_S = 20.0
+# SQLite's durability level. FULL: a commit is on disk before it returns, so no finished result
+# is lost on power loss (NORMAL, with WAL, may lose the last commits).
+SYNCHRONOUS = "FULL"
+LOCK_BACKOFF_S = (0.05, 1.0)  # first and longest pause between waits for another's write lock
 _CARD_FIELDS = ("status", "stop_reason", "spent", "best_node", "best_speedup", "eager_us",
                 "compiled_us", "floor_us", "baseline")
 _NODE_COLUMNS = ("id, session_id, card_id, parent_id, action, status, meta, reward, speedup, "
@@ -76,6 +94,8 @@ class Store:
         self._db = db
         self.path = path
         self._lock = asyncio.Lock()
+        self._lease: _Lease | None = None  # the engine lease this store holds
+        self._lost: LeaseLost | None = None  # set once that lease was found taken over
 
     # ----- opening -----
 
@@ -110,6 +130,44 @@ class Store:
             raise
         return store
 
+    @classmethod
+    async def open_read_only(cls, path: Path | str, *, timeout_s: float = 5.0) -> Store:
+        """Open an existing database for browsing without writing to it, even where this process
+        may not write (a read-only file or folder): nothing on disk changes, and a write fails.
+        Where SQLite cannot create the shared-memory file a WAL database needs beside it, the
+        file is read as immutable (as it stands, with no locking: nobody can write it there)."""
+        path = Path(path)
+        if path.is_dir():
+            raise KforgeError(f"{path} is a folder, not a kforge database file")
+        if not path.exists():
+            raise KforgeError(f"no kforge database at {path} (profile a model first, "
+                              "or point --db / KFORGE_DB at an existing one)")
+        if not os.access(path, os.R_OK):
+            raise KforgeError(f"cannot open database {path}: no permission to read it")
+        for mode in ("mode=ro", "mode=ro&immutable=1"):
+            try:
+                db = await aiosqlite.connect(f"{path.absolute().as_uri()}?{mode}", uri=True,
+                                             isolation_level=None, timeout=timeout_s)
+            except sqlite3.Error as exc:
+                raise _explain(exc, path) from None
+            db.row_factory = aiosqlite.Row
+            try:
+                version = (await (await db.execute("PRAGMA user_version")).fetchone())[0]
+                break
+            except sqlite3.Error as exc:
+                await db.close()
+                error = _explain(exc, path)
+        else:
+            raise error
+        if version != LATEST:
+            await db.close()
+            raise KforgeError(f"{path} holds kforge schema {version}, this kforge reads "
+                              f"{LATEST}: open it once where it can be written to upgrade it"
+                              if version < LATEST else
+                              f"{path} was written by a newer kforge (schema {version}, this "
+                              f"one knows {LATEST}): upgrade kforge")
+        return cls(db, path)
+
     async def _setup(self, timeout_s: float) -> None:
         db = self._db
         db.row_factory = aiosqlite.Row
@@ -124,7 +182,7 @@ class Store:
             if mode.lower() != "wal":
                 raise KforgeError(f"{self.path} cannot use write-ahead logging (journal mode "
                                   f"stays {mode!r}); put the database on a local disk")
-            await db.execute("PRAGMA synchronous = NORMAL")
+            await db.execute(f"PRAGMA synchronous = {SYNCHRONOUS}")
             if version < LATEST:
                 await self._migrate()
         except sqlite3.Error as exc:
@@ -154,23 +212,91 @@ class Store:
         await self.close()
 
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[aiosqlite.Connection]:
-        """One write transaction (BEGIN IMMEDIATE: it takes the write lock up front)."""
+    async def transaction(self, *, patient: bool = False
+                          ) -> AsyncIterator[aiosqlite.Connection]:
+        """One write transaction (BEGIN IMMEDIATE: it takes the write lock up front), rolled back
+        on any error or cancellation. A ``patient`` transaction, and every one while this store
+        holds an engine lease, waits out another process's lock; under a lease it is refused
+        with LeaseLost once the lease is no longer this store's."""
         async with self._lock:
+            if self._lost is not None:
+                raise self._lost
+            waited_s = await self._begin(patient or self._lease is not None)
             try:
-                await self._db.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                raise _explain(exc, self.path) from None
-            try:
+                await self._check_lease()
+                if waited_s and self._lease is not None:
+                    await self._event(self._db, self._lease.session_id, LogLine(
+                        message=f"waited {waited_s:.0f} s for another process to release the "
+                                "database's write lock", level="warning"))
                 yield self._db
             except BaseException:
-                await self._db.execute("ROLLBACK")
+                await self._rollback()
                 raise
             try:
-                await self._db.execute("COMMIT")
+                await self._settle("COMMIT")
             except sqlite3.Error as exc:
-                await self._db.execute("ROLLBACK")
+                await self._rollback()
                 raise _explain(exc, self.path) from None
+
+    async def _begin(self, patient: bool) -> float:
+        """Start the write transaction; return how long it waited for another process's lock
+        (only a patient caller waits beyond the connection's busy timeout)."""
+        started = time.monotonic()
+        pause, first_pause = LOCK_BACKOFF_S[0], True
+        while True:
+            try:
+                await self._settle("BEGIN IMMEDIATE")
+                return time.monotonic() - started if not first_pause else 0.0
+            except asyncio.CancelledError:
+                await self._rollback()  # the BEGIN may have gone through meanwhile
+                raise
+            except sqlite3.Error as exc:
+                if not (patient and _is_lock(exc)):
+                    raise _explain(exc, self.path) from None
+            if first_pause or pause == LOCK_BACKOFF_S[1]:
+                log.warning("database %s is locked by another process; waiting for it "
+                            "(%.0f s so far)", self.path, time.monotonic() - started)
+            first_pause = False
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, LOCK_BACKOFF_S[1])
+
+    async def _settle(self, sql: str) -> None:
+        """Run a transaction-control statement to its end even if the caller is cancelled
+        meanwhile: the connection's thread runs it either way, and the transaction must know
+        the state it leaves. A cancellation that came meanwhile is raised after it."""
+        step = asyncio.ensure_future(self._db.execute(sql))
+        cancelled = False
+        while not step.done():
+            try:
+                await asyncio.wait([step])
+            except asyncio.CancelledError:
+                cancelled = True
+        if cancelled:
+            if not step.cancelled():
+                step.exception()  # the statement's own error yields to the cancellation
+            raise asyncio.CancelledError
+        step.result()
+
+    async def _rollback(self) -> None:
+        if self._db.in_transaction:
+            await self._settle("ROLLBACK")
+
+    async def _check_lease(self) -> None:
+        """Under an engine lease, refuse to write once another engine (or a stop of an engine
+        that looked dead) has taken the session over."""
+        lease = self._lease
+        if lease is None:
+            return
+        row = await (await self._db.execute(
+            "SELECT engine_pid, engine_host FROM sessions WHERE id = ?",
+            (lease.session_id,))).fetchone()
+        if row is not None and (row["engine_pid"], row["engine_host"]) == (lease.pid, lease.host):
+            return
+        holder = (f"process {row['engine_pid']} on {row['engine_host']}"
+                  if row is not None and row["engine_pid"] else "no engine")
+        self._lost = LeaseLost(f"session {lease.session_id} is no longer searched by this "
+                               f"engine (its lease is now held by {holder}); stopped writing")
+        raise self._lost
 
     async def _read(self, sql: str, params: Iterable[Any] = ()) -> list[aiosqlite.Row]:
         async with self._lock:
@@ -288,28 +414,29 @@ class Store:
 
     async def claim_engine(self, session_id: int, pid: int | None = None,
                            host: str | None = None) -> None:
-        """Mark this process as the session's engine; refuse if another live engine holds it."""
+        """Take the session's engine lease for this store (this process unless ``pid``/``host``
+        say otherwise); refuse if a live engine holds it. From then on this store waits out locks
+        and writes only while the lease is its own."""
         pid, host = pid or os.getpid(), host or socket.gethostname()
-        async with self.transaction() as db:
+        async with self.transaction(patient=True) as db:
             row = await (await db.execute(
                 "SELECT engine_pid, engine_host, heartbeat_at FROM sessions WHERE id = ?",
                 (session_id,))).fetchone()
             if row is None:
                 raise KforgeError(f"no session {session_id} in {self.path}")
-            if row["engine_pid"] and row["engine_pid"] != pid and engine_alive(
-                    row["engine_pid"], row["engine_host"], row["heartbeat_at"]):
+            if engine_alive(row["engine_pid"], row["engine_host"], row["heartbeat_at"]):
                 raise KforgeError(f"session {session_id} is already being searched by process "
                                   f"{row['engine_pid']} on {row['engine_host']}")
             await db.execute(
                 "UPDATE sessions SET engine_pid = ?, engine_host = ?, heartbeat_at = ?, "
                 "updated_at = ? WHERE id = ?", (pid, host, time.time(), time.time(), session_id))
             await self._event(db, session_id, EngineAttached(pid=pid, host=host))
+        self._lease, self._lost = _Lease(session_id, pid, host), None
 
     async def heartbeat(self, session_id: int, run_seconds: float) -> None:
-        """Prove the engine is alive and add the wall time it ran since the last beat."""
+        """Prove the engine is alive and record the total wall time the session was searched."""
         async with self.transaction() as db:
-            await db.execute("UPDATE sessions SET heartbeat_at = ?, "
-                             "run_seconds = run_seconds + ? WHERE id = ?",
+            await db.execute("UPDATE sessions SET heartbeat_at = ?, run_seconds = ? WHERE id = ?",
                              (time.time(), run_seconds, session_id))
 
     async def release_engine(self, session_id: int, status: SessionStatus, error: str = "") -> None:
@@ -319,6 +446,8 @@ class Store:
                 "status = ?, error = ?, updated_at = ? WHERE id = ?",
                 (status, error, time.time(), session_id))
             await self._event(db, session_id, SessionStatusChanged(status=status, error=error))
+        if self._lease is not None and self._lease.session_id == session_id:
+            self._lease = None
 
     # ----- op cards -----
 
@@ -397,9 +526,10 @@ class Store:
             await self._event(db, row["session_id"], NodeUpdated(
                 node_id=node_id, card_id=row["card_id"], status=NodeStatus.EVALUATING))
 
-    async def fail_proposal(self, node_id: int, error: str, calls: list[LlmCall] = (),
-                            card_changes: dict | None = None) -> None:
-        """The proposer gave nothing usable: the node is final, and its cost is still counted."""
+    async def fail_proposal(self, node_id: int, error: str,
+                            calls: list[LlmCall] = ()) -> CardRow:
+        """The proposer gave nothing usable: the node is final, and its cost is still counted.
+        Returns the card as it stands with the node counted (see ``_tally_card``)."""
         async with self.transaction() as db:
             row = await self._node_owner(db, node_id)
             await db.execute(
@@ -407,14 +537,15 @@ class Store:
                 "WHERE id = ?", (NodeStatus.NO_CANDIDATE, error[:500], sum(c.usd for c in calls),
                                  time.time(), node_id))
             await self._insert_calls(db, row["session_id"], row["card_id"], node_id, calls)
-            if card_changes:
-                await self._update_card(db, row["card_id"], card_changes)
+            card = await self._tally_card(db, row["card_id"])
             await self._event(db, row["session_id"], NodeFinished(
                 node_id=node_id, card_id=row["card_id"], status=NodeStatus.NO_CANDIDATE))
+            return card
 
-    async def finish_node(self, node_id: int, outcome: EvalOutcome, reward: float | None,
-                          card_changes: dict | None = None) -> None:
-        """Record an evaluation and the card's new search state in one transaction."""
+    async def finish_node(self, node_id: int, outcome: EvalOutcome,
+                          reward: float | None) -> CardRow:
+        """Record an evaluation and the card's new count and best in one transaction; returns
+        the card as it stands with the node counted (see ``_tally_card``)."""
         async with self.transaction() as db:
             row = await self._node_owner(db, node_id)
             median = outcome.timing.median_us if outcome.timing else None
@@ -425,11 +556,30 @@ class Store:
                  int(outcome.status.repairable), outcome.summary[:500], time.time(), node_id))
             await db.execute("INSERT OR REPLACE INTO evaluations (node_id, outcome) VALUES (?, ?)",
                              (node_id, dumps(outcome.to_dict())))
-            if card_changes:
-                await self._update_card(db, row["card_id"], card_changes)
+            card = await self._tally_card(db, row["card_id"])
             await self._event(db, row["session_id"], NodeFinished(
                 node_id=node_id, card_id=row["card_id"], status=outcome.status.value,
                 speedup=outcome.speedup))
+            return card
+
+    async def _tally_card(self, db: aiosqlite.Connection, card_id: int) -> CardRow:
+        """Set the card's count and best from its finished nodes as the database holds them,
+        inside the caller's transaction: results finishing in parallel each count once, and the
+        best is the fastest correct node (the first to finish among equals)."""
+        cur = await db.execute(
+            "WITH finished AS (SELECT id, speedup, finished_at FROM nodes "
+            "                  WHERE card_id = :card AND finished_at IS NOT NULL), "
+            "best AS (SELECT id, speedup FROM finished WHERE speedup IS NOT NULL "
+            "         ORDER BY speedup DESC, finished_at, id LIMIT 1) "
+            "UPDATE op_cards SET spent = (SELECT count(*) FROM finished), "
+            "best_node = (SELECT id FROM best), best_speedup = (SELECT speedup FROM best) "
+            "WHERE id = :card RETURNING *", {"card": card_id})
+        row = await cur.fetchone()
+        await cur.close()
+        card = _card(row)
+        await self._event(db, row["session_id"], CardUpdated(card_id=card_id, changes={
+            "spent": card.spent, "best_node": card.best_node, "best_speedup": card.best_speedup}))
+        return card
 
     async def delete_node(self, node_id: int) -> None:
         """Drop an in-flight node whose work will be redone (after a crash)."""
@@ -563,23 +713,72 @@ class Store:
         return rows[0][0]
 
 
+class LeaseLost(KforgeError):
+    """This store's engine lease was taken over: the engine must stop without writing more."""
+
+
+@dataclass(frozen=True)
+class _Lease:
+    session_id: int
+    pid: int
+    host: str
+
+
 def engine_alive(pid: int | None, host: str | None, heartbeat_at: float | None) -> bool:
-    """Whether a recorded engine still runs: checked directly on this host, else by heartbeat."""
+    """Whether a recorded engine still runs. On this host its process decides, not the heartbeat
+    (a live engine's heartbeat is late while another process holds the database lock); a process
+    that started after the engine's last heartbeat only reuses its pid. On another host the
+    heartbeat must be fresh."""
     if not pid:
         return False
     if host == socket.gethostname():
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            pass  # exists, owned by someone else
+        return _process_runs(pid) and not _started_after(pid, heartbeat_at)
     return heartbeat_at is not None and time.time() - heartbeat_at < ENGINE_STALE_S
+
+
+def _process_runs(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists, owned by someone else
+    try:  # an exited child its parent has not reaped yet is no engine
+        return _proc_stat(pid)[0] != "Z"
+    except (OSError, ValueError, IndexError):
+        return True  # no /proc here: existence is all we know
+
+
+def _started_after(pid: int, moment: float | None) -> bool:
+    """Whether process ``pid`` started after ``moment`` (False where that cannot be told)."""
+    if moment is None:
+        return False
+    try:
+        ticks = int(_proc_stat(pid)[19])  # starttime, in clock ticks after boot
+        with open("/proc/stat") as stat:
+            boot = next(float(line.split()[1]) for line in stat if line.startswith("btime "))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return False
+    # btime is whole seconds: allow one second either way
+    return boot + ticks / os.sysconf("SC_CLK_TCK") > moment + 1.0
+
+
+def _proc_stat(pid: int) -> list[str]:
+    """The fields of /proc/<pid>/stat after the command name (state first)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()
+
+
+def _is_lock(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    return "locked" in str(exc) or "busy" in str(exc)
 
 
 def _explain(exc: sqlite3.Error, path: Path) -> KforgeError:
     text = str(exc)
-    if "locked" in text or "busy" in text:
+    if _is_lock(exc):
         return KforgeError(f"database {path} is locked by another process; try again in a moment")
     if "not a database" in text or "malformed" in text or "corrupt" in text:
         return KforgeError(f"{path} is not a kforge database or it is corrupt ({text})")

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import torch
 from torch import nn
 
@@ -68,3 +70,7 @@ def failing_model():
 
 def no_inputs():
     return Toy()
+
+
+def exiting_model():
+    sys.exit(3)

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 from kforge.cli.cmd_profile import ProgressLine
@@ -11,6 +15,13 @@ from kforge.cli.main import main
 from kforge.store import Store
 
 TOY = Path(__file__).with_name("capture_toy.py")
+REPO = TOY.parents[2]
+
+
+def kforge(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "kforge", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
 
 
 def stored(db: Path):
@@ -57,9 +68,49 @@ def test_a_failing_model_stores_nothing(tmp_path, capsys):
     assert main(["profile", f"{TOY}:failing_model", "--device", "cpu", "--db", str(db)]) == 1
     message = capsys.readouterr().err.strip().splitlines()[-1]
     assert message.startswith("kforge: ") and "failed to run on cpu" in message
-    sessions, _, _, samples_root = stored(db)
-    assert sessions == []
+    assert not db.exists()
+    samples_root = tmp_path / "samples"
     assert not samples_root.exists() or not any(samples_root.iterdir())
+
+
+def test_a_model_option_that_does_not_apply_creates_no_database(tmp_path):
+    db = tmp_path / "kforge.db"
+    assert main(["profile", f"{TOY}:build", "--device", "cpu", "--dtype", "fp8",
+                 "--db", str(db)]) == 1
+    assert not db.exists()
+
+
+def test_a_factory_that_calls_sys_exit_is_one_clear_line(tmp_path):
+    db = tmp_path / "kforge.db"
+    result = kforge("profile", f"{TOY}:exiting_model", "--device", "cpu", "--db", str(db))
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1] == f"kforge: {TOY}:exiting_model called sys.exit(3)", result.stderr
+    assert "Traceback" not in result.stderr
+    assert not db.exists()
+
+
+def test_profile_output_carries_no_profiler_trace_lines(tmp_path):
+    result = kforge("profile", f"{TOY}:build", "--device", "cpu", "--samples", "1",
+                    "--db", str(tmp_path / "kforge.db"))
+    assert result.returncode == 0, result.stderr
+    assert "USDT" not in result.stdout + result.stderr
+
+
+def test_staging_folders_left_by_a_killed_profile_are_removed(tmp_path, capsys):
+    db = tmp_path / "kforge.db"
+    staging = tmp_path / "samples"
+    abandoned, live = staging / ".staging-abandoned", staging / ".staging-live"
+    for folder in (abandoned, live):
+        (folder / "card").mkdir(parents=True)
+        (folder / "card" / "0.pt").write_bytes(b"x")
+    week_ago = time.time() - 7 * 24 * 3600
+    for path in (abandoned / "card" / "0.pt", abandoned / "card", abandoned):
+        os.utime(path, (week_ago, week_ago))
+    assert main(["profile", f"{TOY}:build", "--device", "cpu", "--samples", "1",
+                 "--db", str(db)]) == 0
+    assert not abandoned.exists()
+    assert live.exists()  # may belong to a profile running now
 
 
 def test_no_model_is_a_clear_error(capsys):

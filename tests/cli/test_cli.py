@@ -7,8 +7,10 @@ import asyncio
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -102,7 +104,11 @@ def test_search_settings_persist_for_resume(tmp_path: Path):
      "[search] usd on the command line must be a finite number of at least 0, not nan"),
     (["resume", "1", "--patience", "0"],
      "[search] patience on the command line must be at least 1, not 0"),
-    (["resume", "1", "--focus", "99"], "session 1 has no op card 99 to focus on"),
+    (["resume", "1", "--focus", "99", *DOUBLES], "session 1 has no op card 99 to focus on"),
+    (["resume", "1", "--proposer", "llm", "--evaluator", "tests.doubles:make_evaluator"],
+     "no LLM endpoint is configured"),
+    (["resume", "1", "--top", "2", "--proposer", "library", "--evaluator", "gpu"],
+     "no CUDA GPU"),
 ])
 def test_bad_input_gives_one_clear_line_and_changes_nothing(tmp_path: Path, args, message):
     db = tmp_path / "k.db"
@@ -280,3 +286,102 @@ def test_search_a_model_without_a_gpu_stops_before_profiling(tmp_path: Path):
     result = kforge("search", "gemma4", "--db", str(tmp_path / "k.db"))
     assert "no CUDA GPU" in one_error_line(result)
     assert not (tmp_path / "k.db").exists()
+
+
+TOY = REPO / "tests" / "capture" / "capture_toy.py"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--patience", "-5", *DOUBLES],
+     "[search] patience on the command line must be at least 1, not -5"),
+    (["--usd", "nan", *DOUBLES], "must be a finite number of at least 0, not nan"),
+    (["--focus", "3", *DOUBLES], "--focus names an op card of a profiled session"),
+    (["--proposer", "llm", "--evaluator", "tests.doubles:make_evaluator"],
+     "no LLM endpoint is configured"),
+    (["--proposer", "nosuch.module:f", "--evaluator", "tests.doubles:make_evaluator"],
+     "cannot import"),
+])
+def test_search_a_model_with_a_bad_setting_profiles_and_stores_nothing(tmp_path: Path, args,
+                                                                       message):
+    db = tmp_path / "k.db"
+    result = kforge("search", f"{TOY}:build", "--device", "cpu", "--db", str(db), *args)
+    assert message in one_error_line(result)
+    assert result.stdout == ""  # nothing was profiled
+    assert not db.exists() and not (tmp_path / "samples").exists()
+
+
+def test_a_config_typo_stops_search_before_profiling(tmp_path: Path, _isolated_kforge_dirs: Path):
+    db = tmp_path / "k.db"
+    (_isolated_kforge_dirs / "config.toml").write_text('[search]\niteration_per_op = 3\n')
+    result = kforge("search", f"{TOY}:build", "--device", "cpu", "--db", str(db), *DOUBLES)
+    assert "did you mean iterations_per_op?" in one_error_line(result)
+    assert not db.exists()
+
+
+@pytest.mark.parametrize("config, message", [
+    ("[search]\niteration_per_op = 3\n", "did you mean iterations_per_op?"),
+    ('[search]\nparallel = "two"\n', "[search] parallel in"),
+])
+def test_doctor_fails_on_a_bad_config(tmp_path: Path, _isolated_kforge_dirs: Path, capsys,
+                                      config, message):
+    (_isolated_kforge_dirs / "config.toml").write_text(config)
+    assert main(["doctor", "--db", str(tmp_path / "k.db")]) == 1
+    report = capsys.readouterr().out
+    assert any(line.startswith("FAIL") and "config" in line and message in line
+               for line in report.splitlines())
+
+
+def test_delete_without_a_terminal_asks_for_yes(tmp_path: Path):
+    db = tmp_path / "k.db"
+    sid = make_db(db)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, "-m", "kforge", "delete", str(sid), "--db", str(db)],
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+                            stdin=subprocess.DEVNULL)
+    assert "--yes" in one_error_line(result)
+    assert main(["show", str(sid), "--db", str(db)]) == 0
+
+
+def _as_a_reader_without_write_access(tmp_path: Path) -> tuple[Path, list[str]]:
+    """A folder this test's kforge may read but not write, and the command prefix that runs it
+    so: as root (who writes anywhere), as nobody in a world-readable folder; otherwise in a
+    folder made read-only."""
+    if os.geteuid() != 0:
+        folder = tmp_path / "ro"
+        folder.mkdir()
+        return folder, []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("running as root without setpriv: cannot take write access away")
+    folder = Path(tempfile.mkdtemp(prefix="kforge-ro-"))
+    folder.chmod(0o755)
+    return folder, [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+def test_a_database_in_a_read_only_place_can_be_browsed(tmp_path: Path):
+    folder, as_reader = _as_a_reader_without_write_access(tmp_path)
+    try:
+        db = folder / "k.db"
+        sid = make_db(db)
+        before = sorted(p.name for p in folder.iterdir())
+        for path in (db, folder):
+            path.chmod(0o555 if path.is_dir() else 0o444)
+        env = {**os.environ, "PYTHONPATH": str(REPO), "HOME": str(folder),
+               "KFORGE_CONFIG": str(folder / "config.toml"),
+               "KFORGE_CACHE_DIR": str(folder / "cache")}
+
+        def run(*args: str) -> subprocess.CompletedProcess:
+            return subprocess.run([*as_reader, sys.executable, "-m", "kforge", *args,
+                                   "--db", str(db)],
+                                  cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+
+        listed, shown = run("sessions"), run("show", str(sid))
+        assert listed.returncode == 0 and "toy" in listed.stdout, listed.stderr
+        assert shown.returncode == 0 and "_softmax" in shown.stdout, shown.stderr
+        assert "Traceback" not in one_error_line(run("resume", str(sid), *DOUBLES))
+        assert "Traceback" not in one_error_line(
+            run("profile", f"{TOY}:build", "--device", "cpu"))
+        assert sorted(p.name for p in folder.iterdir()) == before
+    finally:
+        folder.chmod(0o755)
+        shutil.rmtree(folder, ignore_errors=True)

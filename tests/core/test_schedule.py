@@ -51,8 +51,13 @@ def start(c: CardSearch) -> int:
 
 def run(c: CardSearch, speedup: float | None) -> NodeResult:
     result = NodeResult(start(c), speedup=speedup, failure="" if speedup else "x: failed: no")
-    c.finish(result)
+    finish(c, result)
     return result
+
+
+def finish(c: CardSearch, result: NodeResult) -> None:
+    """Finish ``result`` with the count and best a store derives, one result at a time."""
+    c.finish(result, c.spent + 1, c.best.after(result.node_id, result.speedup))
 
 
 # ----- one card -----
@@ -71,9 +76,8 @@ def test_finishing_a_node_counts_it_and_backs_its_reward_up():
     node = start(c)
     result = NodeResult(node, speedup=2.0)
     assert result.reward == pytest.approx(reward_from_speedup(2.0))
-    assert c.stored_after(result) == {"spent": 1, "best_node": node, "best_speedup": 2.0}
-    assert (c.spent, c.best, c.committed) == (0, Best(), 1)  # stored_after changes nothing
-    c.finish(result)
+    assert (c.spent, c.best, c.committed) == (0, Best(), 1)
+    c.finish(result, 1, Best(node, 2.0))
     assert (c.spent, c.best, c.committed, c.tree.completed) == (1, Best(node, 2.0), 1, 1)
     assert c.failed == []
 
@@ -81,7 +85,7 @@ def test_finishing_a_node_counts_it_and_backs_its_reward_up():
 def test_a_failure_is_listed_for_the_proposer_and_keeps_the_best():
     c = search(1, best=Best(7, 1.3))
     node = start(c)
-    c.finish(NodeResult(node, repairable=True, failure=failure_line(
+    finish(c, NodeResult(node, repairable=True, failure=failure_line(
         {"approach": "tiled"}, "mismatch", "max error 3.0")))
     assert c.best == Best(7, 1.3)
     assert c.failed == ["tiled: mismatch: max error 3.0"]

@@ -134,6 +134,7 @@ async def test_the_store_writes_what_viewers_read(tmp_path: Path):
         records = [e.record for e in await store.events_since(0, sid)]
     assert records == [SessionCreated("toy", SessionStatus.READY), CardsAdded(4),
                        NodeAdded(node, card, None, "new"),
+                       CardUpdated(card, {"spent": 1, "best_node": None, "best_speedup": None}),
                        NodeFinished(node, card, NodeStatus.NO_CANDIDATE),
                        CommandSent(command, "prune", node), CommandDone(command, "pruned")]
 

@@ -64,8 +64,7 @@ async def test_node_lifecycle_records_outcome_cost_and_events(store: Store):
     await store.set_candidate(node, Candidate("src", "def launch(k, *a): pass", {"a": 1}), [call])
     outcome = EvalOutcome(EvalStatus.OK, "1.50x", compile_log="ptxas info",
                           timing=Timing(10.0, 9.0, 11.0, 100), speedup=1.5)
-    await store.finish_node(node, outcome, 0.405, {"spent": 1, "best_node": node,
-                                                   "best_speedup": 1.5})
+    await store.finish_node(node, outcome, 0.405)
     detail = await store.get_node(node)
     assert detail.row.status == NodeStatus.OK and detail.row.speedup == 1.5
     assert detail.candidate.meta == {"a": 1}
@@ -92,20 +91,6 @@ async def test_an_outcome_stored_with_the_restart_signal_in_extra_reads(tmp_path
     async with await Store.open(path, create=False) as s:
         outcome = (await s.get_node(node)).outcome
     assert outcome.status is EvalStatus.CRASH and outcome.restart and outcome.extra == {"pid": 7}
-
-
-async def test_a_failed_change_leaves_nothing_behind(store: Store):
-    sid = await make_session(store)
-    card = (await store.list_cards(sid))[0]
-    node = await store.add_node(sid, card.id, None, "new")
-    await store.set_candidate(node, Candidate("s", "l"))
-    seq = await store.last_seq()
-    with pytest.raises(ValueError):  # a bad card field aborts the whole transaction
-        await store.finish_node(node, EvalOutcome(EvalStatus.OK, speedup=2.0), 0.69,
-                                {"not_a_field": 1})
-    assert (await store.get_node(node)).row.status == NodeStatus.EVALUATING
-    assert (await store.get_node(node)).outcome is None
-    assert await store.last_seq() == seq
 
 
 async def test_commands_flow_from_viewer_to_engine(tmp_path: Path):
@@ -224,8 +209,7 @@ WRITER = textwrap.dedent("""
         for i in range(n):
             node = await s.add_node(sid, card, None, "new")
             await s.set_candidate(node, Candidate(f"src{i}", "l"))
-            await s.finish_node(node, EvalOutcome(EvalStatus.OK, speedup=1.0 + i), 0.0,
-                                {"spent": i + 1})
+            await s.finish_node(node, EvalOutcome(EvalStatus.OK, speedup=1.0 + i), 0.0)
         await s.close()
 
     asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])))
