@@ -42,6 +42,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         if result.name == "GPU" and result.level == OK:
             arch = result.detail.split("(")[-1].rstrip(")")
     checks.append(check_nvrtc(arch))
+    checks.append(check_sanitizer())
     checks.append(check_database(args))
     checks.append(check_config())
     checks.append(check_llm())
@@ -157,6 +158,20 @@ def check_llm() -> Check:
         return Check("LLM", OK, f"model {s.model} at {s.base_url or 'api.openai.com'} ({key})")
 
     return _guard("LLM", probe)
+
+
+def check_sanitizer() -> Check:
+    def probe() -> Check:
+        from kforge.eval.sanitize import find_sanitizer
+
+        found = find_sanitizer()
+        if found is None:
+            return Check("sanitizer", WARN, "compute-sanitizer not found: a new best is then kept "
+                         "without its race and memory checks (pip install "
+                         "nvidia-cuda-sanitizer-api, or the CUDA toolkit)")
+        return Check("sanitizer", OK, f"compute-sanitizer at {found}")
+
+    return _guard("sanitizer", probe)
 
 
 def check_tui() -> Check:

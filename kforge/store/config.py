@@ -80,8 +80,11 @@ def load_config(path: Path | None = None) -> Settings:
     that is not TOML, or names an unknown key or a value out of range, is a KforgeError naming
     the file, section and key."""
     path = path or config_path()
-    if not path.exists():
-        return Settings()
+    try:
+        if not path.exists():
+            return Settings()
+    except OSError as exc:  # a folder on the way that cannot be searched
+        raise KforgeError(f"cannot read config file {path}: {exc.strerror}") from None
     return Settings.from_dict(read_toml(path, "config file"), Origin(f"in {path}"))
 
 

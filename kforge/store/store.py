@@ -118,6 +118,14 @@ class Store:
                                   f"{exc.strerror}") from None
         elif path.is_dir():
             raise KforgeError(f"{path} is a folder, not a kforge database file")
+        # Checked here: a connection that fails inside aiosqlite's thread leaves a traceback.
+        if path.exists() and not os.access(path, os.R_OK | os.W_OK):
+            raise KforgeError(f"cannot open database {path} for writing: no permission (a "
+                              "read-only database can be browsed with `kforge sessions` and "
+                              "`kforge show`)")
+        if not path.exists() and not os.access(path.parent, os.W_OK):
+            raise KforgeError(f"cannot create a database in {path.parent}: no permission to "
+                              "write there")
         try:
             db = await aiosqlite.connect(path, isolation_level=None, timeout=timeout_s)
         except sqlite3.Error as exc:
