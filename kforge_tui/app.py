@@ -116,9 +116,10 @@ class KforgeApp(App):
             await self.store.close()
 
     async def open_store(self) -> Store | None:
-        """The session database, opened on first use; None while it does not exist yet."""
+        """The session database, opened on first use (read-only in a place this process may not
+        write); None while it does not exist yet."""
         if self.store is None and self.db_path.exists():
-            self.store = await Store.open(self.db_path, create=False)
+            self.store = await Store.open_to_browse(self.db_path)
         return self.store
 
     @work(group="gpu")

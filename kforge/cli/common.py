@@ -53,9 +53,8 @@ def with_store(args: argparse.Namespace, work: Callable[[Store], Awaitable[T]], 
 async def open_store(path: Path, *, create: bool = False, reads_only: bool = False) -> Store:
     """The store at ``path``; for work that ``reads_only``, opened read-only where the file or
     its folder may not be written, so a database in a read-only place can still be browsed."""
-    if reads_only and path.exists() and not (os.access(path, os.W_OK)
-                                             and os.access(path.parent, os.W_OK)):
-        return await Store.open_read_only(path)
+    if reads_only:
+        return await Store.open_to_browse(path)
     return await Store.open(path, create=create)
 
 

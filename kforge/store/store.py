@@ -139,6 +139,15 @@ class Store:
         return store
 
     @classmethod
+    async def open_to_browse(cls, path: Path | str) -> Store:
+        """An existing database for a viewer: read-only where this process may not write the
+        file or its folder (a write then fails with one line), else as ``open`` opens it."""
+        path = Path(path)
+        if path.exists() and not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)):
+            return await cls.open_read_only(path)
+        return await cls.open(path, create=False)
+
+    @classmethod
     async def open_read_only(cls, path: Path | str, *, timeout_s: float = 5.0) -> Store:
         """Open an existing database for browsing without writing to it, even where this process
         may not write (a read-only file or folder): nothing on disk changes, and a write fails.
@@ -237,6 +246,9 @@ class Store:
                         message=f"waited {waited_s:.0f} s for another process to release the "
                                 "database's write lock", level="warning"))
                 yield self._db
+            except sqlite3.Error as exc:  # e.g. a write to a database opened read-only
+                await self._rollback()
+                raise _explain(exc, self.path) from None
             except BaseException:
                 await self._rollback()
                 raise

@@ -37,6 +37,7 @@ ITERATIONS = 6
 TARGET_OPS = 3
 BUSY_TIMEOUT_S = 0.25  # the engine store's busy timeout, scaled down from its 5 s default
 SEEDS = (3, 17, 2024)
+KILL_SCENARIOS = [(3, 1), (17, 2), (2024, 3), (99, 4)]  # (seed, proposals in parallel)
 
 # Another process (a backup, an sqlite3 shell) takes the write lock and keeps it a while.
 HOLDER = """
@@ -106,10 +107,10 @@ async def assert_bookkeeping(store: Store, sid: int) -> None:
 # ----- sessions, engines and other processes -----
 
 
-def fake_settings(rng: random.Random, journal: Path) -> dict:
+def fake_settings(rng: random.Random, journal: Path, parallel: int) -> dict:
     return {"search": {"proposer": "tests.doubles:make_proposer",
                        "evaluator": "tests.doubles:make_evaluator",
-                       "iterations_per_op": ITERATIONS, "parallel": rng.randint(1, 4),
+                       "iterations_per_op": ITERATIONS, "parallel": parallel,
                        "patience": 1000, "seed": rng.randrange(10_000)},
             "fake": {"delay_s": 0.03, "journal": str(journal),
                      "fail_every": rng.choice([0, 4])}}
@@ -195,15 +196,15 @@ async def claim_is_refused_or_came_after_release(store: Store, sid: int) -> None
 # ----- the scenarios -----
 
 
-@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize(("seed", "parallel"), KILL_SCENARIOS)
 @pytest.mark.parametrize("fault", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
 async def test_an_engine_killed_or_stopped_at_a_random_point_resumes_losing_nothing(
-        tmp_path: Path, seed: int, fault: signal.Signals):
+        tmp_path: Path, seed: int, parallel: int, fault: signal.Signals):
     rng = random.Random(seed * 31 + fault)
     db, journal = tmp_path / "k.db", tmp_path / "journal.txt"
     store = await Store.open(db)
     try:
-        sid = await new_session(store, fake_settings(rng, journal))
+        sid = await new_session(store, fake_settings(rng, journal, parallel))
         kill_after = rng.randint(1, ITERATIONS * TARGET_OPS // 2)
         kill_mid_evaluation = rng.random() < 0.5
         first = start_engine(db, sid)
@@ -251,7 +252,7 @@ async def test_a_search_outlasts_a_lock_holder_while_viewers_read(
     db, journal = tmp_path / "k.db", tmp_path / "journal.txt"
     store = await Store.open(db, timeout_s=BUSY_TIMEOUT_S)
     try:
-        settings = fake_settings(rng, journal)
+        settings = fake_settings(rng, journal, parallel=rng.randint(1, 4))
         sid = await new_session(store, settings)
         fake = settings["fake"]
         engine = Engine(store, sid,
@@ -268,13 +269,16 @@ async def test_a_search_outlasts_a_lock_holder_while_viewers_read(
 
         await wait_for(at_lock_point, "the lock point")
         done_before = await finished_outcomes(store, sid)
+        journal_before = len(journal_lines(journal))
         holder = await asyncio.create_subprocess_exec(sys.executable, "-c", HOLDER, str(db),
                                                       str(hold_s), stdout=asyncio.subprocess.PIPE)
         assert await holder.stdout.readline() == b"held\n"
+        async with await Store.open(db) as other:  # waits out the holder, then is refused
+            await claim_is_refused_or_came_after_release(other, sid)
         assert await asyncio.wait_for(run, 60) == SessionStatus.DONE
         assert await holder.wait() == 0
         assert reader_report(reader)["spent"] == ITERATIONS * TARGET_OPS
-        await assert_search_whole(store, sid, journal, done_before, 0)
+        await assert_search_whole(store, sid, journal, done_before, journal_before)
     finally:
         await store.close()
 
@@ -283,7 +287,7 @@ async def test_a_read_only_database_is_browsed_and_refuses_writes_with_one_messa
         tmp_path: Path):
     db, journal = tmp_path / "k.db", tmp_path / "journal.txt"
     async with await Store.open(db) as store:
-        sid = await new_session(store, fake_settings(random.Random(5), journal))
+        sid = await new_session(store, fake_settings(random.Random(5), journal, parallel=2))
     engine = start_engine(db, sid)
     output = engine.communicate(timeout=120)[0].decode()
     assert engine.returncode == 0, output
