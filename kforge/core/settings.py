@@ -389,6 +389,26 @@ class TuiSettings(_Section):
 
 
 @dataclass(frozen=True)
+class StoreSettings(_Section):
+    """``[store]``: how the session database is written."""
+
+    SECTION: ClassVar[str] = "store"
+
+    # "full": every committed result (a finished evaluation, its cost) survives a power loss, one
+    # fsync per commit; "normal": faster commits, the last ones may be lost on a power loss (never
+    # on a crash of kforge itself).
+    durability: str = "full"
+
+    def __post_init__(self) -> None:
+        if self.durability not in DURABILITY:
+            raise InvalidValue("durability", f"must be one of {', '.join(DURABILITY)}",
+                               self.durability)
+
+
+DURABILITY = ("full", "normal")
+
+
+@dataclass(frozen=True)
 class KeyBindings(_Section):
     """``[keys]``: kforge-tui's bindings remapped by id (``prune = "x"``, ``quit = "q,ctrl+c"``).
     Which ids exist, and which keys a terminal can send, the TUI checks: it knows its bindings."""
@@ -413,7 +433,8 @@ class KeyBindings(_Section):
 
 
 SECTIONS: dict[str, type[_Section]] = {
-    s.SECTION: s for s in (SearchSettings, EvalSettings, LlmSection, TuiSettings, KeyBindings)}
+    s.SECTION: s for s in (SearchSettings, EvalSettings, LlmSection, TuiSettings, StoreSettings,
+                           KeyBindings)}
 
 
 @dataclass(frozen=True)
@@ -425,6 +446,7 @@ class Settings:
     eval: EvalSettings = field(default_factory=EvalSettings)
     llm: LlmSection = field(default_factory=LlmSection)
     tui: TuiSettings = field(default_factory=TuiSettings)
+    store: StoreSettings = field(default_factory=StoreSettings)
     keys: KeyBindings = field(default_factory=KeyBindings)
 
     @classmethod

@@ -20,6 +20,9 @@ Linux) and each can be overridden by an environment variable. The config file is
     [tui]
     theme = "kforge-dark"
 
+    [store]
+    durability = "full"      # full: finished results survive a power loss; normal: faster
+
     [keys]                   # remap a TUI binding by its id
     prune = "x"
 """
@@ -31,7 +34,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from kforge.core.settings import Origin, Settings
+from kforge.core.settings import Origin, Settings, StoreSettings
 from kforge.errors import KforgeError
 
 APP = "kforge"
@@ -135,3 +138,12 @@ def _toml_value(value: str | int | float | bool) -> str:
         return repr(value)
     escaped = value.replace("\\", "\\\\").replace('"', '\\"')
     return f'"{escaped}"'
+
+
+def configured_durability() -> str:
+    """``[store] durability`` of the user's config. A config that cannot be read keeps the safe
+    default here; the commands that read the whole config report what is wrong with it."""
+    try:
+        return load_config().store.durability
+    except KforgeError:
+        return StoreSettings.durability

@@ -4,8 +4,9 @@ Every state change is one transaction that also appends a record (``kforge.store
 numbered ``events`` table, so a viewer in another process can tail ``events_since(seq)`` and never
 miss or half-see a change. Sample inputs live beside the database in ``samples/<session id>/``.
 
-Durability is ``SYNCHRONOUS``: with ``FULL`` every committed transaction (a finished evaluation,
-its cost) survives a power loss, at the price of one fsync per commit.
+Durability is the ``[store] durability`` setting (``kforge.core.settings.StoreSettings``): by
+default ``full`` (SQLite ``synchronous = FULL``), so every committed transaction (a finished
+evaluation, its cost) survives a power loss, at the price of one fsync per commit.
 
 A store that holds a session's engine lease (``claim_engine``) belongs to that engine: a write that
 finds the database locked by another process (a backup, an ``sqlite3`` shell) waits it out with
@@ -70,6 +71,7 @@ from kforge.store.records import (
     dumps,
     loads,
 )
+from kforge.store.config import configured_durability
 from kforge.store.schema import LATEST, MIGRATIONS
 
 log = logging.getLogger("kforge.store")
@@ -79,7 +81,7 @@ log = logging.getLogger("kforge.store")
 ENGINE_STALE_S = 20.0
 # SQLite's durability level. FULL: a commit is on disk before it returns, so no finished result
 # is lost on power loss (NORMAL, with WAL, may lose the last commits).
-SYNCHRONOUS = "FULL"
+SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL"}
 LOCK_BACKOFF_S = (0.05, 1.0)  # first and longest pause between waits for another's write lock
 _CARD_FIELDS = ("status", "stop_reason", "spent", "best_node", "best_speedup", "eager_us",
                 "compiled_us", "floor_us", "baseline")
@@ -199,7 +201,7 @@ class Store:
             if mode.lower() != "wal":
                 raise KforgeError(f"{self.path} cannot use write-ahead logging (journal mode "
                                   f"stays {mode!r}); put the database on a local disk")
-            await db.execute(f"PRAGMA synchronous = {SYNCHRONOUS}")
+            await db.execute(f"PRAGMA synchronous = {SYNCHRONOUS[configured_durability()]}")
             if version < LATEST:
                 await self._migrate()
         except sqlite3.Error as exc:
