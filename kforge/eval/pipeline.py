@@ -60,7 +60,7 @@ from kforge.eval.ops import (
     traffic_bytes,
 )
 from kforge.eval.poison import PoisonCycle
-from kforge.eval.precision import judge_precision, precision_reference
+from kforge.eval.precision import PrecisionReport, judge_precision, precision_reference
 from kforge.eval.timing import Subject, time_interleaved
 from kforge.runtime.nvrtc import CompileResult
 from kforge.runtime.plan import (
@@ -123,7 +123,6 @@ class CandidateCalls:
 class TimedCheck:
     """A timed call chosen for checking: its inputs' values, and what it returned."""
 
-    round: int
     inputs: InputSet
     observed: Observed
 
@@ -227,33 +226,35 @@ class Evaluation:
         except Verdict as verdict:
             if not lenient or "report" not in verdict.details:
                 raise
-            high = precision_reference(self.op, *self.copy_of(inputs))
-            if high is None:
+            judged = self.against_float64(inputs, out, ref, leeway=STRESS_LEEWAY)
+            if judged is None:
                 raise
-            returned = len(flatten_tensors(out.returned))
-            for i, reference in enumerate(flatten_tensors(high)[:returned]):
-                judged = judge_precision(out.tensors[i], ref.tensors[i], reference,
-                                         leeway=STRESS_LEEWAY)
-                if not judged.ok:
+            for report in judged:
+                if not report.ok:
                     raise Verdict(verdict.status, f"{verdict.summary}; against float64 it is "
-                                  f"less accurate than eager: {judged.reason}",
+                                  f"less accurate than eager: {report.reason}",
                                   **verdict.details) from None
             return []
 
-    @staticmethod
-    def copy_of(inputs: InputSet) -> tuple[tuple, dict]:
+    def against_float64(self, inputs: InputSet, out: Observed, ref: Observed,
+                        leeway: float = 1.0) -> list[PrecisionReport] | None:
+        """Each returned result of the candidate judged against a higher-precision reference,
+        beside eager's; None where the op has no higher precision to run in."""
         copy = inputs.fresh_copy()
-        return copy.args, copy.kwargs
+        high = precision_reference(self.op, copy.args, copy.kwargs)
+        if high is None:
+            return None
+        returned = len(flatten_tensors(out.returned))
+        return [judge_precision(out.tensors[i], ref.tensors[i], reference, leeway=leeway)
+                for i, reference in enumerate(flatten_tensors(high)[:returned])]
 
     def check_precision(self, inputs: InputSet, out: Observed, ref: Observed) -> dict | None:
         """The candidate's error against a higher-precision reference, next to eager's."""
-        high = precision_reference(self.op, *self.copy_of(inputs))
-        if high is None:
+        judged = self.against_float64(inputs, out, ref)
+        if judged is None:
             return None
         worst: dict = {}
-        returned = len(flatten_tensors(out.returned))
-        for i, reference in enumerate(flatten_tensors(high)[:returned]):
-            report = judge_precision(out.tensors[i], ref.tensors[i], reference)
+        for i, report in enumerate(judged):
             if not report.ok:
                 raise Verdict(EvalStatus.MISMATCH, f"{inputs.label}, result {i}: {report.reason}")
             if report.candidate_error >= worst.get("candidate_error", -1.0):
@@ -286,13 +287,14 @@ class Evaluation:
                     for s in self.factory.stress_sets(self.settings.stress_seed)]
         candidate, eager, work, out_dtypes = self.time_against_eager(self.timing_sets(sets))
         del sets  # the last check needs only a fresh set
-        work.update(self.host_cost(self.factory.random_set(RECHECK_SEED)))
-        recheck = self.verify(self.factory.random_set(RECHECK_SEED))
+        fresh = self.factory.random_set(RECHECK_SEED)
+        recheck = self.verify(fresh)
+        work.update(self.host_cost(fresh))
         correctness = {"sets": checked, "stress": stressed, "after_timing": recheck,
                        "tolerances": {str(d).removeprefix("torch."): vars(tol)
                                       for d in out_dtypes if (tol := tolerance_for(d))}}
-        if dropped := getattr(self.factory, "stress_dropped", None):
-            correctness["stress_dropped"] = dropped
+        if self.factory.stress_dropped:
+            correctness["stress_dropped"] = self.factory.stress_dropped
         return correctness, candidate, eager, work
 
     # ----- timing -----
@@ -337,7 +339,7 @@ class Evaluation:
             self.check_inputs(inputs, f"timed call {r}")
             values = inputs.fresh_copy(f"timed call {r}")
             values.take_snapshot()  # the reference runs on a copy of these
-            check = TimedCheck(r, values, observe(result, inputs, self.written, candidate=True))
+            check = TimedCheck(values, observe(result, inputs, self.written, candidate=True))
             checks[slot:slot + 1] = [check]
 
         def prepare_eager(r: int) -> None:

@@ -34,8 +34,9 @@ FOUND = 86
 # Bytes of padding memcheck puts after every allocation.
 PADDING = 65536
 _KERNEL = re.compile(r"\bat (?:0x[0-9a-f]+ in )?([A-Za-z_]\w*)\+0x")
-_ERROR_LINE = re.compile(r"^=+\s+(?:(?:Invalid|Uninitialized|Race|Barrier|Error|Warning|"
-                         r"Program hit|Misaligned|Out of bounds)\b.*)", re.M)
+# The first line of each report block.
+_REPORT_START = (r"^=+\s+(?:Invalid|Uninitialized|Race|Barrier|Error|Warning|Program hit|"
+                 r"Misaligned|Out of bounds)\b")
 
 
 @dataclass(frozen=True)
@@ -75,11 +76,9 @@ def find_sanitizer() -> str | None:
 def kernel_reports(output: str, kernels: set[str]) -> list[str]:
     """The sanitizer's error blocks that concern ``kernels``: each block's first line. A block
     that names none of them (PyTorch's own kernels, a runtime memcpy) is not the candidate's."""
-    blocks = re.split(r"(?m)^(?==+\s+(?:Invalid|Uninitialized|Race|Barrier|Error|Warning|"
-                      r"Program hit|Misaligned|Out of bounds))", output)
     found = []
-    for block in blocks:
-        if not _ERROR_LINE.match(block):
+    for block in re.split(f"(?m)(?={_REPORT_START})", output):
+        if not re.match(_REPORT_START, block):
             continue
         named = {m.group(1) for m in _KERNEL.finditer(block)}
         if named & kernels:
