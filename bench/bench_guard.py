@@ -19,9 +19,11 @@ row shows the noise floor), and the table gives the ratio of medians.
 The host-cost table times one call of a tiny op (``aten.mul.Tensor``, two float32 [1, 1536]) on
 the CPU's clock, the GPU idle before each call: eager's own dispatch (the op called from Python,
 as the evaluator measures ``eager_host_us``), kforge's launch path (the library kernel's launch
-plan run by ``PlanRunner``, the evaluator's ``host_us``), the whole patched call (guard, lookup,
-launch path) and a patched call of another variant (the guard's miss). The launch path must not
-cost the host more than eager's own dispatch.
+plan run by ``PlanRunner``, the evaluator's ``host_us``), the whole patched call through the
+native guard (C++: compare, allocate, launch) and through the Python guard, and a patched call of
+another variant (the guard's miss) through each. The patched call may not cost the host more
+than eager's own dispatch (``PlanRunner`` alone serves the evaluator, whose timings are GPU
+events, and the Python guard).
 
 Run on a GPU machine from the repository root (a few minutes on an H200):
     python3 bench/bench_guard.py                          # gemma4 decode, resnet50 b32, host cost
@@ -36,6 +38,7 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
+import os
 import statistics
 import sys
 import time
@@ -60,6 +63,7 @@ from kforge.errors import KforgeError  # noqa: E402
 from kforge.integrate.measure import Subject, output_tensors, time_forwards  # noqa: E402
 from kforge.runtime.cubin import device_arch  # noqa: E402
 from kforge.runtime.guard import Patch  # noqa: E402
+from kforge.runtime.native import ENV_DISABLE  # noqa: E402
 from kforge.runtime.plan import (  # noqa: E402
     Backend,
     PlanRunner,
@@ -179,15 +183,20 @@ def host_cost(device: torch.device, calls: int) -> None:
     check_kernels(resolved, backend.has_kernel, known)
     check_widths(resolved, backend.param_widths)
     runner = PlanRunner(resolved, HOST_OP, backend, device)
-    patch = Patch(KernelTable([Entry(HOST_OP, args_spec, kwargs_spec, runner, device,
-                                     label="mul")]))
-    paths = {"eager dispatch (op from Python)": (lambda: func(a, b), False),
-             "launch path (PlanRunner)": (lambda: runner((a, b), {}), False),
-             "patched call (guard + launch path)": (lambda: func(a, b), True),
-             "patched call, other shape (miss)": (lambda: func(*wider), True)}
-    samples = time_host(paths, patch, calls, device)
+
+    def table() -> KernelTable:
+        return KernelTable([Entry(HOST_OP, args_spec, kwargs_spec, runner, device, label="mul")])
+
+    native_guard, python_guard = Patch(table()), python_only(Patch(table()))
+    paths = {"eager dispatch (op from Python)": (lambda: func(a, b), None),
+             "PlanRunner from Python": (lambda: runner((a, b), {}), None),
+             "patched call, native guard": (lambda: func(a, b), native_guard),
+             "patched call, Python guard": (lambda: func(a, b), python_guard),
+             "other shape (miss), native guard": (lambda: func(*wider), native_guard),
+             "other shape (miss), Python guard": (lambda: func(*wider), python_guard)}
+    samples = time_host(paths, calls, device)
     medians = {name: statistics.median(values) for name, values in samples.items()}
-    eager, launch = (medians[name] for name in list(paths)[:2])
+    eager = medians["eager dispatch (op from Python)"]
     where = "stand-in backend, no GPU: the launch path without the driver's launch" \
         if device.type != "cuda" else torch.cuda.get_device_name(device)
     print(f"\nhost time per call of {card.short_op}({card.signature}), {calls} calls per path "
@@ -201,16 +210,37 @@ def host_cost(device: torch.device, calls: int) -> None:
               f"{fmt_us(deciles[-1]):>9} {medians[name] / eager:>8.2f}x")
     if device.type != "cuda":  # eager computes on the CPU and launches nothing: no verdict
         return
-    verdict = "within" if launch <= eager else "ABOVE"
-    print(f"launch path {fmt_us(launch)} vs eager's own dispatch {fmt_us(eager)}: {verdict} "
-          "eager's host cost", flush=True)
+    hit = medians["patched call, native guard"]
+    miss = medians["other shape (miss), native guard"] - medians["eager dispatch (op from Python)"]
+    verdict = "within" if hit <= eager else "ABOVE"
+    print(f"patched call {fmt_us(hit)} vs eager's own dispatch {fmt_us(eager)}: {verdict} "
+          "eager's host cost")
+    print(f"native guard's miss: {fmt_us(miss)} over eager's dispatch of another shape "
+          "(its own call of the op included)", flush=True)
 
 
-def time_host(paths: dict[str, tuple[Callable[[], Any], bool]], patch: Patch, calls: int,
+class python_only:  # noqa: N801 (a context manager used like a Patch)
+    """A patch installed with the native guard off: the Python guard's cost."""
+
+    def __init__(self, patch: Patch) -> None:
+        self.patch = patch
+
+    def __enter__(self) -> Patch:
+        os.environ[ENV_DISABLE] = "0"
+        try:
+            return self.patch.__enter__()
+        finally:
+            del os.environ[ENV_DISABLE]
+
+    def __exit__(self, *exc: object) -> None:
+        self.patch.__exit__(*exc)
+
+
+def time_host(paths: dict[str, tuple[Callable[[], Any], Any]], calls: int,
               device: torch.device, rounds: int = 20) -> dict[str, list[float]]:
     """Microseconds per call of each path, in rounds that take the paths in turns (the order
-    flipped each round) so that drift in the host's speed falls on all alike; the patch is in
-    place for the paths that need it, and the GPU is idle before each timed call."""
+    flipped each round) so that drift in the host's speed falls on all alike; a path's patch
+    is in place while it runs, and the GPU is idle before each timed call."""
     def sync() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -218,15 +248,15 @@ def time_host(paths: dict[str, tuple[Callable[[], Any], bool]], patch: Patch, ca
     samples: dict[str, list[float]] = {name: [] for name in paths}
     per_round = max(1, calls // rounds)
     names = list(paths)
-    for call, patched in paths.values():  # warm up: caches, lazy loading, first launch
-        with patch if patched else nullcontext():
+    for call, patch in paths.values():  # warm up: caches, lazy loading, first launch
+        with patch or nullcontext():
             for _ in range(10):
                 call()
         sync()
     for r in range(rounds):
         for name in names if r % 2 == 0 else reversed(names):
-            call, patched = paths[name]
-            with patch if patched else nullcontext():
+            call, patch = paths[name]
+            with patch or nullcontext():
                 for _ in range(per_round):
                     sync()
                     start = time.perf_counter()

@@ -10,7 +10,7 @@ from kforge.runtime.nvrtc import Compiler, CompileResult, check_options
 
 
 def default_cache_dir() -> Path:
-    from kforge.store.config import cache_dir
+    from kforge.runtime.cache import cache_dir
 
     return cache_dir() / "nvrtc"
 

@@ -62,6 +62,7 @@ from kforge.eval.ops import (
 from kforge.eval.poison import PoisonCycle
 from kforge.eval.precision import PrecisionReport, judge_precision, precision_reference
 from kforge.eval.timing import Subject, time_interleaved
+from kforge.runtime.guard import Patch
 from kforge.runtime.nvrtc import CompileResult
 from kforge.runtime.plan import (
     Allocation,
@@ -71,6 +72,7 @@ from kforge.runtime.plan import (
     check_widths,
 )
 from kforge.runtime.plan import resolve_for as resolve_plan
+from kforge.runtime.table import Entry, KernelTable
 
 # On stress values a result outside eager's tolerances still passes when it is this many times
 # the precision rule's multiple as close to the float64 truth as eager is (ill-conditioned inputs
@@ -374,8 +376,12 @@ class Evaluation:
         return sets[:max(1, min(self.settings.timing_sets, fit, len(sets)))]
 
     def host_cost(self, inputs: InputSet) -> dict:
-        """Host time per call of the launch path as integration runs it, and of eager's."""
+        """Host time per call of the op patched with the candidate, as integration runs it (the
+        guard in front of the op, the plan's allocation and launches), and of eager's call.
+        Where the patched calls do not all reach the kernel (an input the guard cannot match),
+        the launch path alone is timed."""
         op = self.op
+        card = self.card
 
         def per_call(call: Callable[[], Any]) -> float:
             samples = []
@@ -388,7 +394,12 @@ class Evaluation:
             return round(samples[len(samples) // 2], 2)
 
         runner = self.calls.runner
-        return {"host_us": per_call(lambda: runner(inputs.args, inputs.kwargs)),
+        entry = Entry(card.op, card.args, card.kwargs, runner, runner.device, label="host cost")
+        with Patch(KernelTable([entry])):
+            patched = per_call(lambda: op(*inputs.args, **inputs.kwargs))
+        if entry.counts()[0] != self.settings.host_reps:
+            patched = per_call(lambda: runner(inputs.args, inputs.kwargs))
+        return {"host_us": patched,
                 "eager_host_us": per_call(lambda: op(*inputs.args, **inputs.kwargs))}
 
     def work(self, inputs: InputSet) -> tuple[dict, set[torch.dtype]]:

@@ -128,8 +128,16 @@ class KernelModule:
         scalars, and None where a pointer goes), launched straight through the driver; None where
         that path is not available here (``launch`` then serves)."""
         launch = _driver_launch()
-        if launch is None:
+        address = self.function_address(name, shared_mem)
+        if launch is None or address is None:
             return None
+        return PreparedLaunch(launch, address, self.device_index, grid, block, shared_mem,
+                              template)
+
+    def function_address(self, name: str, shared_mem: int = 0) -> int | None:
+        """The driver's handle of kernel NAME as an address for ``cuLaunchKernel``, allowed
+        ``shared_mem`` bytes of dynamic shared memory; None where cuda.core gives a handle of
+        another kind."""
         from cuda.bindings import driver
 
         handle = self.kernel(name).handle
@@ -143,8 +151,7 @@ class KernelModule:
             return None
         if shared_mem > DEFAULT_SHARED_LIMIT:
             self.allow_shared(name, shared_mem)
-        return PreparedLaunch(launch, address, self.device_index, grid, block, shared_mem,
-                              template)
+        return address
 
 
 class PreparedLaunch:

@@ -1,12 +1,16 @@
-"""The guard: each op that has kernels gets a Python kernel registered with ``torch.library``
-at the op's device dispatch key, in front of the op's own kernel (kept through
-``torch.library.get_kernel``), which runs for every call that is not an exact variant with a kernel.
+"""The guard: each op that has kernels gets a kernel registered at the op's device dispatch key,
+in front of the op's own kernel (kept), which runs for every call that is not an exact variant
+with a kernel.
 
 That level is reached by every call of the op, whoever issued it: code under no_grad or
 inference_mode, a composite op decomposed in C++ (``softmax`` into ``_softmax``), a CUDA graph
 being captured. Ops without kernels are not touched, so the guard costs nothing outside the ops
 it serves (a TorchDispatchMode would put Python in front of every op the model runs). The
 registration is process-wide while a ``Patch`` is active.
+
+The kernel in front is the native guard (``kforge.runtime.native``: C++, no Python per call)
+where it can serve every kernel of the op, else a Python kernel registered with
+``torch.library``.
 """
 
 from __future__ import annotations
@@ -19,6 +23,14 @@ from typing import Any
 import torch
 
 from kforge.core.argspec import resolve_op
+from kforge.runtime.native import (
+    ENV_DISABLE,
+    NativeRoute,
+    NativeVariant,
+    available,
+    describable,
+    variant_for,
+)
 from kforge.runtime.table import _MISS, KernelTable, Report, _OpEntries
 
 _NUMBERS = (bool, int, float, complex)  # in the order of their promotion categories
@@ -74,16 +86,95 @@ def _make_number_tensor(value: bool | int | float | complex, others: list[torch.
 
 
 class _Route:
+    """What stands in front of one (op, dispatch key) for the active tables: the native guard
+    when it can serve all their kernels, else the Python kernel."""
+
+    def __init__(self, op: str, dispatch_key: str) -> None:
+        self.op = op
+        self.dispatch_key = dispatch_key
+        self.tables: list[_OpEntries] = []
+        self._python: _PythonRoute | None = None
+        self._native: NativeRoute | None = None
+
+    def refresh(self) -> None:
+        """Put the right guard in front of the op for the tables now attached."""
+        variants = _native_variants(self.tables)
+        if variants is not None and self._native is None:
+            try:
+                self._native = NativeRoute(self.op, self.dispatch_key)
+            except RuntimeError as exc:
+                _warn_python_guard(str(exc))
+                variants = None
+        if variants is None:
+            self._close_native()
+            if self._python is None:
+                self._python = _PythonRoute(self.op, self.dispatch_key, self.tables)
+            return
+        if self._python is not None:
+            self._python.close()
+            self._python = None
+        self._native.set(variants)
+        for table in self.tables:
+            table.native_route = self._native
+
+    def _close_native(self) -> None:
+        if self._native is not None:
+            self._native.close()
+            self._native = None
+        for table in self.tables:
+            table.native_route = None
+
+    def close(self) -> None:
+        self._close_native()
+        if self._python is not None:
+            self._python.close()
+            self._python = None
+
+
+def _native_variants(tables: list[_OpEntries]) -> list[NativeVariant] | None:
+    """Every kernel of the tables as the native guard holds it, in table order; None when the
+    native guard cannot serve one of them (or at all)."""
+    entries = [entry for table in tables for entry in table.variants.values()]
+    if not all(entry.disabled or describable(entry) for entry in entries):
+        return None
+    why = available()
+    if why is not None:
+        _warn_python_guard(why)
+        return None
+    variants = []
+    for table in tables:
+        for entry in table.variants.values():
+            variant = variant_for(entry)
+            if variant is None and not entry.disabled:
+                return None
+            if variant is not None:
+                variants.append(variant)
+    return variants
+
+
+_warned: set[str] = set()
+
+
+def _warn_python_guard(why: str) -> None:
+    if why in _warned or why == f"{ENV_DISABLE}=0":
+        return
+    _warned.add(why)
+    warnings.warn(f"kforge's native guard is not available ({why}); patched ops go through "
+                  "the Python guard, which costs more host time per call", RuntimeWarning,
+                  stacklevel=4)
+
+
+class _PythonRoute:
     """The Python kernel registered for one (op, dispatch key): the active tables' kernels,
     else the original kernel."""
 
-    def __init__(self, op: str, dispatch_key: str) -> None:
+    def __init__(self, op: str, dispatch_key: str, tables: list[_OpEntries]) -> None:
         get_kernel = getattr(torch.library, "get_kernel", None)
         if get_kernel is None:
             raise RuntimeError(f"patching needs torch >= 2.9 (torch.library.get_kernel); this "
                                f"is torch {torch.__version__}")
         self.func = resolve_op(op)
-        self.tables: list[_OpEntries] = []
+        self.tables = tables  # the route's own list: attached and detached in place
         self.original = get_kernel(self.func, dispatch_key)
         schema = self.func._schema
         self.tensor_slots = [(i, a.name, a.kwarg_only) for i, a in enumerate(schema.arguments)
@@ -169,6 +260,7 @@ class Patch:
                         route = _routes[slot] = _Route(op, slot[1])
                     route.tables.append(entries)
                     self._attached.append((slot, entries))
+                    route.refresh()
             except BaseException:
                 self._detach()
                 raise
@@ -183,9 +275,12 @@ class Patch:
         for slot, entries in self._attached:
             route = _routes[slot]
             route.tables.remove(entries)
+            entries.native_route = None
             if not route.tables:
                 route.close()
                 del _routes[slot]
+            else:
+                route.refresh()
         self._attached.clear()
 
     def report(self) -> Report:

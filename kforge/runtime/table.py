@@ -39,6 +39,9 @@ class Entry:
     hits: int = 0
     fallbacks: int = 0  # calls of this variant that ran the original op anyway
     disabled: str = ""  # why the kernel is off for good, once it failed
+    # The entry as the native guard holds it, once made (kforge.runtime.native): calls it serves
+    # count there.
+    native: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.device.type == "cuda" and self.device.index is None:
@@ -61,6 +64,13 @@ class Entry:
             return _MISS
         self.hits += 1
         return result
+
+    def counts(self) -> tuple[int, int, str]:
+        """Hits, fallbacks and why the kernel is off, on both guards."""
+        if self.native is None:
+            return self.hits, self.fallbacks, self.disabled
+        hits, fallbacks, disabled = self.native.counts()
+        return self.hits + hits, self.fallbacks + fallbacks, self.disabled or disabled
 
     def disable(self, reason: str) -> None:
         self.disabled = reason.strip().splitlines()[0][:300] if reason.strip() else "failed"
@@ -88,6 +98,11 @@ class _OpEntries:
         self.variants: dict[Any, Entry] = {}
         self.quick: set[tuple] | None = set()
         self.misses = 0
+        self.native_route: Any = None  # the native guard serving these kernels, if it does
+
+    def miss_count(self) -> int:
+        """Calls that matched no kernel's variant, on both guards."""
+        return self.misses + (self.native_route.misses() if self.native_route else 0)
 
     def add(self, entry: Entry) -> None:
         key = freeze([entry.args, entry.kwargs])
@@ -139,15 +154,18 @@ class KernelTable:
 
     def report(self) -> Report:
         return Report(
-            kernels=[KernelCount(e.label or e.op, e.op, e.key, e.hits, e.fallbacks, e.disabled)
-                     for e in self.entries],
-            misses={op: slot.misses for (op, _), slot in self._by_op.items()})
+            kernels=[KernelCount(e.label or e.op, e.op, e.key, *e.counts()) for e in self.entries],
+            misses={op: slot.miss_count() for (op, _), slot in self._by_op.items()})
 
     def reset_counts(self) -> None:
         for entry in self.entries:
             entry.hits = entry.fallbacks = 0
+            if entry.native is not None:
+                entry.native.reset()
         for slot in self._by_op.values():
             slot.misses = 0
+            if slot.native_route is not None:
+                slot.native_route.reset()
 
 
 @dataclass(frozen=True)

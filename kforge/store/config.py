@@ -40,7 +40,6 @@ from kforge.errors import KforgeError
 APP = "kforge"
 ENV_DB = "KFORGE_DB"
 ENV_CONFIG = "KFORGE_CONFIG"
-ENV_CACHE = "KFORGE_CACHE_DIR"
 
 
 def data_dir() -> Path:
@@ -59,14 +58,6 @@ def config_path() -> Path:
 
 def config_dir() -> Path:
     return config_path().parent
-
-
-def cache_dir() -> Path:
-    if env := os.environ.get(ENV_CACHE):
-        return Path(env).expanduser()
-    from platformdirs import user_cache_dir
-
-    return Path(user_cache_dir(APP))
 
 
 def db_path(explicit: str | os.PathLike[str] | None = None) -> Path:
