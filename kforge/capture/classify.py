@@ -78,3 +78,35 @@ def op_library(op: str, view_or_copy: bool, kernel_us: Mapping[str, float]) -> s
     if not by_library:
         return NATIVE
     return max(sorted(by_library), key=lambda lib: by_library[lib])
+
+
+# Native ops that may join a fusion region besides pointwise ones (``torch.Tag.pointwise``):
+# reductions, norms, softmax, casts, and the ops that only move or reshape data.
+REGION_OPS = frozenset({
+    "sum", "mean", "amax", "amin", "max", "min", "var", "var_mean", "std", "std_mean", "prod",
+    "logsumexp", "linalg_vector_norm", "norm", "any", "all", "argmax", "argmin",
+    "native_layer_norm", "native_group_norm", "_fused_rms_norm", "rms_norm",
+    "_native_batch_norm_legit_no_training",
+    "_softmax", "_log_softmax", "_safe_softmax",
+    "_to_copy", "clone", "cat", "stack", "where", "masked_fill", "clamp", "clamp_min",
+    "clamp_max", "fill", "repeat", "flip", "roll", "tril", "triu",
+})
+# Views and metadata ops: they join a region but do no work of their own.
+REGION_VIEW_OPS = frozenset({"_unsafe_view", "_reshape_alias", "alias", "lift_fresh", "detach"})
+
+
+def is_fusible(op: str, *, pointwise: bool, aliases_input: bool, mutates: bool,
+               returns_tensor: bool, reads_tensors: bool) -> bool:
+    """Whether a call may join a fusion region: a functional native op (no vendor library, no
+    in-place write) that reads tensors and returns them, and is pointwise, one of REGION_OPS, or a
+    view. Factory ops (nothing read) start no chain; their results enter as region inputs."""
+    short = base_name(op)
+    if (mutates or not returns_tensor or not reads_tensors or short in BLAS_OPS
+            or short in CONV_OPS or not op.startswith("aten.")):
+        return False
+    return pointwise or aliases_input or short in REGION_OPS or short in REGION_VIEW_OPS
+
+
+def is_region_view(op: str, aliases_input: bool) -> bool:
+    """A call in a region that only reshapes or aliases: it does not count as work."""
+    return aliases_input or base_name(op) in REGION_VIEW_OPS

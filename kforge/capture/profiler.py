@@ -31,9 +31,11 @@ from kforge.capture.recorder import (
     ModuleTracker,
     SampleRecorder,
 )
+from kforge.capture.regions import RegionPlan, TraceRecorder, region_cards, region_reads
 from kforge.capture.samples import SampleBudget, spread
 from kforge.core.opcard import OpCard, rank_cards
 from kforge.errors import KforgeError
+from kforge.runtime.regions import register_cards
 
 Progress = Callable[[str, int, int], None]
 # Kernel time outside any aten op (custom extensions, Triton) above this share earns a warning.
@@ -64,8 +66,10 @@ class _RangeTimes:
 
 def profile(loaded: LoadedModel, *, samples_per_card: int, staging_dir: Path,
             progress: Progress | None = None, repeats: int | None = None,
-            budget: SampleBudget | None = None) -> Profile:
-    """Profile ``loaded`` into op cards, saving sample inputs into ``staging_dir``.
+            budget: SampleBudget | None = None, regions: bool = True) -> Profile:
+    """Profile ``loaded`` into op cards, and with ``regions`` region cards (one more forward
+    records which tensors each call reads and writes), saving sample inputs into
+    ``staging_dir``.
 
     ``repeats`` timed forwards are averaged (default 3 on a GPU, 1 on the CPU).
     """
@@ -80,11 +84,14 @@ def profile(loaded: LoadedModel, *, samples_per_card: int, staging_dir: Path,
     recorder, times, unattributed_us = _timed_passes(loaded, on_gpu, repeats, report)
     cards = _cards(recorder, times, repeats)
     total_us = sum(card.total_us for card in cards)
+    cards = [c.with_(share=c.total_us / total_us if total_us else 0.0) for c in cards]
+    found = _regions(loaded, on_gpu, cards, total_us, report) if regions else None
     result = Profile(
-        cards=rank_cards([c.with_(share=c.total_us / total_us if total_us else 0.0)
-                          for c in cards]),
+        cards=rank_cards(cards + (found.cards if found else [])),
         total_us=total_us, timing="cuda" if on_gpu else "cpu",
         modules={key: list(paths) for key, paths in recorder.modules.items()})
+    if found:
+        result.modules.update(found.modules)
     if not on_gpu:
         result.warnings.append("profiled on the CPU: times are CPU times, libraries not known")
     else:
@@ -94,8 +101,29 @@ def profile(loaded: LoadedModel, *, samples_per_card: int, staging_dir: Path,
                                    "aten ops (custom extensions or Triton); they have no op card")
     if samples_per_card > 0:
         _save_samples(loaded, on_gpu, result, samples_per_card, staging_dir,
-                      budget or SampleBudget(), report)
+                      budget or SampleBudget(), report, found)
     return result
+
+
+def _regions(loaded: LoadedModel, on_gpu: bool, cards: list[OpCard], total_us: float,
+             report: Progress) -> RegionPlan:
+    """The region cards of one recorded forward."""
+    report("regions", 0, 1)
+    tracker = ModuleTracker(loaded.model)
+    recorder = TraceRecorder(tracker)
+
+    def traced() -> None:
+        loaded.prepare()
+        with tracker, recorder:
+            loaded.step()
+        if on_gpu:
+            torch.cuda.synchronize(loaded.device)
+
+    _guarded(loaded, traced)
+    found = region_cards(recorder.trace, cards, total_us)
+    register_cards(found.cards)  # their operators, for the samples' and the search's use
+    report("regions", 1, 1)
+    return found
 
 
 def _timed_passes(loaded: LoadedModel, on_gpu: bool, repeats: int, report: Progress
@@ -114,15 +142,19 @@ def _timed_passes(loaded: LoadedModel, on_gpu: bool, repeats: int, report: Progr
 
 
 def _save_samples(loaded: LoadedModel, on_gpu: bool, result: Profile, per_card: int,
-                  staging_dir: Path, budget: SampleBudget, report: Progress) -> None:
-    """Save up to ``per_card`` inputs of each target card, spread over its calls."""
-    plan = {c.key: spread(c.calls, per_card) for c in result.cards if c.target}
-    if not plan:
+                  staging_dir: Path, budget: SampleBudget, report: Progress,
+                  regions: RegionPlan | None) -> None:
+    """Save up to ``per_card`` inputs of each target card, spread over its calls (a region's
+    inputs where its instances first read them)."""
+    plan = {c.key: spread(c.calls, per_card) for c in result.cards
+            if c.target and c.region is None}
+    reads = region_reads(regions, per_card) if regions else {}
+    if not plan and not reads:
         return
-    total_calls = sum(c.calls for c in result.cards)
+    total_calls = sum(c.calls for c in result.cards if c.region is None)
     report("samples", 0, total_calls)
     sampler = SampleRecorder(plan, staging_dir, budget, on_progress=lambda passed: report(
-        "samples", min(passed, total_calls), total_calls))
+        "samples", min(passed, total_calls), total_calls), region_reads=reads)
     _guarded(loaded, lambda: _sampled_forward(loaded, on_gpu, sampler))
     report("samples", total_calls, total_calls)
     result.samples_saved = sum(sampler.saved.values())

@@ -21,13 +21,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from kforge.capture.classify import is_view_or_copy
 from kforge.capture.samples import SampleBudget, save_sample
-from kforge.core.argspec import encode_call
+from kforge.core.argspec import encode_call, walk
 from kforge.core.opcard import variant_key
 
 RANGE_PREFIX = "kforge:"
 PROGRESS_EVERY = 256  # calls between progress reports while saving samples
 # Namespaces whose ops are bookkeeping, not model work.
-_SKIPPED_NAMESPACES = frozenset({"profiler"})
+SKIPPED_NAMESPACES = frozenset({"profiler"})
 
 
 @dataclass(frozen=True)
@@ -56,11 +56,18 @@ class ModuleTracker:
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
         self.stack: list[str] = [""]
+        self.scopes: list[str] = [""]  # the same, each with its call number: "mlp#12"
+        self.entered = 0
         self._handles: list[Any] = []
 
     @property
     def current(self) -> str:
         return self.stack[-1]
+
+    @property
+    def scope(self) -> str:
+        """The module call now running: one call of one module (``layers.3.mlp#41``)."""
+        return self.scopes[-1]
 
     def __enter__(self) -> ModuleTracker:
         for name, module in self.model.named_modules():
@@ -75,15 +82,19 @@ class ModuleTracker:
             handle.remove()
         self._handles.clear()
         del self.stack[1:]
+        del self.scopes[1:]
 
     def _enter(self, name: str):
         def hook(module: torch.nn.Module, args: Any) -> None:
             self.stack.append(name)
+            self.entered += 1
+            self.scopes.append(f"{name}#{self.entered}")
         return hook
 
     def _leave(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if len(self.stack) > 1:
             self.stack.pop()
+            self.scopes.pop()
 
 
 class _KeyedMode(TorchDispatchMode):
@@ -98,7 +109,7 @@ class _KeyedMode(TorchDispatchMode):
         op = self._names.get(func)
         if op is None:
             op = self._names[func] = str(func)
-        if op.split(".", 1)[0] in _SKIPPED_NAMESPACES:
+        if op.split(".", 1)[0] in SKIPPED_NAMESPACES:
             return None
         args_spec, kwargs_spec = encode_call(func, args, kwargs)
         return _Call(variant_key(op, args_spec, kwargs_spec), op, args_spec, kwargs_spec)
@@ -138,9 +149,15 @@ class SampleRecorder(_KeyedMode):
     """
 
     def __init__(self, plan: dict[str, set[int]], samples_dir: Path, budget: SampleBudget,
-                 on_progress: Callable[[int], None] | None = None) -> None:
+                 on_progress: Callable[[int], None] | None = None,
+                 region_reads: dict[int, list[tuple[int, str, int, int, int]]] | None = None
+                 ) -> None:
         super().__init__()
         self.plan = plan
+        # Region inputs: call index -> (tensor leaf, card key, input index, instance, inputs);
+        # an instance's inputs are saved together once all are read.
+        self.region_reads = region_reads or {}
+        self._pending: dict[tuple[str, int], dict[int, Any]] = {}
         self.samples_dir = samples_dir
         self.budget = budget
         self.on_progress = on_progress
@@ -154,6 +171,8 @@ class SampleRecorder(_KeyedMode):
         self.passed += 1
         if self.on_progress is not None and self.passed % PROGRESS_EVERY == 0:
             self.on_progress(self.passed)
+        if self.passed - 1 in self.region_reads:
+            self._read_region_inputs(self.region_reads[self.passed - 1], args, kwargs)
         call = self._describe(func, args, kwargs)
         if call is not None and call.key in self.plan:
             key = call.key
@@ -165,3 +184,17 @@ class SampleRecorder(_KeyedMode):
                             self.budget)
                 self.saved[key] = number + 1
         return func(*args, **kwargs)
+
+    def _read_region_inputs(self, reads: list[tuple[int, str, int, int, int]], args: tuple,
+                            kwargs: dict) -> None:
+        tensors = [v for _, v in walk([list(args), list(kwargs.values())])
+                   if isinstance(v, torch.Tensor)]
+        for leaf, key, index, instance, count in reads:
+            pending = self._pending.setdefault((key, instance), {})
+            pending[index] = tensors[leaf]
+            if len(pending) == count:
+                del self._pending[(key, instance)]
+                number = self.saved.get(key, 0)
+                save_sample(self.samples_dir / key / f"{number}.pt", key,
+                            [pending[i] for i in range(count)], {}, self.budget)
+                self.saved[key] = number + 1

@@ -100,6 +100,9 @@ class OpCard:
     floor_us: float | None = None
     id: int | None = None
     key: str = ""
+    # A region card's chain of ops (``kforge.core.region.Region.to_dict``): its ``op`` is then the
+    # region's operator and its arguments the region's inputs. None for an op card.
+    region: dict | None = None
 
     def __post_init__(self) -> None:
         if not self.key:
@@ -107,7 +110,12 @@ class OpCard:
 
     @property
     def short_op(self) -> str:
-        """``aten._softmax.default`` -> ``_softmax``."""
+        """``aten._softmax.default`` -> ``_softmax``; a region by its ops,
+        ``region(_to_copy,pow,mean,...)``."""
+        if self.region is not None:
+            ops = [node["op"].split(".")[1] for node in self.region["nodes"]]
+            shown = ops if len(ops) <= 4 else [*ops[:3], "...", ops[-1]]
+            return f"region({','.join(shown)})"
         parts = self.op.split(".")
         return parts[1] if len(parts) >= 2 and parts[0] == "aten" else self.op
 

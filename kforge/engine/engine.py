@@ -38,6 +38,7 @@ from kforge.core.schedule import (
 )
 from kforge.core.settings import SearchSettings
 from kforge.errors import KforgeError
+from kforge.runtime.regions import register_cards
 from kforge.store import CardStatus, CommandKind, NodeStatus, SessionStatus, Store
 from kforge.store.commands import BadCommand, checked, save_focus, save_pruned
 from kforge.store.records import CardRow, Command
@@ -181,6 +182,7 @@ class Engine:
         session = await self.store.get_session(self.session_id)
         self._usd = session.usd_spent
         rows = await self.store.list_cards(self.session_id)
+        register_cards(row.card for row in rows)  # region cards' operators, for the proposers
         nodes = await self.store.list_nodes(self.session_id)
         for stale in [n for n in nodes if n.status == NodeStatus.PROPOSING]:
             await self.store.delete_node(stale.id)

@@ -21,6 +21,7 @@ from kforge.eval.device import Runtime
 from kforge.eval.inputs import InputFactory
 from kforge.eval.ops import flatten_tensors, memory_floor_us, traffic_bytes
 from kforge.eval.timing import time_interleaved
+from kforge.runtime.regions import register_cards
 
 
 def call_op(op: Callable[..., Any]) -> Callable[..., Any]:
@@ -38,6 +39,7 @@ def measure_baseline(card: OpCard, *, runtime: Runtime, gpu: GpuInfo,
     """Eager and torch.compile times for ``card`` (interleaved), and its memory floor. Raises
     KforgeError when eager itself cannot run the card's inputs."""
     settings = settings or EvalSettings()
+    register_cards([card])
     op = resolve_op(card.op)
     with runtime.scope():
         factory = InputFactory(card, runtime.device, samples_dir, settings.max_samples)

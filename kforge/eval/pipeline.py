@@ -72,6 +72,7 @@ from kforge.runtime.plan import (
     check_widths,
 )
 from kforge.runtime.plan import resolve_for as resolve_plan
+from kforge.runtime.regions import register_cards
 from kforge.runtime.table import Entry, KernelTable
 
 # On stress values a result outside eager's tolerances still passes when it is this many times
@@ -455,6 +456,7 @@ def evaluate_candidate(card: OpCard, candidate: Candidate, *, runtime: Runtime,
     settings = settings or EvalSettings()
     started = time.perf_counter()
     compiled: CompileResult | None = None
+    register_cards([card])
     try:
         compiled = loader.compile(candidate)
         if not compiled.ok:

@@ -27,6 +27,7 @@ from kforge.core.candidate import Candidate
 from kforge.core.opcard import OpCard
 from kforge.eval.inputs import Buffer, InputFactory, InputSet, build_set
 from kforge.runtime.plan import Allocation, PlanRunner
+from kforge.runtime.regions import register_cards
 
 TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 # The exit code the sanitizer returns when it found something.
@@ -187,6 +188,7 @@ def run_job(path: Path) -> None:
 
     job = json.loads(path.read_text())
     card, candidate = OpCard.from_dict(job["card"]), Candidate.from_dict(job["candidate"])
+    register_cards([card])
     ctx = device_context(int(job["device"]))
     compiled = ctx.loader.compile(candidate)
     if not compiled.ok:

@@ -111,6 +111,8 @@ MIGRATIONS: list[str] = [
     """,
     # 2: a candidate's launch plan (JSON) beside its source
     "ALTER TABLE nodes ADD COLUMN plan TEXT",
+    # 3: a region card's chain of ops (JSON, kforge.core.region); NULL for an op card
+    "ALTER TABLE op_cards ADD COLUMN region TEXT",
 ]
 
 LATEST = len(MIGRATIONS)

@@ -1,0 +1,267 @@
+"""Fusion regions: maximal connected chains of fusible ops inside one module call, found from a
+model's recorded calls, each one unit to write a single kernel for.
+
+Pure data and decisions. A recorded call (``TraceCall``) names the tensors it reads and writes by
+identity; ``find_regions`` groups the fusible calls of each module call into connected chains
+whose intermediate results are used only inside the chain, and writes each as a ``Region``: its
+nodes (aten calls whose tensor arguments are references to region inputs or earlier nodes), its
+inputs' arg specs (the exact variant) and its outputs. A region with the same nodes is the same
+operator (``kforge_region.r_<hash>.default``) at every variant; the runtime registers it with
+``torch.library`` so that the rest of kforge treats a region card as an op card.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kforge.core.argspec import is_tensor_spec, list_items, tensor_specs
+from kforge.core.opcard import canonical_json, describe_args
+
+NAMESPACE = "kforge_region"
+MIN_OPS = 2  # ops that compute (not views) a region needs: one op is an op card already
+MAX_OPS = 48
+MAX_INPUTS = 8
+MAX_OUTPUTS = 4
+
+
+@dataclass(frozen=True)
+class TraceCall:
+    """One recorded call: its op and arg specs, the identities of the tensors it reads (the tensor
+    leaves of ``args`` then ``kwargs``, in walk order) and writes (its results' tensors, in order),
+    the module call that issued it, and whether it may join a region (``fusible``; ``view``: it
+    only reshapes or aliases, so it does not count as work)."""
+
+    op: str
+    args: list
+    kwargs: dict
+    reads: tuple[int, ...]
+    writes: tuple[int, ...]
+    scope: str
+    fusible: bool
+    view: bool = False
+    key: str = ""
+
+
+@dataclass(frozen=True)
+class Region:
+    """A chain of aten calls as one operator: ``nodes`` (``{"op", "args", "kwargs"}``, tensors as
+    references ``{"t": "ref", "v": "x0"}`` to input 0, ``"n3"`` to node 3's result, ``"n3.1"`` to
+    its second result), ``inputs`` (their arg specs: the variant) and ``outputs`` (references)."""
+
+    nodes: tuple[dict, ...]
+    inputs: tuple[dict, ...]
+    outputs: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        """The operator's name: the same for the same nodes at any input shapes."""
+        structure = canonical_json([list(self.nodes), list(self.outputs), len(self.inputs)])
+        return "r_" + hashlib.sha256(structure.encode()).hexdigest()[:12]
+
+    @property
+    def op(self) -> str:
+        return f"{NAMESPACE}.{self.name}.default"
+
+    @property
+    def ops(self) -> list[str]:
+        """The aten ops of its nodes, in order."""
+        return [node["op"] for node in self.nodes]
+
+    def schema(self) -> str:
+        """The ``torch.library`` schema: tensors in, tensors out."""
+        params = ", ".join(f"Tensor x{i}" for i in range(len(self.inputs)))
+        returns = ("Tensor" if len(self.outputs) == 1
+                   else "(" + ", ".join("Tensor" for _ in self.outputs) + ")")
+        return f"{self.name}({params}) -> {returns}"
+
+    def source(self) -> str:
+        """The region as a readable Python function of aten calls."""
+        params = ", ".join(f"x{i}" for i in range(len(self.inputs)))
+        lines = [f"def {self.name}({params}):"]
+        for i, spec in enumerate(self.inputs):
+            lines.append(f"    # x{i}: {describe_args([spec], {})}")
+        for i, node in enumerate(self.nodes):
+            target = node_name(i)
+            lines.append(f"    {target} = {node['op'].removesuffix('.default')}("
+                         f"{_call_text(node['args'], node['kwargs'])})")
+        lines.append(f"    return {', '.join(ref.replace('.', '_') for ref in self.outputs)}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {"nodes": list(self.nodes), "inputs": list(self.inputs),
+                "outputs": list(self.outputs)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Region:
+        return cls(tuple(data["nodes"]), tuple(data["inputs"]), tuple(data["outputs"]))
+
+
+def node_name(index: int) -> str:
+    return f"n{index}"
+
+
+def is_ref(value: Any) -> bool:
+    return isinstance(value, dict) and value.get("t") == "ref"
+
+
+def _call_text(args: list, kwargs: dict) -> str:
+    def one(spec: Any) -> str:
+        if is_ref(spec):
+            return spec["v"].replace(".", "_")
+        items = list_items(spec)
+        if items is not None:
+            return "[" + ", ".join(one(i) for i in items) + "]"
+        if isinstance(spec, dict) and "v" in spec:
+            return f"torch.{spec['v']}" if spec["t"] in ("dtype", "layout") else repr(spec["v"])
+        return repr(spec)
+
+    return ", ".join([one(a) for a in args] + [f"{k}={one(v)}" for k, v in kwargs.items()])
+
+
+@dataclass
+class RegionInstance:
+    """One occurrence of a region in the trace: the calls it is made of (trace indices), and
+    where each input was first read (trace index, tensor-leaf index of that call)."""
+
+    region: Region
+    calls: tuple[int, ...]
+    input_reads: tuple[tuple[int, int], ...]
+    scope: str
+    member_keys: tuple[str, ...] = field(default=())
+
+
+def find_regions(trace: Sequence[TraceCall]) -> list[RegionInstance]:
+    """Every region instance in ``trace``, in the order they start."""
+    readers: dict[int, list[int]] = {}
+    producer: dict[int, int] = {}
+    for index, call in enumerate(trace):
+        for tensor in call.reads:
+            readers.setdefault(tensor, []).append(index)
+        for tensor in call.writes:
+            if tensor not in call.reads:  # an op may hand back its argument itself
+                producer.setdefault(tensor, index)
+    found = []
+    for members in _components(trace, producer):
+        instance = _region(trace, members, producer, readers)
+        if instance is not None:
+            found.append(instance)
+    return sorted(found, key=lambda r: r.calls[0])
+
+
+def _components(trace: Sequence[TraceCall], producer: dict[int, int]) -> list[list[int]]:
+    """Fusible calls of one module call joined by data flow, each component in call order."""
+    parent: dict[int, int] = {}
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for index, call in enumerate(trace):
+        if not call.fusible:
+            continue
+        parent[index] = index
+        for tensor in call.reads:
+            source = producer.get(tensor)
+            if (source is not None and source < index and trace[source].fusible
+                    and trace[source].scope == call.scope):
+                parent[root(index)] = root(source)
+    groups: dict[int, list[int]] = {}
+    for index in parent:
+        groups.setdefault(root(index), []).append(index)
+    return [sorted(g) for g in groups.values()]
+
+
+def _region(trace: Sequence[TraceCall], members: list[int], producer: dict[int, int],
+            readers: dict[int, list[int]]) -> RegionInstance | None:
+    inside = set(members)
+    work = sum(not trace[i].view for i in members)
+    if work < MIN_OPS or len(members) > MAX_OPS:
+        return None
+    outputs: list[int] = []
+    for i in members:
+        for tensor in trace[i].writes:
+            users = readers.get(tensor, [])
+            outside = [u for u in users if u not in inside]
+            if outside or not users:
+                if any(u in inside for u in users):
+                    return None  # an intermediate used later: the chain cannot be one kernel
+                outputs.append(tensor)
+    if not outputs or len(outputs) > MAX_OUTPUTS:
+        return None
+    if _depends_on_itself(trace, members, inside, producer):
+        return None
+    inputs: list[int] = []
+    input_reads: list[tuple[int, int]] = []
+    names: dict[int, str] = {}
+    nodes = []
+    for position, i in enumerate(members):
+        call = trace[i]
+        refs = []
+        for leaf, tensor in enumerate(call.reads):
+            if tensor not in names:
+                source = producer.get(tensor)
+                if source is None or source not in inside or source >= i:
+                    names[tensor] = f"x{len(inputs)}"
+                    inputs.append(tensor)
+                    input_reads.append((i, leaf))
+            refs.append(names[tensor])
+        leaves = iter(refs)
+        args = _with_refs(call.args, leaves)
+        kwargs = {k: _with_refs(v, leaves) for k, v in call.kwargs.items()}
+        nodes.append({"op": call.op, "args": args, "kwargs": kwargs})
+        single = len(call.writes) == 1
+        for j, tensor in enumerate(call.writes):
+            names.setdefault(tensor, node_name(position) if single
+                             else f"{node_name(position)}.{j}")
+    if len(inputs) > MAX_INPUTS:
+        return None
+    specs = [_spec_of(trace, read) for read in input_reads]
+    region = Region(tuple(nodes), tuple(specs), tuple(names[t] for t in outputs))
+    return RegionInstance(region, tuple(members), tuple(input_reads), trace[members[0]].scope,
+                          tuple(trace[i].key for i in members))
+
+
+def _depends_on_itself(trace: Sequence[TraceCall], members: list[int], inside: set[int],
+                       producer: dict[int, int]) -> bool:
+    """Whether a call outside the chain both reads the chain's results and feeds it (a matmul in
+    the middle): no single kernel can run such a chain."""
+    tainted_tensors: set[int] = set()
+    tainted_calls: set[int] = set()
+    for index in range(members[0], members[-1] + 1):
+        call = trace[index]
+        if index in inside:
+            if any(producer.get(t) in tainted_calls for t in call.reads):
+                return True
+            tainted_tensors.update(call.writes)
+        elif any(t in tainted_tensors for t in call.reads):
+            tainted_calls.add(index)
+            tainted_tensors.update(call.writes)
+    return False
+
+
+def _with_refs(spec: Any, refs: Iterable[str]) -> Any:
+    """``spec`` with its tensor leaves replaced, in walk order, by the next references."""
+    refs = iter(refs)
+
+    def one(value: Any) -> Any:
+        if is_tensor_spec(value):
+            return {"t": "ref", "v": next(refs)}
+        items = list_items(value)
+        if items is not None:
+            return {"t": "list", "items": [one(i) for i in items]}
+        if isinstance(value, list):
+            return [one(i) for i in value]
+        return value
+
+    return one(spec)
+
+
+def _spec_of(trace: Sequence[TraceCall], read: tuple[int, int]) -> dict:
+    call_index, leaf = read
+    call = trace[call_index]
+    return tensor_specs([call.args, list(call.kwargs.values())])[leaf]

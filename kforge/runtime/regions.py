@@ -1,0 +1,83 @@
+"""Fusion regions as PyTorch operators: each region (``kforge.core.region``) is defined with
+``torch.library`` as ``kforge_region::r_<hash>``, whose implementation runs the region's aten calls
+one by one. Registered, a region card is an op card to the rest of kforge: the evaluator calls
+the operator as eager's reference, launch plans bind its inputs by name (``x0``, ``x1``, ...), and
+the guard puts a kernel in front of it at the CUDA dispatch key like any op's.
+
+The implementation interprets the region's nodes, data that kforge recorded from the model; no
+candidate text is involved.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from kforge.core.argspec import decode, resolve_op, torch_value
+from kforge.core.region import NAMESPACE, Region
+
+_library: torch.library.Library | None = None
+_defined: set[str] = set()
+_lock = threading.Lock()
+
+
+def register(region: Region | dict) -> Any:
+    """The region's operator (an OpOverload), defined on first use in this process."""
+    if isinstance(region, dict):
+        region = Region.from_dict(region)
+    global _library
+    with _lock:
+        if region.name not in _defined:
+            if _library is None:
+                _library = torch.library.Library(NAMESPACE, "FRAGMENT")
+            _library.define(region.schema())
+            _library.impl(region.name, _interpreter(region), "CompositeExplicitAutograd")
+            _defined.add(region.name)
+    return resolve_op(region.op)
+
+
+def register_cards(cards: Iterable[Any]) -> None:
+    """Define the operator of every region card among ``cards`` (op cards pass)."""
+    for card in cards:
+        if getattr(card, "region", None) is not None:
+            register(card.region)
+
+
+def _interpreter(region: Region) -> Any:
+    nodes = [(resolve_op(node["op"]), node["args"], node["kwargs"]) for node in region.nodes]
+    outputs = region.outputs
+
+    def run(*inputs: torch.Tensor) -> Any:
+        values: dict[str, Any] = {f"x{i}": t for i, t in enumerate(inputs)}
+
+        def value(spec: Any) -> Any:
+            return decode(spec, _no_tensor_spec, make_list=list,
+                          make_named=lambda kind, v: values[v] if kind == "ref"
+                          else torch_value(kind, v))
+
+        for index, (func, args, kwargs) in enumerate(nodes):
+            result = func(*[value(a) for a in args], **{k: value(v) for k, v in kwargs.items()})
+            if isinstance(result, (tuple, list)):
+                for j, item in enumerate(result):
+                    values[f"n{index}.{j}"] = item
+            else:
+                values[f"n{index}"] = result
+        found = [_fresh(values[ref], inputs) for ref in outputs]
+        return found[0] if len(found) == 1 else tuple(found)
+
+    return run
+
+
+def _no_tensor_spec(spec: dict) -> Any:
+    raise ValueError(f"a region node holds a tensor spec instead of a reference: {spec}")
+
+
+def _fresh(value: torch.Tensor, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """An operator's result may not share memory with its inputs: such a result is copied."""
+    storage = value.untyped_storage().data_ptr()
+    if any(t.untyped_storage().data_ptr() == storage for t in inputs):
+        return value.clone()
+    return value
