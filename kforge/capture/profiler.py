@@ -120,7 +120,7 @@ def _regions(loaded: LoadedModel, on_gpu: bool, cards: list[OpCard], total_us: f
             torch.cuda.synchronize(loaded.device)
 
     _guarded(loaded, traced)
-    found = region_cards(recorder.trace, cards, total_us)
+    found = region_cards(recorder.trace, cards, total_us, recorder.forwards)
     register_cards(found.cards)  # their operators, for the samples' and the search's use
     report("regions", 1, 1)
     return found

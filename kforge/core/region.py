@@ -131,6 +131,8 @@ class RegionInstance:
     input_reads: tuple[tuple[int, int], ...]
     scope: str
     member_keys: tuple[str, ...] = field(default=())
+    input_tensors: tuple[int, ...] = field(default=())  # identities, in input order
+    output_tensors: tuple[int, ...] = field(default=())
 
 
 def find_regions(trace: Sequence[TraceCall]) -> list[RegionInstance]:
@@ -223,7 +225,7 @@ def _region(trace: Sequence[TraceCall], members: list[int], producer: dict[int, 
     specs = [_spec_of(trace, read) for read in input_reads]
     region = Region(tuple(nodes), tuple(specs), tuple(names[t] for t in outputs))
     return RegionInstance(region, tuple(members), tuple(input_reads), trace[members[0]].scope,
-                          tuple(trace[i].key for i in members))
+                          tuple(trace[i].key for i in members), tuple(inputs), tuple(outputs))
 
 
 def _depends_on_itself(trace: Sequence[TraceCall], members: list[int], inside: set[int],

@@ -21,7 +21,7 @@ from kforge.eval.device import Runtime
 from kforge.eval.inputs import InputFactory
 from kforge.eval.ops import flatten_tensors, memory_floor_us, traffic_bytes
 from kforge.eval.timing import time_interleaved
-from kforge.runtime.regions import register_cards
+from kforge.runtime.regions import region_function, register_cards
 
 
 def call_op(op: Callable[..., Any]) -> Callable[..., Any]:
@@ -59,7 +59,10 @@ def measure_baseline(card: OpCard, *, runtime: Runtime, gpu: GpuInfo,
         if settings.compile_baseline:
             try:
                 torch._dynamo.reset()
-                compiled = torch.compile(call_op(op), dynamic=False)
+                # A region is compiled as its chain of aten calls, which Inductor fuses as it
+                # would inside the model (its operator would stay one opaque call).
+                traced = call_op(op) if card.region is None else region_function(card.region)
+                compiled = torch.compile(traced, dynamic=False)
                 start = time.perf_counter()
                 compiled(*sets[0].args, **sets[0].kwargs)
                 runtime.sync()

@@ -39,6 +39,12 @@ def register(region: Region | dict) -> Any:
     return resolve_op(region.op)
 
 
+def region_function(region: Region | dict) -> Any:
+    """The region as a plain function of its inputs, calling its aten ops one by one (what
+    torch.compile should see to fuse them)."""
+    return _interpreter(Region.from_dict(region) if isinstance(region, dict) else region)
+
+
 def register_cards(cards: Iterable[Any]) -> None:
     """Define the operator of every region card among ``cards`` (op cards pass)."""
     for card in cards:

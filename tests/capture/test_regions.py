@@ -70,3 +70,30 @@ def test_norm_gate_and_softmax_chains_become_region_cards_that_compute_as_eager(
 def test_a_model_without_chains_has_no_region_cards():
     model = torch.nn.Linear(8, 8)
     assert region_cards(trace_of(model, torch.randn(2, 8)), [], 1.0).cards == []
+
+
+def test_a_region_compiles_as_its_chain_and_matches_its_operator():
+    from kforge.runtime.regions import region_function
+
+    model = Block()
+    x = torch.randn(2, 8, 32)
+    plan = region_cards(trace_of(model, x), [], total_us=1.0)
+    card = next(c for c in plan.cards if any("silu" in n["op"] for n in c.region["nodes"]))
+    a, b = torch.randn(2, 8, 64), torch.randn(2, 8, 64)
+    compiled = torch.compile(region_function(card.region), dynamic=False)
+    torch.testing.assert_close(compiled(a, b), register(card.region)(a, b))
+
+
+def test_a_region_that_is_a_whole_module_forward_says_how_to_call_it():
+    model = Block()
+    x = torch.randn(2, 8, 32)
+    tracker = ModuleTracker(model)
+    recorder = TraceRecorder(tracker)
+    with torch.no_grad(), tracker, recorder:
+        model(x)
+    plan = region_cards(recorder.trace, [], 1.0, recorder.forwards)
+    norm = next(c for c in plan.cards if any("rsqrt" in n["op"] for n in c.region["nodes"]))
+    gate = next(c for c in plan.cards if any("silu" in n["op"] for n in c.region["nodes"]))
+    assert norm.region["forward"]["paths"] == ["norm"]
+    assert sorted(map(tuple, norm.region["forward"]["inputs"])) == [("arg", 0), ("param", "weight")]
+    assert "forward" not in gate.region  # part of the block's forward, not a module of its own
