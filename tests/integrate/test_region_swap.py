@@ -1,0 +1,51 @@
+"""Region winners in eager mode on the CPU: a module whose whole forward is a region runs the
+region's operator, which the guard serves for the exact variant; the model computes as before."""
+
+from __future__ import annotations
+
+import torch
+
+from kforge.capture.recorder import ModuleTracker
+from kforge.capture.regions import TraceRecorder, region_cards
+from kforge.integrate.regions import ForwardSwap
+from kforge.runtime.guard import Patch
+from kforge.runtime.table import Entry, KernelTable
+from tests.capture.test_regions import Block
+
+
+def cards_of(model: torch.nn.Module, x: torch.Tensor):
+    tracker = ModuleTracker(model)
+    recorder = TraceRecorder(tracker)
+    with torch.no_grad(), tracker, recorder:
+        model(x)
+    return region_cards(recorder.trace, [], 1.0, recorder.forwards).cards
+
+
+def test_the_norm_module_runs_the_region_operator_and_the_model_is_unchanged():
+    torch.manual_seed(0)
+    model, x = Block(), torch.randn(2, 8, 32)
+    cards = cards_of(model, x)
+    with torch.no_grad():
+        expected = model(x)
+        with ForwardSwap(model, cards) as swap:
+            got = model(x)
+            other = model(torch.randn(3, 8, 32))  # another variant: the chain itself runs
+    assert list(swap.placed) == ["norm"]
+    assert any("not the whole forward" in note for note in swap.notes)
+    assert torch.equal(got, expected) and other.shape == (3, 8, 32)
+    assert "forward" not in vars(model.norm)  # removed: the class's forward again
+
+
+def test_a_kernel_for_the_region_serves_the_swapped_module():
+    model, x = Block(), torch.randn(2, 8, 32)
+    norm = next(c for c in cards_of(model, x) if c.region.get("forward"))
+    calls = []
+
+    def kernel(args, kwargs):
+        calls.append(1)
+        return torch.zeros(2, 8, 32)
+
+    table = KernelTable([Entry(norm.op, norm.args, norm.kwargs, kernel, torch.device("cpu"))])
+    with torch.no_grad(), ForwardSwap(model, [norm]), Patch(table):
+        assert torch.equal(model.norm(x), torch.zeros(2, 8, 32))
+    assert calls == [1]
