@@ -32,6 +32,7 @@ STAGE_LABELS = {
     "build": "building the model",
     "warmup": "warm-up forward",
     "profile": "timed forwards",
+    "regions": "finding fusion regions (one recorded forward)",
     "samples": "saving sample inputs (op calls)",
 }
 
@@ -65,6 +66,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    help="keep only the first N layers, for speed (default: all)")
     g.add_argument("--samples", type=count_or_zero, default=DEFAULT_SAMPLES,
                    help=f"sample inputs kept per op card (default {DEFAULT_SAMPLES})")
+    g.add_argument("--no-regions", dest="regions", action="store_false",
+                   help="op cards only: no fusion-region cards (chains of ops in one module "
+                        "call, searched as one kernel)")
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -119,9 +123,9 @@ async def _profile_into_store(args: argparse.Namespace, progress: ProgressLine
         remove_abandoned(samples_root)
         staging = new_staging_dir(samples_root)
         loaded = load_model(args.model, options, progress)
-        settings = {**loaded.settings, "samples": args.samples}
+        settings = {**loaded.settings, "samples": args.samples, "regions": args.regions}
         result = profile(loaded, samples_per_card=args.samples, staging_dir=staging,
-                         progress=progress)
+                         progress=progress, regions=args.regions)
         store = store or await Store.open(db, create=True)
         session = await store.create_profiled_session(
             model=loaded.name, settings=settings, gpu=_gpu_info(loaded.device.type).to_dict(),

@@ -55,7 +55,8 @@ def test_profile_stores_a_session_with_cards_modules_and_samples(tmp_path, capsy
     sessions, cards, session, samples_root = stored(db)
     assert len(sessions) == 1 and session.model == f"{TOY}:build"
     assert session.settings == {"dtype": "float32", "device": "cpu", "batch": 3, "seq_len": None,
-                                "mode": None, "layers": None, "samples": 1}
+                                "mode": None, "layers": None, "samples": 1,
+                                "regions": True}
     assert session.gpu["name"] == "no GPU"
     softmax = next(row for row in cards if row.card.op == "aten._softmax.default")
     assert softmax.modules == ["blocks.0", "blocks.1"] and softmax.card.calls == 2
@@ -128,3 +129,12 @@ def test_progress_is_plain_lines_off_a_terminal():
     assert stream.getvalue().splitlines() == [
         "timed forwards: 0/2", "timed forwards: 2/2", "saving sample inputs (op calls): 0/10",
         "saving sample inputs (op calls): 10/10"]
+
+
+def test_no_regions_profiles_op_cards_alone(tmp_path, capsys):
+    db = tmp_path / "kforge.db"
+    assert main(["profile", f"{TOY}:build", "--device", "cpu", "--samples", "0",
+                 "--no-regions", "--db", str(db)]) == 0
+    _, cards, session, _ = stored(db)
+    assert session.settings["regions"] is False
+    assert cards and all(row.card.region is None for row in cards)
