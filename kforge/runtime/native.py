@@ -137,9 +137,13 @@ def _declare(lib: ctypes.CDLL) -> None:
 
 
 class NativeVariant:
-    """One kernel for one exact variant, as the native guard holds it, with its counts."""
+    """One kernel for one exact variant, as the native guard holds it, with its counts. ``owner``
+    (the entry's runner, with the loaded cubin) is kept alive as long as the variant: the guard
+    holds raw driver handles of its kernels, which must not be unloaded while a route may launch
+    them."""
 
-    def __init__(self, words: Sequence[int], label: str) -> None:
+    def __init__(self, words: Sequence[int], label: str, owner: Any = None) -> None:
+        self._owner = owner
         lib = library()
         self._free = lib.kforge_variant_free
         data = (ctypes.c_int64 * max(len(words), 1))(*words)
@@ -325,7 +329,7 @@ def variant_for(entry: Any) -> NativeVariant | None:
     try:
         words = describe(entry.op, entry.args, entry.kwargs, runner.plan, functions,
                          entry.device)
-        entry.native = NativeVariant(words, entry.label or entry.op)
+        entry.native = NativeVariant(words, entry.label or entry.op, owner=runner)
     except _Unsupported:
         return None
     except ValueError as exc:  # a description the guard refuses: a bug here, not the user's

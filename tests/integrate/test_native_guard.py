@@ -162,3 +162,20 @@ def test_counts_reset_and_two_patches_share_one_op():
 def test_a_malformed_description_is_refused_with_a_reason():
     with pytest.raises(ValueError, match="ends early"):
         native.NativeVariant([0, -1, 3], "broken")
+
+
+def test_a_route_keeps_its_kernels_loaded_after_the_table_is_dropped():
+    import gc
+    import weakref
+
+    x, y = torch.randn(3), torch.randn(3)
+    patch = Patch(KernelTable([entry(MUL, (x, y), {}, returns_self((3,), (1,)))]))
+    runner = weakref.ref(patch.table.entries[0].runner)
+    patch.install()
+    del patch  # never removed: the route stays in front of the op
+    gc.collect()
+    assert runner() is not None and torch.mul(x, y) is x
+    for slot in list(active_routes()):
+        from kforge.runtime.guard import _routes
+
+        _routes.pop(slot).close()
