@@ -7,10 +7,15 @@ modules that use them.
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str):
-    """``kforge.patch(session_id)``, imported on first use (it brings in torch)."""
-    if name == "patch":
-        from kforge.integrate.patching import patch
+_API = {"patch": "kforge.integrate.patching", "backend": "kforge.integrate.backend",
+        "compile": "kforge.integrate.backend", "accelerate": "kforge.integrate.accelerate"}
 
-        return patch
+
+def __getattr__(name: str):
+    """``kforge.patch``, ``kforge.backend``, ``kforge.compile`` and ``kforge.accelerate``,
+    imported on first use (they bring in torch)."""
+    if name in _API:
+        import importlib
+
+        return getattr(importlib.import_module(_API[name]), name)
     raise AttributeError(f"module 'kforge' has no attribute {name!r}")

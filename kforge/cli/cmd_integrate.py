@@ -62,17 +62,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser(
-        "e2e", help="time a session's model eager, patched and under torch.compile",
+        "e2e", help="time a session's model in every mode a user may pick, with and without "
+                    "its kernels",
         description="Rebuild the session's model and time whole forwards (CUDA events, median and "
-                    "p10-p90) eager, with the winning kernels patched in, and compiled; compare "
-                    "outputs with eager and the measured speedup with the one projected from the "
-                    "op cards.")
+                    "p10-p90, all modes interleaved) eager, captured as a CUDA graph, and under "
+                    "torch.compile in its default, reduce-overhead and max-autotune modes, each "
+                    "without and with the session's kernels (through kforge's compile backend "
+                    "for the compiled modes); compare outputs with eager, show compile and capture "
+                    "times, and the measured speedups next to the one projected from the op "
+                    "cards.")
     p.add_argument("session", type=session_id)
+    p.add_argument("--modes", metavar="LIST",
+                   help="comma-separated modes: eager, graphs, compile, reduce-overhead, "
+                        "max-autotune (each measured with and without kforge), or one variant "
+                        "such as compile+kforge; default all (max-autotune compiles take minutes)")
     p.add_argument("--reps", type=count, default=20, help="timed forwards each (default 20)")
     p.add_argument("--warmup", type=count, default=3, help="untimed forwards first (default 3)")
-    p.add_argument("--cuda-graphs", action="store_true",
-                   help="capture eager and patched forwards in CUDA graphs and time the replays")
-    p.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
+    p.add_argument("--no-select", dest="select", action="store_false",
+                   help="do not choose the kernels by measuring the model: eager + kforge then "
+                        "uses those projected to pay for their guard, CUDA graphs + kforge all")
     p.add_argument("--device", help="cuda or cuda:N (default: the current GPU)")
     add_db_option(p)
     p.set_defaults(func=cmd_e2e)
@@ -98,14 +106,14 @@ def cmd_apply(args: argparse.Namespace) -> int:
     return 0
 
 
-def _prepare(args: argparse.Namespace, what: str
+def _prepare(args: argparse.Namespace, what: str, graphs: bool = False
              ) -> tuple[torch.device, SessionPlan, SessionPatch]:
     from kforge.integrate.patching import build_patch, check_arch, cuda_device
     from kforge.integrate.plan import load_plan
     from kforge.runtime.cubin import device_arch
 
     device = cuda_device(args.device, what)
-    graphs = bool(getattr(args, "cuda_graphs", False))
+    graphs = graphs or bool(getattr(args, "cuda_graphs", False))
     plan = with_store(args, lambda store: load_plan(store, args.session, device_arch(device),
                                                     graphs))
     check_arch(plan, device)
@@ -194,17 +202,17 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_e2e(args: argparse.Namespace) -> int:
-    from kforge.integrate.measure import rebuild_model, run_e2e
+    from kforge.integrate.measure import measure_session, parse_modes, rebuild_model
 
-    device, plan, patch = _prepare(args, "kforge e2e")
+    modes = parse_modes(args.modes)
+    device, plan, patch = _prepare(args, "kforge e2e", graphs=True)  # every winner, to start
     if not plan.winners:
         raise KforgeError(f"session {plan.session.id} has no kernel to measure: no op card has a "
                           f"verified kernel that beats eager beyond noise (see `kforge apply "
                           f"{plan.session.id}`)")
     loaded = rebuild_model(plan.session, device)
-    result = _on_gpu(loaded, lambda: run_e2e(
-        loaded, patch, patch.projected, reps=args.reps, warmup=args.warmup,
-        cuda_graphs=args.cuda_graphs, compile=not args.no_compile))
+    result = _on_gpu(loaded, lambda: measure_session(
+        patch, loaded, modes, select=args.select, reps=args.reps, warmup=args.warmup))
     out.print(str(result.report))
     print_e2e(plan, result)
     _log(args, plan, e2e_summary(result))
@@ -212,39 +220,50 @@ def cmd_e2e(args: argparse.Namespace) -> int:
     return 0
 
 
+def e2e_rows(result: E2eResult) -> list[list[str]]:
+    """The e2e table's rows: mode, median, p10, p90, speedup over eager, what kforge gains over
+    the same mode without it, output vs eager, setup time, what kforge's kernels did."""
+    eager = result.subject("eager")
+    base = eager.timing.median_us if eager and eager.timing else None
+    rows = []
+    for s in result.subjects:
+        if s.timing is None:
+            rows.append([s.name, "-", "-", "-", "-", "-", "-", "-", s.error or "not measured"])
+            continue
+        t = s.timing
+        gain = result.kforge_gain(s)
+        rows.append([s.name, fmt_us(t.median_us), fmt_us(t.p10_us), fmt_us(t.p90_us),
+                     fmt_speedup(base / t.median_us if base else None),
+                     fmt_speedup(gain) if gain is not None else "",
+                     str(s.difference) if s.difference else "-",
+                     f"{s.setup_s:.1f} s" if s.setup_s else "", s.kernels])
+    return rows
+
+
 def print_e2e(plan: SessionPlan, result: E2eResult) -> None:
     session = plan.session
     shown = " ".join(f"{k}={session.settings[k]}" for k in ("dtype", "batch", "seq_len", "mode",
                                                            "layers")
                      if session.settings.get(k) is not None)
-    graphs = ", CUDA graphs" if result.cuda_graphs else ""
-    out.print(f"session {session.id}  {session.model} ({shown}{graphs})")
+    out.print(f"session {session.id}  {session.model} ({shown})")
     table = Table(box=None, header_style="bold")
-    for name, right in (("", False), ("median", True), ("p10", True), ("p90", True),
-                        ("vs eager", True), ("output vs eager", False), ("", False)):
+    for name, right in (("mode", False), ("median", True), ("p10", True), ("p90", True),
+                        ("vs eager", True), ("kforge gain", True), ("output vs eager", False),
+                        ("compile/capture", True), ("kforge kernels", False)):
         table.add_column(name, justify="right" if right else "left")
-    eager = result.subject("eager")
-    base = eager.timing.median_us if eager and eager.timing else None
-    for s in result.subjects:
-        if s.timing is None:
-            table.add_row(s.name, "-", "-", "-", "-", "-", s.error)
-            continue
-        t = s.timing
-        setup = (f"compiled in {s.setup_s:.1f} s" if s.name == "torch.compile" and s.setup_s
-                 else "")
-        table.add_row(s.name, fmt_us(t.median_us), fmt_us(t.p10_us), fmt_us(t.p90_us),
-                      fmt_speedup(base / t.median_us if base else None),
-                      str(s.difference) if s.difference else "-", setup)
+    for row in e2e_rows(result):
+        table.add_row(*row)
     out.print(table)
     for note in result.notes:
         out.print(f"note: {note}")
-    out.print(f"speedup: projected {result.projected:.3f}x (op cards, operator time), measured "
-              f"{fmt_speedup(result.measured)} (whole forward)")
+    gains = ", ".join(f"{mode} {fmt_speedup(gain)}" for mode, gain in result.gains().items())
+    out.print(f"speedup from kforge's kernels: projected {result.projected:.3f}x (op cards, "
+              f"operator time); measured (whole forward) {gains or '-'}")
 
 
 def e2e_summary(result: E2eResult) -> str:
     """One line for the session log."""
     parts = [f"{s.name} {fmt_us(s.timing.median_us)}" for s in result.subjects if s.timing]
-    graphs = " under CUDA graphs" if result.cuda_graphs else ""
-    return (f"e2e{graphs}: {', '.join(parts)}; speedup measured {fmt_speedup(result.measured)}, "
-            f"projected {result.projected:.3f}x; {result.report.hits} kernel calls per forward")
+    gains = ", ".join(f"{mode} {fmt_speedup(gain)}" for mode, gain in result.gains().items())
+    return (f"e2e: {', '.join(parts)}; kforge measured {gains or '-'}, projected "
+            f"{result.projected:.3f}x; {result.report.hits} kernel calls per eager forward")

@@ -1,9 +1,11 @@
-"""Integration: put a session's winning kernels into its model behind an exact-variant guard,
-export them as a standalone package, and measure the whole model eager, patched and compiled.
+"""Integration: put a session's winning kernels into its model (behind an exact-variant guard,
+through a torch.compile backend, or captured in a CUDA graph), choose them by measuring the whole
+model, export them as a standalone package, and measure the model in every mode a user may pick.
 
-``patch(session_id)`` (also ``kforge.patch``) is the Python API; ``kforge apply``, ``kforge export``
-and ``kforge e2e`` the commands. Names are imported on first use, so importing this package is
-cheap.
+``patch(session_id)``, ``backend(session_id)``, ``compile(model, session_id)`` and
+``accelerate(model, inputs, session_id)`` (also as ``kforge.<name>``) are the Python API;
+``kforge apply``, ``kforge export`` and ``kforge e2e`` the commands. Names are imported on first
+use, so importing this package is cheap.
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ _EXPORTS = {
     "export_session": "kforge.integrate.export",
     "read_plan": "kforge.integrate.plan",
     "run_e2e": "kforge.integrate.measure",
+    "run_modes": "kforge.integrate.measure",
+    "backend": "kforge.integrate.backend",
+    "compile": "kforge.integrate.backend",
+    "accelerate": "kforge.integrate.accelerate",
 }
 __all__ = list(_EXPORTS)
 

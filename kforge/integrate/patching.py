@@ -2,35 +2,44 @@
 
 The winners are compiled for this GPU with NVRTC (through kforge's cubin cache), loaded with
 cuda.core and handed to the runtime's guard, which runs each kernel for its exact op variant only.
+Which winners: given the model and example inputs, those that make its whole forward faster
+beyond noise, measured (``kforge.integrate.select``); otherwise those projected to pay for their
+guard (``worth_routing``), or all of them under CUDA graphs.
 """
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 
+from kforge.capture.loader import LoadedModel
 from kforge.errors import KforgeError
 from kforge.integrate.plan import SessionPlan, read_plan
+from kforge.integrate.select import Selection
 from kforge.integrate.winners import (
     NO_GPU_ARCH,
     Decision,
     card_label,
     projected_speedup,
+    worth_routing,
 )
 from kforge.runtime.cubin import KernelModule, device_arch
 from kforge.runtime.guard import Patch
 from kforge.runtime.plan import PlanRunner, check_kernels, check_widths, resolve_for
-from kforge.runtime.table import Entry, KernelTable, Report
+from kforge.runtime.table import Entry, KernelTable, RangeRunner, Report
 from kforge.store.config import db_path
 
 
 class SessionPatch(Patch):
     """A patch made from a stored session; ``plan`` says what became of every card."""
 
-    def __init__(self, plan: SessionPlan, table: KernelTable, notes: list[str]) -> None:
+    def __init__(self, plan: SessionPlan, table: KernelTable, notes: list[str],
+                 selection: Selection[Entry] | None = None) -> None:
         super().__init__(table, notes)
         self.plan = plan
+        self.selection = selection  # how the kernels were chosen by measurement, if they were
 
     def loaded(self, decision: Decision) -> bool:
         """Whether the decision's kernel is in this patch (a winner may fail to load here)."""
@@ -43,22 +52,70 @@ class SessionPatch(Patch):
 
 
 def patch(session_id: int, *, db: str | os.PathLike[str] | None = None,
-          device: str | torch.device | None = None, cuda_graphs: bool = False) -> SessionPatch:
+          device: str | torch.device | None = None, cuda_graphs: bool = False,
+          model: torch.nn.Module | None = None, example_inputs: Any = None,
+          example_kwargs: dict | None = None, reps: int = 20, warmup: int = 3) -> SessionPatch:
     """The session's winning kernels, compiled and loaded on ``device`` (default: the current
     CUDA device), as a context manager that patches them in while active::
 
-        with kforge.patch(3) as p:
+        with kforge.patch(3, model=model, example_inputs=(x,)) as p:
             model(x)
         print(p.report())
 
-    Pass ``cuda_graphs=True`` when the model is captured and replayed as CUDA graphs: then every
-    winner is used; otherwise only those that save more than their Python guard costs.
+    With ``model`` and ``example_inputs`` (a tensor or a tuple of arguments), each winner is
+    tried in whole forwards of the model on those inputs (``reps`` timed after ``warmup``) and
+    kept only where the forward gets faster beyond the timing noise, so the patched model is
+    never slower than eager by that measurement (``p.selection`` has every trial). Without them,
+    the winners are chosen by projection: every winner with ``cuda_graphs=True`` (the model is
+    captured and replayed as CUDA graphs), otherwise only those projected to save more than their
+    Python guard costs. ``cuda_graphs=True`` with a model measures CUDA graph replays.
     """
     cuda = cuda_device(device, "kforge.patch")
+    if model is not None and example_inputs is None:
+        raise KforgeError("kforge.patch(model=...) needs example_inputs= too: the winners are "
+                          "chosen by timing forwards of the model on them")
     arch = device_arch(cuda)
-    plan = read_plan(db_path(db), session_id, runs_on=arch, graphs=cuda_graphs)
+    plan = read_plan(db_path(db), session_id, runs_on=arch,
+                     graphs=cuda_graphs or model is not None)
     check_arch(plan, cuda)
-    return build_patch(plan, cuda)
+    built = build_patch(plan, cuda)
+    if model is None:
+        return built
+    from kforge.integrate.measure import loaded_forward
+
+    args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+    return select_measured(built, loaded_forward(model, args, example_kwargs),
+                           cuda_graphs=cuda_graphs, reps=reps, warmup=warmup)
+
+
+def select_measured(patch: SessionPatch, loaded: LoadedModel, *, cuda_graphs: bool,
+                    reps: int = 20, warmup: int = 3) -> SessionPatch:
+    """The patch with only the kernels that make ``loaded``'s whole forward faster beyond noise
+    (run eagerly, or as CUDA graph replays); a note for each one dropped, saying why."""
+    from kforge.integrate.measure import choose
+
+    table, selection = choose(loaded, patch, cuda_graphs=cuda_graphs, order=by_saving(patch),
+                              reps=reps, warmup=warmup)
+    notes = [*patch.notes, *(f"{t.winner.label or t.winner.op}: kept on eager, {t.reason}"
+                             for t in selection.dropped)]
+    return SessionPatch(patch.plan, table, notes, selection)
+
+
+def projected_patch(patch: SessionPatch) -> SessionPatch:
+    """The patch with only the kernels projected to save more than their guard costs outside
+    CUDA graphs (``worth_routing``), as ``patch(..., cuda_graphs=False)`` chooses them."""
+    why = {d.card.key: d.reason for d in worth_routing(patch.plan.decisions) if not d.replaced}
+    kept = KernelTable([e for e in patch.table.entries if e.key not in why])
+    notes = [*patch.notes, *(f"{e.label}: kept on eager, {why[e.key]}"
+                             for e in patch.table.entries if e.key in why)]
+    return SessionPatch(patch.plan, kept, notes)
+
+
+def by_saving(patch: SessionPatch) -> list[Entry]:
+    """The patch's kernels by the operator time they are projected to save, largest first."""
+    saving = {d.card.key: d.card.share * (1.0 - 1.0 / d.speedup)
+              for d in patch.plan.winners if d.speedup}
+    return sorted(patch.table.entries, key=lambda e: -saving.get(e.key, 0.0))
 
 
 def cuda_device(device: str | torch.device | None, what: str) -> torch.device:
@@ -121,8 +178,11 @@ def build_patch(plan: SessionPlan, device: torch.device) -> SessionPatch:
             check_kernels(resolved, kernels.has_kernel, sorted(compiled.resources))
             check_widths(resolved, kernels.param_widths)
             runner = PlanRunner(resolved, card.op, kernels, device)
+            if card.ranges is not None:  # the plan resolved per point of the range
+                runner = RangeRunner(candidate.plan, card.op, card.args, card.kwargs,
+                                     card.ranges, kernels, device)
             entry = Entry(op=card.op, args=card.args, kwargs=card.kwargs, runner=runner,
-                          device=device, label=label, key=card.key)
+                          device=device, label=label, key=card.key, ranges=card.ranges)
         except Exception as exc:  # a plan or cubin that cannot load: eager keeps the op
             notes.append(f"{label}: kept on eager, it does not load: {type(exc).__name__}: {exc}")
             continue

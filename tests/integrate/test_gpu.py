@@ -128,10 +128,10 @@ def test_apply_run_and_e2e_on_the_command_line(session, capsys):
     assert main(["apply", str(sid), "--run", "--cuda-graphs", "--db", str(db)]) == 0
     printed = capsys.readouterr().out
     assert "kernel 1.80x" in printed and "output vs eager: max |diff|" in printed
-    assert main(["e2e", str(sid), "--reps", "3", "--warmup", "1", "--cuda-graphs",
-                 "--db", str(db)]) == 0
+    assert main(["e2e", str(sid), "--reps", "3", "--warmup", "1", "--modes",
+                 "eager,graphs,compile", "--db", str(db)]) == 0
     printed = capsys.readouterr().out
-    for name in ("eager", "patched", "torch.compile", "projected", "CUDA graphs"):
+    for name in ("eager + kforge", "CUDA graphs + kforge", "compile + kforge", "projected"):
         assert name in printed, name
     assert "CUDA graph capture failed" not in printed
 

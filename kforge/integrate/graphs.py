@@ -1,0 +1,164 @@
+"""Capture a model's forward as a CUDA graph, and serve it to callers with static shapes.
+
+``capture`` records one forward (warmed up on a side stream first, as capture needs) and returns
+the graph with the tensors it reads and writes, kept alive for its replays. ``StaticForward`` is
+the user-facing form (``kforge.accelerate``): each call copies the new inputs into the captured
+ones, replays the graph and returns the outputs. What cannot be captured is refused with one
+message naming why: tensors on the CPU, a forward that synchronizes with the host, calls with
+other shapes or other fixed arguments than the captured ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from kforge.capture.loader import first_line
+from kforge.errors import KforgeError
+
+HOST_SYNC_HINT = ("a forward replayed as a CUDA graph must not synchronize with the host "
+                  "(.item(), .cpu(), .tolist(), printing a tensor, data-dependent shapes such as "
+                  "nonzero or boolean masks) nor copy CPU tensors to the GPU")
+
+
+@dataclass
+class Captured:
+    """A captured forward: ``replay()`` reruns it on the captured tensors, writing ``outputs``."""
+
+    graph: torch.cuda.CUDAGraph
+    outputs: Any
+    keep: Any  # what the graph reads, alive while it replays
+    setup_s: float
+
+    def replay(self) -> Any:
+        self.graph.replay()
+        return self.outputs
+
+
+def capture(step: Callable[[], Any], device: torch.device, *,
+            prepare: Callable[[], Any] = lambda: None,
+            scope: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+            warmup: int = 2) -> Captured:
+    """Capture one call of ``step`` (after ``warmup`` calls on a side stream), with ``scope``
+    active throughout (a kforge patch: its kernels are then part of the graph). ``prepare`` runs
+    before every call (per-step state); what it returns before the captured call is kept alive
+    for the graph's replays. A step that cannot be captured raises KforgeError saying why."""
+    start = time.perf_counter()
+    side = torch.cuda.Stream(device)
+    try:
+        with scope():
+            for _ in range(warmup):
+                prepare()
+                side.wait_stream(torch.cuda.current_stream(device))
+                with torch.cuda.stream(side):
+                    step()
+                torch.cuda.current_stream(device).wait_stream(side)
+            keep = prepare()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                outputs = step()
+        graph.replay()
+        torch.cuda.synchronize(device)
+    except KforgeError:
+        raise
+    except Exception as exc:  # whatever stopped the capture, named in one line
+        raise KforgeError(f"the forward cannot be captured as a CUDA graph: "
+                          f"{type(exc).__name__}: {first_line(exc)} ({HOST_SYNC_HINT})") from None
+    return Captured(graph, outputs, keep, time.perf_counter() - start)
+
+
+def describe(t: torch.Tensor) -> str:
+    """``float16[2, 4, 64] on cuda:0``."""
+    return f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)} on {t.device}"
+
+
+def _where(path: Any) -> str:
+    """A pytree key path as the caller wrote it: ``input 0``, ``input 1[2]``, ``argument
+    'mask'``."""
+    text = pytree.keystr(path)  # "[0][0]" for args, "[1]['mask']" for kwargs
+    kind, rest = text[:3], text[3:]
+    if kind == "[0]":
+        index, _, tail = rest[1:].partition("]")
+        return f"input {index}{tail}"
+    name, _, tail = rest[2:].partition("']")
+    return f"argument {name!r}{tail}"
+
+
+def cuda_device_of(model: Any, args: tuple, kwargs: dict) -> torch.device:
+    """The one CUDA device a model and its inputs are on; KforgeError naming the first tensor
+    that is elsewhere (a CUDA graph replays GPU work only)."""
+    if not torch.cuda.is_available():
+        raise KforgeError("CUDA graphs need a CUDA GPU and this torch sees none")
+    found: list[tuple[str, torch.Tensor]] = []
+    for path, leaf in pytree.tree_flatten_with_path((args, kwargs))[0]:
+        if isinstance(leaf, torch.Tensor):
+            found.append((_where(path), leaf))
+    if isinstance(model, torch.nn.Module):
+        found += [(f"parameter {n!r}", p) for n, p in model.named_parameters()]
+        found += [(f"buffer {n!r}", b) for n, b in model.named_buffers()]
+    if not found:
+        raise KforgeError("the forward has no tensor input or parameter to tell its device")
+    device = next((t.device for _, t in found if t.device.type == "cuda"), None)
+    for where, t in found:
+        if device is None or t.device != device:
+            raise KforgeError(f"{where} is a {describe(t)}: a CUDA graph replays GPU work only "
+                              f"(move the model and its inputs to {device or 'the GPU'})")
+    assert device is not None
+    return device
+
+
+class StaticForward:
+    """``forward(*args, **kwargs)`` captured once as a CUDA graph for the example inputs' shapes,
+    dtypes and devices; each call copies its tensors into the captured ones and replays."""
+
+    def __init__(self, forward: Callable[..., Any], args: tuple, kwargs: dict | None = None, *,
+                 scope: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+                 clone_outputs: bool = True, warmup: int = 2) -> None:
+        kwargs = kwargs or {}
+        self.device = cuda_device_of(forward, args, kwargs)
+        leaves, self.spec = pytree.tree_flatten((args, kwargs))
+        self.paths = [p for p, _ in pytree.tree_flatten_with_path((args, kwargs))[0]]
+        self.static = [leaf.detach().clone() if isinstance(leaf, torch.Tensor) else leaf
+                       for leaf in leaves]
+        static_args, static_kwargs = pytree.tree_unflatten(self.static, self.spec)
+        self.clone_outputs = clone_outputs
+
+        def step() -> Any:
+            with torch.no_grad():
+                return forward(*static_args, **static_kwargs)
+
+        self.step = step  # one uncaptured forward on the captured inputs
+        self.captured = capture(step, self.device, prepare=lambda: self.static, scope=scope,
+                                warmup=warmup)
+
+    def _load(self, args: tuple, kwargs: dict) -> None:
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        if spec != self.spec:
+            raise KforgeError("the call's arguments are not structured as the captured ones "
+                              "(a CUDA graph replays one fixed call)")
+        for path, new, old in zip(self.paths, leaves, self.static, strict=True):
+            if isinstance(old, torch.Tensor):
+                if not isinstance(new, torch.Tensor) or (
+                        new.shape, new.dtype, new.device) != (old.shape, old.dtype, old.device):
+                    got = describe(new) if isinstance(new, torch.Tensor) else repr(new)
+                    raise KforgeError(
+                        f"{_where(path)} was captured as {describe(old)} and is now {got}: a "
+                        "CUDA graph replays fixed shapes (capture once per shape, or use "
+                        "kforge.compile with dynamic shapes)")
+                old.copy_(new)
+            elif new != old:
+                raise KforgeError(f"{_where(path)} was {old!r} when captured and is now {new!r}: "
+                                  "a CUDA graph replays the values it was captured with")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self._load(args, kwargs)
+        outputs = self.captured.replay()
+        if not self.clone_outputs:
+            return outputs
+        return pytree.tree_map_only(torch.Tensor, torch.Tensor.clone, outputs)

@@ -1,0 +1,249 @@
+"""kforge as a torch.compile backend, on the CPU: Inductor compiles the toy model, and stand-in
+kernels (CPU table entries whose runner computes the op with PyTorch and counts its calls) replace
+the op calls whose exact variant they were made for, chosen once at compile time."""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+
+import pytest
+import torch
+
+import kforge
+from kforge.core.argspec import encode_call, resolve_op
+from kforge.errors import KforgeError
+from kforge.integrate.backend import (
+    GRADIENTS,
+    OTHER_DEVICE,
+    SYMBOLIC,
+    KernelOp,
+    KforgeWarning,
+    backend,
+    tensor_paths,
+    variant_key,
+)
+from kforge.runtime.guard import Patch
+from kforge.runtime.table import Entry, KernelTable
+from tests.integrate.helpers import WINNING_OPS, profile_toy
+from tests.integrate.standins import Counting
+from tests.integrate.toy_model import build
+
+CALLS_PER_FORWARD = 2  # the toy has two blocks, each calling every winning op once
+
+
+@pytest.fixture(scope="module")
+def cards():
+    """The toy's op cards as profiling records them on the CPU (the winning ops only)."""
+    _, result = profile_toy("cpu")
+    return [c for c in result.cards if c.op in WINNING_OPS]
+
+
+def table_of(cards, calls: Counter, *, device: str = "cpu", fail: bool = False) -> KernelTable:
+    return KernelTable(Entry(op=c.op, args=c.args, kwargs=c.kwargs, device=torch.device(device),
+                             runner=Counting(c.op, calls, fail), label=c.short_op, key=c.key)
+                       for c in cards)
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Every test compiles the same model code: start each from empty Dynamo caches."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def toy():
+    model, (x,) = build()
+    return model.eval(), x
+
+
+def close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal up to the rounding of Inductor's fused code."""
+    return torch.allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def kforge_warnings(caught) -> list[str]:
+    return [str(w.message) for w in caught if issubclass(w.category, KforgeWarning)]
+
+
+def test_each_call_of_a_winning_variant_runs_its_kernel_and_the_output_is_eager_s(cards, toy):
+    model, x = toy
+    calls: Counter = Counter()
+    chosen = backend(table_of(cards, calls))
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        expected = model(x)
+        compiled = torch.compile(model, backend=chosen)
+        got = compiled(x)
+        again = compiled(x)
+    assert kforge_warnings(caught) == []
+    assert close(got, expected)
+    assert torch.equal(got, again)
+    assert calls == {op: 2 * CALLS_PER_FORWARD for op in WINNING_OPS}  # two forwards
+    report = chosen.report
+    assert report.graphs == 1 and report.nodes == 3 * CALLS_PER_FORWARD
+    assert set(report.replaced.values()) == {CALLS_PER_FORWARD}
+    assert f"{report.nodes} node(s) run a kforge kernel in 1 compiled graph(s)" in str(report)
+    assert {k.op: k.hits for k in chosen.table.report().kernels} == dict(calls)
+
+
+def test_calls_of_other_shapes_keep_inductors_code_and_warn_once(cards, toy):
+    model, x = toy
+    calls: Counter = Counter()
+    chosen = backend(table_of(cards, calls))
+    compiled = torch.compile(model, backend=chosen, dynamic=False)
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for batch in (3, 4):  # two graphs, neither with the profiled shapes
+            other = torch.randn(batch, *x.shape[1:])
+            assert close(compiled(other), model(other))
+    assert calls == {}
+    assert chosen.report.graphs == 2 and chosen.report.nodes == 0
+    (message,) = kforge_warnings(caught)
+    assert "never with a variant a kernel was verified on" in message
+    assert "aten._softmax.default x2" in message
+
+
+def test_symbolic_sizes_keep_inductors_code(cards, toy):
+    model, x = toy
+    calls: Counter = Counter()
+    chosen = backend(table_of(cards, calls))
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = torch.compile(model, backend=chosen, dynamic=True)(x)
+    assert close(got, model(x))
+    assert calls == {} and chosen.report.kept[SYMBOLIC] == 3 * CALLS_PER_FORWARD
+    (message,) = kforge_warnings(caught)
+    assert SYMBOLIC in message
+
+
+def test_kernels_on_another_device_are_left_out_with_one_warning(cards, toy):
+    model, x = toy
+    chosen = backend(table_of(cards, Counter(), device="cuda:0"))
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.compile(model, backend=chosen)(x)
+    assert chosen.report.nodes == 0 and chosen.report.kept[OTHER_DEVICE] == 6
+    (message,) = kforge_warnings(caught)
+    assert OTHER_DEVICE in message
+
+
+def test_a_graph_that_needs_gradients_keeps_inductors_code(cards, toy):
+    model, x = toy
+    calls: Counter = Counter()
+    chosen = backend(table_of(cards, calls))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = torch.compile(model, backend=chosen)(x)
+        out.sum().backward()
+    assert calls == {} and chosen.report.nodes == 0
+    assert all(p.grad is not None for p in model.parameters())
+    (message,) = kforge_warnings(caught)
+    assert GRADIENTS in message
+
+
+def test_a_kernel_that_fails_at_run_time_leaves_its_op_to_pytorch(cards, toy):
+    model, x = toy
+    calls: Counter = Counter()
+    chosen = backend(table_of(cards, calls, fail=True))
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled = torch.compile(model, backend=chosen)
+        for _ in range(2):
+            assert close(compiled(x), model(x))
+    assert calls == {op: 1 for op in WINNING_OPS}  # each failed once, then is off
+    assert all(e.disabled for e in chosen.table.entries)
+    assert sum(issubclass(w.category, RuntimeWarning) for w in caught) == 3
+
+
+def test_kernels_whose_op_cannot_be_a_custom_op_stay_out_with_one_warning(cards, toy):
+    model, x = toy
+    calls: Counter = Counter()
+    table = table_of(cards, calls)
+    spec = {"t": "tensor", "shape": [2], "stride": [1], "dtype": "float32", "offset": 0}
+    table.add(Entry(op="aten.add_.Tensor", args=[spec, spec], kwargs={}, label="add_",
+                    runner=Counting("aten.add_.Tensor", calls), device=torch.device("cpu")))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        chosen = backend(table)
+    (message,) = kforge_warnings(caught)
+    assert message.startswith("kforge kernels that cannot be called from compiled code stay out:")
+    assert "add_: aten.add_.Tensor writes to or returns a view of its inputs" in message
+    with torch.no_grad():
+        torch.compile(model, backend=chosen)(x)
+    assert calls == {op: CALLS_PER_FORWARD for op in WINNING_OPS}
+
+
+def test_a_failure_in_kforges_part_compiles_with_inductor_alone(cards, toy, monkeypatch):
+    model, x = toy
+    calls: Counter = Counter()
+
+    def broken(self, *tensors):
+        raise ValueError("no meta for this one")
+
+    monkeypatch.setattr(KernelOp, "fake", broken)
+    chosen = backend(table_of(cards, calls))
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = torch.compile(model, backend=chosen)(x)
+    assert close(got, model(x))
+    assert calls == {} and chosen.report.notes
+    (message,) = kforge_warnings(caught)
+    assert "failed to compile with them" in message and "Inductor alone compiles it" in message
+
+
+def test_a_session_that_cannot_load_here_leaves_inductor_alone_with_one_warning(toy, tmp_path,
+                                                                                monkeypatch):
+    model, x = toy
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled = kforge.compile(model, 1, db=tmp_path / "k.db")
+    (message,) = kforge_warnings(caught)
+    assert "kforge has no kernel to put in compiled graphs (kforge.patch needs a CUDA GPU" in message
+    assert message.endswith("Inductor alone compiles the model")
+    with torch.no_grad():
+        assert close(compiled(x), model(x))
+    assert compiled.kforge_backend.report.graphs == 0
+
+
+def test_a_patch_with_notes_and_no_kernels_says_why():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        backend(Patch(KernelTable(), ["kernels were exported for sm_90 and this GPU is sm_121"]))
+    (message,) = kforge_warnings(caught)
+    assert "(kernels were exported for sm_90 and this GPU is sm_121)" in message
+
+
+def test_compile_modes_and_options_are_checked_when_the_backend_is_made():
+    with pytest.raises(KforgeError, match="unknown torch.compile mode 'fastest': use one of "
+                                          "default, reduce-overhead, max-autotune"):
+        backend(KernelTable(), mode="fastest")
+    with pytest.raises(KforgeError, match="bad Inductor options: Unexpected optimization "
+                                          "option no_such_option"):
+        backend(KernelTable(), options={"no_such_option": True})
+    with pytest.warns(KforgeWarning, match="the kernel table is empty"):
+        chosen = backend(KernelTable(), mode="max-autotune", options={"epilogue_fusion": False})
+    assert chosen.inductor.config["max_autotune"] is True
+    assert chosen.inductor.config["epilogue_fusion"] is False
+
+
+def test_a_variant_is_the_same_however_its_arguments_are_passed():
+    x, w = torch.randn(2, 3), torch.randn(3)
+
+    def key(op: str, args: list, kwargs: dict):
+        return variant_key(op, *encode_call(resolve_op(op), args, kwargs))
+
+    gelu = "aten.gelu.default"
+    assert key(gelu, [x], {"approximate": "none"}) == key(gelu, [x], {})
+    assert key(gelu, [x], {"approximate": "tanh"}) != key(gelu, [x], {})
+    softmax = "aten._softmax.default"
+    assert key(softmax, [x, -1, False], {}) != key(softmax, [x, 1, False], {})
+    assert key(softmax, [x, 1, False], {}) == key(softmax, [x], {"dim": 1, "half_to_float": False})
+    assert key(softmax, [x, 1, False], {}) != key(softmax, [x.t().contiguous().t(), 1, False], {})
+    norm = "aten.native_layer_norm.default"
+    assert tensor_paths(norm, [x, [3], w, None, 1e-5], {}) == [("input", ""), ("weight", "")]
+    assert tensor_paths("aten.cat.default", [[x, x]], {"dim": 0}) == [("tensors", "[0]"),
+                                                                      ("tensors", "[1]")]

@@ -1,0 +1,125 @@
+"""Real library kernels (softmax, layer_norm, tanh GELU) in the toy model on the GPU through
+kforge's torch.compile backend (default and reduce-overhead), CUDA graph capture with
+`kforge.accelerate`, measured selection, and every e2e mode side by side."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import kforge
+from kforge.capture import ModelOptions, load_model
+from kforge.errors import KforgeError
+from kforge.integrate.measure import parse_modes, run_modes
+from kforge.runtime.cubin import device_arch
+from tests.integrate.helpers import TOY, WINNING_OPS, make_session
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytest.importorskip("cuda.core", reason="cuda-core is not installed")
+
+NODES = 3 * 2  # three winning ops, called once in each of the toy's two blocks
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory) -> tuple[Path, int]:
+    db = tmp_path_factory.mktemp("backend-gpu") / "k.db"
+    gpu = {"name": torch.cuda.get_device_name(0), "arch": device_arch(0)}
+    return db, make_session(db, gpu=gpu, device="cuda")
+
+
+@pytest.fixture
+def toy():
+    torch._dynamo.reset()
+    yield load_model(TOY, ModelOptions(device="cuda"))
+    torch._dynamo.reset()
+
+
+def close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.allclose(a, b, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_compiled_model_runs_the_kernels_in_inductors_graph(session, toy, mode):
+    db, sid = session
+    x = toy.args[0]
+    compiled = kforge.compile(toy.model, sid, db=db, mode=mode)
+    torch._dynamo.utils.counters.clear()
+    with torch.no_grad():
+        expected = toy.model(x)
+        for _ in range(3):  # under reduce-overhead: warm-up, record, replay
+            torch.compiler.cudagraph_mark_step_begin()
+            got = compiled(x).clone()
+            assert close(got, expected)
+        other = torch.randn_like(x)
+        torch.compiler.cudagraph_mark_step_begin()
+        assert close(compiled(other), toy.model(other))
+    report = compiled.kforge_backend.report
+    assert report.nodes == NODES and report.graphs == 1, str(report)
+    assert {k.op for k in compiled.kforge_backend.table.report().kernels if k.hits} == set(
+        WINNING_OPS)
+    if mode == "reduce-overhead":
+        assert not torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
+
+
+def test_accelerate_captures_the_kernels_and_serves_new_inputs(session, toy):
+    db, sid = session
+    x = toy.args[0]
+    fast = kforge.accelerate(toy.model, (x,), sid, db=db, reps=5, warmup=1)
+    assert fast.selection is not None
+    assert len(fast.selection.trials) == len(WINNING_OPS)
+    for _ in range(2):
+        new = torch.randn_like(x)
+        with torch.no_grad():
+            assert close(fast(new), toy.model(new))
+    with pytest.raises(KforgeError, match=r"input 0 was captured as float32\[2, 32, 64\] on "
+                                          r"cuda:0 and is now float32\[3, 32, 64\]"):
+        fast(torch.randn(3, 32, 64, device="cuda"))
+
+
+def test_accelerate_refuses_what_cannot_be_captured(toy):
+    x = toy.args[0]
+    with pytest.raises(KforgeError, match=r"input 0 is a float32\[2, 32, 64\] on cpu: a CUDA "
+                                          r"graph replays GPU work only"):
+        kforge.accelerate(toy.model, (x.cpu(),))
+
+    class Syncs(torch.nn.Module):
+        def forward(self, t: torch.Tensor) -> torch.Tensor:
+            return t * float(t.sum())  # a host sync
+
+    with pytest.raises(KforgeError, match="the forward cannot be captured as a CUDA graph: .*"
+                                          "must not synchronize with the host"):
+        kforge.accelerate(Syncs(), (x,))
+
+
+def test_patch_with_the_model_keeps_only_what_measurably_helps(session, toy):
+    db, sid = session
+    x = toy.args[0]
+    patch = kforge.patch(sid, db=db, model=toy.model, example_inputs=x, reps=5, warmup=1)
+    selection = patch.selection
+    assert selection is not None and len(selection.trials) == len(WINNING_OPS)
+    assert {e.key for e in patch.table.entries} == {t.winner.key for t in selection.trials
+                                                    if t.kept}
+    assert len(patch.notes) == len(selection.dropped)
+    assert selection.final.median_us <= selection.baseline.median_us
+    with torch.no_grad():
+        expected = toy.model(x)
+        with patch:
+            assert close(toy.model(x), expected)
+
+
+def test_every_mode_side_by_side(session, toy):
+    db, sid = session
+    full = kforge.patch(sid, db=db, cuda_graphs=True)
+    modes = parse_modes("eager,graphs,compile,reduce-overhead")
+    result = run_modes(toy, modes, patched=full, projected=full.projected, reps=3, warmup=1)
+    assert [s.mode for s in result.subjects] == [m.id for m in modes]
+    for s in result.subjects:
+        assert s.timing is not None and not s.error, (s.name, s.error)
+        assert s.difference is None or s.difference.rel < 1e-3, (s.name, s.difference)
+    assert result.subject("compile+kforge").kernels == f"{NODES} nodes"
+    assert result.subject("reduce-overhead+kforge").kernels == f"{NODES} nodes"
+    assert result.subject("compile").setup_s > 0
+    assert set(result.gains()) == {"eager", "CUDA graphs", "compile", "reduce-overhead"}

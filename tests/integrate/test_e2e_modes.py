@@ -1,0 +1,110 @@
+"""`kforge e2e`'s modes: which ones --modes picks, and the side-by-side table it prints, from fake
+timings."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from kforge.cli.cmd_integrate import e2e_rows, e2e_summary, print_e2e
+from kforge.cli.main import main
+from kforge.core.candidate import Timing
+from kforge.errors import KforgeError
+from kforge.integrate.measure import MODES, Difference, E2eResult, Measured, parse_modes
+from kforge.runtime.table import KernelCount, Report
+
+
+def ids(text: str | None) -> list[str]:
+    return [m.id for m in parse_modes(text)]
+
+
+def test_modes_are_picked_by_name_or_by_base_in_table_order_with_eager_always_first():
+    assert ids(None) == ids("all") == list(MODES) and len(MODES) == 10
+    assert ids("compile") == ["eager", "compile", "compile+kforge"]
+    assert ids("max-autotune+kforge, graphs") == ["eager", "graphs", "graphs+kforge",
+                                                   "max-autotune+kforge"]
+    assert ids("eager") == ["eager", "eager+kforge"]
+    assert [m.label for m in parse_modes("reduce-overhead")] == [
+        "eager", "reduce-overhead", "reduce-overhead + kforge"]
+    assert MODES["reduce-overhead+kforge"].compile == "reduce-overhead"
+    assert MODES["graphs+kforge"].graphs and MODES["graphs+kforge"].base == "graphs"
+
+
+def test_an_unknown_mode_is_named():
+    with pytest.raises(KforgeError, match=r"unknown mode 'fast': use all, or any of eager, "
+                                          r"eager\+kforge, graphs"):
+        parse_modes("compile,fast")
+
+
+def test_an_unknown_mode_on_the_command_line_is_one_line(capsys):
+    assert main(["e2e", "1", "--modes", "turbo"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("kforge: unknown mode 'turbo'")
+
+
+def timing(median_us: float) -> Timing:
+    return Timing(median_us=median_us, p10_us=0.95 * median_us, p90_us=1.1 * median_us, reps=20)
+
+
+def measured(mode: str, median_us: float | None, **fields) -> Measured:
+    return Measured(MODES[mode].label, timing(median_us) if median_us else None, mode=mode,
+                    **fields)
+
+
+@pytest.fixture
+def result() -> E2eResult:
+    same = Difference(0.0, 0.0)
+    return E2eResult([
+        measured("eager", 2000.0),
+        measured("eager+kforge", 1600.0, difference=Difference(1e-3, 2e-4), kernels="6 calls"),
+        measured("graphs", 1000.0, difference=same, setup_s=0.4),
+        measured("graphs+kforge", 800.0, difference=same, setup_s=0.5, kernels="6 captured"),
+        measured("compile", 900.0, difference=same, setup_s=12.0),
+        measured("compile+kforge", 1000.0, difference=same, setup_s=14.0, kernels="6 nodes"),
+        measured("max-autotune", None, error="torch.compile failed: InductorError: boom"),
+    ], Report([KernelCount("#3 _softmax(f32[2,32,32], -1, False)", "aten._softmax.default",
+                           "k", 2, 0, "")], {}), projected=1.31,
+        notes=["eager + kforge: #4 gelu(...): kept on eager, the model is slower with it"])
+
+
+def test_gains_compare_each_mode_with_itself_without_kforge(result):
+    assert result.gain("eager") == pytest.approx(1.25)
+    assert result.gain("graphs") == pytest.approx(1.25)
+    assert result.gain("compile") == pytest.approx(0.9)
+    assert result.gain("max-autotune") is None
+    assert result.gains() == pytest.approx({"eager": 1.25, "CUDA graphs": 1.25, "compile": 0.9})
+    assert result.measured == pytest.approx(1.25)
+
+
+def test_the_table_has_a_row_per_mode_with_speedups_setup_and_kernels(result):
+    rows = {row[0]: row for row in e2e_rows(result)}
+    assert list(rows) == [s.name for s in result.subjects]
+    assert rows["eager"] == ["eager", "2.00 ms", "1.90 ms", "2.20 ms", "1.00x", "", "-", "", ""]
+    assert rows["eager + kforge"][4:6] == ["1.25x", "1.25x"]
+    assert rows["eager + kforge"][6] == "max |diff| 0.001, relative 0.0002"
+    assert rows["CUDA graphs + kforge"][4:] == ["2.50x", "1.25x", "max |diff| 0, relative 0",
+                                                "0.5 s", "6 captured"]
+    assert rows["compile + kforge"][4:6] == ["2.00x", "0.90x"]
+    assert rows["compile"][7] == "12.0 s"
+    assert rows["max-autotune"][1:] == ["-"] * 7 + ["torch.compile failed: InductorError: boom"]
+
+
+def test_the_printed_table_ends_with_projected_and_measured(result, capsys):
+    session = SimpleNamespace(id=3, model="toy.py:build", settings={"dtype": "float32",
+                                                                     "batch": 2})
+    print_e2e(SimpleNamespace(session=session), result)
+    printed = capsys.readouterr().out
+    assert printed.startswith("session 3  toy.py:build (dtype=float32 batch=2)")
+    for header in ("mode", "median", "vs eager", "kforge gain", "output vs eager",
+                   "compile/capture", "kforge kernels"):
+        assert header in printed
+    assert "note: eager + kforge: #4 gelu(...): kept on eager, the model is slower with it" in (
+        printed)
+    assert printed.strip().splitlines()[-1] == (
+        "speedup from kforge's kernels: projected 1.310x (op cards, operator time); measured "
+        "(whole forward) eager 1.25x, CUDA graphs 1.25x, compile 0.90x")
+    assert e2e_summary(result).startswith("e2e: eager 2.00 ms, eager + kforge 1.60 ms, ")
+    assert e2e_summary(result).endswith("kforge measured eager 1.25x, CUDA graphs 1.25x, compile "
+                                        "0.90x, projected 1.310x; 2 kernel calls per eager "
+                                        "forward")
