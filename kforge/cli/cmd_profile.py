@@ -33,6 +33,7 @@ STAGE_LABELS = {
     "warmup": "warm-up forward",
     "profile": "timed forwards",
     "regions": "finding fusion regions (one recorded forward)",
+    "lengths": "profiling at the other sequence lengths",
     "samples": "saving sample inputs (op calls)",
 }
 
@@ -69,6 +70,24 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-regions", dest="regions", action="store_false",
                    help="op cards only: no fusion-region cards (chains of ops in one module "
                         "call, searched as one kernel)")
+    g.add_argument("--seq-lengths", type=lengths, dest="seq_lengths", metavar="N,N[,...]",
+                   help="also profile at these sequence lengths (two or more): op variants whose "
+                        "sizes follow the length (a decode step's KV cache) become range cards")
+    g.add_argument("--seq-range", type=span, dest="seq_range", metavar="LO:HI",
+                   help="the lengths range cards cover (default: 1 to the model's cache size)")
+
+
+def lengths(text: str) -> list[int]:
+    """argparse type: comma-separated whole numbers of at least 1."""
+    return [count(part) for part in text.split(",") if part.strip()]
+
+
+def span(text: str) -> tuple[int, int]:
+    """argparse type: ``LO:HI``, whole numbers with 1 <= LO <= HI."""
+    lo, sep, hi = text.partition(":")
+    if not sep or count(lo) > count(hi):
+        raise argparse.ArgumentTypeError(f"expected LO:HI with 1 <= LO <= HI, not {text!r}")
+    return count(lo), count(hi)
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -111,6 +130,7 @@ async def _profile_into_store(args: argparse.Namespace, progress: ProgressLine
     """Profile into a staging folder, then store cards and samples together, or nothing: a new
     database is created only once there is a profile to store."""
     from kforge.capture import ModelOptions, load_model, profile
+    from kforge.capture.ranges import profile_lengths, with_ranges
     from kforge.capture.staging import new_staging_dir, remove_abandoned
 
     db = resolve_db(args)
@@ -122,10 +142,15 @@ async def _profile_into_store(args: argparse.Namespace, progress: ProgressLine
                                seq_len=args.seq_len, mode=args.mode, layers=args.layers)
         remove_abandoned(samples_root)
         staging = new_staging_dir(samples_root)
+        others = (profile_lengths(args.model, options, args.seq_lengths, progress)
+                  if args.seq_lengths else [])
         loaded = load_model(args.model, options, progress)
         settings = {**loaded.settings, "samples": args.samples, "regions": args.regions}
         result = profile(loaded, samples_per_card=args.samples, staging_dir=staging,
                          progress=progress, regions=args.regions)
+        if others:
+            result = with_ranges(result, loaded, others, staging, args.seq_range)
+            settings["seq_lengths"] = sorted(other.length for other in others)
         store = store or await Store.open(db, create=True)
         session = await store.create_profiled_session(
             model=loaded.name, settings=settings, gpu=_gpu_info(loaded.device.type).to_dict(),

@@ -72,7 +72,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     search = SessionSettings.from_stored(settings).search
     out.print(Text.assemble((f"session {session.id}", "bold"),
                             f"  {session.model}  on {session.gpu_label}  [{session.status}]"))
-    details = {k: settings[k] for k in ("dtype", "batch", "seq_len", "mode") if k in settings}
+    details = {k: settings[k] for k in ("dtype", "batch", "seq_len", "seq_lengths", "mode")
+               if k in settings}
     if details:
         out.print("  " + "  ".join(f"{k}={v}" for k, v in details.items()))
     out.print(f"  proposer={search.proposer}  "
@@ -80,7 +81,10 @@ def cmd_show(args: argparse.Namespace) -> int:
     if session.error:
         out.print(Text.assemble("  ", ("error:", "red"), f" {session.error}"))
     table = Table(box=None, header_style="bold")
-    for name, right in (("card", True), ("op", False), ("arguments", False), ("calls", True),
+    # range cards (kforge.core.ranges) cover a range of sizes: a column says which
+    ranged = any(row.card.ranges is not None for row in cards)
+    for name, right in (("card", True), ("op", False), ("arguments", False),
+                        *((("range", False),) if ranged else ()), ("calls", True),
                         ("share", True), ("kind", False), ("eager", True), ("compile", True),
                         ("best", True), ("kernel", True), ("host", True), ("tries", True),
                         ("status", False)):
@@ -93,7 +97,8 @@ def cmd_show(args: argparse.Namespace) -> int:
             continue
         status = row.status + (f": {row.stop_reason}" if row.stop_reason else "")
         kernel, host = kernel_times(best.get(row.id))
-        table.add_row(str(row.id), c.short_op, c.signature[:70], str(c.calls),
+        table.add_row(str(row.id), c.short_op, c.signature[:70],
+                      *((c.range_text or "-",) if ranged else ()), str(c.calls),
                       f"{100 * c.share:.1f}%", c.library, fmt_us(c.eager_us),
                       fmt_us(c.compiled_us), fmt_speedup(row.best_speedup), kernel, host,
                       str(row.spent), status, style=None if c.target else "dim")

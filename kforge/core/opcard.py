@@ -36,9 +36,11 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=True)
 
 
-def variant_key(op: str, args: list, kwargs: dict) -> str:
-    """The identity of one op variant; equal keys mean 'the same call up to tensor values'."""
-    digest = hashlib.sha256(canonical_json([op, args, kwargs]).encode()).hexdigest()
+def variant_key(op: str, args: list, kwargs: dict, ranges: dict | None = None) -> str:
+    """The identity of one op variant; equal keys mean 'the same call up to tensor values'. A
+    range card's ranges are part of its identity (a card without ranges keeps its key)."""
+    identity = [op, args, kwargs] if ranges is None else [op, args, kwargs, ranges]
+    digest = hashlib.sha256(canonical_json(identity).encode()).hexdigest()
     return digest[:20]
 
 
@@ -103,10 +105,14 @@ class OpCard:
     # A region card's chain of ops (``kforge.core.region.Region.to_dict``): its ``op`` is then the
     # region's operator and its arguments the region's inputs. None for an op card.
     region: dict | None = None
+    # A range card's symbols and affine laws (``kforge.core.ranges.Ranges.to_dict``): its
+    # arguments are then its variant at the profiled point. None for an exact card.
+    ranges: dict | None = None
 
     def __post_init__(self) -> None:
         if not self.key:
-            object.__setattr__(self, "key", variant_key(self.op, self.args, self.kwargs))
+            object.__setattr__(self, "key", variant_key(self.op, self.args, self.kwargs,
+                                                        self.ranges))
 
     @property
     def short_op(self) -> str:
@@ -121,7 +127,22 @@ class OpCard:
 
     @property
     def signature(self) -> str:
+        """The arguments in short; a range card's varying sizes by their laws, then its range
+        (``bf16[1,1,L,256], -2 for L=1..4096``)."""
+        if self.ranges is not None:
+            from kforge.core.ranges import Ranges, describe_range_args
+
+            return describe_range_args(self.args, self.kwargs, Ranges.from_dict(self.ranges))
         return describe_args(self.args, self.kwargs)
+
+    @property
+    def range_text(self) -> str:
+        """``L=1..4096`` for a range card, "" for an exact one."""
+        if self.ranges is None:
+            return ""
+        from kforge.core.ranges import Ranges
+
+        return Ranges.from_dict(self.ranges).text()
 
     @property
     def io_bytes(self) -> int:
@@ -133,8 +154,9 @@ class OpCard:
         return self.library in VENDOR_LIBRARIES
 
     def with_(self, **changes: Any) -> OpCard:
-        """A copy with ``changes``; the key follows if the op or its arguments change."""
-        if {"op", "args", "kwargs"} & changes.keys():
+        """A copy with ``changes``; the key follows if the op, its arguments or its ranges
+        change."""
+        if {"op", "args", "kwargs", "ranges"} & changes.keys():
             changes.setdefault("key", "")
         return replace(self, **changes)
 

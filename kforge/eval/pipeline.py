@@ -41,6 +41,7 @@ from kforge.core.opcard import OpCard
 from kforge.core.settings import EvalSettings
 from kforge.errors import KforgeError
 from kforge.eval.compare import compare_values, tolerance_for
+from kforge.eval.counters import CounterReport, measure_counters
 from kforge.eval.device import Runtime
 from kforge.eval.inputs import InputFactory, InputSet
 from kforge.eval.observe import (
@@ -283,7 +284,13 @@ class Evaluation:
         if not sets:
             raise Verdict(EvalStatus.INFRA, "no input sets: give seeds or samples")
         self.written = written_buffers(self.card.op, sets[0])
-        checked = [self.verify(s, address_check=(i == 0)) for i, s in enumerate(sets)]
+        checked: list[dict] = []
+        for i, inputs in enumerate(sets):
+            try:
+                checked.append(self.verify(inputs, address_check=(i == 0)))
+            except Verdict as verdict:  # a repair is told which sets held, and how closely
+                verdict.details.setdefault("sets_passed", checked)
+                raise
         # Stress values are ill-conditioned on purpose: eager's tolerances judge them, not the
         # precision rule, which holds honest half-precision kernels to eager's own error.
         stressed = [self.verify(s, precision=False)
@@ -299,6 +306,20 @@ class Evaluation:
         if self.factory.stress_dropped:
             correctness["stress_dropped"] = self.factory.stress_dropped
         return correctness, candidate, eager, work
+
+    def counters(self) -> CounterReport:
+        """Hardware counters of one call's launches, measured after every check and timing
+        (each pass's memory is prepared and L2 flushed outside the measured launches)."""
+        inputs = self.factory.random_set(RECHECK_SEED)
+
+        def prepare() -> Allocation:
+            memory = self.calls.memory()
+            self.runtime.flush()
+            return memory
+
+        kernels = [launch.kernel for launch in self.calls.runner.plan.launches]
+        return measure_counters(prepare, lambda memory: self.calls.run(inputs, memory), kernels,
+                                self.runtime.sync, self.runtime.device.index or 0)
 
     # ----- timing -----
 
@@ -452,7 +473,13 @@ def plan_runner(card: OpCard, candidate: Candidate, backend: Backend, compiled: 
 def evaluate_candidate(card: OpCard, candidate: Candidate, *, runtime: Runtime,
                        loader: KernelLoader, gpu: GpuInfo, samples_dir: Path | None = None,
                        settings: EvalSettings | None = None) -> EvalOutcome:
-    """The full verdict on ``candidate`` for ``card``. Never raises for a bad candidate."""
+    """The full verdict on ``candidate`` for ``card`` (a range card: at several points of its
+    range, ``kforge.eval.ranges``). Never raises for a bad candidate."""
+    if card.ranges is not None:
+        from kforge.eval.ranges import evaluate_range
+
+        return evaluate_range(card, candidate, runtime=runtime, loader=loader, gpu=gpu,
+                              samples_dir=samples_dir, settings=settings)
     settings = settings or EvalSettings()
     started = time.perf_counter()
     compiled: CompileResult | None = None
@@ -470,6 +497,8 @@ def evaluate_candidate(card: OpCard, candidate: Candidate, *, runtime: Runtime,
             calls = CandidateCalls(runner, runtime)
             evaluation = Evaluation(card, calls, runtime, gpu, samples_dir, settings)
             correctness, timing, eager, work = evaluation.run()
+            if settings.counters and runtime.device.type == "cuda":
+                work["counters"] = evaluation.counters().to_dict()
     except Verdict as v:
         return outcome_from(v.status, v.summary, started, compiled, restart=v.restart,
                             extra=dict(v.details))

@@ -25,7 +25,7 @@ from .runtime.cubin import KernelModule, device_arch
 from .runtime.guard import Patch
 from .runtime.nvrtc import compile_cubin
 from .runtime.plan import PlanRunner, resolve_for
-from .runtime.table import Entry, KernelTable
+from .runtime.table import Entry, KernelTable, RangeRunner
 
 HERE = Path(__file__).resolve().parent
 
@@ -67,8 +67,13 @@ def patch(device: str | torch.device | None = None, *, any_arch: bool = False) -
             plan = resolve_for(json.loads((folder / "plan.json").read_text()), kernel["op"],
                                kernel["args"], kernel["kwargs"])
             runner = PlanRunner(plan, kernel["op"], KernelModule(code, cuda), cuda)
+            if kernel.get("ranges") is not None:  # a range of variants: resolved per point
+                runner = RangeRunner(json.loads((folder / "plan.json").read_text()),
+                                     kernel["op"], kernel["args"], kernel["kwargs"],
+                                     kernel["ranges"], runner.backend, cuda)
             table.add(Entry(op=kernel["op"], args=kernel["args"], kwargs=kernel["kwargs"],
-                            runner=runner, device=cuda, label=kernel["label"], key=kernel["key"]))
+                            runner=runner, device=cuda, label=kernel["label"], key=kernel["key"],
+                            ranges=kernel.get("ranges")))
         except Exception as exc:  # a kernel that cannot load here: its op stays on eager
             notes.append(f"{kernel['label']}: stays on eager, it does not load on {arch}: {exc}")
     return Patch(table, notes)

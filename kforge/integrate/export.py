@@ -32,7 +32,8 @@ _KFORGE = _HERE.parent
 # What the exported package's runtime/ folder holds, and the kforge imports rewritten there.
 _RUNTIME_FILES = {"runtime": ["cache.py", "cubin.py", "guard.py", "native.py", "native_guard.cpp",
                               "nvrtc.py", "plan.py", "table.py"],
-                  "core": ["argspec.py", "launch_plan.py", "opcard.py"], "": ["errors.py"]}
+                  "core": ["argspec.py", "launch_plan.py", "opcard.py", "ranges.py"],
+                  "": ["errors.py"]}
 _KFORGE_IMPORT = re.compile(r"^(\s*)from kforge\.(?:runtime\.|core\.)?(\w+) import ", re.M)
 
 
@@ -149,8 +150,9 @@ def _write_kernel(root: Path, decision: Decision, archs: list[str], compiler: Co
             errors[arch] = compiled.log.strip().splitlines()[0] if compiled.log.strip() else "?"
     problems += [f"{label}: no cubin for {arch}: {why}" for arch, why in errors.items()]
     return {"key": card.key, "label": label, "op": card.op, "args": card.args,
-            "kwargs": card.kwargs, "signature": card.signature, "share": card.share,
-            "calls": card.calls, "speedup": decision.speedup, "spread": decision.spread,
+            "kwargs": card.kwargs, "ranges": card.ranges, "signature": card.signature,
+            "share": card.share, "calls": card.calls, "speedup": decision.speedup,
+            "spread": decision.spread,
             "node": decision.node_id, "meta": {k: v for k, v in candidate.meta.items()
                                                if k != "nvrtc_options"},
             "dir": folder.as_posix(), "nvrtc_options": options, "cubins": cubins,

@@ -135,8 +135,9 @@ def _native_variants(tables: list[_OpEntries]) -> list[NativeVariant] | None:
     """Every kernel of the tables as the native guard holds it, in table order; None when the
     native guard cannot serve one of them (or at all)."""
     entries = [entry for table in tables for entry in table.variants.values()]
-    if not all(entry.disabled or describable(entry) for entry in entries):
-        return None
+    if any(table.ranges for table in tables) or not all(
+            entry.disabled or describable(entry) for entry in entries):
+        return None  # range entries are matched in Python
     why = available()
     if why is not None:
         _warn_python_guard(why)

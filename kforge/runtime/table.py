@@ -1,10 +1,11 @@
-"""The table of verified kernels: one entry per exact op variant, looked up on every call of a
+"""The table of verified kernels: one entry per exact op variant, or per range card (a range of
+variants whose sizes follow affine laws, ``kforge.core.ranges``), looked up on every call of a
 patched op, with hit and fallback counts."""
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,15 @@ from kforge.core.argspec import (
     resolve_op,
     torch_dtype,
 )
+from kforge.core.launch_plan import DeviceLimits, PlanError
+from kforge.core.ranges import (
+    MATCH_CACHE_SIZE,
+    RangeError,
+    RangeMatcher,
+    Ranges,
+    instantiate,
+)
+from kforge.runtime.plan import Backend, PlanRunner, resolve_for
 
 _MISS = object()
 
@@ -42,22 +52,30 @@ class Entry:
     # The entry as the native guard holds it, once made (kforge.runtime.native): calls it serves
     # count there.
     native: Any = field(default=None, repr=False)
+    # A range card's ranges (``args``/``kwargs`` then hold its variant at the profiled point):
+    # the entry serves every variant of the range, ``runner`` is then a ``RangeRunner``.
+    ranges: dict | None = None
 
     def __post_init__(self) -> None:
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
 
-    def run(self, args: tuple, kwargs: dict) -> Any:
-        """The kernel's result, or _MISS when the original op must run instead."""
+    def run(self, args: tuple, kwargs: dict, point: Mapping[str, int] | None = None) -> Any:
+        """The kernel's result, or _MISS when the original op must run instead. ``point``: where
+        in its range a range entry's call is, when the caller has matched it already."""
         if self.disabled or not _all_on(self.device, args, kwargs):
+            self.fallbacks += 1
+            return _MISS
+        runner = self.runner if point is None else self.runner.at(point)
+        if runner is None:  # the plan does not cover this point of the range
             self.fallbacks += 1
             return _MISS
         try:
             if self.device.type == "cuda" and torch.cuda.current_device() != self.device.index:
                 with torch.cuda.device(self.device):  # as the op's own kernel would set it
-                    result = self.runner(args, kwargs)
+                    result = runner(args, kwargs)
             else:
-                result = self.runner(args, kwargs)
+                result = runner(args, kwargs)
         except Exception as exc:  # any failure of the kernel: the original op takes over
             self.disable(f"{type(exc).__name__}: {exc}")
             self.fallbacks += 1
@@ -91,11 +109,14 @@ def _all_on(device: torch.device, args: Iterable[Any], kwargs: dict) -> bool:
 
 class _OpEntries:
     """A table's kernels for one op, keyed by exact variant, with a cheap first test on the
-    first argument's shape and dtype so that most other calls skip the full encoding."""
+    first argument's shape and dtype so that most other calls skip the full encoding; then its
+    range entries, tried in order after the exact lookup (the Python guard serves an op that has
+    any: the native guard compares exact variants only)."""
 
     def __init__(self, func: Any) -> None:
         self.func = func
         self.variants: dict[Any, Entry] = {}
+        self.ranges: list[tuple[RangeMatcher, Entry]] = []
         self.quick: set[tuple] | None = set()
         self.misses = 0
         self.native_route: Any = None  # the native guard serving these kernels, if it does
@@ -105,6 +126,11 @@ class _OpEntries:
         return self.misses + (self.native_route.misses() if self.native_route else 0)
 
     def add(self, entry: Entry) -> None:
+        if entry.ranges is not None:
+            self.ranges.append((RangeMatcher(entry.args, entry.kwargs,
+                                             Ranges.from_dict(entry.ranges)), entry))
+            self.quick = None  # a range's first argument takes many shapes
+            return
         key = freeze([entry.args, entry.kwargs])
         if key in self.variants:
             raise ValueError(f"two kernels for one variant of {entry.op}")
@@ -122,15 +148,62 @@ class _OpEntries:
                 self.misses += 1
                 return _MISS
         args_spec, kwargs_spec = encode_call(self.func, args, kwargs)
-        entry = self.variants.get(freeze([args_spec, kwargs_spec]))
-        if entry is None:
-            self.misses += 1
-            return _MISS
-        return entry.run(args, kwargs)
+        frozen = freeze([args_spec, kwargs_spec])
+        entry = self.variants.get(frozen)
+        if entry is not None:
+            return entry.run(args, kwargs)
+        for matcher, ranged in self.ranges:
+            point = matcher.match(args_spec, kwargs_spec, frozen)
+            if point is not None:
+                return ranged.run(args, kwargs, point)
+        self.misses += 1
+        return _MISS
+
+
+class RangeRunner:
+    """A range card's kernel: its launch plan resolved for the card's exact variant at each point
+    of the range it is called at (once per point, kept), run by a ``PlanRunner``. Called without
+    a point, it finds the call's point itself."""
+
+    def __init__(self, plan: Mapping[str, Any], op: str, args: list, kwargs: dict,
+                 ranges: dict, backend: Backend, device: torch.device,
+                 limits: DeviceLimits = DeviceLimits()) -> None:
+        self.plan_source = plan
+        self.op = op
+        self.func = resolve_op(op)
+        self.backend = backend
+        self.device = device
+        self.limits = limits
+        self.matcher = RangeMatcher(args, kwargs, Ranges.from_dict(ranges))
+        self._runners: dict[tuple[int, ...], PlanRunner | None] = {}
+
+    def at(self, point: Mapping[str, int]) -> PlanRunner | None:
+        """The plan's runner at ``point``; None where the plan does not cover it."""
+        key = tuple(point.values())
+        if key not in self._runners:
+            if len(self._runners) >= MATCH_CACHE_SIZE:
+                self._runners.clear()
+            matcher = self.matcher
+            args, kwargs = instantiate(matcher.args, matcher.kwargs, matcher.ranges, point)
+            try:
+                resolved = resolve_for(self.plan_source, self.op, args, kwargs, self.limits)
+                self._runners[key] = PlanRunner(resolved, self.op, self.backend, self.device)
+            except PlanError:
+                self._runners[key] = None
+        return self._runners[key]
+
+    def __call__(self, args: tuple, kwargs: dict) -> Any:
+        args_spec, kwargs_spec = encode_call(self.func, args, kwargs)
+        point = self.matcher.match(args_spec, kwargs_spec)
+        runner = self.at(point) if point is not None else None
+        if runner is None:
+            raise RangeError(f"a call of {self.op} outside the kernel's range "
+                             f"{self.matcher.ranges.text()} or its plan")
+        return runner(args, kwargs)
 
 
 class KernelTable:
-    """Kernels by op and exact variant, with their hit counts."""
+    """Kernels by op and exact variant (or range), with their hit counts."""
 
     def __init__(self, entries: Iterable[Entry] = ()) -> None:
         self.entries: list[Entry] = []

@@ -113,6 +113,8 @@ MIGRATIONS: list[str] = [
     "ALTER TABLE nodes ADD COLUMN plan TEXT",
     # 3: a region card's chain of ops (JSON, kforge.core.region); NULL for an op card
     "ALTER TABLE op_cards ADD COLUMN region TEXT",
+    # 4: a range card's symbols and affine laws (JSON, kforge.core.ranges); NULL for an exact card
+    "ALTER TABLE op_cards ADD COLUMN ranges TEXT",
 ]
 
 LATEST = len(MIGRATIONS)

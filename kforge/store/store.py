@@ -36,6 +36,7 @@ import aiosqlite
 from kforge.core.candidate import Candidate, EvalOutcome, LlmCall
 from kforge.core.opcard import OpCard
 from kforge.errors import KforgeError
+from kforge.store.config import configured_durability
 from kforge.store.events import (
     CardsAdded,
     CardUpdated,
@@ -71,7 +72,6 @@ from kforge.store.records import (
     dumps,
     loads,
 )
-from kforge.store.config import configured_durability
 from kforge.store.schema import LATEST, MIGRATIONS
 
 log = logging.getLogger("kforge.store")
@@ -479,12 +479,13 @@ class Store:
             status = CardStatus.PENDING if c.target else CardStatus.SKIPPED
             await db.execute(
                 "INSERT INTO op_cards (session_id, key, op, args, kwargs, calls, total_us, share, "
-                "library, target, modules, eager_us, compiled_us, floor_us, status, region) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "library, target, modules, eager_us, compiled_us, floor_us, status, region, "
+                "ranges) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (session_id, c.key, c.op, dumps(c.args), dumps(c.kwargs), c.calls, c.total_us,
                  c.share, c.library, int(c.target), dumps(modules.get(c.key, [])), c.eager_us,
                  c.compiled_us, c.floor_us, status,
-                 None if c.region is None else dumps(c.region)))
+                 None if c.region is None else dumps(c.region),
+                 None if c.ranges is None else dumps(c.ranges)))
         await self._event(db, session_id, CardsAdded(count=len(cards)))
 
     async def list_cards(self, session_id: int) -> list[CardRow]:
@@ -824,7 +825,7 @@ def _card(r: aiosqlite.Row) -> CardRow:
                   calls=r["calls"], total_us=r["total_us"], share=r["share"],
                   library=r["library"], target=bool(r["target"]), eager_us=r["eager_us"],
                   compiled_us=r["compiled_us"], floor_us=r["floor_us"], id=r["id"], key=r["key"],
-                  region=loads(r["region"]))
+                  region=loads(r["region"]), ranges=loads(r["ranges"]))
     return CardRow(card=card, status=r["status"], stop_reason=r["stop_reason"], spent=r["spent"],
                    best_node=r["best_node"], best_speedup=r["best_speedup"],
                    modules=loads(r["modules"], []), baseline=loads(r["baseline"]))

@@ -23,6 +23,7 @@ from kforge.core.protocols import NodeView, ProposalRequest
 from kforge.propose.library.cards import Declined, read_call
 from kforge.propose.library.families import BY_OP
 from kforge.propose.library.families.base import Family, Variant
+from kforge.propose.library.regions.families import analyze_region
 from kforge.propose.library.space import Params, point_key
 
 
@@ -61,13 +62,16 @@ class Plan:
 
 def make_plan(card: OpCard, gpu: GpuInfo = NO_GPU) -> Plan:
     """The family and variants for ``card``; raises Declined with the reason when there are none."""
-    family = BY_OP.get(card.op)
-    if family is None:
-        raise Declined(f"no kernel family for {card.op}")
-    try:
-        problem = family.analyze(read_call(card))
-    except (TypeError, ValueError, KeyError, IndexError) as exc:  # arguments of the wrong kind
-        raise Declined(f"the card's arguments are not what {card.op} takes ({exc})") from None
+    if card.region is not None:  # a fusion region: matched by its structure
+        family, problem = analyze_region(card)
+    else:
+        family = BY_OP.get(card.op)
+        if family is None:
+            raise Declined(f"no kernel family for {card.op}")
+        try:
+            problem = family.analyze(read_call(card))
+        except (TypeError, ValueError, KeyError, IndexError) as exc:  # arguments of the wrong kind
+            raise Declined(f"the card's arguments are not what {card.op} takes ({exc})") from None
     variants = tuple(family.variants(problem, gpu))
     if not any(v.available for v in variants):
         reasons = "; ".join(f"{v.approach}: {v.why_not}" for v in variants)
@@ -90,6 +94,8 @@ def build_candidate(plan: Plan, variant: Variant, params: Params, gpu: GpuInfo, 
     kernel = plan.family.render(plan.problem, variant.approach, params, gpu)
     meta = {"family": plan.family.name, "approach": variant.approach, "params": dict(params),
             "op": card.op, "notes": f"{variant.summary}; {note}"}
+    if kernel.nvrtc_options:
+        meta["nvrtc_options"] = list(kernel.nvrtc_options)
     return Candidate(source=plan.family.source(kernel), meta=meta, plan=kernel.plan)
 
 

@@ -1,0 +1,181 @@
+"""The generation benchmark on the CPU with Gemma 4's tiny twin: every run is a real greedy
+generate compared token by token with eager's; a range kernel serves the KV append at every step
+of a dynamic-cache generation; a model without a static cache falls back to the dynamic one with
+a note. GPU runs of the real models are in ``test_generate_gpu``."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from kforge.core.argspec import encode_call
+from kforge.core.opcard import OpCard
+from kforge.core.ranges import Ranges, Symbol, fit_laws, range_card, skeleton
+from kforge.errors import KforgeError
+from kforge.integrate.generate import (
+    DYNAMIC,
+    EAGER,
+    MODES,
+    STATIC,
+    agreement,
+    first_divergence,
+    generate_tokens,
+    parse_modes,
+    run_generation,
+)
+from kforge.runtime.guard import Patch
+from kforge.runtime.table import Entry, KernelTable
+
+CAT = "aten.cat.default"
+needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                                        reason="transformers is not installed")
+
+
+def test_modes_are_chosen_by_id_or_by_base_and_eager_always_runs():
+    assert [m.id for m in parse_modes("graphs")] == ["eager", "graphs", "graphs+kforge"]
+    assert [m.id for m in parse_modes("compile+kforge")] == ["eager", "compile+kforge"]
+    assert [m.id for m in parse_modes("all", kforge=False)] == ["eager", "graphs", "compile"]
+    assert len(parse_modes(None)) == len(MODES) == 6
+    with pytest.raises(KforgeError, match="unknown generation mode 'fast'"):
+        parse_modes("fast")
+
+
+def test_the_first_diverging_token_is_found_over_the_batch():
+    reference = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])
+    assert first_divergence(reference, reference.clone()) is None
+    other = reference.clone()
+    other[1, 2] = 0
+    other[0, 3] = 0
+    assert first_divergence(reference, other) == 2
+    assert first_divergence(reference, reference[:, :3]) == 0
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    if importlib.util.find_spec("transformers") is None:
+        pytest.skip("transformers is not installed")
+    from kforge.capture import ModelOptions, load_model
+
+    loaded = load_model("gemma4-tiny", ModelOptions(mode="prefill", seq_len=8, batch=1,
+                                                    dtype="fp32"))
+    return loaded.model, loaded.kwargs["input_ids"]
+
+
+class CatRecorder(TorchDispatchMode):
+    """The arg specs of every KV append (``aten.cat`` along the sequence)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[list, dict]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if str(func) == CAT:
+            self.calls.append(encode_call(func, args, kwargs))
+        return func(*args, **kwargs)
+
+
+class CountingRange:
+    """A range entry's runner for tests: the KV append computed by PyTorch at any point, in
+    float64 (another variant, which the guard lets through), with the points it served."""
+
+    def __init__(self) -> None:
+        self.points: list[int] = []
+
+    def at(self, point):
+        self.points.append(point["L"])
+        return self.append
+
+    @staticmethod
+    def append(args: tuple, kwargs: dict) -> torch.Tensor:
+        tensors, dim = args
+        return torch.cat([t.double() for t in tensors], dim).to(tensors[0].dtype)
+
+
+def kv_append_range(model, prompt) -> OpCard:
+    """The range card of the full-attention layers' KV append, fitted from the calls of a real
+    dynamic-cache generation (one call per step, the cache one longer each time)."""
+    recorder = CatRecorder()
+    with recorder:
+        generate_tokens(model, prompt, 4, cache=DYNAMIC)
+    growing = {}
+    for args, kwargs in recorder.calls:
+        first = args[0]["items"][0]
+        if len(first["shape"]) != 4 or args[1:] != [-2]:
+            continue  # not a KV append (generate's own token concatenation)
+        length = first["shape"][2]
+        growing.setdefault(skeleton(CAT, args, kwargs), {})[length] = (args, kwargs)
+    series = max(growing.values(), key=len)
+    assert len(series) >= 3
+    observed = sorted(series.items())
+    laws = fit_laws([(n, *spec) for n, spec in observed])
+    at, (args, kwargs) = observed[1]
+    return range_card(OpCard(CAT, args, kwargs), Ranges((Symbol("L", 1, 64, at),), laws))
+
+
+@needs_transformers
+def test_a_range_kernel_serves_every_step_of_a_dynamic_cache_generation(tiny):
+    model, prompt = tiny
+    card = kv_append_range(model, prompt)
+    runner = CountingRange()
+    kernels = Patch(KernelTable([Entry(CAT, card.args, card.kwargs, runner, torch.device("cpu"),
+                                       label="kv append", key=card.key, ranges=card.ranges)]))
+    result = run_generation(model, prompt, 4, modes=parse_modes("eager"), kernels=kernels,
+                            cache=DYNAMIC, reps=1)
+    eager, patched = result.run(EAGER), result.run("eager+kforge")
+    assert eager.tokens.shape == patched.tokens.shape == (1, 4)
+    assert patched.first_divergence is None and agreement(patched) == "same"
+    served = sorted(set(runner.points))
+    assert len(served) >= 3 and served == list(range(served[0], served[0] + len(served)))
+    assert patched.kernels.endswith(" calls") and int(patched.kernels.split()[0]) > 0
+    assert eager.tokens_per_s() > 0 and patched.setup_s is not None
+    assert [run.error for run in result.runs if run.mode.kind != EAGER] == []
+    table = result.table()
+    assert "eager + kforge" in table and "same" in table
+
+
+@needs_transformers
+def test_a_model_without_a_static_cache_falls_back_to_the_dynamic_one(tiny, monkeypatch):
+    model, prompt = tiny
+    generate = model.generate
+
+    def no_static(*args, **kwargs):
+        if kwargs.get("cache_implementation") == STATIC:
+            raise ValueError("this model has no static cache")
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(model, "generate", no_static)
+    result = run_generation(model, prompt, 2, modes=parse_modes("all", kforge=False), reps=1)
+    assert result.cache == DYNAMIC
+    assert "cannot generate with a static cache (ValueError" in result.notes[0]
+    assert result.run(EAGER).tokens is not None
+    for mode in ("graphs", "compile"):
+        assert result.run(mode).error == "not measured: it needs a static cache"
+    assert "note: " in result.table() and result.to_dict()["cache"] == DYNAMIC
+
+
+@needs_transformers
+def test_static_cache_generation_matches_the_dynamic_one(tiny):
+    model, prompt = tiny
+    assert torch.equal(generate_tokens(model, prompt, 3, cache=STATIC),
+                       generate_tokens(model, prompt, 3, cache=DYNAMIC))
+
+
+def test_bad_requests_are_refused_in_one_line():
+    with pytest.raises(KforgeError, match="has no generate"):
+        run_generation(torch.nn.Linear(2, 2), torch.zeros(1, 2, dtype=torch.long), 2,
+                       modes=parse_modes("eager"))
+
+    class Generates(torch.nn.Module):
+        def generate(self, *args, **kwargs):
+            raise AssertionError("not reached")
+
+    with pytest.raises(KforgeError, match="need kforge's kernels"):
+        run_generation(Generates(), torch.zeros(1, 2, dtype=torch.long), 2,
+                       modes=parse_modes("eager"))
+    with pytest.raises(KforgeError, match="unknown cache"):
+        run_generation(Generates(), torch.zeros(1, 2, dtype=torch.long), 2,
+                       modes=parse_modes("eager", kforge=False), cache="paged")
