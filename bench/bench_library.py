@@ -4,7 +4,7 @@ For each op card: eager and torch.compile times, then a short search over the li
 (every variant at its default point, then a few REFINE steps from the best so far, as the MCTS
 would take them), and a table: the best kernel's time, its speedup over eager and torch.compile,
 and the share of the memory floor it reaches (bytes moved at the measured copy bandwidth divided
-by its time).
+by its time). A second table gives the same per family, for ``docs/BENCHMARKS.md``.
 
 Shapes come from the models' published configurations:
 - ResNet-50 (torchvision), fp16, batch 32 at 224x224: stem 64@112x112, stages 256@56x56,
@@ -20,6 +20,10 @@ Shapes come from the models' published configurations:
 - Qwen3.5 (9B configuration), bf16, 2048 tokens: hidden 4096, 16 heads of 256, vocab 248320,
   SiLU MLP of 12288, sigmoid output gate; Gated DeltaNet's causal depthwise conv1d over
   8192 channels (kernel 4, padding 3) on a channels-fastest view.
+- Beyond them: ResNet-50's inference batch norms (fp16, batch 32, every stage), SD3.5's joint
+  attention ``cat`` and q/k RMSNorm ``mean`` over a transposed view, a UNet's layer_norm on a
+  [B, C, H*W] activation read as [B, H*W, C] (SD 1.5 at 768x768: 320 channels at 96x96 / 4),
+  decode-step embeddings (one token), rotary ``cos`` and ``cat``, and whole-tensor reductions.
 
 Run on a GPU machine from the repository root (a few minutes on an H200):
     python3 bench/bench_library.py [--refine 3] [--only softmax] [--no-compile]
@@ -28,6 +32,7 @@ Run on a GPU machine from the repository root (a few minutes on an H200):
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -75,6 +80,9 @@ def rms_norm_chain(tokens: int, hidden: int) -> list[OpCard]:
 
 def model_cards() -> list[tuple[str, OpCard]]:
     resnet = [
+        *(card("aten.native_batch_norm.default", t([32, c, hw, hw], F16), t([c], F16), t([c], F16),
+               t([c], F16), t([c], F16), False, 0.1, 1e-5)
+          for c, hw in ((64, 112), (256, 56), (512, 28), (1024, 14), (2048, 7))),
         card("aten.relu_.default", t([32, 64, 112, 112], F16)),
         card("aten.max_pool2d_with_indices.default", t([32, 64, 112, 112], F16), [3, 3], [2, 2], [1, 1]),
         card("aten.add_.Tensor", t([32, 256, 56, 56], F16), t([32, 256, 56, 56], F16)),
@@ -94,6 +102,19 @@ def model_cards() -> list[tuple[str, OpCard]]:
         card("aten.native_group_norm.default", t([1, 128, 1024, 1024], BF16), t([128], BF16),
              t([128], BF16), 1, 128, 1024 * 1024, 32, 1e-6),
         card("aten.silu.default", t([1, 128, 1024, 1024], BF16)),
+        card("aten.native_group_norm.default", t([1, 256, 512, 512], BF16), t([256], BF16),
+             t([256], BF16), 1, 256, 512 * 512, 32, 1e-6),
+        card("aten.native_group_norm.default", t([1, 512, 256, 256], BF16), t([512], BF16),
+             t([512], BF16), 1, 512, 256 * 256, 32, 1e-6),
+        card("aten.cat.default", [t([2, 24, image, 64], BF16, stride=[24 * image * 64, 64, 1536, 1]),
+                                  t([2, 24, 333, 64], BF16, stride=[24 * 333 * 64, 64, 1536, 1])], 2),
+        card("aten.mean.dim", t([2, 24, image, 64], F32, stride=[24 * image * 64, 64, 1536, 1]), [-1], True),
+    ]
+    unet = [
+        card("aten.native_layer_norm.default", t([2, 2304, 320], F16, stride=[737280, 1, 2304]), [320],
+             t([320], F16), t([320], F16), 1e-5),
+        card("aten.native_layer_norm.default", t([2, 576, 640], F16, stride=[368640, 1, 576]), [640],
+             t([640], F16), t([640], F16), 1e-5),
     ]
     tokens = 2048
     gemma = [
@@ -104,6 +125,13 @@ def model_cards() -> list[tuple[str, OpCard]]:
         card("aten._softmax.default", t([1, 8, tokens, tokens], F32), -1, False),
         card("aten.gelu.default", t([1, tokens, 6144], BF16), approximate="tanh"),
         card("aten.mul.Tensor", t([1, tokens, 6144], BF16), t([1, tokens, 6144], BF16)),
+        card("aten.cos.default", t([1, tokens, 256], F32)),
+        card("aten.cat.default", [t([1, 8, tokens, 128], BF16, stride=[8 * tokens * 256, 256, 2048, 1]),
+                                  t([1, 8, tokens, 128], BF16)], -1),
+        card("aten.embedding.default", t([262144, 1536], BF16), t([1, 1], "int64"), 0),
+        card("aten.embedding.default", t([262144, 35 * 256], BF16), t([1, 1], "int64"), 0),
+        card("aten.amax.default", t([1, 262144], F32), [-1], True),
+        card("aten.sum.default", t([tokens, 1536], F32)),
     ]
     qwen = [
         card("aten.embedding.default", t([248320, 4096], BF16), t([1, tokens], "int64")),
@@ -115,6 +143,7 @@ def model_cards() -> list[tuple[str, OpCard]]:
         card("aten._softmax.default", t([1, 16, tokens, tokens], F32), -1, False),
     ]
     return ([("ResNet-50", c) for c in resnet] + [("SD3.5-M", c) for c in sd35]
+            + [("UNet", c) for c in unet]
             + [("Gemma4-E2B", c) for c in gemma] + [("Qwen3.5", c) for c in qwen])
 
 
@@ -192,7 +221,7 @@ def main() -> int:
         best = min(ok, key=lambda d: d.outcome.timing.median_us) if ok else None
         failed = [f"{d.candidate.meta['approach']}: {d.outcome.status.value}" for d in tried if not d.outcome.ok]
         best_us = best.outcome.timing.median_us if best else None
-        rows.append((model, c.short_op, c.signature[:60], base.eager.median_us,
+        rows.append((model, supports(c).family, c.short_op, c.signature[:60], base.eager.median_us,
                      base.compiled.median_us if base.compiled else None, best_us,
                      best.candidate.meta["approach"] if best else "-",
                      base.eager.median_us / best_us if best_us else None,
@@ -208,11 +237,31 @@ def main() -> int:
     print("| " + " | ".join(header) + " |")
     print("|" + "|".join("---" for _ in header) + "|")
     for r in rows:
-        print(f"| {r[0]} | {r[1]} | {r[2]} | {fmt(r[3])} | {fmt(r[4])} | {fmt(r[5])} | {r[6]} | "
-              f"{fmt(r[7], '.2f', 'x')} | {fmt(r[8], '.2f', 'x')} | {fmt(r[9], '.0f', '%')} | {r[10]} |")
-    wins = sum(1 for r in rows if r[7] and r[7] > 1.0)
-    print(f"\n{wins} of {len(rows)} cards beat eager; {time.perf_counter() - started:.0f} s in all.")
+        print(f"| {r[0]} | {r[2]} | {r[3]} | {fmt(r[4])} | {fmt(r[5])} | {fmt(r[6])} | {r[7]} | "
+              f"{fmt(r[8], '.2f', 'x')} | {fmt(r[9], '.2f', 'x')} | {fmt(r[10], '.0f', '%')} | {r[11]} |")
+    print_by_family(rows)
+    wins = sum(1 for r in rows if r[8] and r[8] > 1.0)
+    floor = sum(1 for r in rows if r[10] and r[10] >= 85)
+    print(f"\n{wins} of {len(rows)} cards beat eager, {floor} reach 85% of the copy floor; "
+          f"{time.perf_counter() - started:.0f} s in all.")
     return 0
+
+
+def print_by_family(rows: list[tuple]) -> None:
+    """The per-family table: each family's cards, eager, torch.compile, the best kernel and the
+    share of the copy floor it reaches, then the family's geometric mean over eager."""
+    header = ("family", "model", "args", "eager us", "compile us", "best us", "variant", "% floor")
+    print("\n| " + " | ".join(header) + " |")
+    print("|" + "|".join("---" for _ in header) + "|")
+    for family in sorted({r[1] for r in rows}):
+        mine = [r for r in rows if r[1] == family]
+        for r in mine:
+            print(f"| {family} | {r[0]} | `{r[3]}` | {fmt(r[4])} | {fmt(r[5])} | {fmt(r[6])} | {r[7]} | "
+                  f"{fmt(r[10], '.0f', '%')} |")
+        speedups = [r[8] for r in mine if r[8]]
+        if speedups:
+            mean = math.exp(sum(math.log(x) for x in speedups) / len(speedups))
+            print(f"| {family} | geometric mean | | | | | {mean:.2f}x eager | |")
 
 
 if __name__ == "__main__":

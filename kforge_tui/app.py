@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +21,15 @@ from kforge.store import Store
 from kforge.store.config import config_path, db_path, load_config, save_config_value
 from kforge_tui.commands import KforgeCommands
 from kforge_tui.config.keymap import binding_ids, user_keymap
-from kforge_tui.config.themes import DEFAULT_THEME, ThemeSpec, load_themes, syntax_for
+from kforge_tui.config.themes import (
+    DEFAULT_THEME,
+    ThemeSpec,
+    colour_depth,
+    load_themes,
+    starting_theme,
+    syntax_for,
+)
+from kforge_tui.demo import build_demo
 from kforge_tui.launch import (
     NEEDS_GPU,
     GpuCheck,
@@ -28,6 +37,7 @@ from kforge_tui.launch import (
     probe_gpu,
     resume_argv,
     run_kforge,
+    search_evaluator,
 )
 from kforge_tui.messages import ErrorRaised, Notice
 from kforge_tui.screens.dialogs import Ask, Choose, Confirm, Dialog, DiffView
@@ -53,9 +63,11 @@ class KforgeApp(App):
     def __init__(self, db: Path, *, config: Settings | None = None, theme: str | None = None,
                  gpu: GpuCheck | None = None, clock: Callable[[], float] = time.time,
                  poll_s: float = 0.5, theme_folders: list[Path] | None = None,
-                 remember_theme: bool = True, session: int | None = None) -> None:
+                 remember_theme: bool = True, session: int | None = None,
+                 demo: bool = False) -> None:
         super().__init__()
         self.db_path = db
+        self.demo = demo  # browsing the recorded demo session: nothing is written
         self.clock = clock
         self.poll_s = poll_s
         self.gpu = gpu
@@ -71,6 +83,11 @@ class KforgeApp(App):
         self._problems += problems
         self.set_keymap(keymap)
 
+    @property
+    def config(self) -> Settings:
+        """The user's config file, as read at start."""
+        return self._config
+
     def _read_config(self) -> Settings:
         try:
             return load_config()
@@ -81,9 +98,10 @@ class KforgeApp(App):
     def _load_themes(self, folders: list[Path] | None, wanted: str | None) -> None:
         self.specs, problems = load_themes(folders)
         self._problems += problems
+        depth = colour_depth(self.console)
         for spec in self.specs.values():
-            self.register_theme(spec.theme)
-        name = wanted or self._config.tui.theme
+            self.register_theme(spec.at(depth))
+        name = starting_theme(wanted, self._config.tui.theme, depth)
         if name not in self.available_themes:
             self._problems.append(f"no theme named {name!r}; using {DEFAULT_THEME}")
             name = DEFAULT_THEME if DEFAULT_THEME in self.available_themes else "textual-dark"
@@ -119,7 +137,8 @@ class KforgeApp(App):
         """The session database, opened on first use (read-only in a place this process may not
         write); None while it does not exist yet."""
         if self.store is None and self.db_path.exists():
-            self.store = await Store.open_to_browse(self.db_path)
+            opener = Store.open_read_only if self.demo else Store.open_to_browse
+            self.store = await opener(self.db_path)
         return self.store
 
     @work(group="gpu")
@@ -136,6 +155,13 @@ class KforgeApp(App):
     def report(self, text: str) -> None:
         self.notify(text, title="kforge", severity="error", timeout=8)
 
+    def refused_in_demo(self, doing: str) -> bool:
+        """In the demo, say that ``doing`` needs a session of one's own, and return True."""
+        if self.demo:
+            self.notify(f"the demo is a read-only recording: {doing} works on your own sessions "
+                        "(kforge-tui without --demo)", title="demo", severity="warning")
+        return self.demo
+
     def on_error_raised(self, message: ErrorRaised) -> None:
         self.report(message.text)
 
@@ -148,24 +174,30 @@ class KforgeApp(App):
         self.push_screen(SessionScreen(session_id))
 
     def new_session(self) -> None:
+        if self.refused_in_demo("starting a search"):
+            return
+
         def opened(session_id: int | None) -> None:
             if session_id is not None:
                 self.open_session(session_id)
 
         self.push_screen(NewSessionScreen(), opened)
 
-    def confirm(self, question: str, then: Callable[[], object]) -> None:
-        self.push_screen(Confirm(question), lambda yes: yes and then())
+    def confirm(self, question: str, then: Callable[[], object],
+                default_yes: bool = False) -> None:
+        """Ask ``question``; on yes, run ``then``. Enter answers no unless ``default_yes``."""
+        self.push_screen(Confirm(question, default_yes), lambda yes: yes and then())
 
     @work(group="resume")
     async def resume_session(self, session_id: int, open_after: bool = False) -> None:
         """Start a detached engine for the session (``kforge resume --detach``)."""
         store = await self.open_store()
-        if store is None:
+        if store is None or self.refused_in_demo("resuming a search"):
             return
         try:
             session = await store.get_session(session_id)
-            if needs_gpu(session.settings) and self.gpu is not None and not self.gpu.present:
+            evaluator = search_evaluator(self.config, session.settings)
+            if needs_gpu(evaluator) and self.gpu is not None and not self.gpu.present:
                 raise KforgeError(NEEDS_GPU.format(detail=self.gpu.detail))
             self.notify(f"starting the search of session {session_id}…", timeout=3)
             await run_kforge(resume_argv(session_id, self.db_path), lambda _line: None)
@@ -197,11 +229,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-mouse", action="store_true",
                         help="leave the mouse to the terminal (select and copy text over SSH)")
     parser.add_argument("--session", type=int, metavar="ID", help="open this session directly")
+    parser.add_argument("--demo", action="store_true",
+                        help="browse a recorded search (read-only; needs no GPU or database)")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    app = KforgeApp(db_path(args.db), theme=args.theme, session=args.session)
+    if args.demo:
+        with tempfile.TemporaryDirectory(prefix="kforge-demo-") as folder:
+            db, session = build_demo(Path(folder))
+            return run(KforgeApp(db, theme=args.theme, session=session, demo=True), args)
+    return run(KforgeApp(db_path(args.db), theme=args.theme, session=args.session), args)
+
+
+def run(app: KforgeApp, args: argparse.Namespace) -> int:
     app.run(mouse=not args.no_mouse)
     return app.return_code or 0

@@ -1,14 +1,16 @@
 """Attach to a session and follow it: read a snapshot, then tail the store's event log and fetch
-only what the events name. Runs in a worker and reports through messages."""
+only what the events name. Runs in a worker and reports through messages. Polls only while its
+screen is in sight (``poll_wait``)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from textual.message import Message
+from textual.screen import Screen
 
 from kforge.errors import KforgeError
 from kforge.store import Store
@@ -99,16 +101,34 @@ async def log_tail(store: Store, session_id: int, upto: int) -> list[str]:
             if isinstance(e.record, LogLine)]
 
 
+def in_sight(screen: Screen) -> bool:
+    """Whether any of ``screen`` shows: it is on the app's stack with nothing opaque above it
+    (a dialog lets the screen under it show through; a full screen does not)."""
+    stack = screen.app.screen_stack
+    if screen not in stack:
+        return False
+    return all(above.styles.background.a < 1 for above in stack[stack.index(screen) + 1:])
+
+
+async def poll_wait(screen: Screen, poll_s: float) -> None:
+    """Wait one poll interval, and on for as long as ``screen`` is out of sight under another:
+    a hidden screen reads nothing and repaints nothing, and catches up once it shows again."""
+    await asyncio.sleep(poll_s)
+    while not in_sight(screen):
+        await asyncio.sleep(poll_s)
+
+
 async def follow_session(store: Store, session_id: int, post: Callable[[Message], object],
-                         poll_s: float) -> None:
-    """Post a snapshot, then the changes after it, until cancelled or the session is gone."""
+                         wait: Callable[[], Awaitable[object]]) -> None:
+    """Post a snapshot, then the changes after it, until cancelled or the session is gone;
+    ``wait`` paces the polls (``poll_wait``)."""
     seq = await store.last_seq()  # read first: anything later is replayed, never missed
     state = await read_state(store, session_id)
     post(SessionSnapshot(state, await store.list_nodes(session_id),
                          await log_tail(store, session_id, seq)))
     alive_at = time.monotonic()
     while True:
-        await asyncio.sleep(poll_s)
+        await wait()
         try:
             events = await store.events_since(seq, session_id)
             changes = Changes()

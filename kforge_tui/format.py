@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from kforge.core.argspec import tensor_specs
 from kforge.core.candidate import Candidate, EvalOutcome, Timing
 from kforge.core.fmt import fmt_age, fmt_speedup, fmt_us
 from kforge.core.settings import SessionSettings
+from kforge.integrate.winners import Decision, projected_speedup
 from kforge.store import NodeStatus
 from kforge.store.records import CardRow, NodeDetail, NodeRow, Session, SessionSummary
 
@@ -21,6 +23,10 @@ ICON_PROPOSING = "…"
 ICON_EVALUATING = "◷"
 ICON_PRUNED = "✂"
 ICON_BEST = "★"
+# Eight heights for a sparkline, and a bar's last cell filled by eighths (index = eighths).
+SPARK_BLOCKS = "▁▂▃▄▅▆▇█"
+BAR_EIGHTHS = " ▏▎▍▌▋▊▉"
+BAR_FULL = "█"
 
 
 @dataclass(frozen=True)
@@ -88,21 +94,38 @@ def focus_of(session: Session) -> int | None:
     return SessionSettings.from_stored(session.settings).search.focus
 
 
-def progress_line(session: Session, cards: list[CardRow], alive: bool, gpu: str) -> str:
-    """The session screen's header: status, iterations, money, time, GPU."""
-    search = SessionSettings.from_stored(session.settings).search
-    targets = sum(1 for c in cards if c.card.target)
-    total = search.iterations_per_op * targets
-    done = sum(c.spent for c in cards)
-    usd = f"${session.usd_spent:.2f}"
-    if search.usd is not None:
-        usd += f"/${search.usd:.2f}"
-    minutes = f"{session.run_seconds / 60:.0f}m"
-    if search.wall_s:
-        minutes += f"/{search.wall_s / 60:.0f}m"
-    engine = "engine live" if alive else "no engine"
-    return (f"#{session.id} {session.model} · {session.status} ({engine}) · {done}/{total} it · "
-            f"{usd} · {minutes} · {gpu}")
+def sparkline(values: Sequence[float], width: int) -> str:
+    """A series drawn in at most ``width`` cells, oldest left: the series is cut into that many
+    consecutive runs, each drawn at its largest value, from the series' smallest value (▁) to its
+    largest (█). A flat series is a flat low line; an empty one, or no width, is ``""``."""
+    if not values or width <= 0:
+        return ""
+    cells = min(width, len(values))
+    runs = [max(values[i * len(values) // cells:(i + 1) * len(values) // cells])
+            for i in range(cells)]
+    low, high = min(values), max(values)
+    if high <= low:
+        return SPARK_BLOCKS[0] * cells
+    top = len(SPARK_BLOCKS) - 1
+    return "".join(SPARK_BLOCKS[round((value - low) / (high - low) * top)] for value in runs)
+
+
+def share_bar(share: float, width: int) -> str:
+    """A fraction (clamped to 0..1) as a bar of exactly ``width`` cells, to an eighth of a
+    cell: ``share_bar(0.4375, 8) == "███▌    "``."""
+    eighths = round(min(max(share, 0.0), 1.0) * width * 8)
+    full, part = divmod(eighths, 8)
+    return (BAR_FULL * full + (BAR_EIGHTHS[part] if part else "")).ljust(width)
+
+
+def model_projection(cards: Iterable[CardRow]) -> float | None:
+    """The whole model's speedup if every op ran its best kernel so far: Amdahl's law over the
+    profiled time shares, ops without a kernel faster than eager staying on eager. None until
+    some op has one. ``kforge apply`` projects at most this: it also keeps kernels whose win
+    lies inside the timing noise on eager."""
+    winners = [Decision(row.card, True, "faster than eager", speedup=row.best_speedup)
+               for row in cards if row.card.target and (row.best_speedup or 0.0) > 1.0]
+    return projected_speedup(winners) if winners else None
 
 
 # ----- node reports -----

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kforge.core.settings import SessionSettings, parse_duration
+from kforge.core.settings import Origin, SearchSettings, Settings, parse_duration
 from kforge.errors import KforgeError
 
 DTYPES = ("float16", "bfloat16", "float32")
@@ -38,8 +38,9 @@ class GpuCheck:
         return self.name or "no GPU"
 
 
-NEEDS_GPU = ("profiling a model and searching kernels need an NVIDIA GPU; this machine has none "
-             "({detail}). You can still browse, prune and delete sessions here.")
+NEEDS_GPU = ("the gpu evaluator needs an NVIDIA GPU and this machine has none ({detail}); "
+             "browse, prune and delete here, or set [search] evaluator to a plug-in "
+             "(module:factory)")
 
 
 async def probe_gpu(timeout_s: float = 5.0) -> GpuCheck:
@@ -67,9 +68,18 @@ def parse_nvidia_smi(returncode: int, output: str) -> GpuCheck:
     return GpuCheck(gpus[0] + more, f"{len(gpus)} GPU(s)")
 
 
-def needs_gpu(settings: dict) -> bool:
-    """Whether a session's search runs on a GPU (the built-in evaluator) or on a plug-in."""
-    return SessionSettings.from_stored(settings).search.evaluator == "gpu"
+def needs_gpu(evaluator: str) -> bool:
+    """Whether a search judged by ``evaluator`` needs an NVIDIA GPU: the built-in one does; a
+    plug-in (``module:factory``) runs where its author lets it. Profiling does not: without a
+    GPU a model is profiled on the CPU."""
+    return ":" not in evaluator
+
+
+def search_evaluator(config: Settings, stored: dict | None = None) -> str:
+    """The evaluator a search will run with: the session's stored choice over the config
+    file's, as ``kforge search`` and ``kforge resume`` settle it (a new session: the config's)."""
+    search = (stored or {}).get("search") or {}
+    return config.search.updated(search, Origin("in the stored settings", strict=False)).evaluator
 
 
 def builtin_models() -> list[tuple[str, str]]:
@@ -105,26 +115,32 @@ def search_argv(form: NewSession, db: Path) -> list[str]:
     argv = [*kforge_command(), "search", model, "--db", str(db), "--detach", "--json"]
     if form.dtype:
         if form.dtype not in DTYPES:
-            raise KforgeError(f"dtype must be one of {', '.join(DTYPES)}")
+            raise KforgeError(f"dtype must be one of {', '.join(DTYPES)}, not {form.dtype!r}")
         argv += ["--dtype", form.dtype]
     if form.proposer.strip():
         argv += ["--proposer", form.proposer.strip()]
-    if form.iterations.strip():
-        if not form.iterations.strip().isdigit() or int(form.iterations) < 1:
-            raise KforgeError("iterations per op must be a whole number, at least 1")
-        argv += ["--iterations", form.iterations.strip()]
-    if form.usd.strip():
-        try:
-            usd = float(form.usd)
-        except ValueError:
-            raise KforgeError(f"cannot read {form.usd!r} as US dollars") from None
-        if usd < 0:
-            raise KforgeError("the USD budget cannot be negative")
-        argv += ["--usd", form.usd.strip()]
-    if form.time.strip():
-        parse_duration(form.time)
-        argv += ["--time", form.time.strip()]
+    budget = {"iterations_per_op": number(form.iterations, int, "iterations per op"),
+              "usd": number(form.usd, float, "the USD budget"),
+              "wall_s": parse_duration(form.time) if form.time.strip() else None}
+    # The range rules are the settings' own, as `kforge search` applies them.
+    SearchSettings.from_dict({k: v for k, v in budget.items() if v is not None},
+                             Origin("in the new-session form"))
+    for option, text in (("--iterations", form.iterations), ("--usd", form.usd),
+                         ("--time", form.time)):
+        if text.strip():
+            argv += [option, text.strip()]
     return argv
+
+
+def number(text: str, kind: type[int | float], what: str) -> int | float | None:
+    """A form field read as a whole number or a number (None when empty)."""
+    if not text.strip():
+        return None
+    try:
+        return kind(text.strip())
+    except ValueError:
+        noun = "a whole number" if kind is int else "a number"
+        raise KforgeError(f"{what} must be {noun}, not {text.strip()!r}") from None
 
 
 def resume_argv(session_id: int, db: Path) -> list[str]:

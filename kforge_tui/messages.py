@@ -34,6 +34,14 @@ class SearchNotRunning(Message):
         self.text = text
 
 
+class DatabaseUnreadable(Message):
+    """The session database cannot be opened or read (corrupt, locked, not a kforge database)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+
 class SessionsLoaded(Message):
     def __init__(self, summaries: list[SessionSummary], alive: dict[int, bool]) -> None:
         super().__init__()

@@ -60,8 +60,10 @@ class SearchModel:
     def __init__(self) -> None:
         self.nodes: dict[int, NodeInfo] = {}
         self._tops: dict[int, list[int]] = {}  # card id -> ids of the root's children
-        self._counts: dict[int, int] = {}  # card id -> nodes
+        self._by_card: dict[int, set[int]] = {}  # card id -> its node ids
         self._visible: dict[tuple[int, NodeFilter], set[int]] = {}
+        self._trends: dict[int, list[float]] = {}  # card id -> best_trend, once asked
+        self._touched: set[int] = set()  # nodes whose tree line reads differently now
 
     def load(self, rows: Iterable[NodeRow]) -> None:
         for row in sorted(rows, key=lambda r: r.id):
@@ -70,20 +72,25 @@ class SearchModel:
     def upsert(self, row: NodeRow) -> bool:
         """Add or update a node; True when it is new (the tree's shape changed)."""
         self._visible.clear()
+        self._trends.pop(row.card_id, None)
         info = self.nodes.get(row.id)
         if info is None:
             info = self.nodes[row.id] = NodeInfo(row)
             self._siblings(row).append(row.id)
-            self._counts[row.card_id] = self._counts.get(row.card_id, 0) + 1
+            self._by_card.setdefault(row.card_id, set()).add(row.id)
             if info.finished:
                 self._credit(info)
+            self._touched.update(self.ancestors(row.id))
             return True
-        was_finished = info.finished
+        was_finished, was_pruned = info.finished, info.row.pruned
         info.row = row
         if info.finished and not was_finished:
             self._credit(info)
         elif info.finished and row.ok:
             self._raise_best(info.id, row.speedup)
+        self._touched.update(self.ancestors(row.id))
+        if row.pruned != was_pruned:  # the whole subtree is drawn in or out of the search
+            self._touched.update(self.subtree(row.id))
         return False
 
     def remove(self, node_id: int) -> NodeInfo | None:
@@ -92,11 +99,14 @@ class SearchModel:
         if info is None:
             return None
         self._visible.clear()
+        self._trends.pop(info.row.card_id, None)
         for child in list(info.children):
             self.remove(child)
         self._siblings(info.row).remove(node_id)
         del self.nodes[node_id]
-        self._counts[info.row.card_id] -= 1
+        self._by_card[info.row.card_id].discard(node_id)
+        self._touched.discard(node_id)
+        self._touched.update(self.ancestors(info.row.parent_id))
         for ancestor in self.ancestors(info.row.parent_id):
             node = self.nodes[ancestor]
             node.visits -= info.visits
@@ -136,8 +146,44 @@ class SearchModel:
         """Whether the node or an ancestor is pruned (the search skips the whole subtree)."""
         return any(self.nodes[i].row.pruned for i in self.ancestors(node_id))
 
+    def subtree(self, node_id: int) -> list[int]:
+        """The node and every node below it."""
+        found, pending = [], [node_id]
+        while pending:
+            current = pending.pop()
+            found.append(current)
+            pending.extend(self.nodes[current].children)
+        return found
+
     def count(self, card_id: int) -> int:
-        return self._counts.get(card_id, 0)
+        return len(self._by_card.get(card_id, ()))
+
+    def best_trend(self, card_id: int) -> list[float]:
+        """The card's best speedup after each of its finished nodes, in the order the search
+        made them, from its first working kernel on (the search's progress, for a sparkline)."""
+        if card_id not in self._trends:
+            trend: list[float] = []
+            for node_id in sorted(self._by_card.get(card_id, ())):
+                row = self.nodes[node_id].row
+                if NodeStatus.in_flight(row.status):
+                    continue
+                if row.ok and row.speedup is not None and (not trend or row.speedup > trend[-1]):
+                    trend.append(row.speedup)
+                elif trend:
+                    trend.append(trend[-1])
+            self._trends[card_id] = trend
+        return self._trends[card_id]
+
+    def best_trends(self) -> dict[int, list[float]]:
+        """``best_trend`` of every card that has nodes."""
+        return {card_id: self.best_trend(card_id) for card_id in self._by_card}
+
+    def take_touched(self) -> set[int]:
+        """The nodes whose tree line reads differently since the last call (a node that
+        changed, the ancestors whose figures it changed, a pruned subtree), forgotten once
+        taken."""
+        touched, self._touched = self._touched, set()
+        return touched
 
     # ----- statistics -----
 

@@ -145,6 +145,8 @@ class Baseline:
     compile_s: float | None = None
     floor_us: float | None = None
     note: str = ""
+    # The CUDA kernels one eager call launches, longest first: {"name", "us" (per call), "calls"}
+    eager_kernels: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -154,7 +156,7 @@ class Baseline:
         compiled = data.get("compiled")
         return cls(eager=Timing(**data["eager"]), compiled=Timing(**compiled) if compiled else None,
                    compile_s=data.get("compile_s"), floor_us=data.get("floor_us"),
-                   note=data.get("note", ""))
+                   note=data.get("note", ""), eager_kernels=list(data.get("eager_kernels") or []))
 
 
 @dataclass(frozen=True)

@@ -45,8 +45,8 @@ _TOP_FIELDS = {"let": False, "requires": False, "outputs": True, "scratch": Fals
 _OUTPUT_FIELDS = {"name": True, "like": False, "shape": False, "stride": False, "dtype": False,
                   "arg": False}
 _SCRATCH_FIELDS = {"name": True, "bytes": True, "zero": False}
-_LAUNCH_FIELDS = {"kernel": True, "grid": True, "block": True, "shared_mem": False,
-                  "params": False, "align": False, "unaligned_kernel": False}
+_LAUNCH_FIELDS = {"kernel": True, "grid": True, "block": True, "cluster": False,
+                  "shared_mem": False, "params": False, "align": False, "unaligned_kernel": False}
 
 
 class PlanError(KforgeError):
@@ -118,6 +118,7 @@ class DeviceLimits:
     max_grid: tuple[int, int, int] = (2**31 - 1, 65535, 65535)
     max_shared_mem: int = 227 * 1024
     max_launches: int = 64
+    max_cluster_size: int = 8  # blocks per thread-block cluster (the portable limit)
     max_scratch_bytes: int = 8 << 30
     max_output_bytes: int = 64 << 30
 
@@ -582,6 +583,7 @@ class LaunchSpec:
     params: tuple[PointerParam | ScalarParam, ...]
     align: Expr | None = None
     unaligned_kernel: str | None = None
+    cluster: tuple[Expr, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -648,6 +650,8 @@ def _launch_to_dict(launch: LaunchSpec) -> dict:
             params.append({param.ctype: _canonical(param.value)})
     data: dict[str, Any] = {"kernel": launch.kernel, "grid": [_canonical(e) for e in launch.grid],
                             "block": [_canonical(e) for e in launch.block]}
+    if launch.cluster is not None:
+        data["cluster"] = [_canonical(e) for e in launch.cluster]
     if launch.shared_mem.canonical != "0":
         data["shared_mem"] = _canonical(launch.shared_mem)
     if params:
@@ -795,9 +799,10 @@ def _parse_launch(data: Any, path: str) -> LaunchSpec:
     entry = _fields(data, path, _LAUNCH_FIELDS)
     kernel = _kernel_name(entry["kernel"], _join(path, "kernel"))
     dims = {}
-    for key in ("grid", "block"):
-        raw = _list(entry[key], _join(path, key), least=1, most=3)
-        dims[key] = tuple(_expr(e, f"{path}.{key}[{i}]") for i, e in enumerate(raw))
+    for key in ("grid", "block", "cluster"):
+        if key in entry:
+            raw = _list(entry[key], _join(path, key), least=1, most=3)
+            dims[key] = tuple(_expr(e, f"{path}.{key}[{i}]") for i, e in enumerate(raw))
     shared_mem = _expr(entry.get("shared_mem", 0), _join(path, "shared_mem"))
     params_path = _join(path, "params")
     params = tuple(_parse_param(p, f"{params_path}[{i}]")
@@ -810,7 +815,8 @@ def _parse_launch(data: Any, path: str) -> LaunchSpec:
     if "align" in entry:
         align = _expr(entry["align"], _join(path, "align"))
         unaligned = _kernel_name(entry["unaligned_kernel"], _join(path, "unaligned_kernel"))
-    return LaunchSpec(kernel, dims["grid"], dims["block"], shared_mem, params, align, unaligned)
+    return LaunchSpec(kernel, dims["grid"], dims["block"], shared_mem, params, align, unaligned,
+                      dims.get("cluster"))
 
 
 def _kernel_name(value: Any, path: str) -> str:
@@ -908,6 +914,7 @@ class ResolvedLaunch:
     params: tuple[Pointer | Scalar, ...]
     align: int | None = None
     unaligned_kernel: str | None = None
+    cluster: tuple[int, int, int] = (1, 1, 1)  # blocks per thread-block cluster, per dimension
 
 
 @dataclass(frozen=True)
@@ -933,7 +940,8 @@ class ResolvedPlan:
             "launches": [{"kernel": x.kernel, "grid": list(x.grid), "block": list(x.block),
                           "shared_mem": x.shared_mem,
                           "params": [_param_to_dict(p) for p in x.params],
-                          "align": x.align, "unaligned_kernel": x.unaligned_kernel}
+                          "align": x.align, "unaligned_kernel": x.unaligned_kernel,
+                          "cluster": list(x.cluster)}
                          for x in self.launches],
             "returns": self.returns,
         }
@@ -950,7 +958,8 @@ class ResolvedPlan:
                 launches=tuple(ResolvedLaunch(x["kernel"], tuple(x["grid"]), tuple(x["block"]),
                                               x["shared_mem"],
                                               tuple(map(_param_from_dict, x["params"])),
-                                              x.get("align"), x.get("unaligned_kernel"))
+                                              x.get("align"), x.get("unaligned_kernel"),
+                                              tuple(x.get("cluster", (1, 1, 1))))
                                for x in data["launches"]),
                 returns=data["returns"],
             )
@@ -1212,4 +1221,25 @@ def _resolve_launch(spec: LaunchSpec, path: str, scope: _Scope, pointers: _Point
         if align & (align - 1):
             raise PlanError(_join(path, "align"), f"{align} is not a power of two")
     return ResolvedLaunch(spec.kernel, grid, block, shared_mem, tuple(params), align,
-                          spec.unaligned_kernel)
+                          spec.unaligned_kernel, _cluster(spec, path, scope, grid, limits))
+
+
+def _cluster(spec: LaunchSpec, path: str, scope: _Scope, grid: tuple[int, ...],
+             limits: DeviceLimits) -> tuple[int, int, int]:
+    """A launch's blocks per cluster: each dimension divides the grid's, and the cluster holds at
+    most ``limits.max_cluster_size`` blocks."""
+    if spec.cluster is None:
+        return (1, 1, 1)
+    values = [_int_value(e, scope, f"{path}.cluster[{i}]", "a cluster dimension", least=1,
+                         most=limits.max_cluster_size, limit_name="cluster size")
+              for i, e in enumerate(spec.cluster)]
+    cluster = tuple(values + [1] * (3 - len(values)))
+    for i, (blocks, size) in enumerate(zip(grid, cluster)):
+        if blocks % size:
+            raise PlanError(f"{path}.cluster[{i}]", f"a grid of {blocks} blocks does not split "
+                                                    f"into clusters of {size}")
+    if math.prod(cluster) > limits.max_cluster_size:
+        raise PlanError(_join(path, "cluster"), f"{' * '.join(map(str, cluster))} = "
+                        f"{math.prod(cluster)} blocks per cluster, above the limit of "
+                        f"{limits.max_cluster_size}")
+    return cluster

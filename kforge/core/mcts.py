@@ -8,12 +8,19 @@ The tree:
 - a node that evaluated correctly (OK) is expanded by *refine* (a rewrite of its kernel);
 - a node that failed is expanded by at most one *repair*, fed its compiler or mismatch log; a chain of
   failures longer than ``max_repairs`` repairs is closed;
-- rewards are log speedups over eager (see ``reward``), so UCT is scale-free;
+- rewards are log speedups over eager (see ``reward``), and UCT values them on the card's own
+  scale (``reward.RewardScale``: 0 for eager or the slowest kernel, 1 for the fastest), so the
+  exploration constant means the same for a 2 us op and a 2 ms op;
+- a node's value is the best value in its subtree, blended with the subtree's mean by
+  ``backup_mean`` (0: the best alone). Kernel search wants the maximum: a branch holding one 2x
+  kernel whose refinements failed is worth more than a branch of 1.05x kernels, which a mean
+  would rank the other way;
 - progressive widening lets a node have ``floor(k * visits ** alpha)`` children before UCT must
   choose among existing ones;
 - nodes in flight (proposed or being evaluated) add virtual loss along their path, so several
   expansions can be under way without all piling onto one branch;
-- pruned subtrees are never selected and never count as best.
+- pruned subtrees are never selected, never count as best and add nothing to their ancestors'
+  best values.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from kforge.core.reward import FAILURE_REWARD
+from kforge.core.reward import FAILURE_REWARD, MIN_SPAN, RewardScale
 
 ROOT = 0
 
@@ -44,13 +51,15 @@ class NodeState(StrEnum):
 
 @dataclass(frozen=True)
 class MctsParams:
-    explore: float = 0.7  # UCT exploration constant, in log-speedup units
-    widen_k: float = 1.0
-    widen_alpha: float = 0.5
+    explore: float = 0.35  # UCT exploration constant, on the card's normalised value scale
+    widen_k: float = 1.5  # a node may have floor(widen_k * visits ** widen_alpha) children
+    widen_alpha: float = 0.65
     max_repairs: int = 2
-    failure_reward: float = FAILURE_REWARD
+    failure_reward: float = FAILURE_REWARD  # a failure's value on the normalised scale
     virtual_loss: float = 1.0  # phantom visits per in-flight node below a node
     min_gain: float = 0.01  # an improvement smaller than this (log units) is not progress
+    backup_mean: float = 0.0  # weight of the subtree's mean value in a node's value (0: its best)
+    min_span: float = MIN_SPAN  # the narrowest reward spread (log units) the scale stretches
 
 
 @dataclass(frozen=True)
@@ -71,8 +80,11 @@ class _Node:
     reward: float | None = None
     repairable: bool = False
     children: list[int] = field(default_factory=list)
-    visits: int = 0
-    value_sum: float = 0.0
+    visits: int = 0  # finished evaluations in the subtree (pruned parts included)
+    ok_count: int = 0  # ...of which correct, with these rewards summed
+    ok_sum: float = 0.0
+    best: float | None = None  # the highest reward in the subtree outside pruned parts
+    failed_below: bool = False  # a failure in the subtree outside pruned parts
     inflight: int = 0
     pruned: bool = False
     fail_chain: int = 0  # consecutive failed nodes ending here (0 for an OK node)
@@ -103,6 +115,7 @@ class Tree:
         self.completed = 0
         self._best_reward = -math.inf
         self._best_at = 0  # value of `completed` when the best last improved by min_gain
+        self.scale = RewardScale(min_span=self.params.min_span)
 
     # ----- building -----
 
@@ -144,17 +157,24 @@ class Tree:
         node = self._node(node_id)
         if node.state is not NodeState.IN_FLIGHT:
             raise ValueError(f"node {node_id} is not in flight")
-        value = self.params.failure_reward if reward is None else reward
         node.state = NodeState.OK if reward is not None else NodeState.FAILED
         node.reward = reward
         node.repairable = repairable and reward is None
         parent = self._nodes[node.parent]
         node.fail_chain = 0 if reward is not None else (
             parent.fail_chain + 1 if parent.state is NodeState.FAILED else 1)
+        counted = True  # no pruned node lies between the finished node and this ancestor
         for n in self._path(node_id):
             n.inflight -= 1
             n.visits += 1
-            n.value_sum += value
+            if reward is not None:
+                n.ok_count += 1
+                n.ok_sum += reward
+            if counted:
+                _note_below(n, reward)
+            counted = counted and not n.pruned
+        if reward is not None:
+            self.scale = self.scale.including(reward)
         self.completed += 1
         if reward is not None and not self.is_pruned(node_id):
             self._note_reward(reward)
@@ -179,6 +199,20 @@ class Tree:
         self._node(node_id).pruned = False
         self._recompute_best()
 
+    def _recompute_below(self, node: _Node) -> None:
+        """Rebuild ``best`` and ``failed_below`` of ``node``'s subtree from its finished nodes
+        (after a prune or unprune changed which of them count)."""
+        node.best, node.failed_below = None, False
+        if node.state is not NodeState.IN_FLIGHT and node.id != ROOT:
+            _note_below(node, node.reward)
+        for child_id in node.children:
+            child = self._nodes[child_id]
+            self._recompute_below(child)
+            if not child.pruned:
+                if child.best is not None:
+                    _note_below(node, child.best)
+                node.failed_below = node.failed_below or child.failed_below
+
     # ----- queries -----
 
     def __contains__(self, node_id: int) -> bool:
@@ -197,8 +231,30 @@ class Tree:
         return self._node(node_id).visits
 
     def mean_value(self, node_id: int) -> float | None:
+        """The mean normalised value of the subtree's finished evaluations (failures at
+        ``failure_reward``); None before any finished."""
         n = self._node(node_id)
-        return n.value_sum / n.visits if n.visits else None
+        if not n.visits:
+            return None
+        scale, fails = self.scale, n.visits - n.ok_count
+        ok = (n.ok_sum - n.ok_count * scale.low) / scale.span if scale.span > 0 else 0.0
+        return (ok + fails * self.params.failure_reward) / n.visits
+
+    def value(self, node_id: int) -> float | None:
+        """What UCT credits the node with: the best normalised value in its subtree (a failure
+        counting ``failure_reward``), blended with the mean by ``backup_mean``; None before any
+        evaluation below it finished."""
+        n = self._node(node_id)
+        if not n.visits:
+            return None
+        candidates = ([self.scale.value(n.best)] if n.best is not None else []) + (
+            [self.params.failure_reward] if n.failed_below else [])
+        # Everything finished below lies in pruned parts: those count as failures.
+        best = max(candidates, default=self.params.failure_reward)
+        mean = self.mean_value(node_id)
+        assert mean is not None
+        w = self.params.backup_mean
+        return (1.0 - w) * best + w * mean
 
     def inflight(self, node_id: int = ROOT) -> int:
         return self._node(node_id).inflight
@@ -277,7 +333,9 @@ class Tree:
             if n <= 0:
                 scores.append(math.inf)
                 continue
-            q = (k.value_sum + p.virtual_loss * k.inflight * p.failure_reward) / n
+            value = self.value(k.id)
+            q = ((value if value is not None else 0.0) * k.visits
+                 + p.virtual_loss * k.inflight * p.failure_reward) / n
             scores.append(q + p.explore * math.sqrt(log_n / n))
         top = max(scores)
         return self._rng.choice([k for k, s in zip(kids, scores) if s == top])
@@ -306,3 +364,12 @@ class Tree:
     def _recompute_best(self) -> None:
         best = self.best()
         self._best_reward = -math.inf if best is None else self._nodes[best].reward
+        self._recompute_below(self._nodes[ROOT])
+
+
+def _note_below(node: _Node, reward: float | None) -> None:
+    """Take a finished evaluation in ``node``'s subtree into its best value."""
+    if reward is None:
+        node.failed_below = True
+    elif node.best is None or reward > node.best:
+        node.best = reward

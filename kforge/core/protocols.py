@@ -50,7 +50,8 @@ class ProposalRequest:
     ``parent`` is the node being refined or repaired (None for a new approach); ``lineage`` runs
     from the oldest ancestor kept down to the parent; ``tried`` holds the meta of every candidate
     already in this card's tree, so a proposer does not repeat itself; ``failed`` summarises
-    approaches that failed for this card.
+    approaches that failed for this card; ``baseline`` is eager's measurement of the card (its
+    times and the kernels it launches), once measured.
     """
 
     card: OpCard
@@ -62,6 +63,7 @@ class ProposalRequest:
     failed: list[str] = field(default_factory=list)
     best: NodeView | None = None
     seed: int = 0
+    baseline: Baseline | None = None
 
 
 @runtime_checkable

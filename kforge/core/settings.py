@@ -293,6 +293,7 @@ class EvalSettings(_Section):
     host_reps: int = 30  # calls timed on the host for the launch path's own cost
     recycle_after: int = 20  # evaluations a worker serves before a fresh one replaces it
     sanitize: bool = True  # a new best runs under compute-sanitizer before it counts
+    counters: bool = True  # a correct candidate's kernels are measured with hardware counters
 
     def __post_init__(self) -> None:
         if self.devices is not None and any(d < 0 for d in self.devices):

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from kforge.core.candidate import Candidate, EvalOutcome, EvalStatus, Proposal
+from kforge.core.candidate import Baseline, Candidate, EvalOutcome, EvalStatus, Proposal
 from kforge.core.mcts import ROOT, Action, Decision, Tree
 from kforge.core.protocols import Evaluator, NodeView, ProposalRequest, Proposer
 from kforge.core.schedule import (
@@ -387,6 +387,7 @@ class Engine:
         chain = tree.lineage(parent)[-LINEAGE_DEPTH:] if parent is not None else []
         views = {v.id: v for v in await self._views(chain)}
         best = tree.best()
+        baseline = self.rows[search.card_id].baseline
         best_view = views.get(best) if best in views else (
             (await self._views([best]))[0] if best is not None else None)
         return ProposalRequest(
@@ -394,7 +395,8 @@ class Engine:
             parent=views.get(parent) if parent is not None else None,
             lineage=[views[i] for i in chain], tried=list(search.metas.values()),
             failed=search.failed[-FAILED_KEPT:], best=best_view,
-            seed=derived_seed(self.settings.seed, node_id))
+            seed=derived_seed(self.settings.seed, node_id),
+            baseline=Baseline.from_dict(baseline) if baseline else None)
 
     async def _views(self, node_ids: list[int]) -> list[NodeView]:
         views = []

@@ -1,6 +1,7 @@
 """An op card's baseline: eager PyTorch and torch.compile timed interleaved on the card's inputs,
-and the memory floor of one call. Measured once per card; candidates are timed against eager
-again in their own runs."""
+the memory floor of one call, and the kernels eager launches (names and times, from
+torch.profiler). Measured once per card; candidates are timed against eager again in their own
+runs."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from kforge.eval.inputs import InputFactory
 from kforge.eval.ops import flatten_tensors, memory_floor_us, traffic_bytes
 from kforge.eval.timing import time_interleaved
 from kforge.runtime.regions import region_function, register_cards
+
+PROFILED_CALLS = 5  # eager calls profiled for the kernels they launch
 
 
 def call_op(op: Callable[..., Any]) -> Callable[..., Any]:
@@ -72,7 +75,35 @@ def measure_baseline(card: OpCard, *, runtime: Runtime, gpu: GpuInfo,
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 notes.append(f"torch.compile failed: {first[:300]}")
         timings = time_interleaved(subjects, runtime, settings.timing).timings
+        kernels: list[dict] = []
+        if runtime.device.type == "cuda":
+            try:
+                kernels = eager_kernels(lambda: subjects["eager"](0), runtime)
+            except Exception as exc:  # the profiler is informative only: eager's time stands
+                notes.append(f"eager's kernels could not be profiled: {exc}")
     return Baseline(eager=timings["eager"], compiled=timings.get("compiled"),
                     compile_s=round(compile_s, 3) if compile_s is not None else None,
                     floor_us=memory_floor_us(read, write, gpu.bandwidth_gbs),
-                    note="; ".join(notes))
+                    note="; ".join(notes), eager_kernels=kernels)
+
+
+def eager_kernels(call: Callable[[], Any], runtime: Runtime,
+                  calls: int = PROFILED_CALLS) -> list[dict]:
+    """The GPU work one ``call`` launches, seen by torch.profiler: each kernel (or copy) with its
+    time per call and launches per call, longest first."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    call()
+    runtime.sync()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            call()
+        runtime.sync()
+    found: dict[str, list[float]] = {}
+    for evt in prof.events():
+        if evt.device_type == DeviceType.CUDA:
+            found.setdefault(evt.name, []).append(evt.time_range.elapsed_us())
+    ranked = sorted(found.items(), key=lambda item: -sum(item[1]))
+    return [{"name": name, "us": round(sum(times) / calls, 3), "calls": len(times) / calls}
+            for name, times in ranked]

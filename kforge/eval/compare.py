@@ -14,7 +14,7 @@ Integers and booleans must be equal. The bounds are listed in ``docs/evaluation.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -87,6 +87,9 @@ class ValueReport:
     rel_norm: float = 0.0
     bad: int = 0
     numel: int = 0
+    # Where a failed comparison found fault (elements beyond tolerance, unequal, or with NaN or
+    # inf misplaced), for a report of those elements; not part of the stored report.
+    at_fault: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
     def to_dict(self) -> dict:
         return {"ok": self.ok, "reason": self.reason, "max_abs": _finite(self.max_abs),
@@ -119,7 +122,8 @@ def compare_values(out: torch.Tensor, ref: torch.Tensor,
         bad = int(unequal.sum().item())
         if bad:
             return ValueReport(False, f"{bad} of {numel} elements differ, first at "
-                                      f"{_where(unequal, ref.shape)}", bad=bad, numel=numel)
+                                      f"{_where(unequal, ref.shape)}", bad=bad, numel=numel,
+                               at_fault=unequal)
         return ValueReport(True, numel=numel)
     if ref.dtype.is_complex:
         out, ref = torch.view_as_real(out), torch.view_as_real(ref)
@@ -130,7 +134,7 @@ def compare_values(out: torch.Tensor, ref: torch.Tensor,
             count = int(mismatch.sum().item())
             return ValueReport(False, f"{name} positions differ from eager's at {count} elements, "
                                       f"first at {_where(mismatch, r.shape)}",
-                               bad=count, numel=numel)
+                               bad=count, numel=numel, at_fault=mismatch)
     finite = torch.isfinite(r)
     o = torch.where(finite, o, 0.0)
     r = torch.where(finite, r, 0.0)
@@ -146,7 +150,7 @@ def compare_values(out: torch.Tensor, ref: torch.Tensor,
     if bad:
         return ValueReport(False, f"{bad} of {numel} elements beyond tolerance (max abs error "
                                   f"{max_abs:.3g}), first at {_where(over, r.shape)}",
-                           max_abs, rel_norm, bad, numel)
+                           max_abs, rel_norm, bad, numel, at_fault=over)
     if ref_norm > 0 and rel_norm > tol.norm:  # an all-zero reference has only the atol bound
         return ValueReport(False, f"relative error norm {rel_norm:.3g} is above {tol.norm:g} for "
                                   f"{ref.dtype} (lower precision than eager?)",

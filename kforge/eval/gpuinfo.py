@@ -1,4 +1,5 @@
-"""Find out what GPU we run on: name, architecture, SMs, memory, L2 and the measured copy rate.
+"""Find out what GPU we run on: name, architecture, SMs, memory, L2, the limits a kernel plans
+around (shared memory, registers, threads, clocks, unified memory), and the measured copy rate.
 
 The copy rate (a large device-to-device copy, read + write bytes over time) is the memory floor
 every timing is held against; it is measured once per process and device.
@@ -6,6 +7,7 @@ every timing is held against; it is measured once per process and device.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cache
 
 from kforge.core.gpu import GpuInfo
@@ -57,6 +59,65 @@ def measure_copy_bandwidth(index: int = 0, nbytes: int = COPY_BYTES, reps: int =
     return 2 * nbytes / seconds / 1e9
 
 
+# GpuInfo field <- (driver attribute without its CU_DEVICE_ATTRIBUTE_ prefix, unit divisor)
+_ATTRIBUTES: dict[str, tuple[str, int]] = {
+    "smem_per_block_kb": ("MAX_SHARED_MEMORY_PER_BLOCK", 1024),
+    "smem_per_block_optin_kb": ("MAX_SHARED_MEMORY_PER_BLOCK_OPTIN", 1024),
+    "smem_per_sm_kb": ("MAX_SHARED_MEMORY_PER_MULTIPROCESSOR", 1024),
+    "regs_per_sm": ("MAX_REGISTERS_PER_MULTIPROCESSOR", 1),
+    "regs_per_block": ("MAX_REGISTERS_PER_BLOCK", 1),
+    "max_threads_per_sm": ("MAX_THREADS_PER_MULTIPROCESSOR", 1),
+    "max_blocks_per_sm": ("MAX_BLOCKS_PER_MULTIPROCESSOR", 1),
+    "sm_clock_mhz": ("CLOCK_RATE", 1000),  # reported in kHz
+    "mem_clock_mhz": ("MEMORY_CLOCK_RATE", 1000),
+    "bus_width_bits": ("GLOBAL_MEMORY_BUS_WIDTH", 1),
+    "integrated": ("INTEGRATED", 1),
+    "pageable_memory_access": ("PAGEABLE_MEMORY_ACCESS", 1),
+    "cluster_launch": ("CLUSTER_LAUNCH", 1),
+    "tensor_maps": ("TENSOR_MAP_ACCESS_SUPPORTED", 1),
+}
+_FLAGS = {"integrated", "pageable_memory_access", "cluster_launch", "tensor_maps"}
+
+
+def device_limits(attribute: Callable[[str], int | None]) -> dict:
+    """GpuInfo's limit fields from ``attribute`` (a driver attribute's value by name, None where
+    this driver lacks it); a missing one keeps its default."""
+    limits: dict = {}
+    for field, (name, divisor) in _ATTRIBUTES.items():
+        value = attribute(name)
+        if value is None:
+            continue
+        if field in _FLAGS:
+            limits[field] = bool(value)
+        elif divisor == 1024:
+            limits[field] = value / divisor
+        else:
+            limits[field] = value // divisor
+    return limits
+
+
+def driver_attribute(index: int) -> Callable[[str], int | None]:
+    """Reads device attributes of GPU ``index`` through the CUDA driver; None for an attribute
+    this driver or binding does not have."""
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        return lambda name: None
+    (err,) = driver.cuInit(0)
+    err_dev, device = driver.cuDeviceGet(index)
+    if err != driver.CUresult.CUDA_SUCCESS or err_dev != driver.CUresult.CUDA_SUCCESS:
+        return lambda name: None
+
+    def attribute(name: str) -> int | None:
+        key = getattr(driver.CUdevice_attribute, f"CU_DEVICE_ATTRIBUTE_{name}", None)
+        if key is None:
+            return None
+        err, value = driver.cuDeviceGetAttribute(key, device)
+        return int(value) if err == driver.CUresult.CUDA_SUCCESS else None
+
+    return attribute
+
+
 def driver_version() -> str:
     try:
         from cuda.bindings import driver
@@ -89,4 +150,5 @@ def detect_gpu(index: int = 0) -> GpuInfo:
         driver=driver_version(),
         torch=torch.__version__,
         index=index,
+        **device_limits(driver_attribute(index)),
     )

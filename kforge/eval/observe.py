@@ -2,11 +2,14 @@
 
 A call's results are its returned tensors, then the arguments the op writes in place, each with
 its layout and the input buffer it aliases. Two observations are compared layout first, then
-values (``kforge.eval.compare``); the first difference ends the evaluation with a ``Verdict``.
+values (``kforge.eval.compare``); the first difference ends the evaluation with a ``Verdict``,
+whose details carry the evidence a repair needs: the worst elements at fault with eager's and the
+candidate's values, where the faults lie, error norms, and NaN and inf counts.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +23,8 @@ from kforge.eval.compare import (
     compare_values,
     layout_problem,
 )
+
+WORST_SHOWN = 8  # elements at fault listed in a mismatch's details
 from kforge.eval.inputs import InputSet
 from kforge.eval.ops import flatten_tensors, mutated_values
 
@@ -106,9 +111,61 @@ def compare_observed(out: Observed, ref: Observed, label: str) -> list[ValueRepo
             raise Verdict(EvalStatus.MISMATCH, f"{what} {problem}")
         report = compare_values(o, r)
         if not report.ok:
-            raise Verdict(EvalStatus.MISMATCH, f"{what}: {report.reason}", report=report.to_dict())
+            raise Verdict(EvalStatus.MISMATCH, f"{what}: {report.reason}", report=report.to_dict(),
+                          mismatch={"where": label, "result": i, **mismatch_details(o, r, report)})
         reports.append(report)
     return reports
+
+
+def mismatch_details(out: torch.Tensor, ref: torch.Tensor, report: ValueReport) -> dict:
+    """The evidence of a failed value comparison, JSON-able: the worst elements at fault (index,
+    eager's value, the candidate's), the span of indices the faults cover per dimension, the
+    error norms, and NaN and inf counts where either side has any."""
+    if ref.dtype.is_complex:
+        out, ref = torch.view_as_real(out), torch.view_as_real(ref)
+    o, r = out.double(), ref.double()
+    details: dict = {"shape": list(ref.shape), "dtype": str(ref.dtype).removeprefix("torch."),
+                     "faults": report.bad}
+    if report.max_abs or report.rel_norm:  # measured where the comparison got to the values
+        details.update(max_abs=_plain(report.max_abs), rel_norm=_plain(report.rel_norm))
+    nonfinite = {name: [int(test(r).sum().item()), int(test(o).sum().item())]
+                 for name, test in (("nan", torch.isnan), ("+inf", torch.isposinf),
+                                    ("-inf", torch.isneginf))}
+    if any(any(counts) for counts in nonfinite.values()):
+        details["nonfinite"] = {name: {"eager": c[0], "candidate": c[1]}
+                                for name, c in nonfinite.items() if any(c)}
+    fault = report.at_fault
+    if fault is not None and fault.shape == ref.shape and bool(fault.any()):
+        if ref.dim():
+            details["fault_span"] = [_span(fault, d) for d in range(ref.dim())]
+    elif ref.numel():  # too imprecise as a whole: the largest errors anywhere
+        fault = torch.ones_like(r, dtype=torch.bool)
+    else:
+        return details
+    # Misplaced NaN or inf first, then the largest finite errors.
+    error = torch.nan_to_num((o - r).abs(), nan=math.inf, posinf=math.inf)
+    error = torch.where(fault, error, -1.0).reshape(-1)
+    top = torch.topk(error, min(WORST_SHOWN, int(fault.sum().item()))).indices
+    worst = []
+    for flat in top.tolist():
+        index = [int(i) for i in torch.unravel_index(torch.tensor(flat), ref.shape)]
+        worst.append({"index": index, "eager": _plain(float(r.reshape(-1)[flat].item())),
+                      "candidate": _plain(float(o.reshape(-1)[flat].item()))})
+    details["worst"] = worst
+    return details
+
+
+def _span(mask: torch.Tensor, dim: int) -> list[int]:
+    """The first and last index along ``dim`` holding a True of ``mask``."""
+    others = [d for d in range(mask.dim()) if d != dim]
+    hit = mask.to(torch.uint8).amax(dim=others) if others else mask.to(torch.uint8)
+    where = torch.nonzero(hit).reshape(-1)
+    return [int(where[0].item()), int(where[-1].item())]
+
+
+def _plain(value: float) -> float | str:
+    """A float for JSON: NaN and inf as text."""
+    return value if math.isfinite(value) else str(value)
 
 
 def same_bytes(x: torch.Tensor, y: torch.Tensor) -> bool:

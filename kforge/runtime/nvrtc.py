@@ -52,6 +52,9 @@ _FLAG_OPTIONS = {"--use_fast_math": "use_fast_math",
                  "--extra-device-vectorization": "extra_device_vectorization",
                  "-lineinfo": "lineinfo"}
 _MAX_REGISTERS = re.compile(r"^-maxrregcount=(\d{1,3})$")
+# Compile for the architecture-specific target (sm_90 -> sm_90a): features only that exact GPU
+# generation has (wgmma, setmaxnreg). The cubin runs on that architecture alone, as any does.
+ARCH_SPECIFIC = "--arch-specific"
 
 _PTXAS_FUNC = re.compile(r"Function properties for (\w+)")
 _PTXAS_SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -98,7 +101,8 @@ def parse_ptxas_report(log: str) -> dict[str, KernelResources]:
 
 
 def check_options(options: list[str]) -> list[str]:
-    bad = [o for o in options if o not in _FLAG_OPTIONS and not _MAX_REGISTERS.match(o)]
+    bad = [o for o in options
+           if o not in _FLAG_OPTIONS and o != ARCH_SPECIFIC and not _MAX_REGISTERS.match(o)]
     if bad:
         raise ValueError(f"NVRTC options not allowed: {', '.join(bad)}")
     return list(options)
@@ -107,14 +111,16 @@ def check_options(options: list[str]) -> list[str]:
 def nvrtc_options(arch: str, options: Iterable[str], include_dirs: list[str],
                   ptxas_verbose: bool = False) -> Any:
     """cuda.core ProgramOptions for a kernel: C++17 for ``arch``, with the allow-listed options
-    (``--use_fast_math``, ``--extra-device-vectorization``, ``-lineinfo``, ``-maxrregcount=N``);
-    ``ptxas_verbose`` adds ptxas' register and spill report to the log."""
+    (``--use_fast_math``, ``--extra-device-vectorization``, ``-lineinfo``, ``-maxrregcount=N``,
+    ``--arch-specific``); ``ptxas_verbose`` adds ptxas' register and spill report to the log."""
     from cuda.core import ProgramOptions
 
     values: dict[str, Any] = {"ptxas_options": ["-v"]} if ptxas_verbose else {}
     for option in check_options(list(options)):
         if option in _FLAG_OPTIONS:
             values[_FLAG_OPTIONS[option]] = True
+        elif option == ARCH_SPECIFIC:
+            arch = arch if arch.endswith(("a", "f")) else arch + "a"
         else:
             values["max_register_count"] = int(_MAX_REGISTERS.match(option).group(1))
     return ProgramOptions(arch=arch, std="c++17", include_path=include_dirs, **values)

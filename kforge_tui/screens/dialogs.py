@@ -1,4 +1,5 @@
-"""Small modal dialogs: yes/no, pick one of a list, type a line, and read a diff."""
+"""Small modal dialogs: yes/no, pick one of a list, type a line, and read a diff. Each fits an
+80x24 terminal: at most 76 cells wide, its text wrapped."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ from typing import ClassVar
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Vertical, VerticalScroll
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Input, Label, OptionList, Static
+from textual.widgets import Button, Input, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
 from kforge_tui.diffing import line_kind
@@ -24,9 +25,10 @@ class Dialog(ModalScreen):
     DEFAULT_CSS = """
     Dialog { align: center middle; }
     Dialog > Vertical {
-        width: auto; max-width: 90%; min-width: 40; height: auto; max-height: 90%;
+        width: 76; max-width: 100%; height: auto; max-height: 100%;
         border: round $primary; background: $surface; padding: 0 1;
     }
+    Dialog Label { width: 1fr; }
     Dialog .title { text-style: bold; margin-bottom: 1; }
     Dialog .hint { color: $text-muted; margin-top: 1; }
     """
@@ -37,7 +39,7 @@ class Dialog(ModalScreen):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Label(self.title_text, classes="title")
+            yield Label(self.title_text, classes="title", markup=False)
             yield from self.body()
 
     def body(self) -> ComposeResult:
@@ -48,19 +50,38 @@ class Dialog(ModalScreen):
 
 
 class Confirm(Dialog):
-    """A yes/no question; y or enter says yes."""
+    """A yes/no question: y says yes, n or escape no, and enter presses the focused button, No
+    unless the question says that yes is the safe answer (``default_yes``)."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("y,enter", "yes", "yes", id="yes"),
+        Binding("y", "yes", "yes", id="yes"),
         Binding("n", "cancel", "no", id="no"),
+        Binding("left,h", "app.focus_previous", show=False),
+        Binding("right,l", "app.focus_next", show=False),
     ]
+    DEFAULT_CSS = """
+    Confirm #answers { height: 1; margin-top: 1; align-horizontal: right; }
+    Confirm #answers > Button { margin-left: 2; }
+    """
+
+    def __init__(self, question: str, default_yes: bool = False) -> None:
+        super().__init__(question)
+        self.default_yes = default_yes
 
     @property
     def question(self) -> str:
         return self.title_text
 
     def body(self) -> ComposeResult:
-        yield Label("y / enter: yes    n / escape: no", classes="hint")
+        with Horizontal(id="answers"):
+            yield Button("Yes (y)", id="yes", compact=True)
+            yield Button("No (n)", id="no", compact=True)
+
+    def on_mount(self) -> None:
+        self.query_one("#yes" if self.default_yes else "#no", Button).focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "yes")
 
     def action_yes(self) -> None:
         self.dismiss(True)

@@ -33,8 +33,10 @@ class Help(Dialog):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("q,question_mark", "cancel", "close", id="close"),
     ]
+    # The table takes what the box leaves, so the hint below it shows on an 80x24 terminal too.
     DEFAULT_CSS = """
-    Help DataTable { height: auto; max-height: 20; }
+    Help > Vertical { height: 100%; max-height: 40; }
+    Help DataTable { height: 1fr; }
     """
 
     def __init__(self, rows: list[tuple[str, str, str]]) -> None:
@@ -43,10 +45,9 @@ class Help(Dialog):
 
     def body(self) -> ComposeResult:
         yield DataTable(cursor_type="row", zebra_stripes=True)
-        yield Label(f"Remap any key by its id in {config_path()}, e.g.\n"
-                    "  [keys]\n  prune = \"x\"\n"
-                    "ctrl+p or : opens the command palette. escape closes this.",
-                    classes="hint")
+        yield Label(f"Remap a key by its id in [keys] of {config_path()}, e.g. prune = \"z\". "
+                    "ctrl+p or : opens the command palette; escape closes this.",
+                    classes="hint", markup=False)
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)

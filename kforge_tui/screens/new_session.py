@@ -20,8 +20,10 @@ from kforge_tui.launch import (
     PROPOSERS,
     NewSession,
     builtin_models,
+    needs_gpu,
     run_kforge,
     search_argv,
+    search_evaluator,
 )
 
 
@@ -53,7 +55,7 @@ class NewSessionScreen(ModalScreen[int | None]):
         with Vertical():
             yield Label("New session: profile a model, then search in the background",
                         classes="title")
-            yield Label(id="warning")
+            yield Label(id="warning", markup=False)
             with Horizontal(classes="row"):
                 yield Label("model")
                 yield Input(placeholder="resnet50, gemma4-tiny, or path/to/file.py:factory",
@@ -66,7 +68,8 @@ class NewSessionScreen(ModalScreen[int | None]):
                              compact=True)
             with Horizontal(classes="row"):
                 yield Label("proposer")
-                yield Select([(p, p) for p in PROPOSERS], prompt="config default (library)",
+                yield Select([(p, p) for p in PROPOSERS],
+                             prompt=f"config default ({self.app.config.search.proposer})",
                              id="proposer", compact=True)
             with Horizontal(classes="row"):
                 yield Label("iterations")
@@ -83,12 +86,10 @@ class NewSessionScreen(ModalScreen[int | None]):
                 yield Button("Cancel", id="cancel", compact=True)
 
     def on_mount(self) -> None:
-        gpu = self.app.gpu
         warning = self.query_one("#warning", Label)
-        if gpu is not None and not gpu.present:
-            warning.update(NEEDS_GPU.format(detail=gpu.detail))
-        else:
-            warning.display = False
+        refusal = self.gpu_refusal()
+        warning.update(refusal or "")
+        warning.display = refusal is not None
         self.query_one("#progress", Log).display = False
         self.query_one("#model", Input).focus()
 
@@ -97,19 +98,26 @@ class NewSessionScreen(ModalScreen[int | None]):
             return self.query_one(f"#{widget_id}", Input).value
 
         def choice(widget_id: str) -> str:
-            value = self.query_one(f"#{widget_id}", Select).value
-            return "" if value is Select.BLANK else str(value)
+            select = self.query_one(f"#{widget_id}", Select)
+            return "" if select.is_blank() else str(select.value)
 
         return NewSession(model=text("model"), dtype=choice("dtype"),
                           proposer=choice("proposer"), iterations=text("iterations"),
                           usd=text("usd"), time=text("time"))
 
+    def gpu_refusal(self) -> str | None:
+        """Why a search cannot start here: the configured evaluator needs the GPU this machine
+        lacks (a plug-in evaluator runs anywhere, and a model is profiled on the CPU)."""
+        gpu = self.app.gpu
+        if gpu is None or gpu.present or not needs_gpu(search_evaluator(self.app.config)):
+            return None
+        return NEEDS_GPU.format(detail=gpu.detail)
+
     @on(Input.Submitted)
     @on(Button.Pressed, "#start")
     def start(self) -> None:
-        gpu = self.app.gpu
-        if gpu is not None and not gpu.present:
-            self.app.report(NEEDS_GPU.format(detail=gpu.detail))
+        if refusal := self.gpu_refusal():
+            self.app.report(refusal)
             return
         try:
             argv = search_argv(self.form(), self.app.db_path)
@@ -126,6 +134,7 @@ class NewSessionScreen(ModalScreen[int | None]):
     @work(exclusive=True, group="new-session")
     async def run_search(self, argv: list[str]) -> None:
         log = self.query_one("#progress", Log)
+        self.query_one("#models").display = False  # room for the progress on 80x24
         log.display = True
         log.clear()
         log.write_line("$ kforge " + " ".join(argv[3:]))

@@ -12,16 +12,19 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.events import Resize
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Tree
+from textual.widgets import DataTable, Tree
 
 from kforge.core.candidate import Candidate
 from kforge.errors import KforgeError
-from kforge.store import CommandKind, SessionStatus
-from kforge.store.commands import NoRunningSearch, issue
+from kforge.store import CommandKind, SessionStatus, Store
+from kforge.store.commands import HELD_STATUSES, NoRunningSearch, issue
+from kforge.store.events import LogLine
 from kforge.store.records import CardRow, NodeDetail
+from kforge_tui.commands import PaletteCommand
 from kforge_tui.diffing import candidate_diff
-from kforge_tui.follow import follow_session
-from kforge_tui.format import focus_of, progress_line
+from kforge_tui.follow import follow_session, log_line, poll_wait
+from kforge_tui.format import focus_of
+from kforge_tui.header import session_header
 from kforge_tui.messages import (
     ErrorRaised,
     NodeLoaded,
@@ -33,6 +36,7 @@ from kforge_tui.messages import (
 )
 from kforge_tui.screens.dialogs import Ask, Choose, DiffView
 from kforge_tui.search_model import NodeFilter, SearchModel
+from kforge_tui.widgets.footer import KeysFooter
 from kforge_tui.widgets.node_view import NodeCode, NodeLogs
 from kforge_tui.widgets.panes import PANE_TITLES, PANES, Pane, PaneGrid
 from kforge_tui.widgets.search_tree import SearchTree
@@ -43,9 +47,17 @@ REPAINT_S = 0.25  # how often changed tree figures are redrawn
 NO_NODE_YET = "select a node in the search tree (2)"
 
 
+async def read_node(store: Store, node_id: int) -> tuple[NodeDetail, Candidate | None]:
+    """A node's detail and its parent's candidate (to diff against)."""
+    detail = await store.get_node(node_id)
+    parent = (await store.get_node(detail.row.parent_id)).candidate \
+        if detail.row.parent_id else None
+    return detail, parent
+
+
 class SessionScreen(Screen):
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("escape", "back", "sessions", id="back"),
+        Binding("escape", "back", "back", id="back"),
         # 1-4 choose the panes in their numbered order.
         *(Binding(str(number), f"pane('{name}')", PANE_TITLES[name].split(" ", 1)[1],
                   show=False, id=f"pane_{name}") for number, name in enumerate(PANES, 1)),
@@ -56,7 +68,7 @@ class SessionScreen(Screen):
                 id="prev_tab"),
         Binding("x", "prune", "prune", id="prune"),
         Binding("u", "unprune", "unprune", show=False, id="unprune"),
-        Binding("p", "pause", "pause/resume", id="pause"),
+        Binding("p", "pause", "pause", id="pause"),
         Binding("r", "resume", "resume", show=False, id="resume"),
         Binding("S", "stop", "stop", show=False, id="stop"),
         Binding("b", "best", "best", id="best"),
@@ -72,14 +84,16 @@ class SessionScreen(Screen):
         self.state: SessionState | None = None
         self.detail: NodeDetail | None = None
         self.parent_candidate: Candidate | None = None
+        self.engine_dead = False  # the engine was seen dead (and the user told so)
 
     def compose(self) -> ComposeResult:
         yield StatusBar(f"session {self.session_id}: loading…", id="topbar")
-        yield PaneGrid(Pane("ops", OpTable(id="ops")),
+        # The op column stays put when the table scrolls sideways to its status and shapes.
+        yield PaneGrid(Pane("ops", OpTable(id="ops", fixed_columns=1)),
                        Pane("code", NodeCode(id="code-tabs")),
                        Pane("tree", SearchTree(self.model, id="tree")),
                        Pane("logs", NodeLogs(id="log-tabs")), id="panes")
-        yield Footer(compact=True)
+        yield KeysFooter()
 
     def on_mount(self) -> None:
         self.query_one(NodeCode).show_hint(NO_NODE_YET)
@@ -106,6 +120,7 @@ class SessionScreen(Screen):
 
     def on_resize(self, event: Resize) -> None:
         self.grid.fit(event.size.width, event.size.height)
+        self.show_bar()
 
     def action_pane(self, name: str) -> None:
         self.grid.choose(name)
@@ -124,7 +139,8 @@ class SessionScreen(Screen):
         if store is None:
             return
         try:
-            await follow_session(store, self.session_id, self.post_message, self.app.poll_s)
+            await follow_session(store, self.session_id, self.post_message,
+                                 lambda: poll_wait(self, self.app.poll_s))
         except KforgeError as exc:
             self.post_message(ErrorRaised(str(exc)))
 
@@ -139,7 +155,7 @@ class SessionScreen(Screen):
         first = next((c for c in cards if c.id == focus), cards[0] if cards else None)
         if first is not None:
             table.select_key(str(first.id))
-            self.query_one(SearchTree).show_card(first)
+            self.show_card(first)
 
     @on(SessionChanged)
     def apply_changes(self, message: SessionChanged) -> None:
@@ -152,6 +168,8 @@ class SessionScreen(Screen):
         for node_id in changes.deleted:
             self.model.remove(node_id)
         self.query_one(SearchTree).nodes_changed(added, changes.deleted)
+        if added or changes.deleted:
+            self.show_filters()
         if changes.state is not None:
             self.show_state(changes.state)
         if changes.log:
@@ -164,16 +182,34 @@ class SessionScreen(Screen):
 
     def show_state(self, state: SessionState) -> None:
         self.state = state
-        self.query_one(OpTable).show(state.cards, focus_of(state.session))
+        self.query_one(OpTable).show(state.cards, focus_of(state.session),
+                                     self.model.best_trends())
         tree = self.query_one(SearchTree)
         if tree.card is not None:
             tree.card = self.card(tree.card.id) or tree.card
+            if tree.selected_id is None and tree.card.best_node is not None:
+                # Nothing chosen yet: follow the search to its first best kernel.
+                tree.select_id(tree.card.best_node, focus_only=True)
+                self.show_selected_node()
+        self.watch_engine(state)
         self.show_bar()
+
+    def watch_engine(self, state: SessionState) -> None:
+        """Say once, in a notice and in the session log, that the engine of a search died."""
+        dead = state.session.status in HELD_STATUSES and not state.alive and not self.app.demo
+        if dead and not self.engine_dead:
+            pid = state.session.engine_pid
+            text = f"the engine{f' (process {pid})' if pid else ''} stopped; r resumes the search"
+            self.app.notify(text, title="engine stopped", severity="warning", timeout=10)
+            line = log_line(self.app.clock(), LogLine(message=text, level="warning"))
+            self.query_one(NodeLogs).add_log([line])
+        self.engine_dead = dead
 
     def show_bar(self) -> None:
         if self.state is not None:
-            self.query_one(StatusBar).show(progress_line(
-                self.state.session, self.state.cards, self.state.alive, self.app.gpu_label))
+            self.query_one(StatusBar).show(session_header(
+                self.state.session, self.state.cards, self.state.alive, self.app.gpu_label,
+                self.size.width - 2, self.app.demo))
 
     def card(self, card_id: int) -> CardRow | None:
         if self.state is None:
@@ -188,7 +224,27 @@ class SessionScreen(Screen):
             card = self.card(int(event.row_key.value))
             tree = self.query_one(SearchTree)
             if card is not None and (tree.card is None or tree.card.id != card.id):
-                tree.show_card(card)
+                self.show_card(card)
+
+    def show_card(self, card: CardRow) -> None:
+        """Show an op's search tree, and the kernel of the node its cursor starts on."""
+        tree = self.query_one(SearchTree)
+        tree.move_cursor(None)  # the cursor starts afresh: on the best node, or on none
+        tree.show_card(card)
+        self.show_selected_node()
+        self.show_filters()
+
+    def show_selected_node(self) -> None:
+        """Load the node under the tree's cursor; the tree announces only a moved cursor line,
+        and a new op's best node may sit on the line the old one's did."""
+        node_id = self.query_one(SearchTree).selected_id
+        if node_id is not None and (self.detail is None or self.detail.row.id != node_id):
+            self.load_detail(node_id, delay_s=0.0)
+        elif node_id is None:
+            self.detail = self.parent_candidate = None
+            self.query_one(NodeCode).show_hint(NO_NODE_YET)
+            self.query_one(NodeLogs).show_hint(NO_NODE_YET)
+            self.grid.pane("code").title_with(None)
 
     @on(DataTable.RowSelected, "#ops")
     def op_selected(self) -> None:
@@ -211,9 +267,9 @@ class SessionScreen(Screen):
         if store is None:
             return
         try:
-            detail = await store.get_node(node_id)
-            parent = (await store.get_node(detail.row.parent_id)).candidate \
-                if detail.row.parent_id else None
+            # Shielded: a newer selection cancels this worker, but a read left half-done would
+            # keep the shared connection on an old snapshot of the database.
+            detail, parent = await asyncio.shield(read_node(store, node_id))
         except KforgeError as exc:
             self.post_message(ErrorRaised(str(exc)))
             return
@@ -270,7 +326,7 @@ class SessionScreen(Screen):
     @work(group="command")
     async def command(self, kind: CommandKind, arg: int | None = None) -> None:
         store = await self.app.open_store()
-        if store is None:
+        if store is None or self.app.refused_in_demo(f"{kind}"):
             return
         try:
             said = await issue(store, self.session_id, kind, arg)
@@ -286,8 +342,10 @@ class SessionScreen(Screen):
 
     @on(SearchNotRunning)
     def offer_to_start(self, message: SearchNotRunning) -> None:
-        self.app.confirm(f"{message.text}.\nStart the search now?",
-                         lambda: self.app.resume_session(self.session_id))
+        why = (f"The engine of session {self.session_id} has stopped." if self.engine_dead
+               else f"{message.text[:1].upper()}{message.text[1:]}.")
+        self.app.confirm(f"{why} Resume the search now?",
+                         lambda: self.app.resume_session(self.session_id), default_yes=True)
 
     # ----- looking around -----
 
@@ -324,29 +382,74 @@ class SessionScreen(Screen):
             table = self.query_one(OpTable)
             self.app.push_screen(Ask("Show ops whose name contains (empty: all)",
                                      table.name_filter, "e.g. softmax"),
-                                 lambda text: text is not None and table.set_filter(text))
+                                 lambda text: text is not None and self.filter_ops(text))
         elif self.active == "tree":
             tree = self.query_one(SearchTree)
             self.app.push_screen(Choose("Show nodes", [f.value for f in NodeFilter],
                                         tree.node_filter.value),
                                  lambda pick: pick is not None
-                                 and tree.set_filter(NodeFilter(pick)))
+                                 and self.filter_nodes(NodeFilter(pick)))
         else:
             self.app.report("filter works on the ops (1) and search tree (2) panes")
 
+    def filter_ops(self, text: str) -> None:
+        self.query_one(OpTable).set_filter(text)
+        self.show_filters()
+
+    def filter_nodes(self, node_filter: NodeFilter) -> None:
+        self.query_one(SearchTree).set_filter(node_filter)
+        self.show_selected_node()
+        self.show_filters()
+
+    def show_filters(self) -> None:
+        """Name each active filter in its pane's title, and say so when it hides everything."""
+        table = self.query_one(OpTable)
+        if not table.name_filter:
+            self.grid.pane("ops").title_with(None)
+        elif table.row_count:
+            self.grid.pane("ops").title_with(f'filter "{table.name_filter}"')
+        else:
+            self.grid.pane("ops").title_with(f'no ops match "{table.name_filter}" — esc to clear')
+        tree = self.query_one(SearchTree)
+        shown = tree.node_filter
+        if shown is NodeFilter.ALL:
+            self.grid.pane("tree").title_with(None)
+        elif tree.card is not None and not tree.root.children:
+            self.grid.pane("tree").title_with(f"no nodes match filter {shown} — esc to clear")
+        else:
+            self.grid.pane("tree").title_with(f"filter: {shown}")
+
+    def clear_filter(self) -> bool:
+        """Clear the active pane's filter, if it has one."""
+        if self.active == "ops" and self.query_one(OpTable).name_filter:
+            self.filter_ops("")
+        elif self.active == "tree" and self.query_one(SearchTree).node_filter is not NodeFilter.ALL:
+            self.filter_nodes(NodeFilter.ALL)
+        else:
+            return False
+        return True
+
     def action_back(self) -> None:
+        """Escape steps back: out of a filter, from a node's kernel or logs to the tree, and
+        from the tree or the ops to the sessions."""
+        if self.clear_filter():
+            return
+        if self.active in ("code", "logs"):
+            self.action_pane("tree")
+            return
         self.app.pop_screen()
 
-    def palette_commands(self) -> list[tuple[str, str, object]]:
+    def palette_commands(self) -> list[PaletteCommand]:
         return [
-            ("Pause or resume the search", "p", self.action_pause),
-            ("Resume the search (start its engine)", "r", self.action_resume),
-            ("Stop the search", "S", self.action_stop),
-            ("Prune the selected subtree", "x", self.action_prune),
-            ("Unprune the selected subtree", "u", self.action_unprune),
-            ("Jump to the best node", "b", self.action_best),
-            ("Diff the node against its parent", "d", self.action_diff),
-            ("Focus the search on the selected op", "f", self.action_focus_op),
-            ("Filter ops or nodes", "/", self.action_filter),
-            ("Back to the sessions", "escape", self.action_back),
+            PaletteCommand("Pause or resume the search", self.action_pause, "pause"),
+            PaletteCommand("Resume the search (start its engine)", self.action_resume, "resume"),
+            PaletteCommand("Stop the search", self.action_stop, "stop"),
+            PaletteCommand("Prune the selected subtree", self.action_prune, "prune"),
+            PaletteCommand("Unprune the selected subtree", self.action_unprune, "unprune"),
+            PaletteCommand("Jump to the best node", self.action_best, "best"),
+            PaletteCommand("Diff the node against its parent", self.action_diff, "diff"),
+            PaletteCommand("Focus the search on the selected op", self.action_focus_op, "focus"),
+            PaletteCommand("Filter ops or nodes", self.action_filter, "filter"),
+            PaletteCommand("Back (out of a filter, to the tree, to the sessions)",
+                           self.action_back, "back"),
         ]

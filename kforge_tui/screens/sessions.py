@@ -2,25 +2,30 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import ClassVar
 
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Static
+from textual.widgets import DataTable, Static
 
 from kforge.errors import KforgeError
 from kforge.store.commands import is_alive
 from kforge.store.records import SessionSummary
+from kforge_tui.commands import PaletteCommand
+from kforge_tui.follow import poll_wait
 from kforge_tui.format import session_cells
-from kforge_tui.messages import ErrorRaised, SessionsLoaded
+from kforge_tui.header import sessions_header, short_gpu, short_model
+from kforge_tui.launch import needs_gpu, search_evaluator
+from kforge_tui.messages import DatabaseUnreadable, ErrorRaised, SessionsLoaded
+from kforge_tui.widgets.footer import KeysFooter
 from kforge_tui.widgets.status_bar import StatusBar
 from kforge_tui.widgets.tables import VimTable
 
 RELOAD_S = 3.0  # re-read the list this often even without events (engine liveness, ages)
-COLUMNS = ("id", "model", "gpu", "status", "ops", "nodes", "best", "cost", "last activity")
+COLUMNS = ("id", "model", "gpu", "status", "ops", "nodes", "best", "cost", "activity")
+MODEL_WIDTH = 18  # so that a row fits 80 columns
 
 
 class SessionsScreen(Screen):
@@ -39,12 +44,13 @@ class SessionsScreen(Screen):
         super().__init__()
         self.summaries: dict[int, SessionSummary] = {}
         self.alive: dict[int, bool] = {}
+        self.problem: str | None = None  # why the database cannot be read, while it cannot
 
     def compose(self) -> ComposeResult:
         yield StatusBar(id="topbar")
         yield Static(id="notice")
         yield VimTable(id="sessions")
-        yield Footer(compact=True)
+        yield KeysFooter()
 
     def on_mount(self) -> None:
         table = self.query_one(VimTable)
@@ -58,24 +64,33 @@ class SessionsScreen(Screen):
         self.show_bar()
         self.query_one(VimTable).focus()
 
+    def on_resize(self) -> None:
+        self.show_bar()
+
     def show_bar(self) -> None:
         app = self.app
-        self.query_one(StatusBar).show(f"kforge · {app.db_path} · {app.gpu_label}")
+        self.query_one(StatusBar).show(sessions_header(app.db_path, app.gpu_label,
+                                                       self.size.width - 2, app.demo))
         self.show_notice()
 
     def show_notice(self) -> None:
         app = self.app
         lines = []
-        if not app.db_path.exists():
+        if self.problem is not None:
+            lines.append(f"Cannot read the database: {self.problem}")
+        elif app.demo:
+            lines.append("The demo: a recorded search to browse (read-only). Press enter to "
+                         "open it, ? for the keys.")
+        elif not app.db_path.exists():
             lines.append(f"No database at {app.db_path} yet: press n to profile a model "
                          "(it creates one).")
         elif not self.summaries:
             lines.append("No sessions yet: press n to profile a model and start a search.")
-        if app.gpu is not None and not app.gpu.present:
-            lines.append(f"No NVIDIA GPU here ({app.gpu.detail}): you can browse, prune and "
-                         "delete; new searches and resuming need a GPU.")
+        if app.gpu is not None and not app.gpu.present and not app.demo:
+            lines.append(gpu_notice(app.gpu.detail, search_evaluator(app.config)))
         notice = self.query_one("#notice", Static)
-        notice.update("\n".join(lines))
+        if notice.content != "\n".join(lines):  # an update repaints the screen
+            notice.update("\n".join(lines))
         notice.display = bool(lines)
 
     # ----- keeping the list current -----
@@ -95,24 +110,32 @@ class SessionsScreen(Screen):
                         alive = {s.session.id: is_alive(s.session) for s in summaries}
                         self.post_message(SessionsLoaded(summaries, alive))
             except KforgeError as exc:
-                self.post_message(ErrorRaised(str(exc)))
+                self.post_message(DatabaseUnreadable(str(exc)))
                 waited = 0.0
-            await asyncio.sleep(app.poll_s)
+            await poll_wait(self, app.poll_s)
             waited += app.poll_s
 
     @on(SessionsLoaded)
     def show_sessions(self, message: SessionsLoaded) -> None:
-        table = self.query_one(VimTable)
-        keep = table.selected_key
         self.summaries = {s.session.id: s for s in message.summaries}
         self.alive = message.alive
+        self.problem = None
         now = self.app.clock()
-        table.clear()
+        rows = []
         for s in message.summaries:
-            table.add_row(*session_cells(s, now, message.alive[s.session.id]),
-                          key=str(s.session.id))
-        if keep is not None:
-            table.select_key(keep)
+            cells = list(session_cells(s, now, message.alive[s.session.id]))
+            cells[COLUMNS.index("model")] = short_model(cells[COLUMNS.index("model")], MODEL_WIDTH)
+            cells[COLUMNS.index("gpu")] = short_gpu(cells[COLUMNS.index("gpu")])
+            rows.append((str(s.session.id), cells))
+        self.query_one(VimTable).show_rows(rows)
+        self.show_notice()
+
+    @on(DatabaseUnreadable)
+    def show_problem(self, message: DatabaseUnreadable) -> None:
+        """Say once what keeps the database from being read; the list keeps trying."""
+        if message.text != self.problem:
+            self.app.report(message.text)
+        self.problem = message.text
         self.show_notice()
 
     # ----- actions -----
@@ -131,7 +154,7 @@ class SessionsScreen(Screen):
 
     def action_resume(self) -> None:
         sid = self.selected()
-        if sid is None:
+        if sid is None or self.app.refused_in_demo("resuming a search"):
             return
         if self.alive.get(sid):
             self.app.notify(f"session {sid} is already searching: attaching")
@@ -144,7 +167,7 @@ class SessionsScreen(Screen):
 
     def action_delete(self) -> None:
         sid = self.selected()
-        if sid is None:
+        if sid is None or self.app.refused_in_demo("deleting a session"):
             return
         if self.alive.get(sid):
             self.app.report(f"session {sid} is being searched right now: open it and stop it "
@@ -164,13 +187,25 @@ class SessionsScreen(Screen):
         except KforgeError as exc:
             self.post_message(ErrorRaised(str(exc)))
             return
-        self.app.notify(f"deleted session {sid}")
-        self.watch_sessions()
+        self.app.notify(f"deleted session {sid}")  # the list follows at its next look
 
-    def palette_commands(self) -> list[tuple[str, str, object]]:
-        rows = [("New session", "profile a model and start a search", self.action_new_session)]
+    def palette_commands(self) -> list[PaletteCommand]:
+        rows = [PaletteCommand("New session: profile a model and start a search",
+                               self.action_new_session, "new_session"),
+                PaletteCommand("Resume the selected session's search", self.action_resume,
+                               "resume"),
+                PaletteCommand("Delete the selected session", self.action_delete, "delete")]
         for sid, s in self.summaries.items():
-            rows.append((f"Open session {sid}: {s.session.model}",
-                         f"{s.session.status}, {s.nodes} nodes",
-                         lambda sid=sid: self.app.open_session(sid)))
+            rows.append(PaletteCommand(f"Open session {sid}: {s.session.model}",
+                                       lambda sid=sid: self.app.open_session(sid),
+                                       help=f"{s.session.status}, {s.nodes} nodes"))
         return rows
+
+
+def gpu_notice(detail: str, evaluator: str) -> str:
+    """What a machine without a GPU can do, by the one rule (``needs_gpu``) that the form and
+    resume follow."""
+    if needs_gpu(evaluator):
+        return (f"No NVIDIA GPU here ({detail}): browse, prune and delete; searching with the "
+                f"{evaluator} evaluator needs one (sessions with a plug-in evaluator run here).")
+    return f"No NVIDIA GPU here ({detail}); searches run with the plug-in evaluator {evaluator}."

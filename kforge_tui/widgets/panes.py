@@ -28,9 +28,12 @@ class Pane(Vertical):
         self.pane = name
         self.border_title = PANE_TITLES[name]
 
-    def title_with(self, detail: str) -> None:
-        """Show ``detail`` after the pane's own title (what it shows now)."""
-        self.border_title = f"{PANE_TITLES[self.pane]} · {detail}"
+    def title_with(self, detail: str | None) -> None:
+        """Show ``detail`` after the pane's own title (what it shows now); None: the title alone."""
+        title = PANE_TITLES[self.pane]
+        text = f"{title} · {detail}" if detail else title
+        if text != self.border_title:  # setting a title repaints the whole pane
+            self.border_title = text
 
     def focus_target(self) -> Widget:
         """The widget that takes the focus when the pane is chosen."""
@@ -89,9 +92,10 @@ class PaneGrid(Container):
         return self.query_one(f"#pane-{name}", Pane)
 
     def choose(self, name: str) -> None:
-        """Make ``name`` the active pane and focus its widget."""
+        """Make ``name`` the active pane and focus its widget, at once (not after the keys
+        already queued: a key typed right after the pane key goes to the pane)."""
         self._mark_active(name)
-        self.pane(name).focus_target().focus()
+        self.screen.set_focus(self.pane(name).focus_target())
 
     def step(self, step: int) -> None:
         self.choose(PANES[(PANES.index(self.active) + step) % len(PANES)])

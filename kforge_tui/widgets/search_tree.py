@@ -3,7 +3,8 @@
 Tree lines hold the model's ``NodeInfo`` objects, which the model updates in place; labels are
 rendered from them on demand (``render_label``), so an update costs nothing until a line is drawn.
 Children are added only when their parent is first expanded, and a timer repaints just the visible
-lines when figures changed. Only new nodes under an already loaded parent touch the tree's shape.
+lines whose figures changed (the model names them). Only new nodes under an already loaded parent
+touch the tree's shape.
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ from textual.widgets.tree import TreeNode
 from kforge.store.records import CardRow
 from kforge_tui.format import ICON_BEST, card_root_label, node_label
 from kforge_tui.search_model import NodeFilter, NodeInfo, SearchModel
+from kforge_tui.widgets.scrolling import SteadyScrollbars
 
 Line = TreeNode[NodeInfo | None]
 # Widest label: "▼ ✗ #123456 refine compile error n=12345 ↳12.34x ★best".
 LABEL_WIDTH = 56
 
 
-class SearchTree(Tree[NodeInfo | None]):
+class SearchTree(SteadyScrollbars, Tree[NodeInfo | None]):
     """One card's search tree: status icon, result, visits and the subtree's best speedup."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -47,6 +49,8 @@ class SearchTree(Tree[NodeInfo | None]):
     SearchTree > .search-tree--pruned { color: $text-muted; text-style: strike; }
     SearchTree > .search-tree--figures { color: $text-muted; }
     SearchTree > .search-tree--best { color: $accent; text-style: bold; }
+    /* Textual draws them in $ansi-background, which is black: unseen on a black terminal. */
+    SearchTree:ansi > .tree--guides { color: $text-muted; }
     """
 
     def __init__(self, model: SearchModel, **kwargs) -> None:
@@ -58,7 +62,6 @@ class SearchTree(Tree[NodeInfo | None]):
         self.auto_expand = False
         self._lines: dict[int, Line] = {}  # node id -> its tree line, once loaded
         self._loaded: set[int] = set()  # ids whose children are in the tree (0: the root)
-        self._dirty = False
 
     # ----- what is shown -----
 
@@ -72,7 +75,6 @@ class SearchTree(Tree[NodeInfo | None]):
         self._loaded.clear()
         if card is None:
             return
-        self.root.set_label(card_root_label(card, self.model.count(card.id)))
         self._load(self.root)
         self.root.expand()
         for node_id in sorted(opened):
@@ -123,7 +125,6 @@ class SearchTree(Tree[NodeInfo | None]):
     def nodes_changed(self, added: list[NodeInfo], removed: list[int]) -> None:
         """Fold in a batch of changes: add lines under loaded parents, drop removed ones, and
         leave the repaint of changed figures to the timer."""
-        self._dirty = True
         if self.card is None:
             return
         if self.node_filter is not NodeFilter.ALL and (added or removed):
@@ -144,20 +145,22 @@ class SearchTree(Tree[NodeInfo | None]):
                 self._add_line(parent, info)
             elif not parent.allow_expand:
                 parent.allow_expand = True
-        if added and self.card:
-            self.root.set_label(card_root_label(self.card, self.model.count(self.card.id)))
+        if any(info.row.card_id == self.card.id for info in added) or removed:
+            self.root.refresh()  # its node count
 
     def repaint_if_dirty(self) -> None:
-        """Repaint the visible lines (timer-driven), when anything changed since the last time."""
-        if not self._dirty:
+        """Repaint the visible lines whose figures changed since the last time (timer-driven);
+        a line repaints alone, so a quiet tree sends nothing to the terminal."""
+        touched = self.model.take_touched()
+        if not touched:
             return
-        self._dirty = False
         top = int(self.scroll_offset.y)
         for line_no in range(top, top + self.size.height):
             node = self.get_node_at_line(line_no)
             if node is None:
                 break
-            node.refresh()
+            if node.data is not None and node.data.id in touched:
+                node.refresh()
 
     # ----- loading -----
 
@@ -216,20 +219,31 @@ class SearchTree(Tree[NodeInfo | None]):
 
     def render_label(self, node: Line, base_style: Style, style: Style) -> Text:
         info = node.data
-        if info is None:
-            return Text.assemble((str(node.label), style + Style(bold=True)))
+        if info is None:  # the root: the op, with the count of its nodes as it is now
+            label = (card_root_label(self.card, self.model.count(self.card.id))
+                     if self.card is not None else str(node.label))
+            return Text.assemble((label, style + Style(bold=True)))
         pruned = self.model.pruned(info.id)
         label = node_label(info.row, info.visits, info.best, pruned)
         prefix = ("▼ " if node.is_expanded else "▶ ") if node.allow_expand else "  "
         best = self.card is not None and self.card.best_node == info.id
-        tone = self.get_component_rich_style(f"search-tree--{label.tone}", partial=True)
-        figures = self.get_component_rich_style("search-tree--figures", partial=True)
-        parts = [(prefix, base_style), (label.icon + " ", tone),
-                 (label.text, style + tone if pruned else style), (label.figures, figures)]
+        tone = self.part_style(f"search-tree--{label.tone}")
+        text = style
+        if pruned:
+            # Under the cursor the struck text keeps the cursor's colours, which are readable.
+            text = style + (Style(strike=True) if node is self.cursor_node else tone)
+        parts = [(prefix, base_style), (label.icon + " ", tone), (label.text, text),
+                 (label.figures, self.part_style("search-tree--figures"))]
         if best:
-            parts.append((f" {ICON_BEST}best",
-                          self.get_component_rich_style("search-tree--best", partial=True)))
+            parts.append((f" {ICON_BEST}best", self.part_style("search-tree--best")))
         return Text.assemble(*parts)
+
+    def part_style(self, part: str) -> Style:
+        """A component's colour and text style, without its background (the line's shows). The
+        colour is mixed over the tree's background first: a partial style drops the alpha of a
+        colour such as $text-muted ("auto 60%") and would draw it at full strength."""
+        mixed = self.get_component_rich_style(part, partial=False)
+        return Style.from_color(mixed.color) + self.get_component_styles(part).text_style
 
     def get_label_width(self, node: Line) -> int:
         # Called for every shown line each time the tree's shape changes, only to size the

@@ -14,4 +14,6 @@ class StatusBar(Static):
     """
 
     def show(self, text: str) -> None:
-        self.update(text)
+        # An update repaints the bar and lays the screen out again: only for new text.
+        if text != self.content:
+            self.update(text, layout=False)

@@ -1,20 +1,39 @@
-"""Tables with vim keys: the sessions list and the op profile (sortable, filterable)."""
+"""Tables with vim keys: the sessions list and the op profile (sortable, filterable). Both are
+updated in place: a changed cell repaints its row alone, so a table that did not change sends
+nothing to the terminal."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import ClassVar
 
+from rich.cells import cell_len
+from rich.console import RenderableType
 from rich.text import Text
 from textual.binding import Binding, BindingType
+from textual.geometry import Region
 from textual.widgets import DataTable
 from textual.widgets.data_table import RowDoesNotExist
 
 from kforge.store.records import CardRow
-from kforge_tui.format import card_status, dtype_of, fmt_speedup, fmt_us, shapes_of
+from kforge_tui.format import (
+    card_status,
+    dtype_of,
+    fmt_speedup,
+    fmt_us,
+    shapes_of,
+    share_bar,
+    sparkline,
+)
+from kforge_tui.widgets.scrolling import SteadyScrollbars
+
+Cell = RenderableType
+Row = tuple[str, Sequence[Cell]]  # a row's key and its cells, in column order
 
 
-class VimTable(DataTable):
+class VimTable(SteadyScrollbars, DataTable):
     """A row-cursor table that also moves with j/k and g/G."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -24,8 +43,50 @@ class VimTable(DataTable):
         Binding("G", "scroll_bottom", "bottom", show=False, id="bottom"),
     ]
 
+    _rows_repaint_alone = False  # set by _row_repaints_only
+
     def __init__(self, **kwargs) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
+
+    def show_rows(self, rows: Sequence[Row]) -> None:
+        """Show exactly these rows, in this order. While the keys and their order stay the same,
+        only the changed cells are written and only their rows repaint; a row added, removed or
+        moved rebuilds the table, the cursor staying on its row."""
+        if [key for key, _ in rows] != [row.key.value for row in self.ordered_rows]:
+            keep = self.selected_key
+            self.clear()
+            for key, cells in rows:
+                self.add_row(*cells, key=key)
+            if keep is not None:
+                self.select_key(keep)
+            return
+        for key, cells in rows:
+            old = self.get_row(key)
+            changed = [(column, new) for column, before, new in zip(self.columns, old, cells)
+                       if not same_cell(before, new)]
+            if not changed:
+                continue
+            with self._row_repaints_only():
+                for column, new in changed:
+                    # A cell wider than its column widens it: the whole table is laid out again.
+                    wider = cell_len(plain(new)) > self.columns[column].content_width
+                    self.update_cell(key, column, new, update_width=wider)
+            self.refresh_row(self.get_row_index(key))
+
+    @contextmanager
+    def _row_repaints_only(self) -> Iterator[None]:
+        self._rows_repaint_alone = True
+        try:
+            yield
+        finally:
+            self._rows_repaint_alone = False
+
+    def refresh(self, *regions: Region, repaint: bool = True, layout: bool = False,
+                recompose: bool = False) -> DataTable:
+        # update_cell repaints the whole table; show_rows repaints the changed rows instead.
+        if self._rows_repaint_alone and not (regions or layout or recompose):
+            return self
+        return super().refresh(*regions, repaint=repaint, layout=layout, recompose=recompose)
 
     @property
     def selected_key(self) -> str | None:
@@ -39,6 +100,17 @@ class VimTable(DataTable):
             self.move_cursor(row=self.get_row_index(key), animate=False)
         except RowDoesNotExist:  # the row left the table (filtered out or deleted)
             return
+
+
+def plain(cell: Cell) -> str:
+    return cell.plain if isinstance(cell, Text) else str(cell)
+
+
+def same_cell(a: Cell, b: Cell) -> bool:
+    """Whether two cells draw the same (rich Text's own equality ignores its style)."""
+    if isinstance(a, Text) and isinstance(b, Text):
+        return a.plain == b.plain and a.style == b.style and a.spans == b.spans
+    return type(a) is type(b) and a == b
 
 
 @dataclass(frozen=True)
@@ -63,8 +135,12 @@ class OpTable(VimTable):
         Binding("s", "next_sort", "sort", id="sort"),
     ]
     # The figures people scan for come first, so they fit at 80 columns; shapes can be long.
-    COLUMNS = ("op", "share", "best", "eager", "calls", "dtype", "status", "shapes")
+    # "share" draws the op's share of the model's time as a bar; "trend" the best speedup over
+    # the op's iterations.
+    COLUMNS = ("op", "share", "best", "trend", "eager", "calls", "dtype", "status", "shapes")
     OP_WIDTH = 22
+    BAR_WIDTH = 3
+    TREND_WIDTH = 6
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -72,13 +148,17 @@ class OpTable(VimTable):
         self.name_filter = ""
         self._cards: list[CardRow] = []
         self._focus: int | None = None
+        self._trends: Mapping[int, Sequence[float]] = {}
 
     def on_mount(self) -> None:
         for name in self.COLUMNS:
             self.add_column(name, key=name)
 
-    def show(self, cards: list[CardRow], focus: int | None) -> None:
+    def show(self, cards: list[CardRow], focus: int | None,
+             trends: Mapping[int, Sequence[float]] | None = None) -> None:
+        """Show the cards; ``trends`` holds each card's best speedup after each iteration."""
         self._cards, self._focus = cards, focus
+        self._trends = trends if trends is not None else {}
         self._fill()
 
     def action_next_sort(self) -> None:
@@ -100,17 +180,17 @@ class OpTable(VimTable):
         return -value if self.sort.reverse and isinstance(value, (int, float)) else value
 
     def _fill(self) -> None:
-        keep = self.selected_key
-        self.clear()
-        for row in self.visible_cards():
-            c = row.card
-            style = "" if c.target else "dim"
-            op = c.short_op if len(c.short_op) <= self.OP_WIDTH else (
-                c.short_op[:self.OP_WIDTH - 1] + "…")
-            cells = (op, f"{100 * c.share:.1f}%", fmt_speedup(row.best_speedup),
-                     fmt_us(c.eager_us), str(c.calls), dtype_of(row),
-                     card_status(row, row.id == self._focus), shapes_of(row))
-            self.add_row(*(Text(cell, style=style, no_wrap=True, overflow="ellipsis")
-                           for cell in cells), key=str(row.id))
-        if keep is not None:
-            self.select_key(keep)
+        self.show_rows([(str(row.id), self._cells(row)) for row in self.visible_cards()])
+
+    def _cells(self, row: CardRow) -> tuple[Text, ...]:
+        c = row.card
+        style = "" if c.target else "dim"
+        suffix = f" {c.range_text}" if c.ranges else ""  # a range card's range stays whole
+        room = max(self.OP_WIDTH - len(suffix), 2)
+        op = (c.short_op if len(c.short_op) <= room else c.short_op[:room - 1] + "…") + suffix
+        trend = sparkline(self._trends.get(row.id, ()), self.TREND_WIDTH)
+        cells = (op, f"{share_bar(c.share, self.BAR_WIDTH)}{100 * c.share:5.1f}%",
+                 fmt_speedup(row.best_speedup), trend.ljust(self.TREND_WIDTH),
+                 fmt_us(c.eager_us), str(c.calls), dtype_of(row),
+                 card_status(row, row.id == self._focus), shapes_of(row))
+        return tuple(Text(cell, style=style, no_wrap=True, overflow="ellipsis") for cell in cells)

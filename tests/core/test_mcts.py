@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -45,8 +46,11 @@ def test_progressive_widening_limits_root_children():
     assert (d.parent, d.action) == (ROOT, Action.NEW)
 
 
+NARROW = MctsParams(widen_k=1.0, widen_alpha=0.5)  # the root keeps one child for a while
+
+
 def test_failed_node_is_repaired_then_closed_after_max_repairs():
-    tree = Tree(MctsParams(max_repairs=2))
+    tree = Tree(replace(NARROW, max_repairs=2))
     tree.add(1, ROOT, Action.NEW)
     tree.complete(1, None, repairable=True)
     assert tree.select() == type(tree.select())(1, Action.REPAIR)
@@ -68,7 +72,7 @@ def test_unrepairable_failure_is_closed_at_once():
 
 
 def test_successful_repair_is_refined_like_any_good_kernel():
-    tree = Tree()
+    tree = Tree(NARROW)
     tree.add(1, ROOT, Action.NEW)
     tree.complete(1, None, repairable=True)
     tree.add(2, 1, Action.REPAIR)

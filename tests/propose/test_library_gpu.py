@@ -75,6 +75,61 @@ def extra_cards(dtype: str) -> dict[str, OpCard]:
             "aten.mean.dim", [t([2, 64, 7, 7], stride=[3136, 1, 448, 64], offset=1), [-1, -2], True]),
         "embedding_misaligned": OpCard("aten.embedding.default",
                                        [t([50, 64], offset=1), tensor([3, 7], "int64")]),
+        **coverage_cards(dtype),
+    }
+
+
+def coverage_cards(dtype: str) -> dict[str, OpCard]:
+    """Inference batch_norm, reductions over any dimensions, cat and clone, rotary pieces,
+    transposed norms, max_pool's unrolled kernel, decode embeddings and group_norm on chip."""
+    t = lambda shape, **kw: tensor(shape, dtype, **kw)
+    f32 = lambda shape, **kw: tensor(shape, "float32", **kw)
+    params = lambda c: [t([c]), t([c]), t([c]), t([c])]
+    return {
+        "batch_norm_resnet": OpCard("aten.native_batch_norm.default",
+                                    [t([4, 64, 14, 14]), *params(64), False, 0.1, 1e-5]),
+        "batch_norm_7x7": OpCard("aten.native_batch_norm.default",
+                                 [t([3, 256, 7, 7]), *params(256), False, 0.1, 1e-5]),
+        "batch_norm_channels_last_mixed": OpCard(
+            "aten._native_batch_norm_legit_no_training.default",
+            [channels_last([2, 48, 9, 9], dtype), f32([48]), f32([48]), f32([48]), f32([48]), 0.1, 1e-3]),
+        "batch_norm_wide": OpCard("aten.native_batch_norm.default",
+                                  [t([2, 5000, 3, 3]), *params(5000), False, 0.1, 1e-5]),
+        "cat_attention": OpCard("aten.cat.default",
+                                [[t([2, 4, 64, 16], stride=[4096, 16, 64, 1]),
+                                  t([2, 4, 13, 16], stride=[832, 16, 64, 1])], 2]),
+        "cat_rotary_halves": OpCard("aten.cat.default",
+                                    [[t([2, 8, 5, 32]), t([2, 8, 5, 32], stride=[2560, 64, 512, 1],
+                                                          offset=32)], -1]),
+        "cat_empty_cache": OpCard("aten.cat.default", [[t([0]), t([2, 1, 33, 64])], -2]),
+        "cat_int64": OpCard("aten.cat.default", [[tensor([3, 5], "int64"), tensor([3, 2], "int64")], 1]),
+        "clone_transposed": OpCard("aten.clone.default", [t([6, 40, 24], stride=[960, 1, 40])],
+                                   {"memory_format": {"t": "memory_format", "v": "contiguous_format"}}),
+        "cos_rotary": OpCard("aten.cos.default", [f32([1, 32, 64])]),
+        "sin_rotary": OpCard("aten.sin.default", [f32([3, 2, 32, 4], stride=[256, 128, 4, 1])]),
+        "mean_norm_q": OpCard("aten.mean.dim", [f32([2, 4, 64, 16], stride=[4096, 16, 64, 1]), [-1], True]),
+        "sum_interleaved": OpCard("aten.sum.dim_IntList", [t([5, 30, 7]), [0, 2]]),
+        "sum_all_split": OpCard("aten.sum.default", [t([256, 4099])]),
+        "mean_all_dtype": OpCard("aten.mean.default", [t([33, 77])],
+                                 {"dtype": {"t": "dtype", "v": "float32"}}),
+        "amax_rows": OpCard("aten.amax.default", [t([8, 3000]), [-1], True]),
+        "amin_columns": OpCard("aten.amin.default", [t([4, 33, 96]), [1]]),
+        "layer_norm_unet": OpCard("aten.native_layer_norm.default",
+                                  [t([2, 576, 320], stride=[184320, 1, 576]), [320], t([320]), t([320]), 1e-5]),
+        "rms_norm_transposed": OpCard("aten._fused_rms_norm.default",
+                                      [t([2, 100, 64], stride=[6400, 1, 100]), [64], t([64]), 1e-6]),
+        "softmax_dim1": OpCard("aten._softmax.default", [t([4, 77, 49]), 1, False]),
+        "max_pool_resnet": OpCard("aten.max_pool2d_with_indices.default",
+                                  [t([4, 64, 56, 56]), [3, 3], [2, 2], [1, 1]]),
+        "embedding_decode": OpCard("aten.embedding.default", [t([8192, 1536]), tensor([1, 1], "int64"), 0]),
+        "embedding_decode_batch": OpCard("aten.embedding.default", [t([4096, 2304]), tensor([8, 1], "int32")]),
+        # Groups of 16 KiB (one block), 256 KiB (a cluster, or chained blocks), 2 MiB (chained).
+        "group_norm_resident": OpCard("aten.native_group_norm.default",
+                                      [t([2, 64, 32, 32]), t([64]), t([64]), 2, 64, 1024, 8, 1e-5]),
+        "group_norm_cluster": OpCard("aten.native_group_norm.default",
+                                     [t([1, 128, 64, 64]), t([128]), t([128]), 1, 128, 4096, 4, 1e-6]),
+        "group_norm_chained": OpCard("aten.native_group_norm.default",
+                                     [t([1, 128, 256, 256]), None, None, 1, 128, 65536, 8, 1e-6]),
     }
 
 

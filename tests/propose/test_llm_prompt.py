@@ -4,12 +4,16 @@ the parent, the search's history, per action."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
-from kforge.core.candidate import Candidate, EvalOutcome, EvalStatus
+from kforge.core.candidate import Baseline, Candidate, EvalOutcome, EvalStatus, Timing
+from kforge.core.gpu import GpuInfo
 from kforge.core.mcts import Action
 from kforge.core.opcard import OpCard
+from kforge.core.region import Region
 from kforge.propose.llm.parse import parse_reply
 from kforge.propose.llm.prompt import (
     EXAMPLE_PLAN,
@@ -22,7 +26,8 @@ from kforge.propose.llm.prompt import (
     user_prompt,
 )
 from kforge.runtime.plan import resolve_for
-from tests.fakes.llm_replies import node, ok_outcome, request, softmax_card
+from kforge.runtime.regions import register
+from tests.fakes.llm_replies import h200, node, ok_outcome, request, softmax_card
 
 
 def test_system_prompt_teaches_the_format_with_an_example_that_parses():
@@ -182,7 +187,7 @@ def test_scalar_lists_and_dtypes_are_shown_as_plan_expressions_see_them():
                   args=[x, {"t": "list", "items": [512]}, None, None, 1e-5])
     text = card_section(card)
     assert "- normalized_shape = [512]\n- weight = None\n- bias = None\n- eps = 1e-05" in text
-    assert "- output 1: float32, shape [6, 1], stride [1, 1]" in text
+    assert "- output 1 (mean): float32, shape [6, 1], stride [1, 1]" in text
 
 
 def test_when_eager_rejects_the_arguments_the_prompt_says_so():
@@ -191,3 +196,173 @@ def test_when_eager_rejects_the_arguments_the_prompt_says_so():
     text = card_section(card)
     assert "eager's outputs could not be derived (eager PyTorch rejects these arguments" in text
     assert "- alpha = 1" in text
+
+
+# ----- the op's meaning, the machine, the evidence of a failure, the profile of a kernel -----
+
+
+def group_norm_card() -> OpCard:
+    def t(shape):
+        stride, step = [], 1
+        for size in reversed(shape):
+            stride.insert(0, step)
+            step *= size
+        return {"t": "tensor", "shape": shape, "stride": stride, "dtype": "bfloat16", "offset": 0}
+
+    return OpCard(op="aten.native_group_norm.default",
+                  args=[t([1, 128, 64, 64]), t([128]), t([128]), 1, 128, 4096, 32, 1e-06],
+                  calls=6, share=0.05, eager_us=30.0, floor_us=4.0)
+
+
+def h200_from_the_driver() -> GpuInfo:
+    return replace(h200(), smem_per_block_kb=48.0, smem_per_block_optin_kb=227.0,
+                   smem_per_sm_kb=228.0, regs_per_sm=65536, regs_per_block=65536,
+                   max_threads_per_sm=2048, max_blocks_per_sm=32, sm_clock_mhz=1980,
+                   mem_clock_mhz=3201, bus_width_bits=6144, cluster_launch=True,
+                   tensor_maps=True)
+
+
+def test_the_prompt_says_what_the_op_computes_and_names_its_outputs():
+    text = user_prompt(replace(request(), card=group_norm_card()))
+    assert ("- input: tensor bfloat16, shape [1, 128, 64, 64], stride [524288, 4096, 64, 1]"
+            in text and "- HxW = 4096\n- group = 32\n- eps = 1e-06" in text)
+    assert "- output 0 (out): bfloat16, shape [1, 128, 64, 64]" in text
+    assert "- output 1 (mean): bfloat16, shape [1, 32], stride [32, 1]" in text
+    assert "- output 2 (rstd): bfloat16, shape [1, 32], stride [32, 1]" in text
+    meaning = text.split("# What the operator computes\n", 1)[1].split("\n#", 1)[0]
+    assert "rstd = 1 / sqrt(var + eps)" in meaning and "g = c // (C / group)" in meaning
+    assert "Returns (out, mean, rstd)" in meaning
+
+
+def test_an_op_without_a_statement_gets_no_meaning_section():
+    assert "# What the operator computes" in user_prompt(request())  # softmax has one
+    card = replace(softmax_card(), op="aten.special_bessel_j0.default", args=[
+        softmax_card().args[0]])
+    assert "# What the operator computes" not in user_prompt(replace(request(), card=card))
+
+
+def test_the_gpu_section_gives_the_limits_clocks_and_architecture():
+    text = user_prompt(replace(request(), gpu=h200_from_the_driver()))
+    gpu = text.split("# The GPU\n", 1)[1].split("\n\n", 1)[0]
+    assert "- per SM: 228 KiB shared memory, 65536 32-bit registers, 2048 threads" in gpu
+    assert "- per block: 48 KiB shared memory, up to 227 KiB with a plan's shared_mem" in gpu
+    assert ("- clocks: SM up to 1980 MHz, memory 3201 MHz over a 6144-bit bus (theoretical "
+            "4917 GB/s") in gpu
+    assert "thread block clusters (__cluster_dims__)" in gpu and "need sm_90a" in gpu
+    assert "unified memory" not in gpu
+
+
+def test_an_integrated_gpu_is_said_to_share_its_memory_with_the_cpu():
+    gb10 = GpuInfo(name="NVIDIA GB10", arch="sm_121", sm_count=48, bandwidth_gbs=230.0,
+                   integrated=True, pageable_memory_access=True)
+    text = user_prompt(replace(request(), gpu=gb10))
+    assert ("unified memory: an integrated GPU sharing one physical memory (LPDDR) with the "
+            "CPU") in text
+    assert "Blackwell (consumer/GB10)" in text and "no wgmma or tcgen05" in text
+
+
+def test_the_eager_kernels_and_their_times_are_shown():
+    base = Baseline(eager=Timing(30.0, 29.0, 31.0, 100), eager_kernels=[
+        {"name": "void at::native::(anonymous namespace)::RowwiseMomentsCUDAKernel<c10::BFloat16>",
+         "us": 14.2, "calls": 1.0},
+        {"name": "void at::native::elementwise_kernel<128, 2>", "us": 11.9, "calls": 2.0}])
+    text = user_prompt(replace(request(), card=group_norm_card(), baseline=base))
+    eager = text.split("# Eager PyTorch's kernels for this call", 1)[1].split("\n\n", 1)[0]
+    assert "the timed eager call takes 30 us" in eager
+    assert ("- void at::native::(anonymous namespace)::RowwiseMomentsCUDAKernel<c10::BFloat16>: "
+            "14.2 us") in eager
+    assert "- void at::native::elementwise_kernel<128, 2> x2: 11.9 us" in eager
+
+
+def test_a_refine_gets_the_parents_registers_and_hardware_counters():
+    outcome = replace(ok_outcome(1.4, 21.0), extra={
+        "registers": {"softmax_rows_bf16": 40}, "spills": False,
+        "counters": {"tool": "CUPTI range profiler", "passes": 1, "kernels": [
+            {"kernel": "softmax_rows_bf16", "duration_ns": 20500.0, "dram_read_bytes": 67.1e6,
+             "dram_write_bytes": 67.1e6, "dram_gbs": 6546.0, "dram_peak_pct": 71.0,
+             "occupancy_pct": 43.5, "sm_peak_pct": 22.0}]}})
+    text = user_prompt(replace(request(Action.REFINE, parent=node(3, Action.NEW, outcome)),
+                               gpu=h200_from_the_driver()))
+    parent = text.split("# The parent kernel", 1)[1]
+    assert ("ptxas: softmax_rows_bf16 40 registers/thread (registers allow at most 80% "
+            "occupancy); no spills") in parent
+    assert ("- softmax_rows_bf16: 20.5 us, DRAM 67.1 MB read + 67.1 MB written = 6546 GB/s, "
+            "71% of peak DRAM throughput, achieved occupancy 44%, 22% of peak SM throughput"
+            ) in parent
+
+
+def test_a_refine_is_told_when_counters_are_not_permitted():
+    note = ("counters not available: not permitted: the driver restricts GPU performance "
+            "counters to administrators (NVreg_RestrictProfilingToAdminUsers=1)")
+    outcome = replace(ok_outcome(1.2), extra={"counters": {"tool": "CUPTI range profiler",
+                                                           "note": note}})
+    text = user_prompt(request(Action.REFINE, parent=node(3, Action.NEW, outcome)))
+    assert f"hardware counters (CUPTI range profiler): {note}" in text
+
+
+def test_a_mismatch_repair_gets_the_worst_elements_spans_and_norms_per_input_set():
+    extra = {"report": {"ok": False}, "mismatch": {
+        "where": "random seed 2, run 1", "result": 0, "shape": [8192, 4096],
+        "dtype": "bfloat16", "faults": 8192, "max_abs": 0.75, "rel_norm": 0.031,
+        "fault_span": [[0, 8191], [4032, 4095]],
+        "nonfinite": {"nan": {"eager": 0, "candidate": 3}},
+        "worst": [{"index": [17, 4095], "eager": 0.5, "candidate": "nan"},
+                  {"index": [3, 4032], "eager": 0.25, "candidate": 1.0}]},
+        "sets_passed": [{"inputs": "captured sample 0", "max_abs": 0.0039, "rel_norm": 0.0012}]}
+    outcome = EvalOutcome(EvalStatus.MISMATCH, summary="random seed 2, run 1, result 0: NaN "
+                          "positions differ from eager's at 3 elements, first at [17, 4095]",
+                          extra=extra)
+    text = user_prompt(request(Action.REPAIR, parent=node(5, Action.NEW, outcome)))
+    assert "mismatch evidence, random seed 2, run 1, result 0 (bfloat16 [8192, 4096]):" in text
+    assert "- 8192 elements at fault; max abs error 0.75, relative error norm 0.031" in text
+    assert "- faults lie within indices 0..8191 x 4032..4095 of shape [8192, 4096]" in text
+    assert "- NaN/inf counts (eager vs candidate): nan 0 vs 3" in text
+    assert ("- worst elements (index: eager -> candidate): [17, 4095]: 0.5 -> nan; "
+            "[3, 4032]: 0.25 -> 1") in text
+    assert ("- passed before it: captured sample 0 (max abs error 0.0039, relative error norm "
+            "0.0012)") in text
+
+
+def test_a_compile_repair_quotes_the_lines_the_log_points_at():
+    log = ('candidate.cu(30): error: identifier "row_max" is undefined\n'
+           'candidate.cu(12): warning: variable "v" was declared but never referenced')
+    outcome = EvalOutcome(EvalStatus.COMPILE_ERROR, summary="NVRTC: error", compile_log=log)
+    text = user_prompt(request(Action.REPAIR, parent=node(5, Action.NEW, outcome)))
+    lines = EXAMPLE_SOURCE.splitlines()
+    assert f"   30 | {lines[29]}" in text and f"   12 | {lines[11]}" in text
+    assert text.index(f"   30 | {lines[29]}") < text.index(f"   12 | {lines[11]}")
+
+
+def test_a_sanitizer_rejection_and_a_long_plan_error_reach_the_repair_in_full():
+    message = ("compute-sanitizer racecheck: Race reported between Write access at "
+               "softmax_rows_bf16+0x1f0 and Read access at softmax_rows_bf16+0x2a0")
+    outcome = EvalOutcome(EvalStatus.MISMATCH, summary=message, extra={
+        "sanitizer": {"ok": False, "ran": True, "tool": "racecheck", "message": message}})
+    text = user_prompt(request(Action.REPAIR, parent=node(5, Action.NEW, outcome)))
+    assert f"compute-sanitizer (racecheck) report: {message}" in text
+    field = "launches[2].params[7]"
+    long = f"launch plan: {field}: " + "the plan passes a pointer where the kernel takes " * 8
+    outcome = EvalOutcome(EvalStatus.LAUNCH_ERROR, summary=long)
+    text = user_prompt(request(Action.REPAIR, parent=node(5, Action.NEW, outcome)))
+    assert f"full message: {long.strip()}" in text and field in text
+
+
+def test_a_crash_repair_gets_the_workers_last_output():
+    outcome = EvalOutcome(EvalStatus.CRASH, summary="the worker died", extra={
+        "stderr": "CUDA error: an illegal memory access was encountered\nat softmax_rows_bf16"})
+    text = user_prompt(request(Action.REPAIR, parent=node(5, Action.NEW, outcome)))
+    assert "the worker's last output:\n```text\nCUDA error: an illegal memory access" in text
+
+
+def test_a_region_card_says_what_each_family_of_its_ops_computes_once():
+    samples = json.loads(Path(__file__).with_name("region_samples.json").read_text())
+    region = samples["gemma4-tiny/r_06abf04f5777"]["region"]  # rotary embedding: mul, neg, cat
+    found = Region.from_dict(region)
+    register(found)
+    card = OpCard(op=found.op, args=list(found.inputs), region=region)
+    text = user_prompt(replace(request(), card=card))
+    meaning = text.split("# What the chain's ops compute\n", 1)[1].split("\n\n", 1)[0]
+    assert "- aten.mul.Tensor, aten.add.Tensor: Elementwise over operands broadcast" in meaning
+    assert "\n  aten.add.Tensor: self + alpha * other." in meaning
+    assert meaning.count("Elementwise over operands broadcast") == 1
+    assert "# What the operator computes" not in text

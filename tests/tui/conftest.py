@@ -22,6 +22,13 @@ def make_app(db: Path, **options) -> KforgeApp:
     return KforgeApp(db, **{**defaults, **options})
 
 
+@pytest.fixture(autouse=True)
+def truecolour_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The app fits its theme to the terminal's colours: every test sees a terminal of 16 million
+    colours, whatever runs the tests, unless it sets another."""
+    monkeypatch.setenv("COLORTERM", "truecolor")
+
+
 @pytest.fixture
 async def fixture_db(tmp_path: Path) -> tuple[Path, dict[str, int]]:
     db = tmp_path / "k.db"

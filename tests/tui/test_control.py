@@ -47,7 +47,7 @@ async def test_pause_without_an_engine_says_so_and_offers_to_resume(fixture_db):
         await open_first_session(pilot)
         await pilot.press("p")
         await until(pilot, lambda: isinstance(app.screen, Confirm), what="the resume offer")
-        assert "no search is running for session 1" in app.screen.question
+        assert "No search is running for session 1" in app.screen.question
         await pilot.press("n")
         assert isinstance(app.screen, SessionScreen)
 

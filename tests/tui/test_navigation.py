@@ -154,7 +154,7 @@ async def test_without_a_database_or_gpu_it_opens_and_says_what_is_missing(tmp_p
         assert "No database at" in notice and "No NVIDIA GPU here" in notice
         await pilot.press("n")
         await pilot.press(*"resnet50", "enter")
-        assert any("need an NVIDIA GPU" in n.message for n in app._notifications)
+        assert any("needs an NVIDIA GPU" in n.message for n in app._notifications)
     assert not (tmp_path / "none.db").exists()
 
 

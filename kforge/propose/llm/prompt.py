@@ -1,6 +1,7 @@
 """The prompts sent to the model: a fixed system prompt teaching the candidate format (CUDA source
-and launch plan), and a user prompt describing one request (the op card as a plan sees it, the GPU,
-the parent kernel and what the search learned).
+and launch plan), and a user prompt describing one request (the op card as a plan sees it, what
+the op computes, eager's own kernels, the GPU and its limits, the parent kernel with the evidence
+of its failure or its profile, and what the search learned).
 
 Pure text building: the same request always gives the same prompt.
 """
@@ -9,14 +10,17 @@ from __future__ import annotations
 
 import json
 
+from kforge.core.argspec import resolve_op
 from kforge.core.candidate import EvalOutcome, EvalStatus
-from kforge.core.gpu import GpuInfo
+from kforge.core.gpu import NO_GPU, GpuInfo
 from kforge.core.launch_plan import ArgValue, TensorMeta
 from kforge.core.mcts import Action
 from kforge.core.opcard import OpCard, is_contiguous
 from kforge.core.protocols import NodeView, ProposalRequest
+from kforge.propose.llm.feedback import eager_section, profile_lines, repair_evidence
 from kforge.propose.llm.text import head_and_tail, one_line
 from kforge.propose.llm.variant import variant_view
+from kforge.propose.semantics import op_meaning
 
 COMPILE_LOG_CHARS = 6000  # a repair needs the first errors; later ones are mostly knock-on
 REPORT_CHARS = 1500  # ptxas' register and spill report of a working kernel
@@ -250,10 +254,13 @@ def render_messages(messages: list[dict[str, str]]) -> str:
 def user_prompt(request: ProposalRequest) -> str:
     action = effective_action(request)
     sections = [f"# Task: {action.value}\n{_INSTRUCTIONS[action]}",
-                card_section(request.card), gpu_section(request.gpu)]
+                card_section(request.card)]
+    sections += [s for s in (meaning_section(request.card), eager_section(request.baseline))
+                 if s is not None]
+    sections.append(gpu_section(request.gpu))
     parent = request.parent if action is not Action.NEW else None
     if parent is not None:
-        sections.append(node_section(parent, repair=action is Action.REPAIR))
+        sections.append(node_section(parent, repair=action is Action.REPAIR, gpu=request.gpu))
     if request.lineage:
         sections.append(lineage_section(request.lineage))
     if request.best is not None and (parent is None or request.best.id != parent.id):
@@ -273,9 +280,15 @@ def card_section(card: OpCard) -> str:
     """The operator, its arguments by the names a plan uses, eager's outputs and the times.
     Raises KforgeError when the arguments cannot be given to a plan (see ``variant_view``)."""
     view = variant_view(card)
-    lines = ["# The operator", f"op: {card.op}", f"schema: {view.schema}",
-             f"call: {card.op}({card.signature})",
-             "arguments, by the schema names the plan uses:"]
+    lines = ["# The operator", f"op: {card.op}"]
+    if view.region_source is None:
+        lines.append(f"schema: {view.schema}")
+    else:
+        lines += ["This operator is a chain of aten ops, fused into one: it computes this "
+                  "function, which the kernel replaces whole (intermediate values need not be "
+                  "kept):", f"```python\n{view.region_source}\n```"]
+    lines += [f"call: {card.op}({card.signature})",
+              "arguments, by the schema names the plan uses:"]
     for name, value in view.arguments.items():
         lines += _argument_lines(name, value)
     if view.outputs is None:
@@ -283,7 +296,9 @@ def card_section(card: OpCard) -> str:
                      "schema's return type")
     else:
         lines.append("eager returns (the plan's outputs, in this order):")
-        lines += [f"- output {i}: {t.dtype}, shape {list(t.shape)}, stride {list(t.stride)}"
+        names = output_names(card)
+        lines += [f"- output {i}{f' ({names[i]})' if i < len(names) else ''}: {t.dtype}, "
+                  f"shape {list(t.shape)}, stride {list(t.stride)}"
                   for i, t in enumerate(view.outputs)]
     lines.append(f"per model run: {card.calls} call{'s' if card.calls != 1 else ''}, "
                  f"{card.share:.1%} of the model's operator time")
@@ -314,27 +329,96 @@ def _literal(value: ArgValue) -> str:
     return repr(value)
 
 
+def output_names(card: OpCard) -> list[str]:
+    """The names of an op's outputs: the schema's where it names them, else the op semantics'
+    (``native_group_norm`` returns out, mean, rstd); none for a region card."""
+    if card.region is not None:
+        return []
+    names = [r.name for r in resolve_op(card.op)._schema.returns]
+    if names and all(names):
+        return names
+    meaning = op_meaning(card.op)
+    return list(meaning.returns) if meaning is not None else []
+
+
+def meaning_section(card: OpCard) -> str | None:
+    """What the operator computes (the op family's statement), or for a region card, what each
+    aten op of its chain computes."""
+    if card.region is not None:
+        families: dict[str, tuple[str, list[str], list[str]]] = {}  # statement, ops, notes
+        for op in dict.fromkeys(node["op"] for node in card.region["nodes"]):
+            if (m := op_meaning(op)) is not None:
+                _, ops, notes = families.setdefault(m.family, (m.meaning, [], []))
+                ops.append(op)
+                notes += [f"{op}: {m.note}"] if m.note else []
+        if not families:
+            return None
+        return "# What the chain's ops compute\n" + "\n".join(
+            f"- {', '.join(ops)}: {meaning}" + "".join(f"\n  {note}" for note in notes)
+            for meaning, ops, notes in families.values())
+    meaning = op_meaning(card.op)
+    if meaning is None:
+        return None
+    lines = ["# What the operator computes", meaning.meaning]
+    if meaning.note:
+        lines.append(meaning.note)
+    return "\n".join(lines)
+
+
 def gpu_section(gpu: GpuInfo) -> str:
+    """The GPU: its size, the limits a kernel plans around, clocks, memory and what its
+    architecture offers."""
     facts = [f"{gpu.sm_count} SMs" if gpu.sm_count else "",
              f"{gpu.memory_gb:g} GB memory" if gpu.memory_gb else "",
              f"{gpu.l2_mb:g} MB L2" if gpu.l2_mb else "",
              f"measured copy bandwidth {gpu.bandwidth_gbs:.0f} GB/s" if gpu.bandwidth_gbs else ""]
     details = ", ".join(f for f in facts if f)
-    return f"# The GPU\n{gpu.name}, architecture {gpu.arch}" + (f": {details}" if details else "")
+    lines = [f"# The GPU\n{gpu.name}, architecture {gpu.arch}"
+             + (f": {details}" if details else "")]
+    if gpu.smem_per_sm_kb or gpu.regs_per_sm or gpu.max_threads_per_sm:
+        lines.append(f"- per SM: {gpu.smem_per_sm_kb:g} KiB shared memory, {gpu.regs_per_sm} "
+                     f"32-bit registers, {gpu.max_threads_per_sm} threads, "
+                     f"{gpu.max_blocks_per_sm} blocks at most")
+    if gpu.smem_per_block_kb or gpu.regs_per_block:
+        lines.append(f"- per block: {gpu.smem_per_block_kb:g} KiB shared memory, up to "
+                     f"{gpu.smem_per_block_optin_kb:g} KiB with a plan's shared_mem (opted into "
+                     f"for you), {gpu.regs_per_block} registers, 1024 threads")
+    if gpu.sm_clock_mhz or gpu.mem_clock_mhz:
+        clocks = f"- clocks: SM up to {gpu.sm_clock_mhz} MHz, memory {gpu.mem_clock_mhz} MHz"
+        if gpu.bus_width_bits:
+            clocks += f" over a {gpu.bus_width_bits}-bit bus"
+        if peak := gpu.peak_bandwidth_gbs:
+            clocks += f" (theoretical {peak:.0f} GB/s; the measured copy rate is the floor used)"
+        lines.append(clocks)
+    if gpu.integrated:
+        lines.append("- unified memory: an integrated GPU sharing one physical memory (LPDDR) with "
+                     "the CPU; tensors live in that shared memory, so DRAM bandwidth is the "
+                     "measured copy rate above, far below an HBM GPU's, and every byte saved "
+                     "counts" + ("; kernels may also read pageable host memory coherently"
+                                 if gpu.pageable_memory_access else ""))
+    features = list(gpu.features)
+    if gpu.cluster_launch and not any("cluster" in f for f in features):
+        features.append("thread block clusters")
+    lines += [f"- {feature}" for feature in features]
+    return "\n".join(lines)
 
 
-def node_section(node: NodeView, repair: bool) -> str:
-    """The parent kernel: its result, the logs a repair or refine needs, its source and plan."""
+def node_section(node: NodeView, repair: bool, gpu: GpuInfo = NO_GPU) -> str:
+    """The parent kernel: its result, the evidence a repair needs or the profile a refine needs,
+    its source and plan."""
     assert node.candidate is not None
     lines = [f"# The parent kernel (node {node.id}, {node.action.value})",
              f"approach: {node_label(node)}", f"result: {describe_outcome(node.outcome)}"]
     outcome = node.outcome
+    if outcome is not None and outcome.ok:
+        lines += profile_lines(outcome, gpu)
     if repair and outcome is not None:
         if hint := _REPAIR_HINTS.get(outcome.status):
             lines.append(hint)
         if outcome.compile_log.strip():
             lines.append(_fenced("compiler log", "text",
                                  head_and_tail(outcome.compile_log, COMPILE_LOG_CHARS)))
+        lines += repair_evidence(outcome, node.candidate.source, SUMMARY_CHARS)
         if outcome.correctness:
             details = json.dumps(outcome.correctness, indent=1, sort_keys=True, default=str)
             lines.append(_fenced("correctness details", "json",

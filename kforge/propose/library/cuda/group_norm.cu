@@ -166,3 +166,188 @@ __device__ __forceinline__ void group_norm_split_apply(const T* __restrict__ x,
   normalize_range<T, TW, C, HW, G, THREADS, VEC, HAS_W, HAS_B>(x, w, b, y, group, begin, end, mean,
                                                                rstd);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Single pass: a group stays on chip while its statistics are found and is normalized from there
+// (one read, one write). Each of the PARTS blocks of a group holds CHUNK consecutive elements of
+// it in dynamic shared memory, in the storage type, and finds their exact mean and m2 (two passes
+// over shared memory); the parts' states merge in rank order, so every block agrees.
+// - group_norm_cluster: the group's blocks form a thread-block cluster (PARTS = 1: one block holds
+//   the whole group) and read one another's states from distributed shared memory.
+// - group_norm_chained: blocks take tickets in the order they start (group = ticket / PARTS), put
+//   their states in `parts` and wait until their group's PARTS states are in. A block waits only
+//   for blocks holding its own group's tickets; earlier tickets are running or done, later ones of
+//   its group start as soon as blocks of earlier groups finish. So a group's PARTS blocks must fit
+//   on the GPU at once: PARTS stays well below the number of resident blocks.
+
+// Copy `count` elements (a multiple of VEC) from src to part, and return their statistics. Whole
+// vectors of 4 to 16 bytes go by asynchronous copies (cp.async): every copy of the part is in
+// flight at once and none passes through registers; narrower vectors, and the scalar twin for
+// misaligned pointers (PACKED false), go through registers, UNROLL loads in flight per thread.
+template <typename T, int THREADS, int VEC, int UNROLL, bool PACKED>
+__device__ __forceinline__ kf::Welford load_part(const T* __restrict__ src, T* __restrict__ part,
+                                                 int count) {
+  using P = kf::Pack<T, VEC>;
+  constexpr int STEP = THREADS * VEC;
+  constexpr int BYTES = int(sizeof(P));
+  __shared__ float scratch[THREADS / 32];
+  float s = 0.f;
+  if constexpr (PACKED && (BYTES == 4 || BYTES == 8 || BYTES == 16)) {
+    for (int i = threadIdx.x * VEC; i < count; i += STEP) kf::copy_async<BYTES>(part + i, src + i);
+    kf::wait_async();
+    // Each thread reads back only the elements it copied.
+    for (int i = threadIdx.x * VEC; i < count; i += STEP) {
+      const P v = *reinterpret_cast<const P*>(part + i);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) s += kf::to_float(v.v[k]);
+    }
+  } else {
+    for (int base = threadIdx.x * VEC; base < count; base += STEP * UNROLL) {
+      P v[UNROLL];
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {  // all loads first
+        if (base + u * STEP < count) {
+          if constexpr (PACKED) {
+            v[u] = *reinterpret_cast<const P*>(src + base + u * STEP);
+          } else {
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) v[u].v[k] = src[base + u * STEP + k];
+          }
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+        if (base + u * STEP < count) {
+          *reinterpret_cast<P*>(part + base + u * STEP) = v[u];
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) s += kf::to_float(v[u].v[k]);
+        }
+      }
+    }
+  }
+  // Each thread reads back only the elements it wrote: no barrier needed before the next pass.
+  const float mean = kf::block_allreduce<THREADS>(s, scratch, kf::Sum()) / count;
+  float m2 = 0.f;
+  for (int i = threadIdx.x * VEC; i < count; i += STEP) {
+    const P v = *reinterpret_cast<const P*>(part + i);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      const float d = kf::to_float(v.v[k]) - mean;
+      m2 += d * d;
+    }
+  }
+  return {float(count), mean, kf::block_allreduce<THREADS>(m2, scratch, kf::Sum())};
+}
+
+// Normalize `count` elements of `part` (element `begin` of group `group` onwards) into dst, as
+// normalize_range does.
+template <typename T, typename TW, int C, int HW, int G, int THREADS, int VEC, bool HAS_W, bool HAS_B,
+          bool PACKED>
+__device__ __forceinline__ void normalize_part(const T* __restrict__ part, const TW* __restrict__ w,
+                                               const TW* __restrict__ b, T* __restrict__ dst,
+                                               int64_t group, int64_t begin, int count, float mean,
+                                               float rstd) {
+  using P = kf::Pack<T, VEC>;
+  const int first_channel = int(group % G) * (C / G);
+  for (int i = threadIdx.x * VEC; i < count; i += THREADS * VEC) {
+    const int c = first_channel + int((begin + i) / HW);
+    const float a = rstd * (HAS_W ? kf::to_float(w[c]) : 1.f);
+    const float shift = (HAS_B ? kf::to_float(b[c]) : 0.f) - a * mean;
+    const P v = *reinterpret_cast<const P*>(part + i);
+    float o[VEC];
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      const float e = kf::to_float(v.v[k]);
+      o[k] = HAS_W || HAS_B ? e * a + shift : (e - mean) * rstd;
+    }
+    kf::store<T, VEC, PACKED>(dst + i, o);
+  }
+}
+
+template <int64_t D, int PARTS, int VEC>
+__device__ __forceinline__ int part_count(int rank, int64_t& begin) {
+  constexpr int64_t CHUNK = (D / VEC + PARTS - 1) / PARTS * VEC;
+  begin = rank * CHUNK;
+  return int(D - begin < CHUNK ? D - begin : CHUNK);
+}
+
+template <typename T, typename TW, typename TS, int C, int HW, int G, int PARTS, int THREADS, int VEC,
+          int UNROLL, bool HAS_W, bool HAS_B, bool PACKED>
+__device__ __forceinline__ void group_norm_cluster(const T* __restrict__ x, const TW* __restrict__ w,
+                                                   const TW* __restrict__ b, T* __restrict__ y,
+                                                   TS* __restrict__ mean_out,
+                                                   TS* __restrict__ rstd_out, float eps) {
+  constexpr int64_t D = int64_t(C / G) * HW;
+  extern __shared__ __align__(16) unsigned char on_chip[];
+  T* part = reinterpret_cast<T*>(on_chip);
+  __shared__ kf::Welford state;
+  __shared__ float stats[2];
+  const int rank = PARTS > 1 ? int(kf::cluster_rank()) : 0;
+  const int64_t group = blockIdx.x / PARTS;
+  int64_t begin;
+  const int count = part_count<D, PARTS, VEC>(rank, begin);
+  const kf::Welford mine = load_part<T, THREADS, VEC, UNROLL, PACKED>(x + group * D + begin, part, count);
+  if (threadIdx.x == 0) state = mine;
+  if constexpr (PARTS > 1) {
+    kf::cluster_sync();  // every block's state is written
+  } else {
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    kf::Welford acc = PARTS > 1 ? kf::cluster_load(&state, 0) : state;
+    for (int r = 1; r < PARTS; ++r) acc = kf::merge(acc, kf::cluster_load(&state, r));
+    finish_stats<TS>(acc, eps, stats[0], stats[1]);
+    if (rank == 0) {
+      mean_out[group] = kf::from_float<TS>(stats[0]);
+      rstd_out[group] = kf::from_float<TS>(stats[1]);
+    }
+  }
+  __syncthreads();
+  if constexpr (PARTS > 1) kf::cluster_arrive();  // done reading the other blocks' states
+  normalize_part<T, TW, C, HW, G, THREADS, VEC, HAS_W, HAS_B, PACKED>(part, w, b, y + group * D + begin, group,
+                                                              begin, count, stats[0], stats[1]);
+  if constexpr (PARTS > 1) kf::cluster_wait();  // no block leaves while another may read its state
+}
+
+// `sync`: a ticket counter, then one arrival counter per group, all zero at launch.
+template <typename T, typename TW, typename TS, int C, int HW, int G, int PARTS, int THREADS, int VEC,
+          int UNROLL, bool HAS_W, bool HAS_B, bool PACKED>
+__device__ __forceinline__ void group_norm_chained(const T* __restrict__ x, const TW* __restrict__ w,
+                                                   const TW* __restrict__ b, T* __restrict__ y,
+                                                   TS* __restrict__ mean_out,
+                                                   TS* __restrict__ rstd_out,
+                                                   unsigned* __restrict__ sync,
+                                                   kf::Welford* __restrict__ parts, float eps) {
+  constexpr int64_t D = int64_t(C / G) * HW;
+  extern __shared__ __align__(16) unsigned char on_chip[];
+  T* part = reinterpret_cast<T*>(on_chip);
+  __shared__ unsigned ticket;
+  __shared__ float stats[2];
+  if (threadIdx.x == 0) ticket = atomicAdd(sync, 1u);
+  __syncthreads();
+  const int64_t group = ticket / PARTS;
+  const int rank = int(ticket % PARTS);
+  int64_t begin;
+  const int count = part_count<D, PARTS, VEC>(rank, begin);
+  const kf::Welford mine = load_part<T, THREADS, VEC, UNROLL, PACKED>(x + group * D + begin, part, count);
+  if (threadIdx.x == 0) {
+    parts[ticket] = mine;
+    unsigned* arrived = sync + 1 + group;
+    kf::add_release(arrived, 1u);
+    while (kf::load_acquire(arrived) < PARTS) __nanosleep(64);
+    const kf::Welford* states = parts + group * PARTS;
+    kf::Welford acc = {0.f, 0.f, 0.f};
+    for (int r = 0; r < PARTS; ++r) {  // from L2: the states were written by other SMs
+      acc = kf::merge(acc, kf::Welford{__ldcg(&states[r].n), __ldcg(&states[r].mean),
+                                       __ldcg(&states[r].m2)});
+    }
+    finish_stats<TS>(acc, eps, stats[0], stats[1]);
+    if (rank == 0) {
+      mean_out[group] = kf::from_float<TS>(stats[0]);
+      rstd_out[group] = kf::from_float<TS>(stats[1]);
+    }
+  }
+  __syncthreads();
+  normalize_part<T, TW, C, HW, G, THREADS, VEC, HAS_W, HAS_B, PACKED>(part, w, b, y + group * D + begin, group,
+                                                              begin, count, stats[0], stats[1]);
+}

@@ -398,3 +398,130 @@ __device__ __forceinline__ void rms_norm_loop(const T* __restrict__ x, const TW*
   }
   if (at.lane == 0) rstd_out[at.row] = rstd;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Columns: the normalized dimension R is not the innermost. The input is seen as [K1, R, K2] with
+// K2 packed (a transposed view such as a [B, C, H*W] tensor read as [B, H*W, C]), and a row to
+// normalize is one column k2 of one k1: R elements XSR apart. A block takes COLS consecutive
+// columns of one k1, all R elements of each, into shared memory with VEC-wide loads along K2 (so
+// that reads coalesce), finds each column's statistics there (TPC = THREADS / COLS threads per
+// column), and writes the outputs in their own layout: along R with OVEC-wide stores where the
+// output packs R innermost (the norms' outputs), else along K2 like the reads (softmax's).
+// Statistics go to k1 * SS1 + k2 * SS2.
+
+// What a columns kernel computes.
+constexpr int KIND_LAYER_NORM = 0, KIND_RMS_NORM = 1, KIND_SOFTMAX = 2;
+
+template <int KIND, typename TI, typename TO, typename TW, int R, int K2, long long XS1,
+          long long XSR, long long YS1, long long YS2, long long YSR, long long SS1, long long SS2,
+          int COLS, int PITCH, int VEC, int OVEC, int THREADS, bool HAS_W, bool HAS_B, bool PACKED>
+__device__ __forceinline__ void norm_columns(const TI* __restrict__ x, const TW* __restrict__ w,
+                                             const TW* __restrict__ b, TO* __restrict__ y,
+                                             float* __restrict__ stat0, float* __restrict__ stat1,
+                                             float eps) {
+  constexpr int TPC = THREADS / COLS;
+  constexpr int SLOTS = COLS / VEC;  // vectors of a tile row
+  __shared__ TI tile[R * PITCH];
+  __shared__ float first_stat[COLS], second_stat[COLS];
+  const int64_t k1 = blockIdx.y;
+  const int k2_first = blockIdx.x * COLS;
+  const TI* xb = x + k1 * XS1 + k2_first;
+
+  for (int i = threadIdx.x; i < R * SLOTS; i += THREADS) {
+    const int r = i / SLOTS, slot = i % SLOTS;
+    if (k2_first + slot * VEC < K2) {
+      const TI* src = xb + r * XSR + slot * VEC;
+      kf::Pack<TI, VEC> v;
+      if constexpr (PACKED) {
+        v = *reinterpret_cast<const kf::Pack<TI, VEC>*>(src);
+      } else {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) v.v[k] = src[k];
+      }
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) tile[r * PITCH + slot * VEC + k] = v.v[k];
+    }
+  }
+  __syncthreads();
+
+  const int col = threadIdx.x / TPC, lane = threadIdx.x % TPC;
+  const TI* column = tile + col;
+  float a, c;  // layer_norm: mean, rstd; rms_norm: unused, rstd; softmax: max, 1 / sum
+  if constexpr (KIND == KIND_SOFTMAX) {
+    float m = -INFINITY;
+    for (int r = lane; r < R; r += TPC) m = fmaxf(m, kf::to_float(column[r * PITCH]));
+    m = kf::group_allreduce<TPC>(m, kf::Max());
+    float s = 0.f;
+    for (int r = lane; r < R; r += TPC) s += __expf(kf::to_float(column[r * PITCH]) - m);
+    a = m;
+    c = 1.f / kf::group_allreduce<TPC>(s, kf::Sum());
+  } else if constexpr (KIND == KIND_RMS_NORM) {
+    float sq = 0.f;
+    for (int r = lane; r < R; r += TPC) {
+      const float v = kf::to_float(column[r * PITCH]);
+      sq += v * v;
+    }
+    a = 0.f;
+    c = rsqrtf(kf::group_allreduce<TPC>(sq, kf::Sum()) / R + eps);
+  } else {
+    float s = 0.f;
+    for (int r = lane; r < R; r += TPC) s += kf::to_float(column[r * PITCH]);
+    a = kf::group_allreduce<TPC>(s, kf::Sum()) / R;
+    float sq = 0.f;
+    for (int r = lane; r < R; r += TPC) {
+      const float d = kf::to_float(column[r * PITCH]) - a;
+      sq += d * d;
+    }
+    c = rsqrtf(kf::group_allreduce<TPC>(sq, kf::Sum()) / R + eps);
+  }
+  if (lane == 0) {
+    first_stat[col] = a;
+    second_stat[col] = c;
+    if (k2_first + col < K2) {
+      const int64_t at = k1 * SS1 + int64_t(k2_first + col) * SS2;
+      if constexpr (KIND == KIND_LAYER_NORM) {
+        stat0[at] = a;
+        stat1[at] = c;
+      } else if constexpr (KIND == KIND_RMS_NORM) {
+        stat0[at] = c;
+      }
+    }
+  }
+  __syncthreads();
+
+  const auto finish = [&](float v, int r, int column_index) -> float {
+    const float sa = first_stat[column_index], sc = second_stat[column_index];
+    if constexpr (KIND == KIND_SOFTMAX) {
+      return __expf(v - sa) * sc;
+    } else {
+      const float wv = HAS_W ? kf::to_float(w[r]) : 1.f;
+      const float bv = HAS_B ? kf::to_float(b[r]) : 0.f;
+      return (KIND == KIND_RMS_NORM ? v : v - sa) * sc * wv + bv;
+    }
+  };
+  TO* yb = y + k1 * YS1;
+  if constexpr (YSR == 1) {  // along R, OVEC outputs per store
+    constexpr int RSLOTS = R / OVEC;
+    for (int i = threadIdx.x; i < COLS * RSLOTS; i += THREADS) {
+      const int out_col = i / RSLOTS, r0 = (i % RSLOTS) * OVEC;
+      if (k2_first + out_col >= K2) continue;
+      float o[OVEC];
+#pragma unroll
+      for (int k = 0; k < OVEC; ++k) {
+        o[k] = finish(kf::to_float(tile[(r0 + k) * PITCH + out_col]), r0 + k, out_col);
+      }
+      kf::store<TO, OVEC, PACKED>(yb + int64_t(k2_first + out_col) * YS2 + r0, o);
+    }
+  } else {  // along K2 (YS2 == 1), as the reads
+    for (int i = threadIdx.x; i < R * SLOTS; i += THREADS) {
+      const int r = i / SLOTS, slot = i % SLOTS;
+      if (k2_first + slot * VEC >= K2) continue;
+      float o[VEC];
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        o[k] = finish(kf::to_float(tile[r * PITCH + slot * VEC + k]), r, slot * VEC + k);
+      }
+      kf::store<TO, VEC, PACKED>(yb + r * YSR + k2_first + slot * VEC, o);
+    }
+  }
+}

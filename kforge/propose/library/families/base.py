@@ -44,10 +44,12 @@ class Variant:
 
 @dataclass(frozen=True)
 class Kernel:
-    """A rendered variant: the generated CUDA tail and the launch plan."""
+    """A rendered variant: the generated CUDA tail, the launch plan, and the NVRTC options it
+    needs (``kforge.runtime.nvrtc``'s allow-list)."""
 
     source: str
     plan: dict
+    nvrtc_options: tuple[str, ...] = ()
 
 
 class Family(ABC):
@@ -171,15 +173,17 @@ def cuda_bool(flag: bool) -> str:
 
 
 def entry_points(name: str, vec: int, block: int, params_c: list[str],
-                 call: Callable[[int], str]) -> str:
+                 call: Callable[[int], str], cluster: int = 1) -> str:
     """The ``extern "C"`` kernels a plan launches: one per name ``kernel_names`` gives (the
-    vectorized kernel and its scalar twin), each a call of ``call(vector width)``.
+    vectorized kernel and its scalar twin), each a call of ``call(vector width)``; ``cluster``
+    blocks along x per thread-block cluster, compiled in (``__cluster_dims__``).
 
     A plan launches the twin with its vector kernel's grid and block, so the twin must cover the
     same outputs: where the grid depends on the width, ``call`` keeps ``vec`` for the twin and
     only turns its packed accesses off (``PACKED`` false in the templates)."""
+    clusters = f"__cluster_dims__({cluster}, 1, 1) " if cluster > 1 else ""
     return "\n".join(
-        f'extern "C" __global__ void __launch_bounds__({block}) {kernel}(\n    '
+        f'extern "C" __global__ void {clusters}__launch_bounds__({block}) {kernel}(\n    '
         + ", ".join(params_c) + ") {\n  " + call(v) + ";\n}\n"
         for kernel, v in kernel_names(name, vec))
 
@@ -207,12 +211,17 @@ def f32(value: float | str) -> dict:
 
 
 def launch(kernel: str, grid: int | tuple[int, ...], block: int, params: list[dict],
-           vec: int = 1, itemsize: int = 0) -> dict:
-    """A plan launch of ``kernel`` (as ``entry_points`` names it). A kernel reading ``vec``
+           vec: int = 1, itemsize: int = 0, *, shared_mem: int = 0, cluster: int = 1) -> dict:
+    """A plan launch of ``kernel`` (as ``entry_points`` names it), with ``shared_mem`` bytes of
+    dynamic shared memory and ``cluster`` blocks along x per cluster. A kernel reading ``vec``
     elements of ``itemsize`` bytes per access needs its pointers aligned for that; where one is
     not, its scalar twin runs instead."""
     entry = {"kernel": kernel, "grid": list(grid) if isinstance(grid, tuple) else [grid],
              "block": [block], "params": params}
+    if cluster > 1:
+        entry["cluster"] = [cluster]
+    if shared_mem:
+        entry["shared_mem"] = shared_mem
     if vec > 1:
         entry |= {"align": vec * itemsize, "unaligned_kernel": scalar_twin(kernel)}
     return entry

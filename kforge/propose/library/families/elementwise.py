@@ -103,7 +103,7 @@ def _forms() -> dict[str, Form]:
 
     for name, function in (("relu", "kf::relu"), ("silu", "kf::silu"), ("sigmoid", "kf::sigmoid"),
                            ("tanh", "tanhf"), ("neg", "-"), ("abs", "fabsf"), ("exp", "expf"),
-                           ("rsqrt", "rsqrtf"), ("sqrt", "sqrtf")):
+                           ("rsqrt", "rsqrtf"), ("sqrt", "sqrtf"), ("cos", "cosf"), ("sin", "sinf")):
         both(f"{name}.default", Form(1, _call(function)))
     both("gelu.default", Form(1, lambda t, v, s: f"kf::gelu_{s['approximate']}({t[0]})"))
     forms["aten._to_copy.default"] = Form(1, lambda t, v, s: t[0])

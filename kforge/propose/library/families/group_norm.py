@@ -2,7 +2,13 @@
 group in the input's dtype, as eager does on CUDA.
 
 Parameters: ``block`` (threads), ``vec`` (elements per access; divides H*W so a vector never
-straddles two channels), ``unroll``, and for the split variant ``splits`` (blocks per group).
+straddles two channels), ``unroll``, for the split variant ``splits`` (blocks per group), and for
+the single-pass variants ``parts`` (blocks holding one group in their shared memory).
+
+The single-pass variants read the input once: a group is held on chip, in the dynamic shared
+memory of one block (``resident``), of a thread-block cluster (``cluster``, where the GPU has
+clusters), or of blocks that hand their statistics over through global memory (``chained``, for
+groups larger than a cluster holds).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from kforge.propose.library.families.base import (
     Family,
     Kernel,
     Variant,
+    cuda_bool,
     entry_points,
     f32,
     launch,
@@ -36,6 +43,11 @@ from kforge.propose.library.space import (
 
 # A partial Welford state (kf::Welford: count, mean, m2 as floats), one per block of a split.
 WELFORD_BYTES = 12
+# Dynamic shared memory a block may use where the GPU's opt-in limit is unknown (no opt-in), and
+# what a kernel keeps besides: static scratch and the room the driver reserves per block.
+DEFAULT_DYNAMIC_SHARED = 48 * 1024
+STATIC_SHARED = 2 * 1024
+CLUSTER_SIZES = (2, 4, 8)
 
 
 @dataclass(frozen=True)
@@ -61,7 +73,7 @@ class GroupNormProblem:
 class GroupNorm(Family):
     name = "group_norm"
     ops = ("aten.native_group_norm.default",)
-    cuda_files = ("group_norm.cu",)
+    cuda_files = ("cluster.cuh", "group_norm.cu")
     reference = "block_two_pass"
 
     def analyze(self, call: Call) -> GroupNormProblem:
@@ -121,7 +133,9 @@ class GroupNorm(Family):
                              "normalize (two kernels)", split) if split else
             Variant("split", "", why_not=f"groups of {d} elements are too small to split"))
         # Few groups leave SMs idle unless each group is split over several blocks.
-        return [split_variant, *block_variants] if total < 2 * sms else [*block_variants, split_variant]
+        two_pass = ([split_variant, *block_variants] if total < 2 * sms
+                    else [*block_variants, split_variant])
+        return [*on_chip_variants(problem, gpu, vecs), *two_pass]
 
     def render(self, problem: GroupNormProblem, approach: str, params: Params, gpu: GpuInfo) -> Kernel:
         x, affine = problem.x, problem.affine
@@ -136,6 +150,8 @@ class GroupNorm(Family):
         itemsize = max(t.itemsize for t in [x, *affine.present])
         plan: dict = {"outputs": [new_output(name, t) for name, t in
                                   zip(("out", "mean", "rstd"), problem.outputs)]}
+        if approach in ON_CHIP:
+            return render_on_chip(problem, approach, params, gpu)
         if approach == "split":
             splits, blocks = params["splits"], problem.groups_total * params["splits"]
             source = entry_points(
@@ -161,3 +177,119 @@ class GroupNorm(Family):
             plan["launches"] = [launch("group_norm", problem.groups_total, block,
                                        [x_ptr, *affine.pointers(), *outs], vec, itemsize)]
         return Kernel(source, plan)
+
+
+# ----- single pass: the group held on chip -----
+
+ON_CHIP = ("resident", "cluster", "chained")
+
+
+def dynamic_shared_limit(gpu: GpuInfo) -> int:
+    """Bytes of dynamic shared memory one block may hold on this GPU."""
+    optin = int(gpu.smem_per_block_optin_kb * 1024)
+    return (optin - STATIC_SHARED) if optin else DEFAULT_DYNAMIC_SHARED
+
+
+def part_bytes(problem: GroupNormProblem, parts: int, vec: int) -> int:
+    """Shared memory of one of ``parts`` blocks holding a group: whole vectors, rounded up."""
+    return ceil_div(problem.group_size // vec, parts) * vec * problem.x.itemsize
+
+
+def resident_blocks(gpu: GpuInfo, nbytes: int, block: int) -> int:
+    """Blocks of ``block`` threads holding ``nbytes`` of shared memory each that the GPU runs at
+    once: per SM, as many as its shared memory and threads allow; one where those are unknown."""
+    if not gpu.smem_per_sm_kb:
+        return sm_count(gpu)
+    per_sm = min((gpu.max_threads_per_sm or 2048) // block,
+                 int(gpu.smem_per_sm_kb * 1024) // (nbytes + STATIC_SHARED))
+    return sm_count(gpu) * max(per_sm, 1)
+
+
+def on_chip_space(problem: GroupNormProblem, gpu: GpuInfo, vecs: tuple[int, ...],
+                  parts_values: tuple[int, ...], chained: bool) -> Space | None:
+    limit, d = dynamic_shared_limit(gpu), problem.group_size
+    axes = [Axis("block", powers_of_two(128, 1024)), Axis("vec", vecs), Axis("unroll", (1, 2, 4))]
+    if len(parts_values) > 1:
+        axes.append(Axis("parts", parts_values))
+
+    def valid(p: Params) -> bool:
+        parts, vec = p.get("parts", parts_values[0]), p["vec"]
+        chunk = ceil_div(d // vec, parts) * vec
+        nbytes = chunk * problem.x.itemsize
+        if nbytes > limit or (parts - 1) * chunk >= d or p["block"] * vec > max(chunk, 128 * vec):
+            return False
+        # A chained group waits for all its blocks: they must run at once, with room to spare.
+        return not chained or 2 * parts <= resident_blocks(gpu, nbytes, p["block"])
+
+    # The fewest parts whose share leaves room for two blocks per SM (loads of one overlap the
+    # other's writes), else the fewest that fit at all.
+    fitting = [n for n in parts_values if part_bytes(problem, n, max(vecs)) <= limit]
+    roomy = [n for n in fitting if 2 * part_bytes(problem, n, max(vecs)) <= limit]
+    parts = (roomy or fitting or parts_values[-1:])[0]
+    default = {"block": 1024 if d // parts >= 1024 * max(vecs) * 4 else 256, "vec": max(vecs),
+               "unroll": 4}
+    safe = {"block": 256, "vec": 1, "unroll": 1}
+    if len(parts_values) > 1:
+        default["parts"] = safe["parts"] = parts
+    return Space.build(tuple(axes), valid, default, safe)
+
+
+def on_chip_variants(problem: GroupNormProblem, gpu: GpuInfo, vecs: tuple[int, ...]) -> list[Variant]:
+    resident = on_chip_space(problem, gpu, vecs, (1,), chained=False)
+    cluster = (on_chip_space(problem, gpu, vecs, CLUSTER_SIZES, chained=False)
+               if gpu.cluster_launch else None)
+    chained = on_chip_space(problem, gpu, vecs, powers_of_two(2, 128), chained=True)
+    size = f"groups of {problem.group_size * problem.x.itemsize} bytes"
+    return [
+        Variant("resident", "one block holds its group in shared memory: one read, statistics "
+                            "there, normalize from there", resident)
+        if resident else Variant("resident", "", why_not=f"{size} do not fit in one block"),
+        Variant("cluster", "a thread-block cluster holds its group in shared memory; the blocks "
+                           "merge their statistics through distributed shared memory", cluster)
+        if cluster else Variant("cluster", "", why_not=(
+            f"{size} do not fit in a cluster of {CLUSTER_SIZES[-1]}" if gpu.cluster_launch
+            else "this GPU launches no thread-block clusters")),
+        Variant("chained", "blocks hold parts of a group in shared memory and hand their "
+                           "statistics to one another through global memory", chained)
+        if chained else Variant("chained", "", why_not=f"{size} need more blocks at once than "
+                                                      "the GPU runs"),
+    ]
+
+
+def render_on_chip(problem: GroupNormProblem, approach: str, params: Params, gpu: GpuInfo) -> Kernel:
+    x, affine = problem.x, problem.affine
+    wt, ts = affine.ctype(x), problem.outputs[1].ctype
+    block, vec, unroll = params["block"], params["vec"], params["unroll"]
+    parts = params.get("parts", 1)
+    nbytes = part_bytes(problem, parts, vec)
+    def template(v: int) -> str:
+        return (f"<{x.ctype}, {wt}, {ts}, {problem.c}, {problem.hw}, {problem.groups}, {parts}, "
+                f"{block}, {vec}, {unroll}, {affine.flags()}, {cuda_bool(v > 1)}>")
+
+    head = [f"const {x.ctype}* __restrict__ x", *affine.c_params(wt), f"{x.ctype}* __restrict__ y",
+            f"{ts}* __restrict__ mean", f"{ts}* __restrict__ rstd"]
+    pointers = [ptr(problem.call.arg_name(0)), *affine.pointers(), ptr("out"), ptr("mean"), ptr("rstd")]
+    eps = f32(problem.call.arg_name(7))
+    plan: dict = {"outputs": [new_output(name, t) for name, t in
+                              zip(("out", "mean", "rstd"), problem.outputs)]}
+    blocks = problem.groups_total * parts
+    itemsize = max(t.itemsize for t in [x, *affine.present])
+    if approach == "chained":
+        source = entry_points(
+            "group_norm", vec, block, [*head, "unsigned* __restrict__ sync",
+                                       "kf::Welford* __restrict__ parts", "float eps"],
+            lambda v: f"group_norm_chained{template(v)}(x, {affine.c_args()}, y, mean, rstd, "
+                      "sync, parts, eps)")
+        plan["scratch"] = [{"name": "sync", "bytes": 4 * (1 + problem.groups_total), "zero": True},
+                           {"name": "parts", "bytes": blocks * WELFORD_BYTES}]
+        plan["launches"] = [launch("group_norm", blocks, block,
+                                   [*pointers, ptr("sync"), ptr("parts"), eps], vec, itemsize,
+                                   shared_mem=nbytes)]
+    else:
+        source = entry_points(
+            "group_norm", vec, block, [*head, "float eps"],
+            lambda v: f"group_norm_cluster{template(v)}(x, {affine.c_args()}, y, mean, rstd, eps)",
+            cluster=parts)
+        plan["launches"] = [launch("group_norm", blocks, block, [*pointers, eps], vec, itemsize,
+                                   shared_mem=nbytes, cluster=parts)]
+    return Kernel(source, plan)

@@ -3,7 +3,9 @@ kernels) and ``aten.max_pool2d_with_indices`` (values and int64 indices, eager's
 rules), for contiguous and channels-last inputs.
 
 Window kernels take one output per thread, in the output's memory order: ``block`` threads and
-``unroll`` outputs per thread.
+``unroll`` outputs per thread. max_pool's ``unrolled`` variant unrolls the window's taps at compile
+time and gives each thread ``outputs`` neighbours along the output's innermost dimension (W, or
+the channels of a channels-last tensor), stored as vectors.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from kforge.propose.library.families.base import (
     Family,
     Kernel,
     Variant,
+    cuda_bool,
     entry_points,
     launch,
     new_output,
@@ -23,7 +26,7 @@ from kforge.propose.library.families.base import (
 )
 from kforge.propose.library.families.reduce import (
     ReduceProblem,
-    reduce_shape,
+    reduce_problem,
     reduce_variants,
     render_reduce,
 )
@@ -65,11 +68,7 @@ class AdaptiveAvgPool(Family):
         require_float(out)
         global_ = None
         if tuple(out.shape[-2:]) == (1, 1):
-            try:
-                shape = reduce_shape(x, {x.ndim - 2, x.ndim - 1}, out, keepdim=True)
-                global_ = ReduceProblem(call, x, out, True, shape)
-            except Declined:
-                global_ = None
+            global_ = reduce_problem(call, x, out, {x.ndim - 2, x.ndim - 1}, keepdim=True, mean=True)
         return PoolProblem(call, x, out, global_)
 
     def variants(self, problem: PoolProblem, gpu: GpuInfo) -> list[Variant]:
@@ -184,13 +183,34 @@ class MaxPool2d(Family):
                               pair(call.value(4)))
 
     def variants(self, problem: MaxPoolProblem, gpu: GpuInfo) -> list[Variant]:
-        return [Variant("window", "one thread per output scans its window, in the output's "
-                                  "memory order (reference)", window_space(problem.out.numel))]
+        out = problem.out
+        _, inner_size = innermost_output(out)
+        counts = (inner_size,)
+        outputs = tuple(v for v in (1, 2, 4, 8) if v * out.itemsize <= 16 and all(c % v == 0 for c in counts))
+        axes = (Axis("block", powers_of_two(64, 1024)), Axis("outputs", outputs), Axis("unroll", (1, 2, 4)))
+
+        def valid(p: Params) -> bool:
+            groups = out.numel // p["outputs"]
+            return p["block"] == 64 or p["block"] * p["unroll"] <= pow2_ceil(groups)
+
+        most = max(v for v in outputs if v <= 4)
+        unrolled = Space.build(axes, valid, {"block": 256, "outputs": most, "unroll": 1},
+                               {"block": 128, "outputs": 1, "unroll": 1})
+        return [Variant("unrolled", "the window's taps unrolled and loaded together, neighbouring "
+                                    "outputs per thread stored as vectors", unrolled),
+                Variant("window", "one thread per output scans its window, in the output's "
+                                  "memory order (reference)", window_space(out.numel))]
 
     def render(self, problem: MaxPoolProblem, approach: str, params: Params, gpu: GpuInfo) -> Kernel:
         x, out = problem.x, problem.out
         (kh, kw), (sh, sw), (ph, pw), (dh, dw) = (problem.kernel, problem.stride, problem.padding,
                                                   problem.dilation)
+        if approach == "unrolled":
+            inner, _ = innermost_output(out)
+            geometry = window_geometry(x, out, KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh,
+                                       DW=dw, C_INNER=int(inner == out.ndim - 3),
+                                       XC=x.stride[-3] if x.ndim >= 3 else 0)
+            return render_unrolled(problem, geometry, params)
         geometry = window_geometry(x, out, KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw)
         return render_window(
             problem.call, "max_pool", geometry, params,
@@ -198,3 +218,27 @@ class MaxPool2d(Family):
              "int64_t* __restrict__ indices"],
             f"max_pool_window<Geometry, {x.ctype}, {params['unroll']}>(x, y, indices)",
             {"out": out, "indices": problem.indices})
+
+
+def innermost_output(out: TensorArg) -> tuple[int, int]:
+    """The output's innermost moving dimension, and the size of it along which neighbouring
+    outputs of a group may lie (1 unless that dimension is W or the channels)."""
+    moving = [d for d in range(out.ndim) if out.shape[d] != 1]
+    inner = min(moving, key=lambda d: out.stride[d], default=out.ndim - 1)
+    along = out.shape[inner] if inner in (out.ndim - 1, out.ndim - 3) and out.stride[inner] == 1 else 1
+    return inner, along
+
+
+def render_unrolled(problem: MaxPoolProblem, geometry: str, params: Params) -> Kernel:
+    x, out, call = problem.x, problem.out, problem.call
+    block, outputs, unroll = params["block"], params["outputs"], params["unroll"]
+    signature = [f"const {x.ctype}* __restrict__ x", f"{out.ctype}* __restrict__ y",
+                 "int64_t* __restrict__ indices"]
+    source = geometry + "\n" + entry_points("max_pool", outputs, block, signature, lambda v: (
+        f"max_pool_unrolled<Geometry, {x.ctype}, {outputs}, {unroll}, {cuda_bool(v > 1)}>"
+        "(x, y, indices)"))
+    blocks = ceil_div(out.numel // outputs, block * unroll)
+    plan = {"outputs": [new_output("out", out), new_output("indices", problem.indices)],
+            "launches": [launch("max_pool", blocks, block,
+                                [ptr(call.arg_name(0)), ptr("out"), ptr("indices")], outputs, 8)]}
+    return Kernel(source, plan)

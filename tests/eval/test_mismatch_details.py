@@ -1,0 +1,60 @@
+"""A mismatch's evidence for the repair prompt: the worst elements with eager's and the
+candidate's values, where the faults lie, error norms and NaN/inf counts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from kforge.core.candidate import EvalStatus
+from kforge.eval.compare import Meta
+from kforge.eval.observe import Observed, Verdict, compare_observed
+
+
+def observed(t: torch.Tensor) -> Observed:
+    return Observed(t, [t], [Meta.of(t)], [None])
+
+
+def mismatch(out: torch.Tensor, ref: torch.Tensor) -> dict:
+    with pytest.raises(Verdict) as caught:
+        compare_observed(observed(out), observed(ref), "random seed 2, run 1")
+    assert caught.value.status is EvalStatus.MISMATCH
+    details = caught.value.details["mismatch"]
+    json.dumps(details)  # stored with the outcome
+    return details
+
+
+def test_a_wrong_tail_is_shown_with_its_worst_elements_and_span():
+    ref = torch.randn(8, 130, generator=torch.Generator().manual_seed(0))
+    out = ref.clone()
+    out[:, 128:] = 0.0  # the last two columns never written
+    details = mismatch(out, ref)
+    assert details["where"] == "random seed 2, run 1" and details["result"] == 0
+    assert details["shape"] == [8, 130] and details["dtype"] == "float32"
+    assert details["fault_span"] == [[0, 7], [128, 129]]
+    worst = details["worst"]
+    assert len(worst) == 8 and all(w["index"][1] >= 128 and w["candidate"] == 0.0 for w in worst)
+    top = worst[0]
+    assert abs(top["eager"]) == pytest.approx(ref[:, 128:].abs().max().item())
+    assert details["max_abs"] == pytest.approx(abs(ref[:, 128:]).max().item())
+
+
+def test_misplaced_nan_is_counted_and_located():
+    ref = torch.ones(4, 4)
+    out = ref.clone()
+    out[2, 3] = float("nan")
+    details = mismatch(out, ref)
+    assert details["nonfinite"] == {"nan": {"eager": 0, "candidate": 1}}
+    assert details["worst"] == [{"index": [2, 3], "eager": 1.0, "candidate": "nan"}]
+    assert details["fault_span"] == [[2, 2], [3, 3]]
+
+
+def test_integers_list_the_unequal_elements():
+    ref = torch.arange(10)
+    out = ref.clone()
+    out[7] = -1
+    details = mismatch(out, ref)
+    assert details["worst"] == [{"index": [7], "eager": 7.0, "candidate": -1.0}]
+    assert details["faults"] == 1

@@ -1,0 +1,226 @@
+"""What the TUI sends to its terminal while nobody presses a key: nothing while nothing on screen
+changes, changed rows and lines alone when something does, no reads for a screen out of sight,
+and a live search within its budget of bytes a second (bench/bench_tui_output.py measures the
+same in tmux)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from textual.geometry import Region
+from textual.screen import Screen
+from textual.widget import Widget
+
+from kforge.core.candidate import Candidate, EvalOutcome, EvalStatus
+from kforge.store import Store
+from kforge_tui.app import KforgeApp
+from kforge_tui.screens import sessions
+from kforge_tui.screens.session import SessionScreen
+from kforge_tui.screens.sessions import SessionsScreen
+from kforge_tui.widgets.search_tree import SearchTree
+from kforge_tui.widgets.status_bar import StatusBar
+from kforge_tui.widgets.tables import OpTable, VimTable
+from tests.tui.conftest import make_app, until
+from tests.tui.fixtures import timing
+from tests.tui.test_control import live_session, start_engine
+
+LIVE_BUDGET_BYTES_S = 10_000  # a live search at 120x40
+
+
+@dataclass
+class Output:
+    """Bytes the app would write to a 256-colour terminal, and the widgets it repainted."""
+
+    written: int = 0
+    repaints: list[tuple[Widget, tuple[Region, ...], bool]] = field(default_factory=list)
+
+    def clear(self) -> None:
+        self.written = 0
+        self.repaints.clear()
+
+    def of(self, kind: type) -> list[tuple[tuple[Region, ...], bool]]:
+        return [(regions, layout) for widget, regions, layout in self.repaints
+                if isinstance(widget, kind)]
+
+
+def watch_output(app: KforgeApp, monkeypatch: pytest.MonkeyPatch) -> Output:
+    """Count what the app hands its terminal (a headless app writes nothing, so each screen
+    update is rendered here as the terminal driver would), and every repaint asked of a widget
+    (past VimTable's own filter)."""
+    output = Output()
+    terminal = Console(color_system="256", force_terminal=True, file=io.StringIO())
+    display = app._display
+
+    def displayed(screen, update) -> None:
+        if update is not None:
+            output.written += len(update.render_segments(terminal).encode())
+        display(screen, update)
+
+    monkeypatch.setattr(app, "_display", displayed)
+    refresh = Widget.refresh
+
+    def repaint(widget, *regions, repaint=True, layout=False, recompose=False):
+        if widget.is_attached and widget.screen is app.screen:
+            output.repaints.append((widget, regions, layout))
+        return refresh(widget, *regions, repaint=repaint, layout=layout, recompose=recompose)
+
+    monkeypatch.setattr(Widget, "refresh", repaint)
+    return output
+
+
+def count_calls(store: Store, *names: str) -> Counter:
+    """Count calls of the store's reads, by name."""
+    calls: Counter = Counter()
+    for name in names:
+        method = getattr(store, name)
+
+        async def counted(*args, _name=name, _method=method, **kwargs):
+            calls[_name] += 1
+            return await _method(*args, **kwargs)
+
+        setattr(store, name, counted)
+    return calls
+
+
+async def session_open(pilot) -> SessionScreen:
+    app = pilot.app
+    await until(pilot, lambda: isinstance(app.screen, SessionScreen)
+                and app.screen.state is not None
+                and app.screen.query_one(SearchTree).card is not None, what="the session")
+    await pilot.pause(0.3)  # the first paint, and the tree's repaint timer
+    return app.screen
+
+
+async def test_an_unchanged_session_sends_nothing_while_it_polls(fixture_db, monkeypatch):
+    db, _ = fixture_db
+    monkeypatch.setattr(sessions, "RELOAD_S", 0.2)  # the list under it would reload often
+    app = make_app(db, session=1)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await session_open(pilot)
+        calls = count_calls(app.store, "events_since")
+        output = watch_output(app, monkeypatch)
+        await pilot.pause(1.0)
+        assert calls["events_since"] >= 5  # it polled all along (every 0.05 s)
+        assert output.written == 0
+        assert output.repaints == []
+
+
+async def test_an_unchanged_session_list_sends_nothing_when_it_reloads(fixture_db, monkeypatch):
+    db, _ = fixture_db
+    monkeypatch.setattr(sessions, "RELOAD_S", 0.2)
+    app = make_app(db)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, SessionsScreen)
+                    and app.screen.query_one(VimTable).row_count == 2)
+        await pilot.pause(0.3)
+        calls = count_calls(app.store, "list_sessions")
+        output = watch_output(app, monkeypatch)
+        await pilot.pause(1.0)
+        assert calls["list_sessions"] >= 2  # read again, found the same
+        assert output.written == 0
+        assert output.repaints == []
+
+
+async def test_a_screen_out_of_sight_reads_nothing(fixture_db):
+    db, _ = fixture_db
+    app = make_app(db)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, SessionsScreen)
+                    and app.screen.query_one(VimTable).row_count == 2)
+        calls = count_calls(app.store, "last_seq", "list_sessions", "events_since")
+        await pilot.press("enter")
+        session = await session_open(pilot)
+        calls.clear()
+        await pilot.pause(0.5)
+        assert calls["events_since"] >= 3  # the session shown polls
+        assert calls["last_seq"] == calls["list_sessions"] == 0  # the list under it does not
+
+        app.push_screen(Screen())  # a full screen over the session
+        await pilot.pause(0.2)
+        calls.clear()
+        await pilot.pause(0.5)
+        assert sum(calls.values()) == 0
+
+        app.pop_screen()
+        await until(pilot, lambda: calls["events_since"] > 0, what="the session to poll again")
+        await pilot.press("escape")
+        assert app.screen is not session
+        await until(pilot, lambda: calls["last_seq"] > 0, what="the list to poll again")
+
+
+async def finish_node(db: Path, session_id: int, card_id: int, parent: int, speed: float) -> int:
+    """Do what an engine does for one iteration: a node, its kernel, its result, the card's best."""
+    async with await Store.open(db) as store:
+        node_id = await store.add_node(session_id, card_id, parent, "refine")
+        await store.set_candidate(node_id, Candidate(f"// kernel {node_id}", "launch()"), [])
+        await store.finish_node(node_id, EvalOutcome(EvalStatus.OK, timing=timing(100 / speed),
+                                                     eager=timing(100.0), speedup=speed), 0.1)
+        await store.update_card(card_id, best_node=node_id, best_speedup=speed, spent=7)
+    return node_id
+
+
+async def test_a_finished_node_repaints_its_op_row_and_tree_lines_alone(fixture_db, monkeypatch):
+    db, ids = fixture_db
+    app = make_app(db, session=1)
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = await session_open(pilot)
+        table = screen.query_one(OpTable)
+        keys = [row.key for row in table.ordered_rows]
+        cleared = Counter()
+        monkeypatch.setattr(table, "clear", lambda *a, **k: cleared.update(["clear"]))
+        output = watch_output(app, monkeypatch)
+
+        node_id = await finish_node(db, ids["session"], ids["card"], ids["a1"], 2.5)
+        await until(pilot, lambda: node_id in screen.model.nodes
+                    and "2.50x" in str(table.get_row(str(ids["card"]))), what="the new best")
+        await pilot.pause(0.3)  # the tree's repaint timer
+
+        assert cleared == Counter() and [row.key for row in table.ordered_rows] == keys
+        softmax_row = table.get_row_index(str(ids["card"]))
+        table_repaints = output.of(OpTable)
+        assert table_repaints and all(regions and not layout for regions, layout in table_repaints)
+        rows = {region.y + int(table.scroll_offset.y) - table.header_height
+                for regions, _ in table_repaints for region in regions}
+        assert rows == {softmax_row}  # the other ops' rows stay as they were drawn
+        # The tree: the new line (its shape changed), then, line by line, the lines whose
+        # figures changed: the new node's, its ancestors', and the op's (its count of nodes).
+        tree = screen.query_one(SearchTree)
+        changed = set(screen.model.ancestors(node_id))
+        allowed = {y for y in range(tree.last_line + 1)
+                   if (line := tree.get_node_at_line(y)) is not None
+                   and (line.data is None or line.data.id in changed)}
+        tree_lines = [regions for regions, layout in output.of(SearchTree) if not layout]
+        assert tree_lines and all(region.height == 1 for regions in tree_lines
+                                  for region in regions)
+        drawn = {region.y + int(tree.scroll_offset.y) for regions in tree_lines
+                 for region in regions}
+        assert drawn <= allowed
+        assert 1 <= len(output.of(StatusBar)) <= 2  # the iteration count changed
+
+
+async def test_a_live_search_stays_within_its_output_budget(tmp_path, monkeypatch):
+    db = tmp_path / "k.db"
+    sid = await live_session(db)
+    engine_store, engine = await start_engine(db, sid, delay_s=0.3)
+    try:
+        app = make_app(db, session=sid, poll_s=0.5)  # the app's own pace
+        async with app.run_test(size=(120, 40)) as pilot:
+            screen = await session_open(pilot)
+            await until(pilot, lambda: len(screen.model.nodes) >= 3, what="nodes to arrive")
+            output = watch_output(app, monkeypatch)
+            seen, start = len(screen.model.nodes), time.monotonic()
+            await pilot.pause(4.0)
+            rate = output.written / (time.monotonic() - start)
+            assert len(screen.model.nodes) >= seen + 2  # the screen followed the search
+            assert rate < LIVE_BUDGET_BYTES_S, f"{rate:.0f} bytes/s"
+    finally:
+        engine.cancel()
+        await asyncio.gather(engine, return_exceptions=True)
+        await engine_store.close()
