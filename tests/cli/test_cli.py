@@ -183,8 +183,10 @@ def test_database_path_that_is_a_folder(tmp_path: Path):
 def test_detached_search_survives_and_stops_on_command(tmp_path: Path):
     db = tmp_path / "k.db"
     sid = make_db(db, {"fake": {"delay_s": 0.05}})
+    # A patience no search of 500 iterations reaches: the engine must still be running when
+    # `stop` arrives, however quickly the fake kernels stop improving.
     started = kforge("search", "--session", str(sid), "--db", str(db), "--iterations", "500",
-                     "--detach", "--json", *DOUBLES)
+                     "--patience", "1000", "--detach", "--json", *DOUBLES)
     assert started.returncode == 0, started.stderr
     answer = json.loads(started.stdout)  # the one JSON object, nothing else
     log = db.parent / "logs" / f"session-{sid}.log"
