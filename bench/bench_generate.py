@@ -22,27 +22,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_e2e import kforge  # noqa: E402  (the same way of running the CLI)
+
 SESSION = 1
-
-
-def kforge(*args: str, timeout: float) -> None:
-    """Run the kforge CLI; its output goes to our log as well."""
-    started = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "kforge", *args], cwd=REPO, text=True,
-                          capture_output=True, timeout=timeout, check=False)
-    print(f"$ kforge {' '.join(args)}  ({time.perf_counter() - started:.0f} s, "
-          f"rc {proc.returncode})")
-    print(proc.stdout[-4000:])
-    if proc.returncode != 0:
-        raise RuntimeError(f"kforge {args[0]} failed: {proc.stderr.strip()[-2000:]}")
 
 
 def model_options(args: argparse.Namespace) -> list[str]:
