@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import tempfile
 import time
 from collections.abc import Callable
@@ -73,6 +74,7 @@ class KforgeApp(App):
         self.gpu = gpu
         self.gpu_known_signal: Signal[GpuCheck] = Signal(self, "gpu-known")
         self.store: Store | None = None
+        self._opening = asyncio.Lock()  # screens open the store at once on start: one connection
         self._first_session = session
         self._problems: list[str] = []
         self._config = config if config is not None else self._read_config()
@@ -136,9 +138,10 @@ class KforgeApp(App):
     async def open_store(self) -> Store | None:
         """The session database, opened on first use (read-only in a place this process may not
         write); None while it does not exist yet."""
-        if self.store is None and self.db_path.exists():
-            opener = Store.open_read_only if self.demo else Store.open_to_browse
-            self.store = await opener(self.db_path)
+        async with self._opening:
+            if self.store is None and self.db_path.exists():
+                opener = Store.open_read_only if self.demo else Store.open_to_browse
+                self.store = await opener(self.db_path)
         return self.store
 
     @work(group="gpu")

@@ -165,6 +165,12 @@ def _warn_python_guard(why: str) -> None:
                   stacklevel=4)
 
 
+# Set while a kernel table serves a call: the torch ops a kernel's own host side runs (its
+# allocations; on a machine without a GPU, the emulated kernel) are eager's, never a kforge kernel
+# again, which would recurse.
+_serving = threading.local()
+
+
 class _PythonRoute:
     """The Python kernel registered for one (op, dispatch key): the active tables' kernels,
     else the original kernel."""
@@ -188,10 +194,15 @@ class _PythonRoute:
                               self.__call__, dispatch_key, with_keyset=True)
 
     def __call__(self, keyset: Any, *args: Any, **kwargs: Any) -> Any:
-        for table in self.tables:
-            result = table.run(args, kwargs)
-            if result is not _MISS:
-                return result
+        if not getattr(_serving, "active", False):
+            _serving.active = True
+            try:
+                for table in self.tables:
+                    result = table.run(args, kwargs)
+                    if result is not _MISS:
+                        return result
+            finally:
+                _serving.active = False
         if self.tensor_slots:
             args, kwargs = self._numbers_as_tensors(args, kwargs)
         return self.original.call_boxed(keyset, *args, **kwargs)

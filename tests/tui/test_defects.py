@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
+import threading
 from pathlib import Path
 
 import pytest
@@ -174,6 +175,21 @@ async def test_a_dead_engine_is_reported_once_and_pause_says_so_in_80_columns(fi
         if engine.returncode is None:
             engine.kill()
             await engine.wait()
+
+
+async def test_opening_on_a_session_leaves_one_connection_that_quit_closes(fixture_db):
+    """Both screens ask for the store as the app starts; a second connection would keep its
+    thread, and the process, alive after quit."""
+    db, _ = fixture_db
+    app = make_app(db, session=1)
+    async with app.run_test(size=SMALL) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, SessionScreen)
+                    and app.screen.state is not None, what="the session")
+        connections = [t for t in threading.enumerate() if "connection" in t.name]
+        assert len(connections) == 1
+        await pilot.press("q")
+    connections[0].join(timeout=5)
+    assert not connections[0].is_alive()
 
 
 # ----- 3. an 80x24 terminal -----
