@@ -55,12 +55,12 @@ def accelerate(model: torch.nn.Module, example_inputs: Any, session: int | Kerne
     ``clone_outputs=False`` (then the next call overwrites them)."""
     args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
     loaded = loaded_forward(model, args, example_kwargs)  # refuses tensors off the GPU
-    patch = _patch_of(session, db, device or loaded.device)
+    patch = _patch_of(session, db, device or loaded.device, model)
     selection = None
     if patch is not None and select and len(patch.table):
         table, selection = choose(loaded, patch, cuda_graphs=True, order=_order(patch),
                                   reps=reps, warmup=warmup)
-        patch = Patch(table, patch.notes)
+        patch = patch.subset(table.entries, patch.notes)
     scope = (lambda: patch) if patch is not None else contextlib.nullcontext
     if patch is not None:
         patch.table.reset_counts()
@@ -71,14 +71,16 @@ def accelerate(model: torch.nn.Module, example_inputs: Any, session: int | Kerne
 
 
 def _patch_of(session: int | KernelTable | Patch | None, db: str | os.PathLike[str] | None,
-              device: str | torch.device) -> Patch | None:
+              device: str | torch.device, model: torch.nn.Module) -> Patch | None:
+    from kforge.integrate.patching import SessionPatch, patch
+
+    if isinstance(session, SessionPatch):
+        return session.for_model(model)  # its region kernels replace module forwards
     if session is None or isinstance(session, Patch):
         return session
     if isinstance(session, KernelTable):
         return Patch(session)
-    from kforge.integrate.patching import patch
-
-    return patch(session, db=db, device=device, cuda_graphs=True)
+    return patch(session, db=db, device=device, cuda_graphs=True).for_model(model)
 
 
 def _order(patch: Patch) -> list[Entry]:

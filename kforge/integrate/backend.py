@@ -47,6 +47,7 @@ from kforge.core.argspec import (
 )
 from kforge.errors import KforgeError
 from kforge.runtime.guard import Patch
+from kforge.runtime.regions import region_function, registered
 from kforge.runtime.table import _MISS, Entry, KernelTable
 
 log = logging.getLogger("kforge")
@@ -224,6 +225,7 @@ class GraphReport:
     replaced: Counter[str] = field(default_factory=Counter)  # kernel label -> nodes
     kept: Counter[str] = field(default_factory=Counter)  # reason -> calls on Inductor's code
     unmatched_ops: Counter[str] = field(default_factory=Counter)  # op -> calls, no kernel's variant
+    regions: Counter[str] = field(default_factory=Counter)  # region op -> chains found
 
 
 @dataclass
@@ -317,6 +319,10 @@ class Backend:
             key = (entry.op, variant_key(entry.op, entry.args, entry.kwargs))
             self.kernels.setdefault(key, []).append(op)
         self.ops = {resolve_op(op): op for op, _ in self.kernels}
+        # fusion regions with kernels: their chains are found in each graph (kforge.integrate.
+        # fusion) and called as the region's operator, which a kernel then serves
+        self.regions = {op: region for op, _ in self.kernels
+                        if (region := registered(op)) is not None}
         self.labels = {k.overload: k.entry.label or k.entry.op
                        for ops in self.kernels.values() for k in ops}
         if skipped:
@@ -349,6 +355,7 @@ class Backend:
             self.report.notes.append(f"a graph compiled without kforge: {GRADIENTS}")
             return compile_fx(gm, example_inputs, config_patches=self.inductor.config)
         graph = GraphReport()
+        traced = self._with_regions(gm, example_inputs, graph) if self.regions else gm
         patches = dict(self.inductor.config)
         user_passes = patches.get("post_grad_custom_pre_pass")
         counter = _CountKernels(self.labels, graph)
@@ -356,7 +363,7 @@ class Backend:
             [counter, *(user_passes if isinstance(user_passes, (list, tuple)) else [user_passes])]
             if user_passes is not None else counter)
         try:
-            compiled = compile_fx(gm, example_inputs, config_patches=patches,
+            compiled = compile_fx(traced, example_inputs, config_patches=patches,
                                   decompositions=self._decompositions(patches, graph))
         except torch._dynamo.exc.TorchDynamoException:
             raise  # Dynamo's own signals (restart the analysis, skip the frame) pass through
@@ -373,14 +380,37 @@ class Backend:
                  "no kernel applies")
         return compiled
 
+    def _with_regions(self, gm: torch.fx.GraphModule, example_inputs: list,
+                      graph: GraphReport) -> torch.fx.GraphModule:
+        """``gm`` as aten calls with every chain of a region that has kernels called as the
+        region's operator; ``gm`` itself where none is found or it cannot be traced."""
+        from kforge.integrate.fusion import aten_graph, replace
+
+        if _symbolic(list(example_inputs)):
+            return gm
+        try:
+            traced = aten_graph(gm, example_inputs)
+            for op, region in self.regions.items():
+                graph.regions[op] += replace(traced, region, resolve_op(op))
+        except Exception as exc:  # a graph make_fx cannot trace: the ops' own kernels still apply
+            self.warn("regions", f"kforge's region kernels are left out of a graph whose chains "
+                                 f"could not be found ({type(exc).__name__}: "
+                                 f"{_first_line(exc)})")
+            return gm
+        return traced if graph.regions.total() else gm
+
     def _decompositions(self, patches: dict, graph: GraphReport) -> dict:
         from torch._inductor import config
         from torch._inductor.decomposition import select_decomp_table
 
         with config.patch(patches):
             table = dict(select_decomp_table())
-        for func in self.ops:
-            table[func] = functools.partial(self._decompose, func, table.get(func), graph)
+        for func, op in self.ops.items():
+            region = self.regions.get(op)
+            # a region call no kernel serves becomes its chain of aten calls again, for
+            # Inductor to fuse as it would have
+            otherwise = region_function(region) if region is not None else table.get(func)
+            table[func] = functools.partial(self._decompose, func, otherwise, graph)
         return table
 
     def _decompose(self, func: Any, inductor: Callable | None, graph: GraphReport, *args: Any,

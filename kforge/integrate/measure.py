@@ -344,6 +344,7 @@ def measure_session(patch: SessionPatch, loaded: LoadedModel, modes: list[Mode],
     Notes say which winners each kforge mode left out, and why."""
     from kforge.integrate.patching import projected_patch, select_measured
 
+    patch = patch.for_model(loaded.model)  # region kernels replace module forwards in eager
     ids = {m.id for m in modes}
 
     def kernels(graphs: bool) -> SessionPatch:
@@ -392,7 +393,7 @@ def choose(loaded: LoadedModel, patch: Patch, *, cuda_graphs: bool,
     entries = order if order is not None else list(patch.table.entries)
 
     def measure(subset: frozenset[Entry]) -> Timing:
-        trial = Patch(KernelTable([e for e in entries if e in subset]))
+        trial = patch.subset([e for e in entries if e in subset])
         subject = Subject("trial", loaded.step, lambda: trial)
         if cuda_graphs:
             subject = _graphed(loaded, subject, Measured("trial"), None)

@@ -10,13 +10,16 @@ guard (``worth_routing``), or all of them under CUDA graphs.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 
 from kforge.capture.loader import LoadedModel
+from kforge.core.opcard import OpCard
 from kforge.errors import KforgeError
 from kforge.integrate.plan import SessionPlan, read_plan
+from kforge.integrate.regions import ForwardSwap
 from kforge.integrate.select import Selection
 from kforge.integrate.winners import (
     NO_GPU_ARCH,
@@ -28,6 +31,7 @@ from kforge.integrate.winners import (
 from kforge.runtime.cubin import KernelModule, device_arch
 from kforge.runtime.guard import Patch
 from kforge.runtime.plan import PlanRunner, check_kernels, check_widths, resolve_for
+from kforge.runtime.regions import register_cards
 from kforge.runtime.table import Entry, KernelTable, RangeRunner, Report
 from kforge.store.config import db_path
 
@@ -36,10 +40,42 @@ class SessionPatch(Patch):
     """A patch made from a stored session; ``plan`` says what became of every card."""
 
     def __init__(self, plan: SessionPlan, table: KernelTable, notes: list[str],
-                 selection: Selection[Entry] | None = None) -> None:
+                 selection: Selection[Entry] | None = None,
+                 model: torch.nn.Module | None = None) -> None:
         super().__init__(table, notes)
         self.plan = plan
         self.selection = selection  # how the kernels were chosen by measurement, if they were
+        self.model = model  # where region kernels replace module forwards while active
+        self._swap: ForwardSwap | None = None
+
+    def for_model(self, model: torch.nn.Module) -> SessionPatch:
+        """This patch, also replacing the forward of each of ``model``'s modules whose whole
+        forward is a region with a kernel here (``kforge.integrate.regions``)."""
+        return SessionPatch(self.plan, self.table, self.notes, self.selection, model)
+
+    def subset(self, entries: Iterable[Entry], notes: Iterable[str] = ()) -> SessionPatch:
+        return SessionPatch(self.plan, KernelTable(entries), list(notes), None, self.model)
+
+    def region_cards(self) -> list[OpCard]:
+        """The region cards whose kernels this patch holds."""
+        keys = {entry.key for entry in self.table.entries}
+        return [d.card for d in self.plan.winners if d.card.region is not None
+                and d.card.key in keys]
+
+    def install(self) -> None:
+        super().install()
+        cards = self.region_cards() if self.model is not None and self._swap is None else []
+        if cards:
+            assert self.model is not None
+            self._swap = ForwardSwap(self.model, cards)
+            self._swap.install()
+            self.notes += [n for n in self._swap.notes if n not in self.notes]
+
+    def remove(self) -> None:
+        if self._swap is not None:
+            self._swap.remove()
+            self._swap = None
+        super().remove()
 
     def loaded(self, decision: Decision) -> bool:
         """Whether the decision's kernel is in this patch (a winner may fail to load here)."""
@@ -68,7 +104,9 @@ def patch(session_id: int, *, db: str | os.PathLike[str] | None = None,
     never slower than eager by that measurement (``p.selection`` has every trial). Without them,
     the winners are chosen by projection: every winner with ``cuda_graphs=True`` (the model is
     captured and replayed as CUDA graphs), otherwise only those projected to save more than their
-    Python guard costs. ``cuda_graphs=True`` with a model measures CUDA graph replays.
+    Python guard costs. ``cuda_graphs=True`` with a model measures CUDA graph replays. Kernels
+    of fusion regions run only in a patch that knows the model (``model=``, or
+    ``patch.for_model(model)``): they replace the forwards of the modules that are the region.
     """
     cuda = cuda_device(device, "kforge.patch")
     if model is not None and example_inputs is None:
@@ -94,11 +132,12 @@ def select_measured(patch: SessionPatch, loaded: LoadedModel, *, cuda_graphs: bo
     (run eagerly, or as CUDA graph replays); a note for each one dropped, saying why."""
     from kforge.integrate.measure import choose
 
-    table, selection = choose(loaded, patch, cuda_graphs=cuda_graphs, order=by_saving(patch),
+    bound = patch if patch.model is not None else patch.for_model(loaded.model)
+    table, selection = choose(loaded, bound, cuda_graphs=cuda_graphs, order=by_saving(patch),
                               reps=reps, warmup=warmup)
     notes = [*patch.notes, *(f"{t.winner.label or t.winner.op}: kept on eager, {t.reason}"
                              for t in selection.dropped)]
-    return SessionPatch(patch.plan, table, notes, selection)
+    return SessionPatch(patch.plan, table, notes, selection, patch.model or loaded.model)
 
 
 def projected_patch(patch: SessionPatch) -> SessionPatch:
@@ -108,7 +147,7 @@ def projected_patch(patch: SessionPatch) -> SessionPatch:
     kept = KernelTable([e for e in patch.table.entries if e.key not in why])
     notes = [*patch.notes, *(f"{e.label}: kept on eager, {why[e.key]}"
                              for e in patch.table.entries if e.key in why)]
-    return SessionPatch(patch.plan, kept, notes)
+    return SessionPatch(patch.plan, kept, notes, None, patch.model)
 
 
 def by_saving(patch: SessionPatch) -> list[Entry]:
@@ -163,6 +202,7 @@ def build_patch(plan: SessionPlan, device: torch.device) -> SessionPatch:
 
     loader = NvrtcLoader(device.index, device_arch(device))
     table, notes = KernelTable(), []
+    register_cards(d.card for d in plan.winners)  # the region cards' operators
     for decision in plan.winners:
         card, candidate = decision.card, decision.candidate
         assert candidate is not None  # a winner always carries its code

@@ -1,11 +1,11 @@
-"""Region winners in a model: the forward of each module whose whole forward is a region (an
-RMSNorm, say) is replaced by a call of the region's operator, so that the guard in front of that
-operator runs kforge's kernel for the exact variant it won on.
+"""Region winners in an eagerly run model: the forward of each module whose whole forward is a
+region (an RMSNorm, say) is replaced by a call of the region's operator, so that the guard in
+front of that operator runs kforge's kernel for the exact variant it won on.
 
 A call with other arguments (keywords, another shape) still runs the region's operator, whose
 own implementation is the module's chain of aten calls: the same result as the module's forward.
-Under torch.compile the operator is one opaque call that Inductor leaves to the dispatcher, so
-the same swap serves eager, CUDA graphs and compiled models.
+Compiled models need no swap: kforge's compile backend finds every region's chain in the graph
+itself (``kforge.integrate.fusion``), whole module forward or not.
 """
 
 from __future__ import annotations

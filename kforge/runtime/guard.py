@@ -31,7 +31,7 @@ from kforge.runtime.native import (
     describable,
     variant_for,
 )
-from kforge.runtime.table import _MISS, KernelTable, Report, _OpEntries
+from kforge.runtime.table import _MISS, Entry, KernelTable, Report, _OpEntries
 
 _NUMBERS = (bool, int, float, complex)  # in the order of their promotion categories
 _WRAPPED_DTYPE = {bool: torch.bool, int: torch.int64, float: torch.float64,
@@ -294,6 +294,10 @@ class Patch:
             else:
                 route.refresh()
         self._attached.clear()
+
+    def subset(self, entries: Iterable[Entry], notes: Iterable[str] = ()) -> Patch:
+        """A patch of some of this one's kernels (to try them apart, or keep those chosen)."""
+        return Patch(KernelTable(entries), notes)
 
     def report(self) -> Report:
         report = self.table.report()

@@ -15,12 +15,13 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from kforge.core.argspec import decode, resolve_op, torch_value
 from kforge.core.region import NAMESPACE, Region
 
 _library: torch.library.Library | None = None
-_defined: set[str] = set()
+_defined: dict[str, Region] = {}  # operator name -> its region, as registered here
 _lock = threading.Lock()
 
 
@@ -35,8 +36,15 @@ def register(region: Region | dict) -> Any:
                 _library = torch.library.Library(NAMESPACE, "FRAGMENT")
             _library.define(region.schema())
             _library.impl(region.name, _interpreter(region), "CompositeExplicitAutograd")
-            _defined.add(region.name)
+            _defined[region.name] = region
     return resolve_op(region.op)
+
+
+def registered(op: str) -> Region | None:
+    """The region of operator ``op`` (``kforge_region.r_<hash>.default``) if this process has
+    registered it; None for any other op."""
+    namespace, _, rest = op.partition(".")
+    return _defined.get(rest.partition(".")[0]) if namespace == NAMESPACE else None
 
 
 def region_function(region: Region | dict) -> Any:
@@ -83,7 +91,7 @@ def _no_tensor_spec(spec: dict) -> Any:
 
 def _fresh(value: torch.Tensor, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
     """An operator's result may not share memory with its inputs: such a result is copied."""
-    storage = value.untyped_storage().data_ptr()
-    if any(t.untyped_storage().data_ptr() == storage for t in inputs):
+    storage = StorageWeakRef(value.untyped_storage())  # also while traced on fake tensors
+    if any(StorageWeakRef(t.untyped_storage()) == storage for t in inputs):
         return value.clone()
     return value

@@ -49,3 +49,41 @@ def test_a_kernel_for_the_region_serves_the_swapped_module():
     with torch.no_grad(), ForwardSwap(model, [norm]), Patch(table):
         assert torch.equal(model.norm(x), torch.zeros(2, 8, 32))
     assert calls == [1]
+
+
+def test_a_session_patch_bound_to_the_model_swaps_in_its_region_kernels_while_active():
+    from kforge.integrate.patching import SessionPatch
+    from kforge.integrate.plan import SessionPlan
+    from kforge.integrate.winners import Decision
+    from kforge.runtime.regions import register_cards
+    from kforge.store.records import Session
+
+    model, x = Block(), torch.randn(2, 8, 32)
+    cards = cards_of(model, x)
+    norm = next(c for c in cards if c.region.get("forward"))
+    register_cards([norm])
+    calls = []
+
+    def kernel(args, kwargs):
+        calls.append(1)
+        return torch.zeros(2, 8, 32)
+
+    table = KernelTable([Entry(norm.op, norm.args, norm.kwargs, kernel, torch.device("cpu"),
+                               key=norm.key)])
+    session = Session(id=1, model="block", gpu={}, settings={}, status="done", error="",
+                      created_at=0.0, updated_at=0.0)
+    plan = SessionPlan(session, [Decision(norm, True, "faster")])
+    patch = SessionPatch(plan, table, [])
+    with torch.no_grad():
+        with patch:  # no model: the module's own forward, its ops unpatched
+            model.norm(x)
+        assert calls == []
+        bound = patch.for_model(model)
+        with bound:
+            assert torch.equal(model.norm(x), torch.zeros(2, 8, 32))
+        assert calls == [1]
+        assert "forward" not in vars(model.norm)
+        with bound.subset([]):  # a trial without the kernel: no swap
+            model.norm(x)
+    assert calls == [1]
+    assert bound.region_cards() == [norm] and bound.subset([]).region_cards() == []

@@ -1,0 +1,235 @@
+"""Fusion regions found again in a compiled model: every chain of aten calls in a graph that has
+a region's structure (the same ops, arguments and data flow, its intermediate results used
+nowhere else) becomes one call of the region's operator, so that kforge's compile backend can
+put the region's kernel there.
+
+The graph is the model's forward as the dispatcher sees it (``aten_graph``: Dynamo's graph traced
+with ``make_fx`` on fake tensors of the example inputs' static shapes), the level at which capture
+recorded the region, so the same ops appear with the same arguments. Matching is structural only;
+whether a kernel serves the call's exact variant is decided afterwards, where the region's
+operator is decomposed (a call no kernel serves goes back to the region's own aten calls, which
+Inductor fuses as it would have).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx
+
+from kforge.core.argspec import ArgSpecError, bind, encode_value, freeze, resolve_op
+from kforge.core.region import Region, is_ref
+
+
+def aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModule:
+    """``gm`` as a graph of aten calls, traced on fake tensors with the example inputs' static
+    shapes (outside Dynamo's own tracing context)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fakes = [mode.from_tensor(t, static_shapes=True) if isinstance(t, torch.Tensor) else t
+             for t in example_inputs]
+    with torch._guards.tracing(None), mode:
+        return make_fx(gm, tracing_mode="real")(*fakes)
+
+
+@dataclass(frozen=True)
+class Match:
+    """One occurrence of a region in a graph: the graph values bound to its inputs and outputs,
+    and every graph node it is made of (tuple items included)."""
+
+    inputs: tuple[fx.Node, ...]
+    outputs: tuple[fx.Node, ...]
+    nodes: tuple[fx.Node, ...]
+
+
+class _Node:
+    """A graph node's call in the form matching compares: its arguments bound to the schema, as
+    arg specs in which graph nodes stand as ``("node", node)``."""
+
+    def __init__(self, node: fx.Node, op: str) -> None:
+        self.node = node
+        self.bound = bind(op, [_spec(a) for a in node.args],
+                          {k: _spec(v) for k, v in node.kwargs.items()})
+
+
+def _spec(value: Any) -> Any:
+    if isinstance(value, fx.Node):
+        return ("node", value)
+    if isinstance(value, (list, tuple)):
+        return {"t": "list", "items": [_spec(item) for item in value]}
+    return encode_value(value)
+
+
+def _is_node(value: Any) -> bool:
+    return type(value) is tuple and len(value) == 2 and value[0] == "node"
+
+
+def find_matches(graph: fx.Graph, region: Region) -> list[Match]:
+    """Every non-overlapping occurrence of ``region`` in ``graph``, in graph order."""
+    ops = [node["op"] for node in region.nodes]
+    try:
+        targets = [resolve_op(op) for op in ops]
+        wanted = [bind(op, node["args"], node["kwargs"]) for op, node in zip(ops, region.nodes)]
+    except ArgSpecError:
+        return []
+    taken: set[fx.Node] = set()
+    found = []
+    for anchor in graph.nodes:
+        if anchor.op != "call_function" or anchor.target != targets[0] or anchor in taken:
+            continue
+        match = _Matcher(region, ops, targets, wanted, taken).run(anchor)
+        if match is not None:
+            found.append(match)
+            taken.update(match.nodes)
+    return found
+
+
+class _Matcher:
+    """A depth-first search binding the region's nodes, in order, to graph nodes."""
+
+    def __init__(self, region: Region, ops: list[str], targets: list[Any], wanted: list[dict],
+                 taken: set[fx.Node]) -> None:
+        self.region = region
+        self.ops = ops
+        self.targets = targets
+        self.wanted = wanted
+        self.taken = taken
+        self.refs: dict[str, fx.Node] = {}
+
+    def run(self, anchor: fx.Node) -> Match | None:
+        if not self._bind(0, anchor):
+            return None
+        return self._match()
+
+    def _bind(self, index: int, node: fx.Node) -> bool:
+        """Bind region node ``index`` to ``node`` and the rest after it; undo on failure."""
+        if node in self.taken or node in self.refs.values():
+            return False
+        try:
+            call = _Node(node, self.ops[index])
+        except ArgSpecError:
+            return False
+        added: list[str] = []
+        if self._same(self.wanted[index], call.bound, added):
+            self.refs[f"n{index}"] = node
+            added.append(f"n{index}")
+            if index + 1 == len(self.ops) or any(
+                    self._bind(index + 1, c) for c in self._candidates(index + 1)):
+                return True
+        for ref in added:
+            del self.refs[ref]
+        return False
+
+    def _same(self, want: Any, got: Any, added: list[str]) -> bool:
+        if is_ref(want):
+            if not _is_node(got):
+                return False
+            value = self._value(want["v"])
+            if value is not None:
+                return value is got[1]
+            if not want["v"].startswith("x"):
+                return False
+            self.refs[want["v"]] = got[1]
+            added.append(want["v"])
+            return True
+        if _is_node(got):
+            return False
+        if isinstance(want, dict) and isinstance(got, dict):
+            if want.keys() != got.keys():
+                return False
+            return all(self._same(want[k], got[k], added) for k in want)
+        if isinstance(want, (list, tuple)) and isinstance(got, (list, tuple)):
+            return len(want) == len(got) and all(
+                self._same(w, g, added) for w, g in zip(want, got))
+        return freeze(want) == freeze(got)
+
+    def _value(self, ref: str) -> fx.Node | None:
+        """The graph node bound to a reference: an input, a node, or one item of a node's
+        tuple (its ``getitem`` user)."""
+        base, _, item = ref.partition(".")
+        node = self.refs.get(base)
+        if node is None or not item:
+            return node
+        return next((u for u in node.users if u.target is operator.getitem
+                     and u.args[1] == int(item)), None)
+
+    def _candidates(self, index: int) -> Iterator[fx.Node]:
+        """Graph nodes that may be region node ``index``: users of what it reads that is bound
+        already."""
+        target = self.targets[index]
+        seen: set[fx.Node] = set()
+        for ref in _refs(self.region.nodes[index]):
+            value = self._value(ref)
+            if value is None:
+                continue
+            for user in value.users:
+                if user.op == "call_function" and user.target == target and user not in seen:
+                    seen.add(user)
+                    yield user
+
+    def _match(self) -> Match | None:
+        region = self.region
+        if any(f"x{i}" not in self.refs for i in range(len(region.inputs))):
+            return None
+        outputs = [self._value(ref) for ref in region.outputs]
+        if any(o is None for o in outputs):
+            return None
+        nodes = [self.refs[f"n{i}"] for i in range(len(region.nodes))]
+        inside = set(nodes) | {u for n in nodes for u in n.users if u.target is operator.getitem}
+        if any(u not in inside for node in inside - set(outputs) for u in node.users):
+            return None  # an intermediate result is used outside the chain
+        return Match(tuple(self.refs[f"x{i}"] for i in range(len(region.inputs))),
+                     tuple(outputs), tuple(inside))  # type: ignore[arg-type]
+
+
+def _refs(node: dict) -> list[str]:
+    found: list[str] = []
+
+    def visit(spec: Any) -> None:
+        if is_ref(spec):
+            found.append(spec["v"])
+        elif isinstance(spec, dict):
+            for value in spec.values():
+                visit(value)
+        elif isinstance(spec, (list, tuple)):
+            for value in spec:
+                visit(value)
+
+    visit([node["args"], node["kwargs"]])
+    return found
+
+
+def replace(gm: fx.GraphModule, region: Region, op: Any) -> int:
+    """Call ``op`` (the region's operator) for every occurrence of ``region`` in ``gm``; the
+    number replaced. An occurrence whose results are needed before its last call (so that one
+    call cannot stand where the chain stood) is left as it is."""
+    graph = gm.graph
+    order = {node: i for i, node in enumerate(graph.nodes)}
+    replaced = 0
+    for match in find_matches(graph, region):
+        last = max(match.nodes, key=order.__getitem__)
+        if any(order[u] < order[last] for out in match.outputs for u in out.users
+               if u not in match.nodes):
+            continue
+        with graph.inserting_after(last):
+            call = graph.call_function(op, match.inputs)
+        results = [call] if len(match.outputs) == 1 else []
+        if not results:
+            with graph.inserting_after(call):
+                results = [graph.call_function(operator.getitem, (call, i))
+                           for i in range(len(match.outputs))]
+        for out, result in zip(match.outputs, results):
+            out.replace_all_uses_with(result, delete_user_cb=lambda u: u not in match.nodes)
+        for node in sorted(match.nodes, key=order.__getitem__, reverse=True):
+            graph.erase_node(node)
+        replaced += 1
+    if replaced:
+        graph.lint()
+        gm.recompile()
+    return replaced

@@ -1,0 +1,140 @@
+"""Fusion regions through the compile backend, on the CPU: each chain of a region with a kernel is
+found in the compiled graph and runs as one call of that kernel; a chain of another variant, or
+a region without a kernel, stays Inductor's; the model computes as eager does."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from torch import fx
+
+from kforge.core.region import Region
+from kforge.integrate.backend import backend
+from kforge.integrate.fusion import aten_graph, find_matches, replace
+from kforge.runtime.regions import register
+from kforge.runtime.table import Entry, KernelTable
+from tests.capture.test_regions import Block
+from tests.integrate.standins import Counting
+from tests.integrate.test_region_swap import cards_of
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture(scope="module")
+def block():
+    torch.manual_seed(0)
+    model, x = Block().eval(), torch.randn(2, 8, 32)
+    return model, x, cards_of(model, x)
+
+
+def stages(cards) -> dict[str, object]:
+    """The block's region cards by what they compute."""
+    named = {}
+    for card in cards:
+        ops = [n["op"].split(".")[1] for n in card.region["nodes"]]
+        named["norm" if "rsqrt" in ops else "gate" if "silu" in ops else "softmax"] = card
+    return named
+
+
+def table_of(cards, calls: Counter) -> KernelTable:
+    for card in cards:
+        register(card.region)
+    return KernelTable(Entry(op=c.op, args=c.args, kwargs=c.kwargs, device=torch.device("cpu"),
+                             runner=Counting(c.op, calls), label=c.short_op, key=c.key)
+                       for c in cards)
+
+
+def compiled_graph(model, x) -> fx.GraphModule:
+    found = []
+
+    def keep(gm, inputs):
+        found.append(aten_graph(gm, inputs))
+        return gm.forward
+
+    with torch.no_grad():
+        torch.compile(model, backend=keep)(x)
+    return found[0]
+
+
+def test_every_region_of_the_block_is_found_once_and_the_graph_computes_the_same(block):
+    model, x, cards = block
+    graph = compiled_graph(model, x)
+    params = [p for _, p in model.named_parameters()]
+    with torch.no_grad():
+        expected = graph(x, *params)
+    for card in cards:
+        region = Region.from_dict(card.region)
+        assert len(find_matches(graph.graph, region)) == 1
+        assert replace(graph, region, register(region)) == 1
+    calls = [n.target for n in graph.graph.nodes if n.op == "call_function"]
+    assert sum(str(t).startswith("kforge_region.") for t in calls) == len(cards)
+    with torch.no_grad():
+        assert torch.allclose(graph(x, *params)[0], expected[0])
+
+
+def test_a_chain_whose_intermediate_is_used_elsewhere_is_not_a_match():
+    def f(x, w):
+        h = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return w * (x * h), h  # h escapes
+
+    x, w = torch.randn(4, 16), torch.randn(16)
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    graph = make_fx(f)(x, w)
+    ops = [n for n in graph.graph.nodes if n.op == "call_function"]
+    region = Region(tuple({"op": _name(n.target), "args": _refs_of(n, ops), "kwargs": {}}
+                          for n in ops), ({"t": "tensor"}, {"t": "tensor"}), (f"n{len(ops) - 1}",))
+    assert find_matches(graph.graph, region) == []
+    inner = Region(region.nodes, region.inputs, (f"n{len(ops) - 1}", "n3"))
+    assert len(find_matches(graph.graph, inner)) == 1  # with h an output of its own, it is
+
+
+def _name(target) -> str:
+    return f"aten.{target._schema.name.split('::')[1]}.{target._overloadname}"
+
+
+def _refs_of(node: fx.Node, ops: list[fx.Node]) -> list:
+    def one(value):
+        if isinstance(value, fx.Node):
+            if value in ops:
+                return {"t": "ref", "v": f"n{ops.index(value)}"}
+            return {"t": "ref", "v": "x0" if value.name == "x_1" else "x1"}
+        if isinstance(value, (list, tuple)):
+            return {"t": "list", "items": [one(v) for v in value]}
+        return value
+
+    return [one(a) for a in node.args]
+
+
+def test_region_kernels_run_in_the_compiled_model_for_their_variant(block):
+    model, x, cards = block
+    calls: Counter = Counter()
+    chosen = backend(table_of(cards, calls))
+    with torch.no_grad():
+        expected = model(x)
+        compiled = torch.compile(model, backend=chosen)
+        got = compiled(x)
+    assert torch.allclose(got, expected, rtol=1e-4, atol=1e-5)
+    assert calls == {c.op: 1 for c in cards}
+    graph = chosen.report
+    assert graph.nodes == len(cards)
+    assert all(n == 1 for n in graph.replaced.values())
+
+
+def test_a_region_chain_of_another_shape_stays_inductors(block):
+    model, x, cards = block
+    calls: Counter = Counter()
+    chosen = backend(table_of([stages(cards)["norm"]], calls))
+    other = torch.randn(3, 8, 32)
+    with torch.no_grad():
+        got = torch.compile(model, backend=chosen, dynamic=False)(other)
+        assert torch.allclose(got, model(other), rtol=1e-4, atol=1e-5)
+    assert calls == {}
+    assert chosen.report.nodes == 0
