@@ -156,6 +156,7 @@ def find_regions(trace: Sequence[TraceCall]) -> list[RegionInstance]:
 def _components(trace: Sequence[TraceCall], producer: dict[int, int]) -> list[list[int]]:
     """Fusible calls of one module call joined by data flow, each component in call order."""
     parent: dict[int, int] = {}
+    transparent = _transparent_scopes(trace)
 
     def root(i: int) -> int:
         while parent[i] != i:
@@ -170,12 +171,43 @@ def _components(trace: Sequence[TraceCall], producer: dict[int, int]) -> list[li
         for tensor in call.reads:
             source = producer.get(tensor)
             if (source is not None and source < index and trace[source].fusible
-                    and trace[source].scope == call.scope):
+                    and _same_module_call(trace[source].scope, call.scope, transparent)):
                 parent[root(index)] = root(source)
     groups: dict[int, list[int]] = {}
     for index in parent:
         groups.setdefault(root(index), []).append(index)
     return [sorted(g) for g in groups.values()]
+
+
+def _transparent_scopes(trace: Sequence[TraceCall]) -> set[str]:
+    """Module calls made of fusible calls alone (an activation module such as ``act_fn``):
+    their calls belong to the module call around them too, so that a gated activation whose
+    ``silu`` runs in a child module is one chain with the ``mul`` after it."""
+    fusible: dict[str, bool] = {}
+    for call in trace:
+        fusible[call.scope] = fusible.get(call.scope, True) and call.fusible
+    return {scope for scope, alone in fusible.items() if alone and scope}
+
+
+def _module_path(scope: str) -> str:
+    return scope.split("#")[0]
+
+
+def _direct_child(path: str, around: str) -> bool:
+    """Whether module ``path`` is a child of module ``around`` ("" is the model itself)."""
+    if around:
+        if not path.startswith(around + "."):
+            return False
+        path = path[len(around) + 1:]
+    return bool(path) and "." not in path
+
+
+def _same_module_call(a: str, b: str, transparent: set[str]) -> bool:
+    """Whether calls in scopes ``a`` and ``b`` may join one region: the same module call, or a
+    transparent child module call and the module call around it."""
+    return a == b or any(
+        inner in transparent and _direct_child(_module_path(inner), _module_path(outer))
+        for inner, outer in ((a, b), (b, a)))
 
 
 def _region(trace: Sequence[TraceCall], members: list[int], producer: dict[int, int],
@@ -224,7 +256,10 @@ def _region(trace: Sequence[TraceCall], members: list[int], producer: dict[int, 
         return None
     specs = [_spec_of(trace, read) for read in input_reads]
     region = Region(tuple(nodes), tuple(specs), tuple(names[t] for t in outputs))
-    return RegionInstance(region, tuple(members), tuple(input_reads), trace[members[0]].scope,
+    outermost = min((trace[i].scope for i in members),
+                    key=lambda scope: len(_module_path(scope).split(".")) if
+                    _module_path(scope) else 0)
+    return RegionInstance(region, tuple(members), tuple(input_reads), outermost,
                           tuple(trace[i].key for i in members), tuple(inputs), tuple(outputs))
 
 

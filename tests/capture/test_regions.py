@@ -97,3 +97,29 @@ def test_a_region_that_is_a_whole_module_forward_says_how_to_call_it():
     assert norm.region["forward"]["paths"] == ["norm"]
     assert sorted(map(tuple, norm.region["forward"]["inputs"])) == [("arg", 0), ("param", "weight")]
     assert "forward" not in gate.region  # part of the block's forward, not a module of its own
+
+
+class GatedMLP(torch.nn.Module):
+    """A Llama-style MLP: the activation is a child module of its own (``act_fn``)."""
+
+    def __init__(self, width: int = 32) -> None:
+        super().__init__()
+        self.gate = torch.nn.Linear(width, 64, bias=False)
+        self.up = torch.nn.Linear(width, 64, bias=False)
+        self.down = torch.nn.Linear(64, width, bias=False)
+        self.act_fn = torch.nn.SiLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.act_fn(self.gate(x)) * self.up(x))
+
+
+def test_an_activation_module_joins_the_chain_around_it():
+    model, x = GatedMLP(), torch.randn(2, 8, 32)
+    plan = region_cards(trace_of(model, x), [], total_us=1.0)
+    (gate,) = plan.cards
+    assert [n["op"] for n in gate.region["nodes"]] == ["aten.silu.default", "aten.mul.Tensor"]
+    assert plan.modules[gate.key] == [""]  # the MLP's own call, around act_fn
+    assert "forward" not in gate.region  # not the whole forward of any one module
+    with torch.no_grad():
+        h = model.gate(x), model.up(x)
+        assert torch.equal(register(gate.region)(*h), torch.nn.functional.silu(h[0]) * h[1])
