@@ -134,10 +134,22 @@ def measured_host_extra_us(outcome: EvalOutcome) -> float | None:
 
 def projected_speedup(decisions: Iterable[Decision]) -> float:
     """Amdahl's law over operator time: ``1 / (1 - sum(share * (1 - 1/speedup)))`` for the
-    replaced cards."""
-    saved = sum(d.card.share * (1.0 - 1.0 / d.speedup) for d in decisions
-                if d.replaced and d.speedup)
-    return 1.0 / max(1.0 - saved, 1e-9)
+    replaced cards. A fusion region's time is its ops' time: where a region and some of its ops
+    both have kernels, only the larger of the two savings counts."""
+    counted = [d for d in decisions if d.replaced and d.speedup]
+    saving = {id(d): d.card.share * (1.0 - 1.0 / d.speedup) for d in counted}
+    for region in sorted((d for d in counted if d.card.region is not None),
+                         key=lambda d: -saving[id(d)]):
+        if id(region) not in saving:
+            continue
+        keys = set(region.card.region.get("members", ()))
+        members = [id(d) for d in counted if d.card.key in keys and id(d) in saving]
+        if saving[id(region)] >= sum(saving[m] for m in members):
+            for member in members:
+                del saving[member]
+        else:
+            del saving[id(region)]
+    return 1.0 / max(1.0 - sum(saving.values()), 1e-9)
 
 
 def worth_routing(decisions: list[Decision], miss_us: float = GUARD_MISS_US,

@@ -106,6 +106,26 @@ def test_projected_speedup_is_amdahl_over_the_replaced_cards():
     assert projected_speedup([kept]) == 1.0
 
 
+def test_a_region_and_its_ops_count_the_larger_saving_once():
+    def card(key: str, share: float, members: list[str] | None = None) -> OpCard:
+        region = None if members is None else {"nodes": [], "inputs": [], "outputs": [],
+                                                 "members": members}
+        return OpCard(op="aten.mul.Tensor", args=[], share=share, key=key, region=region)
+
+    a, b = card("a", 0.2), card("b", 0.2)
+    region = card("r", 0.4, ["a", "b"])
+
+    def won(c: OpCard, speedup: float) -> Decision:
+        return Decision(c, True, "faster", speedup=speedup)
+
+    ops_only = 1 / (1 - 0.2 * 0.5 - 0.2 * 0.5)
+    assert projected_speedup([won(a, 2.0), won(b, 2.0)]) == pytest.approx(ops_only)
+    fused = 1 / (1 - 0.4 * 0.75)  # the region at 4x saves more than its ops at 2x
+    assert projected_speedup([won(a, 2.0), won(b, 2.0), won(region, 4.0)]) == pytest.approx(fused)
+    assert projected_speedup([won(a, 2.0), won(b, 2.0), won(region, 1.5)]) == pytest.approx(
+        ops_only)
+
+
 def test_card_labels_are_short():
     assert card_label(SOFTMAX) == "#3 _softmax(f16[8,1024], -1, False)"
     long = OpCard("aten.cat.default", [{"t": "list", "items": [SOFTMAX.args[0]] * 6}, 0], id=1)
