@@ -15,8 +15,8 @@ soon as it is measured; the tables (latency, speedup over eager, what kforge gai
 compile and capture times) end with geometric means over the models.
 
 The models: kforge's built-in zoo (ResNet-50; SD3.5 with 2 MMDiT layers; Gemma 4 and Qwen3.5
-decode steps with 4 layers), a UNet-style fp16 model (``build_unet``: two blocks of GroupNorm,
-SiLU, conv and softmax attention with LayerNorm) and a Llama-architecture prefill
+decode steps and a Gemma 4 prefill, with 4 layers), a UNet-style fp16 model (``build_unet``: two
+blocks of GroupNorm, SiLU, conv and softmax attention with LayerNorm) and a Llama-architecture prefill
 (``build_llama``: the TinyLlama-1.1B config, 4 of its 22 layers), neither of them built in.
 """
 
@@ -45,6 +45,7 @@ MODELS: dict[str, tuple[str, list[str]]] = {
     "llama": (f"{HERE}:build_llama", []),
     "resnet50": ("resnet50", []),
     "gemma4-decode": ("gemma4", ["--mode", "decode", "--layers", "4"]),
+    "gemma4-prefill": ("gemma4", ["--mode", "prefill", "--layers", "4"]),
     "qwen35-decode": ("qwen35", ["--mode", "decode", "--layers", "4"]),
     "sd35": ("sd35", ["--layers", "2"]),
 }

@@ -10,6 +10,11 @@
 #                                        # included), its turnaround, the launch path's host cost
 #   OLD=path/to/old/tree bash bench/run_gpu.sh library   # the library's kernels under this
 #                                        # evaluator and under the one in OLD, side by side
+#   bash bench/run_gpu.sh wholemodel     # every mode +/- kforge, against max-autotune: the
+#                                        # UNet-style model and the Llama-shaped prefill
+#   bash bench/run_gpu.sh regions        # region kernels one by one vs eager and compiled chains
+#   bash bench/run_gpu.sh integration    # GPU tests of the compile backend, regions, matmuls,
+#                                        # the new library families and the hardware counters
 #   CUDA_VISIBLE_DEVICES=1 bash bench/run_gpu.sh models
 set -u
 track=${1:?name a track: tests or models}
@@ -47,6 +52,23 @@ case $track in
   library)
     step 200 python3 bench/bench_library.py --no-compile --refine 1
     [ -n "${OLD:-}" ] && (cd "$OLD" && step 200 python3 bench/bench_library.py --no-compile --refine 1)
+    ;;
+  wholemodel)
+    step 280 python3 bench/bench_e2e.py --models unet --modes eager,graphs,compile,max-autotune \
+        --top 4 --iterations 6 --reps 10 --out "$out/e2e" --work "$work/e2e"
+    step 280 python3 bench/bench_e2e.py --models llama --modes eager,graphs,compile,max-autotune \
+        --top 4 --iterations 6 --reps 10 --out "$out/e2e" --work "$work/e2e"
+    ;;
+  regions)
+    step 500 python3 bench/bench_regions.py --models llama,gemma4-decode --top 3 --iterations 6 \
+        --out "$out/regions" --work "$work/regions"
+    ;;
+  integration)
+    step 200 python3 -m pytest -m gpu -q -p no:cacheprovider --timeout 150 -rf \
+        tests/integrate/test_backend_gpu.py tests/propose/test_region_families_gpu.py \
+        tests/eval/test_counters.py
+    step 250 python3 -m pytest -m gpu -q -p no:cacheprovider --timeout 120 -rf \
+        tests/propose/test_matmul_gpu.py tests/propose/test_library_gpu.py
     ;;
   *) echo "unknown track $track" >&2; exit 2 ;;
 esac
