@@ -456,6 +456,12 @@ class Backend:
             self.warn("variant", f"kforge's kernels are not used in a compiled graph: it calls "
                                  f"{calls}, never with a variant a kernel was verified on (do the "
                                  "model and its inputs differ from the profiled ones?)")
+        elif self.regions and not graph.regions.total():
+            self.warn("no regions", f"kforge's region kernels are not used in a compiled graph: "
+                                    f"none of the {len(self.regions)} region(s) with kernels has "
+                                    "its chain of calls there (the model's code differs from the "
+                                    "profiled one, or a chain's intermediate result is used "
+                                    "elsewhere)")
 
     def reset(self) -> None:
         self.inductor.reset()
@@ -497,10 +503,33 @@ def backend(source: int | KernelTable | Patch, *, mode: str | None = None,
 def compile(model: Any, source: int | KernelTable | Patch, *, mode: str | None = None,
             options: dict | None = None, dynamic: bool | None = None, fullgraph: bool = False,
             db: str | os.PathLike[str] | None = None,
-            device: str | torch.device | None = None) -> Any:
+            device: str | torch.device | None = None, example_inputs: Any = None,
+            example_kwargs: dict | None = None) -> Any:
     """``torch.compile(model, backend=kforge.backend(source, ...))``; the backend, with its
-    ``report``, is the compiled model's ``kforge_backend`` attribute."""
+    ``report``, is the compiled model's ``kforge_backend`` attribute. With ``example_inputs`` (a
+    tensor or a tuple of arguments) and a session as ``source``, only the session's kernels that
+    make the compiled model faster on them are used, by measurement
+    (``kforge.integrate.measure.choose_compiled``)."""
+    if example_inputs is not None:
+        source = _measured_choice(model, source, example_inputs, example_kwargs, db, device)
     chosen = backend(source, mode=mode, options=options, dynamic=dynamic, db=db, device=device)
     compiled = torch.compile(model, backend=chosen, dynamic=dynamic, fullgraph=fullgraph)
     compiled.kforge_backend = chosen
     return compiled
+
+
+def _measured_choice(model: Any, source: int | KernelTable | Patch, example_inputs: Any,
+                     example_kwargs: dict | None, db: str | os.PathLike[str] | None,
+                     device: str | torch.device | None) -> KernelTable:
+    from kforge.integrate.measure import choose_compiled, loaded_forward
+    from kforge.integrate.patching import SessionPatch, patch
+
+    if isinstance(source, int):
+        source = patch(source, db=db, device=device, cuda_graphs=True)
+    if not isinstance(source, SessionPatch):
+        raise KforgeError("kforge.compile(..., example_inputs=...) chooses among a session's "
+                          "kernels: pass the session id (or its kforge.patch)")
+    args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+    with torch.no_grad():
+        chosen, _ = choose_compiled(loaded_forward(model, args, example_kwargs), source)
+    return chosen

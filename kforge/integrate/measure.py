@@ -314,7 +314,9 @@ def _compiled(loaded: LoadedModel, mode: Mode, kernels: KernelTable | Patch, mea
         loaded.prepare()
         step()
     loaded.prepare()
-    measured.difference = output_difference(reference, step())
+    output = step()
+    if reference is not None:
+        measured.difference = output_difference(reference, output)
     if chosen is not None:
         measured.kernels = f"{chosen.report.nodes} nodes"
     return Subject(mode.label, step)
@@ -340,7 +342,8 @@ def measure_session(patch: SessionPatch, loaded: LoadedModel, modes: list[Mode],
     """Every mode of ``modes`` for a session's model, ``patch`` holding all its winners: eager +
     kforge with the winners that make eager forwards faster by measurement (without ``select``:
     those projected to pay for their guard), CUDA graphs + kforge with those that make replays
-    faster (without ``select``: all), the compiled modes with all of them through the backend.
+    faster (without ``select``: all), the compiled modes with those that make the compiled
+    model faster (``choose_compiled``; without ``select``: all of them) through the backend.
     Notes say which winners each kforge mode left out, and why."""
     from kforge.integrate.patching import projected_patch, select_measured
 
@@ -355,13 +358,19 @@ def measure_session(patch: SessionPatch, loaded: LoadedModel, modes: list[Mode],
         return select_measured(patch, loaded, cuda_graphs=graphs, reps=reps, warmup=warmup)
 
     eager, graphed = kernels(False), kernels(True)
-    result = run_modes(loaded, modes, patched=eager, graphed=graphed, compiled=patch.table,
+    compiled, compile_notes = patch.table, []
+    if select and any(m.compile and m.kforge for m in modes):
+        compiled, selection = choose_compiled(loaded, patch, reps=reps, warmup=warmup)
+        compile_notes = [f"{t.winner.label or t.winner.op}: left to Inductor, {t.reason}"
+                         for t in selection.dropped]
+    result = run_modes(loaded, modes, patched=eager, graphed=graphed, compiled=compiled,
                        projected=patch.projected, reps=reps, warmup=warmup)
     result.notes[:0] = [*patch.notes,
                         *(f"{MODES['eager+kforge'].label}: {n}" for n in eager.notes
                           if n not in patch.notes),
                         *(f"{MODES['graphs+kforge'].label}: {n}" for n in graphed.notes
-                          if n not in patch.notes)]
+                          if n not in patch.notes),
+                        *(f"torch.compile + kforge: {n}" for n in compile_notes)]
     return result
 
 
@@ -404,6 +413,52 @@ def choose(loaded: LoadedModel, patch: Patch, *, cuda_graphs: bool,
     return KernelTable(selection.kept), selection
 
 
+SELECT_MODE = "compile+kforge"  # compiled trials cost a compile each: the quickest mode
+MAX_COMPILED_TRIALS = 6
+
+
+def choose_compiled(loaded: LoadedModel, patch: SessionPatch, *, reps: int = 20,
+                    warmup: int = 3, trials: int = MAX_COMPILED_TRIALS
+                    ) -> tuple[KernelTable, Selection[Entry]]:
+    """The patch's kernels that make the *compiled* model faster beyond noise: a kernel takes
+    its op (or region) out of Inductor's fusions, so it must beat them in the model, not eager.
+    Candidates are the winners whose kernel beats the card's compiled baseline (or that have
+    none), the largest savings first, at most ``trials`` of them; each is tried by compiling the
+    model (torch.compile's default mode) with the kernels kept so far and it, against the model
+    compiled without them."""
+    candidates = by_compiled_saving(patch)[:trials]
+    mode = MODES[SELECT_MODE]
+
+    def measure(subset: frozenset[Entry]) -> Timing:
+        torch._dynamo.reset()  # each trial compiles afresh
+        trial = KernelTable([e for e in candidates if e in subset])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", KforgeWarning)
+            subject = _compiled(loaded, mode, trial, Measured("trial"), None, warmup)
+        return time_forwards(loaded, [subject], reps, warmup)[subject.name]
+
+    selection = select(candidates, measure)
+    torch._dynamo.reset()
+    patch.table.reset_counts()
+    return KernelTable(selection.kept), selection
+
+
+def by_compiled_saving(patch: SessionPatch) -> list[Entry]:
+    """The patch's kernels that beat the card's compiled baseline (or whose card has none), by
+    the operator time they would save over Inductor's code, largest first."""
+    saving: dict[str, float] = {}
+    for d in patch.plan.winners:
+        card = d.card
+        if not d.speedup or not card.eager_us:
+            continue
+        kernel_us = card.eager_us / d.speedup
+        against = card.compiled_us or card.eager_us
+        if kernel_us < against:
+            saving[card.key] = card.calls * (against - kernel_us)
+    return sorted((e for e in patch.table.entries if e.key in saving),
+                  key=lambda e: -saving[e.key])
+
+
 def reachable_tensors(value: Any, depth: int = 6) -> list[torch.Tensor]:
     """Tensors held by ``value`` (through containers and plain objects' attributes, such as a KV
     cache's layers): a captured graph reads them on every replay, so they must stay alive even
@@ -429,22 +484,29 @@ def time_forwards(loaded: LoadedModel, subjects: list[Subject], reps: int,
     for _ in range(warmup):
         for subject in subjects:
             _one(loaded, subject)
-    samples: dict[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]] = {
-        s.name: [] for s in subjects}
+    samples: dict[str, list[Callable[[], float]]] = {s.name: [] for s in subjects}
     for r in range(reps):
         for subject in subjects if r % 2 == 0 else reversed(subjects):
             samples[subject.name].append(_one(loaded, subject))
     _sync(loaded)
-    return {name: summarize([start.elapsed_time(end) * 1e3 for start, end in events])
-            for name, events in samples.items() if events}
+    return {name: summarize([elapsed_us() for elapsed_us in taken])
+            for name, taken in samples.items() if taken}
 
 
-def _one(loaded: LoadedModel, subject: Subject) -> tuple[torch.cuda.Event, torch.cuda.Event]:
+def _one(loaded: LoadedModel, subject: Subject) -> Callable[[], float]:
+    """Run one forward of ``subject``; its time in µs, read once the device is synchronized
+    (GPU time between CUDA events on the stream; on the CPU, wall time)."""
     if subject.prepare:
         loaded.prepare()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    if loaded.device.type != "cuda":
+        with subject.scope():
+            start = time.perf_counter()
+            subject.step()
+            seconds = time.perf_counter() - start
+        return lambda: seconds * 1e6
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with subject.scope():
-        start.record()
+        begin.record()
         subject.step()
         end.record()
-    return start, end
+    return lambda: begin.elapsed_time(end) * 1e3

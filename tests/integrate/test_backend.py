@@ -247,3 +247,9 @@ def test_a_variant_is_the_same_however_its_arguments_are_passed():
     assert tensor_paths(norm, [x, [3], w, None, 1e-5], {}) == [("input", ""), ("weight", "")]
     assert tensor_paths("aten.cat.default", [[x, x]], {"dim": 0}) == [("tensors", "[0]"),
                                                                       ("tensors", "[1]")]
+
+
+def test_measured_choice_needs_a_session(toy):
+    model, x = toy
+    with pytest.raises(KforgeError, match="chooses among a session's kernels"):
+        kforge.compile(model, KernelTable(), example_inputs=x)
