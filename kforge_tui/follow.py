@@ -22,6 +22,7 @@ from kforge.store.events import (
     EngineAttached,
     Event,
     LogLine,
+    ModelMeasured,
     NodeAdded,
     NodeDeleted,
     NodeFinished,
@@ -54,6 +55,7 @@ class Interest:
     log: list[str] = field(default_factory=list)
     results: list[str] = field(default_factory=list)
     gone: bool = False
+    measured: ModelMeasured | None = None  # the latest whole-model measurement among them
 
 
 def fold(events: list[Event]) -> Interest:
@@ -76,6 +78,9 @@ def fold(events: list[Event]) -> Interest:
                 got.results.append(result)
             case SessionDeleted():
                 got.gone = True
+            case ModelMeasured() as measured:
+                got.measured = measured
+                got.state = True
             case (SessionStatusChanged() | SessionSettingsChanged() | CardsAdded() | CardUpdated()
                   | EngineAttached()):
                 got.state = True
@@ -90,9 +95,13 @@ def log_line(at: float, line: LogLine) -> str:
     return f"{stamp} {mark}{line.message}"
 
 
-async def read_state(store: Store, session_id: int) -> SessionState:
+async def read_state(store: Store, session_id: int,
+                     measured: ModelMeasured | None = None) -> SessionState:
+    """The session and its cards as they stand; ``measured`` as the log last said (the
+    snapshot reads it, events bring the later ones)."""
     session = await store.get_session(session_id)
-    return SessionState(session, await store.list_cards(session_id), is_alive(session))
+    return SessionState(session, await store.list_cards(session_id), is_alive(session),
+                        measured)
 
 
 async def log_tail(store: Store, session_id: int, upto: int) -> list[str]:
@@ -123,7 +132,8 @@ async def follow_session(store: Store, session_id: int, post: Callable[[Message]
     """Post a snapshot, then the changes after it, until cancelled or the session is gone;
     ``wait`` paces the polls (``poll_wait``)."""
     seq = await store.last_seq()  # read first: anything later is replayed, never missed
-    state = await read_state(store, session_id)
+    latest = await store.latest_model_measurement(session_id)
+    state = await read_state(store, session_id, latest.record if latest else None)
     post(SessionSnapshot(state, await store.list_nodes(session_id),
                          await log_tail(store, session_id, seq)))
     alive_at = time.monotonic()
@@ -141,11 +151,12 @@ async def follow_session(store: Store, session_id: int, post: Callable[[Message]
                 changes = Changes(nodes=await store.get_nodes(got.nodes),
                                   deleted=sorted(got.deleted), log=got.log, results=got.results)
                 if got.state:
-                    changes.state = await read_state(store, session_id)
+                    changes.state = await read_state(store, session_id,
+                                                     got.measured or state.measured)
                     alive_at = time.monotonic()
             if changes.state is None and time.monotonic() - alive_at > ALIVE_CHECK_S:
                 alive_at = time.monotonic()
-                fresh = await read_state(store, session_id)
+                fresh = await read_state(store, session_id, state.measured)
                 if fresh.alive != state.alive:
                     changes.state = fresh
             if changes.state is not None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from kforge.core.settings import SessionSettings
 from kforge.store import SessionStatus
 from kforge.store.commands import HELD_STATUSES
+from kforge.store.events import ModelMeasured
 from kforge.store.records import CardRow, Session
 from kforge_tui.format import model_projection
 
@@ -79,8 +80,10 @@ def engine_state(status: str, alive: bool) -> tuple[str, str]:
 
 
 def session_header(session: Session, cards: list[CardRow], alive: bool, gpu: str,
-                   width: int, demo: bool = False) -> str:
-    """The session screen's bar: which session, its state, iterations, money, time and GPU."""
+                   width: int, demo: bool = False, measured: ModelMeasured | None = None) -> str:
+    """The session screen's bar: which session, its state, iterations, the whole model's
+    speedup (as ``measured`` by ``kforge e2e``, and as the cards project it), money, time and
+    GPU."""
     search = SessionSettings.from_stored(session.settings).search
     targets = sum(1 for c in cards if c.card.target)
     done = sum(c.spent for c in cards)
@@ -97,13 +100,26 @@ def session_header(session: Session, cards: list[CardRow], alive: bool, gpu: str
              Part(spent + limit, spent, keep=1),
              Part(minutes + wall, minutes, keep=1),
              Part(gpu, short_gpu(gpu.removeprefix("GPU: ")), keep=0)]
-    projected = model_projection(cards)
-    if projected is not None:  # the whole model, were every op's best kernel used
-        parts.insert(3, Part(f"model ≤{projected:.2f}x projected", f"model ≤{projected:.2f}x",
-                             keep=2))
+    parts[3:3] = model_parts(model_projection(cards), measured)
     if demo:
         parts.insert(0, Part("demo (read-only)", "demo", keep=0))
     return fit(parts, width)
+
+
+def model_parts(projected: float | None, measured: ModelMeasured | None) -> list[Part]:
+    """The whole model's speedup: what kforge's kernels gained where it was measured (in the
+    mode they gained most), and at most what the op cards project (were every op's best kernel
+    used)."""
+    best = measured.best_gain if measured is not None else None
+    if best is None:
+        return [] if projected is None else [
+            Part(f"model ≤{projected:.2f}x projected", f"model ≤{projected:.2f}x", keep=2)]
+    mode, gain = best
+    parts = [Part(f"model {gain:.2f}x measured ({mode})", f"model {gain:.2f}x ({mode})",
+                  keep=2)]
+    if projected is not None:
+        parts.append(Part(f"≤{projected:.2f}x projected", f"≤{projected:.2f}x", keep=1))
+    return parts
 
 
 def sessions_header(db: Path, gpu: str, width: int, demo: bool = False) -> str:

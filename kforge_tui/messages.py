@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from textual.message import Message
 
 from kforge.core.candidate import Candidate
+from kforge.store.events import ModelMeasured
 from kforge.store.records import CardRow, NodeDetail, NodeRow, Session, SessionSummary
 
 
@@ -56,6 +57,7 @@ class SessionState:
     session: Session
     cards: list[CardRow]
     alive: bool
+    measured: ModelMeasured | None = None  # the latest whole-model measurement (kforge e2e)
 
 
 class SessionSnapshot(Message):

@@ -145,6 +145,8 @@ def region_cards(trace: list[TraceCall], op_cards: Iterable[OpCard], total_us: f
         time_us = sum(per_call.get(k, 0.0) for i in found for k in i.member_keys)
         calls = len(found)
         described = region.to_dict()
+        # the op cards of its calls, which views (kforge show, the TUI) fold under it
+        described["members"] = sorted({k for i in found for k in i.member_keys})
         bindings = {bind(i) for i in found}
         if len(bindings) == 1 and None not in bindings:
             described["forward"] = {"paths": sorted({bind.path(i) for i in found}),

@@ -13,6 +13,7 @@ from kforge.cli.common import add_db_option, count, err, out, session_id, with_s
 from kforge.core.fmt import fmt_speedup, fmt_us
 from kforge.errors import KforgeError
 from kforge.store import Store
+from kforge.store.events import ModelMeasured
 
 if TYPE_CHECKING:
     import torch
@@ -215,9 +216,29 @@ def cmd_e2e(args: argparse.Namespace) -> int:
         patch, loaded, modes, select=args.select, reps=args.reps, warmup=args.warmup))
     out.print(str(result.report))
     print_e2e(plan, result)
-    _log(args, plan, e2e_summary(result))
+    with_store(args, lambda store: keep_e2e(store, plan.session.id, result))
     _check_used(patch, result.report)
     return 0
+
+
+async def keep_e2e(store: Store, session_id: int, result: E2eResult) -> None:
+    """Store a measurement: its figures for the session's viewers, its summary in the log."""
+    await store.add_model_measurement(session_id, model_measurement(result))
+    await store.log(session_id, e2e_summary(result))
+
+
+def model_measurement(result: E2eResult) -> ModelMeasured:
+    """What a measurement says of the whole model, by mode id: each timed mode's speedup over
+    eager (none without an eager timing), what kforge gains in each +kforge mode."""
+    from kforge.integrate.measure import BASES, KFORGE_SUFFIX
+
+    eager = result.subject("eager")
+    base = eager.timing.median_us if eager and eager.timing else None
+    speedups = {s.mode: base / s.timing.median_us for s in result.subjects
+                if base and s.timing}
+    gains = {mode + KFORGE_SUFFIX: gain for mode in BASES
+             if (gain := result.gain(mode)) is not None}
+    return ModelMeasured(speedups=speedups, gains=gains, projected=result.projected)
 
 
 def e2e_rows(result: E2eResult) -> list[list[str]]:

@@ -120,6 +120,24 @@ class LogLine:
 
 
 @dataclass(frozen=True)
+class ModelMeasured:
+    """The session's whole model timed (``kforge e2e``), modes named by their ids
+    (``kforge.integrate.measure.MODES``): each measured mode's speedup over eager, what kforge's
+    kernels gain in each ``+kforge`` mode over the same mode without them, and the speedup the
+    op cards projected for the kernels used."""
+
+    speedups: dict[str, float]
+    gains: dict[str, float]
+    projected: float
+
+    @property
+    def best_gain(self) -> tuple[str, float] | None:
+        """The mode in which kforge's kernels gain most, and that gain; None if no mode was
+        measured both with and without them."""
+        return max(self.gains.items(), key=lambda item: item[1], default=None)
+
+
+@dataclass(frozen=True)
 class UnknownEvent:
     """A row of a kind this kforge does not know, kept as stored."""
 
@@ -129,7 +147,8 @@ class UnknownEvent:
 
 EventRecord = (SessionCreated | SessionStatusChanged | SessionSettingsChanged | SessionDeleted
                | EngineAttached | CardsAdded | CardUpdated | NodeAdded | NodeUpdated | NodeFinished
-               | NodeDeleted | NodePruned | CommandSent | CommandDone | LogLine | UnknownEvent)
+               | NodeDeleted | NodePruned | CommandSent | CommandDone | LogLine | ModelMeasured
+               | UnknownEvent)
 
 
 @dataclass(frozen=True)
@@ -153,6 +172,14 @@ class _Codec:
 def _card_updated(data: dict[str, Any]) -> CardUpdated:
     changes = dict(data)
     return CardUpdated(card_id=changes.pop("card_id"), changes=changes)
+
+
+def _figures(data: Any) -> dict[str, float]:
+    """A stored mapping of modes to figures; anything else is a corrupt payload."""
+    if isinstance(data, dict) and all(isinstance(v, (int, float)) for v in data.values()):
+        return {str(mode): float(value) for mode, value in data.items()}
+    raise EventFormatError(f"event 'model_measured' holds {data!r} where a mapping of modes to "
+                           "figures belongs")
 
 
 _CODECS = (
@@ -209,6 +236,10 @@ _CODECS = (
     _Codec("log", LogLine,
            lambda e: {"level": e.level, "message": e.message},
            lambda d: LogLine(message=str(d.get("message", "")), level=d.get("level", "info"))),
+    _Codec("model_measured", ModelMeasured,
+           lambda e: {"speedups": e.speedups, "gains": e.gains, "projected": e.projected},
+           lambda d: ModelMeasured(speedups=_figures(d["speedups"]), gains=_figures(d["gains"]),
+                                   projected=float(d["projected"]))),
 )
 _BY_KIND = {c.kind: c for c in _CODECS}
 _BY_TYPE = {c.type: c for c in _CODECS}

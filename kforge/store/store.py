@@ -46,6 +46,7 @@ from kforge.store.events import (
     Event,
     EventRecord,
     LogLine,
+    ModelMeasured,
     NodeAdded,
     NodeDeleted,
     NodeFinished,
@@ -323,7 +324,9 @@ class Store:
     async def _read(self, sql: str, params: Iterable[Any] = ()) -> list[aiosqlite.Row]:
         async with self._lock:
             try:
-                return list(await (await self._db.execute(sql, tuple(params))).fetchall())
+                # one step in the connection's thread: a reader cancelled meanwhile cannot leave a
+                # half-read statement open, which would pin the connection to an old snapshot
+                return list(await self._db.execute_fetchall(sql, tuple(params)))
             except sqlite3.Error as exc:
                 raise _explain(exc, self.path) from None
 
@@ -731,6 +734,20 @@ class Store:
                                 (session_id, kind_of(LogLine),
                                  upto if upto is not None else 2**62, limit))
         return [_event(r) for r in rows]
+
+    async def add_model_measurement(self, session_id: int, measured: ModelMeasured) -> None:
+        """Keep a whole-model measurement of the session (``kforge e2e``)."""
+        await self.get_session(session_id)
+        async with self.transaction() as db:
+            await self._event(db, session_id, measured)
+
+    async def latest_model_measurement(self, session_id: int) -> Event | None:
+        """The session's last whole-model measurement (its record a ``ModelMeasured``), or
+        None if its model was never measured."""
+        rows = await self._read("SELECT * FROM events WHERE session_id = ? AND kind = ? "
+                                "ORDER BY seq DESC LIMIT 1",
+                                (session_id, kind_of(ModelMeasured)))
+        return _event(rows[0]) if rows else None
 
     async def last_seq(self) -> int:
         rows = await self._read("SELECT coalesce(max(seq), 0) FROM events")

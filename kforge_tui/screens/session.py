@@ -209,7 +209,7 @@ class SessionScreen(Screen):
         if self.state is not None:
             self.query_one(StatusBar).show(session_header(
                 self.state.session, self.state.cards, self.state.alive, self.app.gpu_label,
-                self.size.width - 2, self.app.demo))
+                self.size.width - 2, self.app.demo, self.state.measured))
 
     def card(self, card_id: int) -> CardRow | None:
         if self.state is None:

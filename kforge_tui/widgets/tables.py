@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from rich.cells import cell_len
@@ -17,6 +17,7 @@ from textual.geometry import Region
 from textual.widgets import DataTable
 from textual.widgets.data_table import RowDoesNotExist
 
+from kforge.store import CardStatus
 from kforge.store.records import CardRow
 from kforge_tui.format import (
     card_status,
@@ -27,6 +28,7 @@ from kforge_tui.format import (
     share_bar,
     sparkline,
 )
+from kforge_tui.header import clip
 from kforge_tui.widgets.scrolling import SteadyScrollbars
 
 Cell = RenderableType
@@ -48,13 +50,17 @@ class VimTable(SteadyScrollbars, DataTable):
     def __init__(self, **kwargs) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
 
-    def show_rows(self, rows: Sequence[Row]) -> None:
+    def show_rows(self, rows: Sequence[Row], narrower: bool = False) -> None:
         """Show exactly these rows, in this order. While the keys and their order stay the same,
         only the changed cells are written and only their rows repaint; a row added, removed or
-        moved rebuilds the table, the cursor staying on its row."""
-        if [key for key, _ in rows] != [row.key.value for row in self.ordered_rows]:
+        moved rebuilds the table, the cursor staying on its row. So does a ``narrower`` table,
+        each column then as wide as its widest cell now (a column only widens in place)."""
+        if narrower or [key for key, _ in rows] != [row.key.value for row in self.ordered_rows]:
             keep = self.selected_key
             self.clear()
+            if narrower:
+                for column in self.columns.values():
+                    column.content_width = cell_len(column.label.plain)
             for key, cells in rows:
                 self.add_row(*cells, key=key)
             if keep is not None:
@@ -129,7 +135,9 @@ SORTS = (SortKey("share", True), SortKey("best", True), SortKey("eager", True),
 
 
 class OpTable(VimTable):
-    """The op profile: one row per op card, targets first."""
+    """The op profile: one row per op card, targets first. Where narrower forms of its cells
+    let every column fit the table's width, it takes them (``_widths``); where even they do
+    not, it keeps every cell whole and scrolls sideways, the op column staying."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("s", "next_sort", "sort", id="sort"),
@@ -141,6 +149,12 @@ class OpTable(VimTable):
     OP_WIDTH = 22
     BAR_WIDTH = 3
     TREND_WIDTH = 6
+    PERCENT_WIDTH = 6  # "100.0%", after the share bar
+    # What gives way, in this order, until the columns fit: the shapes (down to their heading),
+    # the status's stop reason, a long op name (down to OP_SHORT cells), the share bar (down to
+    # one cell), the status words (down to SHORT_STATUS), the op name (down to OP_SHORTEST).
+    OP_SHORT = 12
+    OP_SHORTEST = 8
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -153,6 +167,9 @@ class OpTable(VimTable):
     def on_mount(self) -> None:
         for name in self.COLUMNS:
             self.add_column(name, key=name)
+
+    def on_resize(self) -> None:
+        self._fill()
 
     def show(self, cards: list[CardRow], focus: int | None,
              trends: Mapping[int, Sequence[float]] | None = None) -> None:
@@ -180,17 +197,92 @@ class OpTable(VimTable):
         return -value if self.sort.reverse and isinstance(value, (int, float)) else value
 
     def _fill(self) -> None:
-        self.show_rows([(str(row.id), self._cells(row)) for row in self.visible_cards()])
+        cards = self.visible_cards()
+        widths = self._widths(cards)
+        narrower = any(self.columns[name].content_width > width
+                       for name, width in widths.items() if name in self.columns)
+        self.show_rows([(str(row.id), self._cells(row, widths)) for row in cards], narrower)
 
-    def _cells(self, row: CardRow) -> tuple[Text, ...]:
+    def _room(self, rows: int) -> int:
+        """The cells the columns may take side by side, padding included: the table's width
+        less its vertical scrollbar where the rows overflow its height."""
+        room = self.size.width
+        if rows + 1 > self.size.height:  # the header takes a line
+            room -= self.styles.scrollbar_size_vertical
+        return room
+
+    def _widths(self, cards: list[CardRow]) -> dict[str, int]:
+        """Each column's width for these cards: whole cells where they fit, else narrowed in the
+        order the class's comment gives where that lets every column fit, else whole."""
+        whole = [self._cells(row, {}) for row in cards]
+        needs = {name: max([len(name), *(cell_len(cells[i].plain) for cells in whole)])
+                 for i, name in enumerate(self.COLUMNS)}
+        if not self.size.width:  # not laid out yet: its first resize fills it again
+            return needs
+        focus = ["◎ " if row.id == self._focus else "" for row in cards]
+        words = max((len(m + row.status) for m, row in zip(focus, cards)), default=0)
+        short = max((len(m + short_status(row.status)) for m, row in zip(focus, cards)),
+                    default=0)
+        floors = [("shapes", 0), ("status", words), ("op", self.OP_SHORT),
+                  ("share", 1 + self.PERCENT_WIDTH), ("status", short),
+                  ("op", self.OP_SHORTEST)]
+        return narrowed(needs, floors, self._room(len(cards)) - 2 * self.cell_padding * len(needs))
+
+    def _cells(self, row: CardRow, widths: Mapping[str, int]) -> tuple[Text, ...]:
+        """A card's cells, each at most as wide as ``widths`` says (whole where it says
+        nothing)."""
         c = row.card
         style = "" if c.target else "dim"
+        op_width = min(widths.get("op", self.OP_WIDTH), self.OP_WIDTH)
         suffix = f" {c.range_text}" if c.ranges else ""  # a range card's range stays whole
-        room = max(self.OP_WIDTH - len(suffix), 2)
-        op = (c.short_op if len(c.short_op) <= room else c.short_op[:room - 1] + "…") + suffix
+        op = clip(c.short_op, max(op_width - len(suffix), 2)) + suffix
+        bar = widths.get("share", self.BAR_WIDTH + self.PERCENT_WIDTH) - self.PERCENT_WIDTH
         trend = sparkline(self._trends.get(row.id, ()), self.TREND_WIDTH)
-        cells = (op, f"{share_bar(c.share, self.BAR_WIDTH)}{100 * c.share:5.1f}%",
+        shapes = shapes_of(row)
+        cells = (op, f"{share_bar(c.share, min(bar, self.BAR_WIDTH))}{100 * c.share:5.1f}%",
                  fmt_speedup(row.best_speedup), trend.ljust(self.TREND_WIDTH),
                  fmt_us(c.eager_us), str(c.calls), dtype_of(row),
-                 card_status(row, row.id == self._focus), shapes_of(row))
+                 status_text(row, row.id == self._focus, widths.get("status")),
+                 clip(shapes, widths.get("shapes", len(shapes))))
         return tuple(Text(cell, style=style, no_wrap=True, overflow="ellipsis") for cell in cells)
+
+
+# The status words as a narrow op table shows them: four cells at most, so that a focus mark
+# before one still fits under the column's heading.
+SHORT_STATUS = {CardStatus.PENDING: "todo", CardStatus.SEARCHING: "run",
+                CardStatus.STOPPED: "stop", CardStatus.DONE: "done", CardStatus.SKIPPED: "skip"}
+
+
+def short_status(status: str) -> str:
+    return SHORT_STATUS.get(status, status)
+
+
+def status_text(row: CardRow, focused: bool, width: int | None = None) -> str:
+    """A card's status in at most ``width`` cells where that can be: its word and stop reason
+    (the reason cut with an ellipsis), else its word alone, else its short word."""
+    whole = card_status(row, focused)
+    if width is None or len(whole) <= width:
+        return whole
+    word = card_status(replace(row, stop_reason=""), focused)
+    if row.stop_reason and len(word) + len(": …") <= width:
+        return clip(whole, width)
+    if len(word) <= width:
+        return word
+    return card_status(replace(row, status=short_status(row.status), stop_reason=""), focused)
+
+
+def narrowed(needs: Mapping[str, int], floors: Sequence[tuple[str, int]],
+             room: int) -> dict[str, int]:
+    """Column widths (``needs``: each column's whole width) that together take at most
+    ``room`` cells: each of ``floors`` in turn narrows its column towards its floor (never below
+    the column's heading) as far as still needed. Where all of them do not make the columns
+    fit, the columns keep their whole widths (pure)."""
+    widths = dict(needs)
+    over = sum(widths.values()) - room
+    for name, floor in floors:
+        if over <= 0:
+            break
+        cut = min(over, max(0, widths[name] - max(floor, len(name))))
+        widths[name] -= cut
+        over -= cut
+    return widths if over <= 0 else dict(needs)

@@ -11,7 +11,7 @@ import torch
 from torch import fx
 
 from kforge.core.region import Region
-from kforge.integrate.backend import backend
+from kforge.integrate.backend import KforgeWarning, backend
 from kforge.integrate.fusion import aten_graph, find_matches, replace
 from kforge.runtime.regions import register
 from kforge.runtime.table import Entry, KernelTable
@@ -138,3 +138,13 @@ def test_a_region_chain_of_another_shape_stays_inductors(block):
         assert torch.allclose(got, model(other), rtol=1e-4, atol=1e-5)
     assert calls == {}
     assert chosen.report.nodes == 0
+
+
+def test_a_region_whose_chain_is_not_in_the_graph_says_so_once(block):
+    model, x, cards = block
+    calls: Counter = Counter()
+    chosen = backend(table_of([stages(cards)["gate"]], calls))
+    plain = torch.nn.Linear(32, 32).eval()
+    with torch.no_grad(), pytest.warns(KforgeWarning, match="has its chain of calls there"):
+        torch.compile(plain, backend=chosen)(x)
+    assert calls == {}

@@ -22,6 +22,7 @@ from kforge.store.events import (
     EngineAttached,
     EventFormatError,
     LogLine,
+    ModelMeasured,
     NodeAdded,
     NodeDeleted,
     NodeFinished,
@@ -63,6 +64,9 @@ STORED = [
     (CommandSent(5, "prune", 9), "command", {"command_id": 5, "kind": "prune", "arg": 9}),
     (CommandDone(5, "pruned node 9"), "command_done", {"command_id": 5, "result": "pruned node 9"}),
     (LogLine("slow", "warning"), "log", {"level": "warning", "message": "slow"}),
+    (ModelMeasured({"eager": 1.0, "eager+kforge": 1.2}, {"eager+kforge": 1.2}, 1.3),
+     "model_measured", {"speedups": {"eager": 1.0, "eager+kforge": 1.2},
+                        "gains": {"eager+kforge": 1.2}, "projected": 1.3}),
     (UnknownEvent("card_split", {"card_id": 3, "into": [4, 5]}), "card_split",
      {"card_id": 3, "into": [4, 5]}),
 ]

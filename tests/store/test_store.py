@@ -254,3 +254,20 @@ async def test_one_writer_and_several_readers_in_other_processes(tmp_path: Path)
     assert [e.seq for e in events] == sorted(e.seq for e in events)
     assert (await s.get_card(card)).spent == n
     await s.close()
+
+
+async def test_a_read_cancelled_at_any_point_leaves_the_connection_on_fresh_data(tmp_path: Path):
+    db = tmp_path / "k.db"
+    async with await Store.open(db) as writer, await Store.open_to_browse(db) as viewer:
+        sid = await make_session(writer)
+        for pause in range(12):  # cancel after 0, 1, ... turns of the event loop
+            read = asyncio.ensure_future(viewer.list_sessions())
+            for _ in range(pause):
+                await asyncio.sleep(0)
+            read.cancel()
+            await asyncio.gather(read, return_exceptions=True)
+            await writer.set_session_status(sid, SessionStatus.STOPPED if pause % 2
+                                            else SessionStatus.RUNNING)
+            (summary,) = await viewer.list_sessions()
+            assert summary.session.status == (SessionStatus.STOPPED if pause % 2
+                                              else SessionStatus.RUNNING)

@@ -1,0 +1,81 @@
+"""What `kforge e2e` keeps of a measurement, from fake timings: the figures it stores for the
+session's viewers (beside its log line), and the line `kforge show` prints of them."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+
+import pytest
+
+from kforge.cli.cmd_integrate import e2e_summary, keep_e2e, model_measurement
+from kforge.cli.main import main
+from kforge.core.candidate import Timing
+from kforge.integrate.measure import MODES, E2eResult, Measured
+from kforge.runtime.table import Report
+from kforge.store import Store
+from kforge.store.events import LogLine, ModelMeasured
+from tests.doubles import sample_cards
+
+
+def measured(mode: str, median_us: float | None) -> Measured:
+    timing = Timing(median_us=median_us, p10_us=median_us, p90_us=median_us, reps=20) \
+        if median_us else None
+    return Measured(MODES[mode].label, timing, mode=mode)
+
+
+@pytest.fixture
+def result() -> E2eResult:
+    return E2eResult([measured("eager", 2000.0), measured("eager+kforge", 1600.0),
+                      measured("graphs", 1000.0), measured("graphs+kforge", 800.0),
+                      measured("compile", 900.0), measured("compile+kforge", None)],
+                     Report([], {}), projected=1.31)
+
+
+def test_a_measurement_keeps_each_modes_speedup_over_eager_and_kforges_gains(result):
+    kept = model_measurement(result)
+    assert kept.speedups == pytest.approx({"eager": 1.0, "eager+kforge": 1.25, "graphs": 2.0,
+                                           "graphs+kforge": 2.5, "compile": 2000 / 900})
+    assert kept.gains == pytest.approx({"eager+kforge": 1.25, "graphs+kforge": 1.25})
+    assert kept.projected == 1.31
+
+
+def test_without_an_eager_timing_only_the_gains_are_kept():
+    result = E2eResult([measured("eager", None), measured("graphs", 1000.0),
+                        measured("graphs+kforge", 500.0)], Report([], {}), projected=1.2)
+    assert model_measurement(result) == ModelMeasured({}, {"graphs+kforge": 2.0}, 1.2)
+
+
+def test_e2e_stores_the_measurement_and_show_prints_it(tmp_path: Path, result, capsys):
+    db = tmp_path / "k.db"
+
+    async def keep_and_read():
+        async with await Store.open(db) as store:
+            sid = await store.create_profiled_session("toy", {}, {"name": "Fake GPU"},
+                                                      sample_cards())
+            await keep_e2e(store, sid, result)
+            return sid, await store.latest_model_measurement(sid), await store.recent_logs(sid)
+
+    sid, latest, logs = asyncio.run(keep_and_read())
+    assert latest is not None and latest.record == model_measurement(result)
+    assert [e.record for e in logs] == [LogLine(e2e_summary(result))]
+
+    assert main(["show", str(sid), "--db", str(db)]) == 0
+    shown = [line.strip() for line in capsys.readouterr().out.splitlines()]
+    assert any(re.fullmatch(
+        r"model measured \d+s ago \(kforge e2e\): kforge gains 1\.25x in eager\+kforge, "
+        r"1\.25x in graphs\+kforge; fastest 2\.50x over eager \(graphs\+kforge\); "
+        r"projected 1\.31x", line) for line in shown), shown
+
+
+def test_show_says_nothing_of_a_model_never_measured(tmp_path: Path, capsys):
+    db = tmp_path / "k.db"
+
+    async def make():
+        async with await Store.open(db) as store:
+            return await store.create_profiled_session("toy", {}, {}, sample_cards())
+
+    sid = asyncio.run(make())
+    assert main(["show", str(sid), "--db", str(db)]) == 0
+    assert "model measured" not in capsys.readouterr().out

@@ -1,0 +1,138 @@
+"""The op table at 80 columns: every column fits, narrower forms of its cells taken in order
+(the shapes, a stop reason, a long op name, the share bar, the status words), so that each op's
+name and status show without scrolling sideways; where even they do not fit, whole cells."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kforge.store import CardStatus, Store
+from kforge_tui.screens.session import SessionScreen
+from kforge_tui.widgets.tables import OpTable, narrowed, short_status, status_text
+from tests.doubles import sample_cards
+from tests.tui.conftest import make_app, until
+from tests.tui.fixtures import GPU
+from tests.tui.test_defects import screen_lines
+from tests.tui.test_pictures import card_row
+
+LONG_OPS = ["aten._scaled_dot_product_flash_attention.default", "aten.native_layer_norm.default",
+            "aten.addmm.default", "aten.gelu.default", "aten._log_softmax_backward_data.default"]
+REASONS = {1: (CardStatus.DONE, "8 iterations spent without a faster kernel"),
+           2: (CardStatus.SKIPPED, "library: no kernel family for this op"),
+           3: (CardStatus.STOPPED, "budget")}
+
+
+async def long_session(db: Path) -> int:
+    """A session of 30 ops (more than the table's height), long op names among them, stop
+    reasons, and the search focused on the first op."""
+    base = sample_cards()
+    cards = [base[i % 3].with_(op=LONG_OPS[i] if i < len(LONG_OPS) else f"aten.op_{i}.default",
+                               share=0.5 / (i + 1)) for i in range(30)]
+    async with await Store.open(db) as store:
+        sid = await store.create_profiled_session("toy", {}, GPU, cards)
+        rows = await store.list_cards(sid)
+        await store.update_card(rows[0].id, status=CardStatus.SEARCHING)
+        await store.update_settings(sid, {"search": {"focus": rows[0].id}})
+        for index, (status, reason) in REASONS.items():
+            await store.update_card(rows[index].id, status=status, stop_reason=reason)
+    return sid
+
+
+async def opened(pilot) -> OpTable:
+    app = pilot.app
+    await until(pilot, lambda: isinstance(app.screen, SessionScreen)
+                and app.screen.state is not None
+                and app.screen.query_one(OpTable).row_count == 30, what="the op table")
+    await pilot.pause(0.1)
+    return app.screen.query_one(OpTable)
+
+
+def shown_rows(app, table: OpTable) -> list[str]:
+    """The op rows as the screen shows them now, top to bottom."""
+    top = table.region.y + table.header_height
+    return screen_lines(app)[top:table.region.y + table.region.height]
+
+
+async def test_every_status_shows_whole_at_80_columns(tmp_path: Path):
+    db = tmp_path / "k.db"
+    sid = await long_session(db)
+    app = make_app(db, session=sid)
+    async with app.run_test(size=(80, 24)) as pilot:
+        table = await opened(pilot)
+        assert table.max_scroll_x == 0  # nothing to scroll sideways to
+        header = screen_lines(app)[table.region.y]
+        assert header.split("│")[1].split() == list(OpTable.COLUMNS)
+        rows = shown_rows(app, table)
+        cards = table.visible_cards()
+        assert len(rows) >= 15
+        for line, row in zip(rows, cards, strict=False):
+            words = {row.status, short_status(row.status)}
+            assert any(re.search(rf"(?<![\w…]){word}(?![\w…])", line) for word in words), line
+            name = line.split("│")[1].split()[0]
+            assert name == row.card.short_op or (
+                name.endswith("…") and len(name) >= OpTable.OP_SHORTEST
+                and row.card.short_op.startswith(name[:-1])), (name, row.card.short_op)
+        assert "◎ " in rows[0]  # the focused op is marked in its status
+
+
+async def test_a_wider_terminal_gets_the_whole_cells_back(tmp_path: Path):
+    db = tmp_path / "k.db"
+    sid = await long_session(db)
+    app = make_app(db, session=sid)
+    async with app.run_test(size=(80, 24)) as pilot:
+        table = await opened(pilot)
+        first = str(table.visible_cards()[1].id)
+        assert table.get_row(first)[7].plain == "done"
+        await pilot.resize_terminal(200, 24)  # the ops pane takes 80 cells and more
+        await until(pilot, lambda: table.get_row(first)[7].plain.startswith("done: 8 iter"),
+                    what="the stop reason back")
+        await pilot.resize_terminal(80, 24)
+        await until(pilot, lambda: table.get_row(first)[7].plain == "done",
+                    what="the narrow status again")
+        await pilot.pause(0.1)
+        assert table.max_scroll_x == 0
+
+
+def test_a_status_gives_up_its_reason_then_its_word():
+    row = card_row(0, 1.5)
+    done = type(row)(**{**row.__dict__, "status": "done", "stop_reason": "budget spent"})
+    assert status_text(done, False) == "done: budget spent"
+    assert status_text(done, False, 18) == "done: budget spent"
+    assert status_text(done, False, 10) == "done: bud…"
+    assert status_text(done, False, 6) == "done"
+    assert status_text(row, True, 11) == "◎ searching"
+    assert status_text(row, True, 6) == "◎ run"
+
+
+@given(st.dictionaries(st.sampled_from(["op", "share", "status", "shapes"]),
+                       st.integers(0, 40), min_size=4),
+       st.lists(st.tuples(st.sampled_from(["op", "share", "status", "shapes"]),
+                          st.integers(0, 30)), max_size=6),
+       st.integers(0, 120))
+def test_narrowed_columns_fit_or_stay_whole(needs, floors, room):
+    widths = narrowed(needs, floors, room)
+    if sum(needs.values()) <= room:
+        assert widths == needs
+    elif widths != needs:
+        assert sum(widths.values()) <= room
+        for name, width in widths.items():
+            lowest = min([needs[name],
+                          *(max(floor, len(name)) for n, floor in floors if n == name)])
+            assert lowest <= width <= needs[name]
+
+
+@pytest.mark.parametrize(("room", "widths"), [
+    (60, {"op": 30, "status": 20, "shapes": 10}),
+    (56, {"op": 30, "status": 20, "shapes": 6}),  # the shapes first, down to their heading
+    (40, {"op": 24, "status": 10, "shapes": 6}),  # then the status, then the op name
+    (10, {"op": 30, "status": 20, "shapes": 10}),  # cannot fit: whole
+])
+def test_columns_narrow_in_the_order_given(room, widths):
+    needs = {"op": 30, "status": 20, "shapes": 10}
+    floors = [("shapes", 0), ("status", 10), ("op", 8)]
+    assert narrowed(needs, floors, room) == widths
