@@ -86,7 +86,7 @@ def export_session(plan: SessionPlan, out_dir: Path, *, name: str | None = None,
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return Exported(target, len(plan.winners), archs, problems)
+    return Exported(target, sum(d.card.region is None for d in plan.winners), archs, problems)
 
 
 def _write(plan: SessionPlan, root: Path, name: str, archs: list[str],
@@ -94,8 +94,13 @@ def _write(plan: SessionPlan, root: Path, name: str, archs: list[str],
     copy_runtime(root / "runtime")
     (root / "__init__.py").write_text((_HERE / "artifact.py").read_text())
     (root / "prelude.cuh").write_text(PRELUDE)
-    problems: list[str] = []
-    kernels = [_write_kernel(root, d, archs, compiler, problems) for d in plan.winners]
+    # A fusion region's kernel needs the region's operator and the model's module map, which
+    # only kforge itself provides (kforge.patch with the model, kforge.compile).
+    problems = [f"{card_label(d.card)}: not exported, a fusion region's kernel runs through "
+                "kforge itself (kforge.patch(..., model=...), kforge.compile)"
+                for d in plan.winners if d.card.region is not None]
+    kernels = [_write_kernel(root, d, archs, compiler, problems) for d in plan.winners
+               if d.card.region is None]
     session = plan.session
     manifest = {
         "format": FORMAT, "exported_by": f"kforge {__version__}", "session": session.id,
