@@ -151,3 +151,21 @@ def test_the_packages_own_nvrtc_path_compiles_for_an_arch_it_has_no_cubin_for(se
         compile_cubin("this is not CUDA", "sm_100", PRELUDE)
     with pytest.raises(ValueError, match="not allowed"):
         compile_cubin(winner.candidate.source, "sm_100", PRELUDE, ["-G"])
+
+
+def test_a_region_kernel_is_named_and_left_out(session, compiler, tmp_path):
+    import dataclasses
+
+    db, sid = session
+    plan = read_plan(db, sid)
+    first = plan.winners[0]
+    region = dataclasses.replace(first, card=first.card.with_(region={
+        "nodes": [], "inputs": [], "outputs": [], "members": []}))
+    plan = dataclasses.replace(plan, decisions=[region if d is first else d
+                                                for d in plan.decisions])
+    result = export_session(plan, tmp_path, compiler=compiler)
+    assert result.kernels == 2
+    assert len(result.problems) == 1 and "fusion region's kernel runs through kforge" in \
+        result.problems[0]
+    manifest = json.loads((result.path / "manifest.json").read_text())
+    assert first.card.key not in {k["key"] for k in manifest["kernels"]}
