@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+from dataclasses import dataclass
 
 from kforge.core.candidate import (
     Baseline,
@@ -43,6 +44,25 @@ FAKE_PLAN = {"outputs": [{"name": "out", "like": "self"}],
                            "params": [{"ptr": "self"}, {"ptr": "out"}]}]}
 
 
+@dataclass(frozen=True)
+class Hold:
+    """Where a double stops and waits: after ``after`` calls in this process, each further call
+    waits for as long as the file ``path`` exists (a test removes it to let the search go on).
+    It pins a search at a known point, whatever the machine's load."""
+
+    path: str
+    after: int
+
+    async def wait(self, calls: int) -> None:
+        while calls > self.after and os.path.exists(self.path):
+            await asyncio.sleep(0.01)
+
+    @classmethod
+    def from_settings(cls, fake: dict, where: str) -> Hold | None:
+        hold = fake.get("hold")
+        return cls(hold["path"], hold["after"]) if hold and hold["in"] == where else None
+
+
 class FakeProposer:
     """Writes a 'kernel' whose speed is drawn from its seed; refinements of a good parent are
     usually a little better, repairs usually work."""
@@ -50,7 +70,8 @@ class FakeProposer:
     name = "fake"
 
     def __init__(self, usd: float = 0.0, fail_every: int = 0, empty_every: int = 0,
-                 speeds: tuple[float, float] = (0.5, 2.0)) -> None:
+                 speeds: tuple[float, float] = (0.5, 2.0), hold: Hold | None = None) -> None:
+        self.hold = hold
         self.usd = usd
         self.speeds = speeds
         self.fail_every = fail_every
@@ -63,6 +84,8 @@ class FakeProposer:
     async def propose(self, request: ProposalRequest) -> Proposal:
         self.requests.append(request)
         n = len(self.requests)
+        if self.hold is not None:
+            await self.hold.wait(n)
         calls = [LlmCall(model="fake", input_tokens=100, output_tokens=50, usd=self.usd,
                          seconds=0.0)] if self.usd else []
         if self.empty_every and n % self.empty_every == 0:
@@ -91,7 +114,9 @@ class FakeEvaluator:
     ``EAGER_US / speed``."""
 
     def __init__(self, delay_s: float = 0.0, journal: str | None = None,
-                 infra_first: int = 0) -> None:
+                 infra_first: int = 0, hold: Hold | None = None) -> None:
+        self.hold = hold
+        self.started = 0
         self.gpu = FAKE_GPU
         self.capacity = 1
         self.delay_s = delay_s
@@ -114,8 +139,11 @@ class FakeEvaluator:
     async def evaluate(self, card: OpCard, candidate: Candidate) -> EvalOutcome:
         self._write(f"start {candidate.digest}")
         self.running += 1
+        self.started += 1
         self.max_running = max(self.max_running, self.running)
         try:
+            if self.hold is not None:
+                await self.hold.wait(self.started)
             if self.delay_s:
                 await asyncio.sleep(self.delay_s)
         finally:
@@ -159,12 +187,14 @@ class FakeEvaluator:
 
 def make_proposer(ctx: SearchContext) -> FakeProposer:
     fake = ctx.settings.extra.get("fake", {})
-    return FakeProposer(usd=fake.get("usd", 0.0), fail_every=fake.get("fail_every", 0))
+    return FakeProposer(usd=fake.get("usd", 0.0), fail_every=fake.get("fail_every", 0),
+                        hold=Hold.from_settings(fake, "propose"))
 
 
 def make_evaluator(ctx: SearchContext) -> FakeEvaluator:
     fake = ctx.settings.extra.get("fake", {})
-    return FakeEvaluator(delay_s=fake.get("delay_s", 0.0), journal=fake.get("journal"))
+    return FakeEvaluator(delay_s=fake.get("delay_s", 0.0), journal=fake.get("journal"),
+                         hold=Hold.from_settings(fake, "evaluate"))
 
 
 def tensor(shape: list[int], dtype: str = "float16") -> dict:

@@ -201,23 +201,30 @@ async def claim_is_refused_or_came_after_release(store: Store, sid: int) -> None
 async def test_an_engine_killed_or_stopped_at_a_random_point_resumes_losing_nothing(
         tmp_path: Path, seed: int, parallel: int, fault: signal.Signals):
     rng = random.Random(seed * 31 + fault)
-    db, journal = tmp_path / "k.db", tmp_path / "journal.txt"
+    db, journal, hold = tmp_path / "k.db", tmp_path / "journal.txt", tmp_path / "hold"
     store = await Store.open(db)
     try:
-        sid = await new_session(store, fake_settings(rng, journal, parallel))
+        settings = fake_settings(rng, journal, parallel)
         kill_after = rng.randint(1, ITERATIONS * TARGET_OPS // 2)
         kill_mid_evaluation = rng.random() < 0.5
+        # The first engine stops at the kill point until killed, however loaded the machine:
+        # its evaluator (or proposer) holds every call after the kill point's.
+        hold.touch()
+        settings["fake"]["hold"] = {"path": str(hold), "after": kill_after,
+                                    "in": "evaluate" if kill_mid_evaluation else "propose"}
+        sid = await new_session(store, settings)
         first = start_engine(db, sid)
 
         async def at_kill_point() -> bool:
             nodes = await store.list_nodes(sid)
             finished = sum(not n.in_flight for n in nodes)
             evaluating = any(n.status == NodeStatus.EVALUATING for n in nodes)
-            return finished >= kill_after and (evaluating or not kill_mid_evaluation)
+            return finished >= kill_after and evaluating == kill_mid_evaluation
 
         await wait_for(at_kill_point, "the kill point", first)
         os.kill(first.pid, fault)
         first.communicate(timeout=60)
+        hold.unlink()  # the resumed engine runs freely
         session = await store.get_session(sid)
         if fault == signal.SIGTERM:  # a clean stop: the lease is given back
             assert first.returncode == 0
