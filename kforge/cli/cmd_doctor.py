@@ -29,11 +29,18 @@ class Check:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("doctor", help="check Python, torch, the GPU, NVRTC and the database")
+    p.add_argument("--llm", action="store_true",
+                   help="only check the LLM endpoint, with one tiny live request: its model, "
+                        "latency, tokens and price")
     add_db_option(p)
     p.set_defaults(func=cmd_doctor)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    if args.llm:
+        check = check_llm_live()
+        out.print(Text.assemble(_MARK[check.level], f"  {check.name}  {check.detail}"))
+        return 1 if check.level == FAIL else 0
     checks: list[Check] = []
     arch = "sm_90"
     for probe in (check_python, check_torch, check_gpu):
@@ -158,6 +165,32 @@ def check_llm() -> Check:
         return Check("LLM", OK, f"model {s.model} at {s.base_url or 'api.openai.com'} ({key})")
 
     return _guard("LLM", probe)
+
+
+def check_llm_live() -> Check:
+    """One tiny request to the configured endpoint: who answered, how fast, what it cost, and
+    the price kforge counts for the model; a failure in one line."""
+    import os
+
+    from kforge.propose.llm.proposer import probe_endpoint
+    from kforge.propose.llm.settings import load_llm_settings
+
+    try:
+        settings = load_llm_settings(load_config().llm, os.environ,
+                                     config_file=str(config_path()))
+        found = asyncio.run(probe_endpoint(settings))
+    except KforgeError as exc:
+        return Check("LLM", FAIL, str(exc))
+    served = f" (served as {found.served})" if found.served and found.served != found.model \
+        else ""
+    price = (f"${found.usd:.6f} at ${found.price.input_per_mtok:g} / "
+             f"${found.price.output_per_mtok:g} per million prompt / reply tokens"
+             if found.price is not None else
+             f"no price for it in [llm.prices] ({config_path()}): its calls count as $0")
+    return Check("LLM", OK if found.price is not None else WARN, settings.redact(
+        f"model {found.model}{served} at {settings.base_url or 'api.openai.com'} answered in "
+        f"{found.seconds:.2f} s: {found.input_tokens} prompt + {found.output_tokens} reply "
+        f"tokens, {price}"))
 
 
 def check_sanitizer() -> Check:

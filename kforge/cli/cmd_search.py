@@ -51,6 +51,10 @@ def _add_search_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("search budget and plug-ins")
     g.add_argument("--proposer", help="library | llm | both | module:factory (default: library)")
     g.add_argument("--evaluator", help="gpu | module:factory (default: gpu)")
+    g.add_argument("--cluster", metavar="ADDRESS",
+                   help="evaluate on the GPUs of this Ray cluster: auto (the one `ray start` "
+                        "joined this machine to), host:6379 or ray://host:10001; none: this "
+                        "machine's GPUs (default: none)")
     g.add_argument("--iterations", type=int, dest="iterations_per_op", metavar="N",
                    help="average iterations per op; spread by time share (default 24)")
     g.add_argument("--usd", type=float, help="total LLM spend allowed, in US dollars")
@@ -74,6 +78,7 @@ def _given(args: argparse.Namespace) -> dict:
     """The search settings named on the command line."""
     given = {
         "proposer": args.proposer, "evaluator": args.evaluator,
+        "cluster": "" if args.cluster in ("none", "") else args.cluster,
         "iterations_per_op": args.iterations_per_op, "usd": args.usd,
         "wall_s": parse_duration(args.wall) if args.wall else None,
         "parallel": args.parallel, "patience": args.patience, "seed": args.seed,

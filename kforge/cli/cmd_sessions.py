@@ -5,18 +5,22 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from operator import attrgetter
 
 from rich.table import Table
 from rich.text import Text
 
-from kforge.cli.common import add_db_option, out, session_id, with_store
+from kforge.cli.common import add_db_option, count, out, session_id, with_store
+from kforge.cli.node_view import cmd_show_node
 from kforge.core.candidate import EvalOutcome
 from kforge.core.fmt import fmt_age, fmt_speedup, fmt_us
+from kforge.core.region import folded
 from kforge.core.settings import SessionSettings
 from kforge.errors import KforgeError
 from kforge.store import Store
 from kforge.store.commands import is_alive
 from kforge.store.config import db_path
+from kforge.store.events import ModelMeasured
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,6 +31,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("show", help="a session's op cards (ranked by time share) and best kernels")
     p.add_argument("session", type=session_id)
     p.add_argument("--targets", action="store_true", help="hide views and copies")
+    p.add_argument("--node", type=count, metavar="N",
+                   help="show search node N in full: its outcome, kernel, plan and LLM calls")
+    p.add_argument("--no-prompt", action="store_true",
+                   help="with --node: leave out the LLM calls' prompts and replies")
     add_db_option(p)
     p.set_defaults(func=cmd_show)
 
@@ -61,13 +69,17 @@ def cmd_sessions(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    if args.node is not None:
+        return cmd_show_node(args)
+
     async def work(store: Store):
         cards = await store.list_cards(args.session)
         best = {row.id: (await store.get_node(row.best_node)).outcome for row in cards
                 if row.best_node is not None}
-        return await store.get_session(args.session), cards, best
+        return (await store.get_session(args.session), cards, best,
+                await store.latest_model_measurement(args.session))
 
-    session, cards, best = with_store(args, work, reads_only=True)
+    session, cards, best, measured = with_store(args, work, reads_only=True)
     settings = session.settings
     search = SessionSettings.from_stored(settings).search
     out.print(Text.assemble((f"session {session.id}", "bold"),
@@ -78,6 +90,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         out.print("  " + "  ".join(f"{k}={v}" for k, v in details.items()))
     out.print(f"  proposer={search.proposer}  "
               f"spent ${session.usd_spent:.2f}  ran {session.run_seconds / 60:.1f} min")
+    if measured is not None:
+        out.print(f"  {measured_line(measured.record, time.time() - measured.at)}")
     if session.error:
         out.print(Text.assemble("  ", ("error:", "red"), f" {session.error}"))
     table = Table(box=None, header_style="bold")
@@ -90,22 +104,36 @@ def cmd_show(args: argparse.Namespace) -> int:
                         ("status", False)):
         table.add_column(name, justify="right" if right else "left", overflow="fold")
     hidden = 0
-    for row in cards:
+    for row, inside in folded(cards, attrgetter("card")):
         c = row.card
         if args.targets and not c.target:
             hidden += 1
             continue
         status = row.status + (f": {row.stop_reason}" if row.stop_reason else "")
         kernel, host = kernel_times(best.get(row.id))
-        table.add_row(str(row.id), c.short_op, c.signature[:70],
+        table.add_row(str(row.id), ("└ " if inside else "") + c.short_op, c.signature[:70],
                       *((c.range_text or "-",) if ranged else ()), str(c.calls),
                       f"{100 * c.share:.1f}%", c.library, fmt_us(c.eager_us),
                       fmt_us(c.compiled_us), fmt_speedup(row.best_speedup), kernel, host,
-                      str(row.spent), status, style=None if c.target else "dim")
+                      str(row.spent), status, style=None if c.target and not inside else "dim")
     out.print(table)
+    if any(inside for _, inside in folded(cards, attrgetter("card"))):
+        out.print("  (└: an op card inside the fusion region above it; the region's share "
+                  "includes its ops')")
     if hidden:
         out.print(f"  ({hidden} views and copies hidden: they are never targets)")
     return 0
+
+
+def measured_line(measured: ModelMeasured, age_s: float) -> str:
+    """The whole model as `kforge e2e` last measured it: what kforge gains in each mode, the
+    best speedup over eager, and the op cards' projection."""
+    gains = ", ".join(f"{fmt_speedup(gain)} in {mode}" for mode, gain in measured.gains.items())
+    fastest = max(measured.speedups.items(), key=lambda item: item[1], default=None)
+    over_eager = f"; fastest {fmt_speedup(fastest[1])} over eager ({fastest[0]})" \
+        if fastest else ""
+    return (f"model measured {fmt_age(max(0.0, age_s))} (kforge e2e): kforge gains "
+            f"{gains or '-'}{over_eager}; projected {fmt_speedup(measured.projected)}")
 
 
 def kernel_times(outcome: EvalOutcome | None) -> tuple[str, str]:

@@ -11,7 +11,8 @@ from kforge import __version__
 from kforge.errors import KforgeError
 
 # Each module registers its sub-commands; the optional ones arrive with their features.
-COMMAND_MODULES = ("cmd_sessions", "cmd_profile", "cmd_search", "cmd_doctor", "cmd_integrate")
+COMMAND_MODULES = ("cmd_sessions", "cmd_profile", "cmd_search", "cmd_doctor", "cmd_integrate",
+                   "cmd_user_kernel")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -13,9 +13,9 @@ operator (``kforge_region.r_<hash>.default``) at every variant; the runtime regi
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from kforge.core.argspec import is_tensor_spec, list_items, tensor_specs
 from kforge.core.opcard import canonical_json, describe_args
@@ -25,6 +25,7 @@ MIN_OPS = 2  # ops that compute (not views) a region needs: one op is an op card
 MAX_OPS = 48
 MAX_INPUTS = 8
 MAX_OUTPUTS = 4
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -302,3 +303,22 @@ def _spec_of(trace: Sequence[TraceCall], read: tuple[int, int]) -> dict:
     call_index, leaf = read
     call = trace[call_index]
     return tensor_specs([call.args, list(call.kwargs.values())])[leaf]
+
+
+def folded(rows: Sequence[T], card_of: Callable[[T], Any]) -> list[tuple[T, bool]]:
+    """Rows of cards in their order, each region card's row followed by the rows of the op
+    cards of its calls (``True``: inside the region above), which then do not stand on their
+    own; ``card_of`` gives a row's ``OpCard``."""
+    by_key = {card_of(row).key: row for row in rows}
+
+    def members(row: T) -> list[T]:
+        region = card_of(row).region
+        keys = region.get("members", ()) if region is not None else ()
+        return [by_key[key] for key in keys if key in by_key]
+
+    inside = {id(member) for row in rows for member in members(row)}
+    ordered: list[tuple[T, bool]] = []
+    for row in rows:
+        if id(row) not in inside:
+            ordered += [(row, False), *((member, True) for member in members(row))]
+    return ordered

@@ -231,6 +231,9 @@ class SearchSettings(_Section):
 
     proposer: str = "library"  # who writes kernels: library | llm | both | module:factory
     evaluator: str = "gpu"  # who judges them: gpu | module:factory
+    # the Ray cluster whose GPUs the gpu evaluator runs on ("auto": the one `ray start` joined
+    # this machine to; "host:6379"; "ray://host:10001"); "": this machine's GPUs
+    cluster: str = ""
     iterations_per_op: int = 24  # average per op; the split over ops follows share and headroom
     max_op_factor: float = 3.0  # an op may take up to this many times the average
     usd: float | None = None  # total LLM spend allowed for the session, in US dollars
@@ -249,6 +252,9 @@ class SearchSettings(_Section):
         _finite(self, "max_op_factor", above=True)
         _finite(self, "usd")
         _finite(self, "wall_s", above=True)
+        if self.cluster != self.cluster.strip():
+            raise InvalidValue("cluster", "must be an address without spaces around it",
+                               self.cluster)
 
     @property
     def per_op_limit(self) -> int:

@@ -38,6 +38,8 @@ from kforge.core.schedule import (
 )
 from kforge.core.settings import SearchSettings
 from kforge.errors import KforgeError
+from kforge.eval.cluster import WORKERS_KEY
+from kforge.eval.pool import EvaluatorLost
 from kforge.runtime.regions import register_cards
 from kforge.store import CardStatus, CommandKind, NodeStatus, SessionStatus, Store
 from kforge.store.commands import BadCommand, checked, save_focus, save_pruned
@@ -93,6 +95,7 @@ class Engine:
         self._status = SessionStatus.RUNNING
         self._message = ""
         self._end_reason = ""  # why the search ended, for the ops it leaves unfinished
+        self._workers_shown: list[dict] = []  # the evaluator's workers as last stored
 
     # ----- the run -----
 
@@ -100,7 +103,9 @@ class Engine:
         """Search until the budget is spent, every op is done, or a stop command arrives."""
         await self.store.claim_engine(self.session_id)
         # each heartbeat stores the session's whole searched time: count on from the stored one
-        self._run_s_before = (await self.store.get_session(self.session_id)).run_seconds
+        session = await self.store.get_session(self.session_id)
+        self._run_s_before = session.run_seconds
+        self._workers_shown = session.settings.get(WORKERS_KEY) or []
         self._started = time.monotonic()
         status, error = SessionStatus.FAILED, ""
         beat = asyncio.create_task(self._heartbeat())
@@ -131,6 +136,7 @@ class Engine:
                 await self.proposer.close()
             try:
                 await self._park_cards(error or self._end_reason or str(status))
+                await self._report_workers(ending=True)
                 await self.store.heartbeat(self.session_id, self._run_seconds())
                 await self.store.release_engine(self.session_id, status, error)
             except LeaseLost as exc:
@@ -144,6 +150,54 @@ class Engine:
         """Stop soon (a signal handler calls this): in-flight work is dropped and redone on resume."""
         self.stopping = True
         self._end_reason = "stopped"
+
+    async def add_given(self, card_id: int, candidate: Candidate, decision: Decision) -> int:
+        """Evaluate a kernel written outside the search (a user's own) for one card as the search
+        evaluates its candidates (eager timed first, a would-be best confirmed) and add it to the
+        card's tree as ``decision`` says, where a later search builds on it like on any node.
+        Holds the session's engine lease meanwhile, so it never runs beside a search, and leaves
+        the session's status as it found it; returns the new node's id."""
+        await self.store.claim_engine(self.session_id)
+        before = await self.store.get_session(self.session_id)
+        self._run_s_before, self._started = before.run_seconds, time.monotonic()
+        status = (SessionStatus.STOPPED if before.status in (SessionStatus.RUNNING,
+                                                              SessionStatus.PAUSED)
+                  else SessionStatus(before.status))  # held by an engine that died
+        beat = asyncio.create_task(self._heartbeat())
+        try:
+            await self.evaluator.start()
+            self._slots = asyncio.Semaphore(max(1, self.evaluator.capacity))
+            await self._load()
+            search = self.schedule.cards.get(card_id)
+            if search is None:
+                raise KforgeError(f"no op card {card_id} in session {self.session_id}")
+            search.done = False  # a given kernel is judged even where the search would stop
+            if not await self._ensure_baseline(search):
+                raise KforgeError(f"card {card_id}: {self.rows[card_id].stop_reason}")
+            try:  # the decision is checked before anything is stored, under an id never used
+                search.tree.add(-1, decision.parent, decision.action)
+            except ValueError as exc:
+                raise KforgeError(f"card {card_id}: {exc}") from None
+            search.tree.discard(-1)
+            parent_id = None if decision.parent == ROOT else decision.parent
+            node_id = await self.store.add_node(self.session_id, card_id, parent_id,
+                                                decision.action)
+            search.tree.add(node_id, decision.parent, decision.action)
+            await self.store.set_candidate(node_id, candidate)
+            search.metas[node_id] = candidate.meta
+            under = f" of node {parent_id}" if parent_id is not None else ""
+            await self._log(f"node {node_id} for {search.card.short_op}, given from outside "
+                            f"the search ({decision.action}{under}): {candidate.approach}")
+            await self._evaluate(search, node_id, candidate)
+            return node_id
+        finally:
+            beat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beat
+            with contextlib.suppress(Exception):
+                await self.evaluator.close()
+            await self.store.heartbeat(self.session_id, self._run_seconds())
+            await self.store.release_engine(self.session_id, status, before.error)
 
     async def _loop(self) -> SessionStatus:
         while True:
@@ -243,6 +297,8 @@ class Engine:
             try:
                 async with self._slots:
                     base = await self.evaluator.baseline(search.card)
+            except EvaluatorLost:
+                raise  # no op is at fault: the search stops, and the card is timed on resume
             except KforgeError as exc:
                 search.done = True
                 await self.store.update_card(card_id, status=CardStatus.SKIPPED,
@@ -462,6 +518,7 @@ class Engine:
             await asyncio.sleep(HEARTBEAT_S)
             try:
                 await self.store.heartbeat(self.session_id, self._run_seconds())
+                await self._report_workers()
             except LeaseLost as exc:
                 log.error("%s", exc)
                 self.request_stop()
@@ -469,6 +526,16 @@ class Engine:
             except Exception as exc:  # noqa: BLE001 - whatever failed, the next beat may pass
                 log.warning("heartbeat of session %d failed, beating on: %s", self.session_id,
                             exc)
+
+    async def _report_workers(self, ending: bool = False) -> None:
+        """Store the evaluator's workers as they are now, for viewers, when they changed (an
+        evaluator that runs on a cluster reports them with ``workers()``); none once the search
+        ends."""
+        report = getattr(self.evaluator, "workers", None)
+        table = [w.to_dict() for w in report()] if report is not None and not ending else []
+        if table != self._workers_shown:
+            await self.store.update_settings(self.session_id, {WORKERS_KEY: table})
+            self._workers_shown = table
 
     def _run_seconds(self) -> float:
         return self._run_s_before + (time.monotonic() - self._started)

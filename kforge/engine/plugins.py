@@ -1,7 +1,8 @@
 """Turn a proposer or evaluator name from the CLI or config into an object.
 
-A name is either built in (proposers: library, llm, both; evaluator: gpu) or ``module:function``,
-a factory that takes a ``SearchContext``; that is how test doubles and users' own proposers plug in.
+A name is either built in (proposers: library, llm, both; evaluator: gpu, on this machine's GPUs or
+a Ray cluster's) or ``module:function``, a factory that takes a ``SearchContext``; that is how test
+doubles and users' own proposers plug in.
 """
 
 from __future__ import annotations
@@ -43,11 +44,20 @@ def check_spec(spec: str, builtins: tuple[str, ...], what: str) -> None:
 
 def check_can_start(search: SearchSettings, llm: LlmSection, llm_model: str | None = None) -> None:
     """Fail, before a session is profiled or its settings saved, where the search could not start:
-    a plug-in that cannot be loaded, the GPU evaluator without a GPU, an LLM proposer without an
-    endpoint (``llm`` is the config file's ``[llm]``, ``llm_model`` the session's own model)."""
+    a plug-in that cannot be loaded, the GPU evaluator without a GPU (on a Ray cluster: without
+    Ray), an LLM proposer without an endpoint (``llm`` is the config file's ``[llm]``,
+    ``llm_model`` the session's own model)."""
     check_spec(search.proposer, BUILTIN_PROPOSERS, "proposer")
     check_spec(search.evaluator, BUILTIN_EVALUATORS, "evaluator")
-    if search.evaluator == "gpu":
+    if search.cluster and search.evaluator != "gpu":
+        raise KforgeError(f"a Ray cluster ([search] cluster, --cluster) runs the gpu "
+                          f"evaluator's workers, not the plug-in {search.evaluator!r}")
+    if search.cluster:
+        from kforge.eval.cluster import check_reachable, require_ray
+
+        require_ray()  # the GPUs are the cluster's: this machine needs none
+        check_reachable(search.cluster)
+    elif search.evaluator == "gpu":
         from kforge.eval.gpuinfo import require_cuda
 
         require_cuda()
@@ -70,6 +80,10 @@ def make_evaluator(spec: str, ctx: SearchContext) -> Evaluator:
     if ":" in spec:
         return load_factory(spec)(ctx)
     check_spec(spec, BUILTIN_EVALUATORS, "evaluator")
+    if ctx.settings.search.cluster:
+        from kforge.eval.cluster import make_cluster_evaluator
+
+        return make_cluster_evaluator(ctx)
     from kforge.eval import make_gpu_evaluator
 
     return make_gpu_evaluator(ctx)

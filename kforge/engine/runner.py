@@ -13,8 +13,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from kforge.core.candidate import Candidate
 from kforge.core.gpu import GpuInfo
-from kforge.core.protocols import SearchContext
+from kforge.core.mcts import Decision
+from kforge.core.protocols import Evaluator, Proposer, SearchContext
 from kforge.core.settings import Origin, SearchSettings, SessionSettings, Settings
 from kforge.engine.engine import Engine, Snapshot
 from kforge.engine.plugins import check_can_start, make_evaluator, make_proposer
@@ -56,18 +58,9 @@ async def run_session(db_path: Path, session_id: int,
     """Run the session's search here until it ends; SIGINT/SIGTERM stop it cleanly."""
     store = await Store.open(db_path, create=False)
     try:
-        session = await store.get_session(session_id)
-        stored = Origin.stored(session_id)
-        settings = SessionSettings.from_stored(session.settings, stored)
-        for note in stored.notes:
-            await store.log(session_id, note, "warning")
-        ctx = SearchContext(session_id=session_id, samples_dir=store.samples_dir(session_id),
-                            settings=settings, config=load_config(),
-                            gpu=GpuInfo.from_dict(session.gpu) if session.gpu else None)
-        evaluator = make_evaluator(settings.search.evaluator, ctx)
-        _check_same_gpu(session.gpu, evaluator.gpu, session_id)
-        proposer = make_proposer(settings.search.proposer, ctx)
-        engine = Engine(store, session_id, proposer, evaluator, settings.search, on_change)
+        ctx, evaluator = await session_evaluator(store, session_id)
+        proposer = make_proposer(ctx.settings.search.proposer, ctx)
+        engine = Engine(store, session_id, proposer, evaluator, ctx.settings.search, on_change)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
@@ -80,6 +73,32 @@ async def run_session(db_path: Path, session_id: int,
                     loop.remove_signal_handler(sig)
     finally:
         await store.close()
+
+
+async def session_evaluator(store: Store, session_id: int) -> tuple[SearchContext, Evaluator]:
+    """The session's context for its plug-ins (its stored settings, the config file, its GPU;
+    notes on stored settings go to its log) and its evaluator, refused on another GPU model."""
+    session = await store.get_session(session_id)
+    stored = Origin.stored(session_id)
+    settings = SessionSettings.from_stored(session.settings, stored)
+    for note in stored.notes:
+        await store.log(session_id, note, "warning")
+    ctx = SearchContext(session_id=session_id, samples_dir=store.samples_dir(session_id),
+                        settings=settings, config=load_config(),
+                        gpu=GpuInfo.from_dict(session.gpu) if session.gpu else None)
+    evaluator = make_evaluator(settings.search.evaluator, ctx)
+    _check_same_gpu(session.gpu, evaluator.gpu, session_id)
+    return ctx, evaluator
+
+
+async def add_given_kernel(store: Store, session_id: int, card_id: int, candidate: Candidate,
+                           decision: Decision, screen: Proposer) -> int:
+    """Evaluate a kernel written outside the search for one card with the session's own
+    evaluator and add it to the card's tree (``Engine.add_given``); ``screen`` stands in for
+    the proposer where the engine asks which cards it declines. Returns the new node's id."""
+    ctx, evaluator = await session_evaluator(store, session_id)
+    engine = Engine(store, session_id, screen, evaluator, ctx.settings.search)
+    return await engine.add_given(card_id, candidate, decision)
 
 
 def _check_same_gpu(recorded: dict, gpu: GpuInfo, session_id: int) -> None:

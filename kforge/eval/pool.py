@@ -60,6 +60,11 @@ class WorkerGone(Exception):
     """The worker process ended or stopped answering."""
 
 
+class EvaluatorLost(KforgeError):
+    """No worker is left to evaluate on: the search cannot go on (no op or candidate is at
+    fault, so none is written off for it)."""
+
+
 def confirmation_settings(settings: dict) -> dict:
     """The evaluation settings of a confirmation run: other seeds, so other input values."""
     seeds = settings.get("seeds") or EvalSettings.seeds
@@ -184,6 +189,11 @@ class GpuEvaluator:
         self._alive = 0
         self._respawns: set[asyncio.Task] = set()
 
+    @property
+    def exhausted(self) -> bool:
+        """Every worker failed to restart: no evaluation can run here any more."""
+        return self._alive <= 0
+
     async def start(self) -> None:
         workers = [WorkerProcess(d, self.command(d)) for d in self.devices]
         results = await asyncio.gather(*(w.start(self.start_timeout_s) for w in workers),
@@ -203,8 +213,8 @@ class GpuEvaluator:
     async def _acquire(self) -> WorkerProcess:
         while True:
             if self._alive <= 0:
-                raise KforgeError("no evaluation worker is left: every GPU worker failed to "
-                                  "restart (see the log for the worker's last error)")
+                raise EvaluatorLost("no evaluation worker is left: every GPU worker failed to "
+                                    "restart (see the log for the worker's last error)")
             worker = await self._idle.get()
             if worker is not None:
                 self._working.add(worker)

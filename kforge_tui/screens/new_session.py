@@ -1,5 +1,6 @@
-"""The new-session form: model, dtype, proposer and budgets; runs ``kforge search --detach --json``
-and shows its progress lines until its answer names the new session."""
+"""The new-session form: model, dtype, proposer, budgets and the Ray cluster to evaluate on; runs
+``kforge search --detach --json`` and shows its progress lines until its answer names the new
+session."""
 
 from __future__ import annotations
 
@@ -80,16 +81,19 @@ class NewSessionScreen(ModalScreen[int | None]):
             with Horizontal(classes="row"):
                 yield Label("time")
                 yield Input(placeholder="e.g. 30m or 2h", id="time", compact=True)
+            with Horizontal(classes="row"):
+                yield Label("cluster")
+                configured = self.app.config.search.cluster
+                yield Input(placeholder="Ray cluster to evaluate on, e.g. auto or head:6379 "
+                                        f"(config: {configured or 'this machine'})",
+                            id="cluster", compact=True)
             yield Log(id="progress")
             with Horizontal(id="buttons"):
                 yield Button("Start", variant="primary", id="start", compact=True)
                 yield Button("Cancel", id="cancel", compact=True)
 
     def on_mount(self) -> None:
-        warning = self.query_one("#warning", Label)
-        refusal = self.gpu_refusal()
-        warning.update(refusal or "")
-        warning.display = refusal is not None
+        self.show_refusal()
         self.query_one("#progress", Log).display = False
         self.query_one("#model", Input).focus()
 
@@ -105,11 +109,24 @@ class NewSessionScreen(ModalScreen[int | None]):
                           proposer=choice("proposer"), iterations=text("iterations"),
                           usd=text("usd"), time=text("time"))
 
+    @on(Input.Changed, "#cluster")
+    def show_refusal(self) -> None:
+        warning = self.query_one("#warning", Label)
+        refusal = self.gpu_refusal()
+        warning.update(refusal or "")
+        warning.display = refusal is not None
+
+    def cluster(self) -> str:
+        """The Ray cluster the search evaluates on: the form's, else the config's ("": none)."""
+        return self.query_one("#cluster", Input).value.strip() or self.app.config.search.cluster
+
     def gpu_refusal(self) -> str | None:
         """Why a search cannot start here: the configured evaluator needs the GPU this machine
-        lacks (a plug-in evaluator runs anywhere, and a model is profiled on the CPU)."""
+        lacks (a plug-in evaluator runs anywhere, a Ray cluster's GPUs do the evaluating, and a
+        model is profiled on the CPU)."""
         gpu = self.app.gpu
-        if gpu is None or gpu.present or not needs_gpu(search_evaluator(self.app.config)):
+        if (gpu is None or gpu.present or self.cluster()
+                or not needs_gpu(search_evaluator(self.app.config))):
             return None
         return NEEDS_GPU.format(detail=gpu.detail)
 
@@ -124,6 +141,8 @@ class NewSessionScreen(ModalScreen[int | None]):
         except KforgeError as exc:
             self.app.report(str(exc))
             return
+        if address := self.query_one("#cluster", Input).value.strip():
+            argv += ["--cluster", address]
         self.run_search(argv)
 
     @on(Button.Pressed, "#cancel")

@@ -16,6 +16,7 @@ from textual.widgets import DataTable, Tree
 
 from kforge.core.candidate import Candidate
 from kforge.errors import KforgeError
+from kforge.eval.cluster import workers_of
 from kforge.store import CommandKind, SessionStatus, Store
 from kforge.store.commands import HELD_STATUSES, NoRunningSearch, issue
 from kforge.store.events import LogLine
@@ -42,6 +43,7 @@ from kforge_tui.widgets.panes import PANE_TITLES, PANES, Pane, PaneGrid
 from kforge_tui.widgets.search_tree import SearchTree
 from kforge_tui.widgets.status_bar import StatusBar
 from kforge_tui.widgets.tables import OpTable
+from kforge_tui.widgets.workers import WorkersBar
 
 REPAINT_S = 0.25  # how often changed tree figures are redrawn
 NO_NODE_YET = "select a node in the search tree (2)"
@@ -88,6 +90,7 @@ class SessionScreen(Screen):
 
     def compose(self) -> ComposeResult:
         yield StatusBar(f"session {self.session_id}: loading…", id="topbar")
+        yield WorkersBar(id="workers")
         # The op column stays put when the table scrolls sideways to its status and shapes.
         yield PaneGrid(Pane("ops", OpTable(id="ops", fixed_columns=1)),
                        Pane("code", NodeCode(id="code-tabs")),
@@ -210,6 +213,8 @@ class SessionScreen(Screen):
             self.query_one(StatusBar).show(session_header(
                 self.state.session, self.state.cards, self.state.alive, self.app.gpu_label,
                 self.size.width - 2, self.app.demo, self.state.measured))
+            self.query_one(WorkersBar).show(workers_of(self.state.session.settings),
+                                            self.state.alive, self.size.width - 2)
 
     def card(self, card_id: int) -> CardRow | None:
         if self.state is None:
@@ -267,9 +272,7 @@ class SessionScreen(Screen):
         if store is None:
             return
         try:
-            # Shielded: a newer selection cancels this worker, but a read left half-done would
-            # keep the shared connection on an old snapshot of the database.
-            detail, parent = await asyncio.shield(read_node(store, node_id))
+            detail, parent = await read_node(store, node_id)
         except KforgeError as exc:
             self.post_message(ErrorRaised(str(exc)))
             return

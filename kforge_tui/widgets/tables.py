@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from operator import attrgetter
 from typing import ClassVar
 
 from rich.cells import cell_len
@@ -17,6 +18,7 @@ from textual.geometry import Region
 from textual.widgets import DataTable
 from textual.widgets.data_table import RowDoesNotExist
 
+from kforge.core.region import folded
 from kforge.store import CardStatus
 from kforge.store.records import CardRow
 from kforge_tui.format import (
@@ -188,20 +190,27 @@ class OpTable(VimTable):
         self._fill()
 
     def visible_cards(self) -> list[CardRow]:
+        return [row for row, _ in self._visible()]
+
+    def _visible(self) -> list[tuple[CardRow, bool]]:
+        """The rows shown, in order, each with whether it is an op card inside the fusion region
+        above it (folded under it, whatever the sort)."""
         rows = [c for c in self._cards
                 if not self.name_filter or self.name_filter in c.card.op.lower()]
-        return sorted(rows, key=lambda r: (not r.card.target, self._ordered(r)))
+        return folded(sorted(rows, key=lambda r: (not r.card.target, self._ordered(r))),
+                      attrgetter("card"))
 
     def _ordered(self, row: CardRow):
         value = self.sort.value(row)
         return -value if self.sort.reverse and isinstance(value, (int, float)) else value
 
     def _fill(self) -> None:
-        cards = self.visible_cards()
-        widths = self._widths(cards)
+        rows = self._visible()
+        widths = self._widths(rows)
         narrower = any(self.columns[name].content_width > width
                        for name, width in widths.items() if name in self.columns)
-        self.show_rows([(str(row.id), self._cells(row, widths)) for row in cards], narrower)
+        self.show_rows([(str(row.id), self._cells(row, widths, inside)) for row, inside in rows],
+                       narrower)
 
     def _room(self, rows: int) -> int:
         """The cells the columns may take side by side, padding included: the table's width
@@ -211,10 +220,11 @@ class OpTable(VimTable):
             room -= self.styles.scrollbar_size_vertical
         return room
 
-    def _widths(self, cards: list[CardRow]) -> dict[str, int]:
-        """Each column's width for these cards: whole cells where they fit, else narrowed in the
+    def _widths(self, rows: list[tuple[CardRow, bool]]) -> dict[str, int]:
+        """Each column's width for these rows: whole cells where they fit, else narrowed in the
         order the class's comment gives where that lets every column fit, else whole."""
-        whole = [self._cells(row, {}) for row in cards]
+        cards = [row for row, _ in rows]
+        whole = [self._cells(row, {}, inside) for row, inside in rows]
         needs = {name: max([len(name), *(cell_len(cells[i].plain) for cells in whole)])
                  for i, name in enumerate(self.COLUMNS)}
         if not self.size.width:  # not laid out yet: its first resize fills it again
@@ -228,14 +238,16 @@ class OpTable(VimTable):
                   ("op", self.OP_SHORTEST)]
         return narrowed(needs, floors, self._room(len(cards)) - 2 * self.cell_padding * len(needs))
 
-    def _cells(self, row: CardRow, widths: Mapping[str, int]) -> tuple[Text, ...]:
+    def _cells(self, row: CardRow, widths: Mapping[str, int],
+               in_region: bool = False) -> tuple[Text, ...]:
         """A card's cells, each at most as wide as ``widths`` says (whole where it says
-        nothing)."""
+        nothing); an op card inside the fusion region above it is marked and dimmed."""
         c = row.card
-        style = "" if c.target else "dim"
+        style = "" if c.target and not in_region else "dim"
         op_width = min(widths.get("op", self.OP_WIDTH), self.OP_WIDTH)
         suffix = f" {c.range_text}" if c.ranges else ""  # a range card's range stays whole
-        op = clip(c.short_op, max(op_width - len(suffix), 2)) + suffix
+        mark = "└ " if in_region else ""
+        op = mark + clip(c.short_op, max(op_width - len(suffix) - len(mark), 2)) + suffix
         bar = widths.get("share", self.BAR_WIDTH + self.PERCENT_WIDTH) - self.PERCENT_WIDTH
         trend = sparkline(self._trends.get(row.id, ()), self.TREND_WIDTH)
         shapes = shapes_of(row)

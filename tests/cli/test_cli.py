@@ -73,6 +73,40 @@ def test_search_through_doubles_then_show_and_sessions(tmp_path: Path, capsys):
     assert "toy" in listed and "done" in listed and "Fake GPU (sm_90)" in listed
 
 
+def test_show_folds_the_op_cards_of_a_region_under_it(tmp_path: Path, capsys):
+    from kforge.core.opcard import OpCard
+
+    db = tmp_path / "k.db"
+    softmax, add, relu, view = sample_cards()
+    ref = {"t": "ref", "v": "x0"}
+    region = OpCard(op="kforge_region.r_0123456789ab.default", args=[add.args[0], add.args[1]],
+                    calls=30, total_us=900.0, share=0.9,
+                    region={"nodes": [{"op": "aten.add.Tensor", "args": [ref, {"t": "ref",
+                                                                               "v": "x1"}],
+                                       "kwargs": {}},
+                                      {"op": "aten._softmax.default",
+                                       "args": [{"t": "ref", "v": "n0"}, -1, False],
+                                       "kwargs": {}}],
+                            "inputs": add.args, "outputs": ["n1"],
+                            "members": sorted([softmax.key, add.key])})
+
+    async def go() -> int:
+        async with await Store.open(db) as store:
+            return await store.create_profiled_session(
+                "toy", {}, {"name": "Fake GPU", "arch": "sm_90"},
+                [region, softmax, add, relu, view])
+
+    sid = asyncio.run(go())
+    assert main(["show", str(sid), "--db", str(db)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line for line in lines if "region(add,_softmax)" in line or "_softmax" in line
+            or " add " in line or "relu" in line]
+    assert "region(add,_softmax)" in rows[0]
+    assert sum("└ _softmax" in r for r in rows) == 1 and sum("└ add" in r for r in rows) == 1
+    assert not any("_softmax" in r and "└" not in r and "region" not in r for r in rows)
+    assert "inside the fusion region above it" in "\n".join(lines)
+
+
 def test_search_settings_persist_for_resume(tmp_path: Path):
     db = tmp_path / "k.db"
     sid = make_db(db)

@@ -136,3 +136,34 @@ def test_columns_narrow_in_the_order_given(room, widths):
     needs = {"op": 30, "status": 20, "shapes": 10}
     floors = [("shapes", 0), ("status", 10), ("op", 8)]
     assert narrowed(needs, floors, room) == widths
+
+
+async def test_a_regions_op_cards_fold_under_it_whatever_the_sort(tmp_path: Path):
+    db = tmp_path / "k.db"
+    softmax, add, relu, view = sample_cards()
+    ref = {"t": "ref", "v": "x0"}
+    region = softmax.with_(op="kforge_region.r_0123456789ab.default", share=0.2, key="",
+                           region={"nodes": [{"op": "aten.add.Tensor", "args": [
+                               ref, {"t": "ref", "v": "x1"}], "kwargs": {}},
+                               {"op": "aten._softmax.default", "args": [
+                                   {"t": "ref", "v": "n0"}, -1, False], "kwargs": {}}],
+                               "inputs": add.args, "outputs": ["n1"],
+                               "members": [softmax.key, add.key]})
+    async with await Store.open(db) as store:
+        sid = await store.create_profiled_session("toy", {}, GPU, [softmax, add, relu, view,
+                                                                   region])
+    app = make_app(db, session=sid)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, SessionScreen)
+                    and app.screen.state is not None
+                    and app.screen.query_one(OpTable).row_count == 5, what="the op table")
+        await pilot.pause(0.1)
+        table = app.screen.query_one(OpTable)
+        for _ in range(2):  # by share, then by the next sort
+            ops = [row.split("│")[1].split()[0:2] for row in shown_rows(app, table)[:5]]
+            first = next(i for i, op in enumerate(ops) if op[0].startswith("region("))
+            assert ops[first + 1][0] == "└" and ops[first + 2][0] == "└"
+            assert {ops[first + 1][1], ops[first + 2][1]} == {"_softmax", "add"}
+            assert sum(op[0] == "_softmax" for op in ops) == 0  # not again on its own
+            await pilot.press("s")
+            await pilot.pause(0.1)

@@ -31,7 +31,7 @@ from kforge.errors import KforgeError
 from kforge.propose.llm.parse import UnusableReply, parse_reply, plan_error_text
 from kforge.propose.llm.prompt import build_messages, effective_action, render_messages
 from kforge.propose.llm.retry import Backoff, classify
-from kforge.propose.llm.settings import LlmSettings, load_llm_settings
+from kforge.propose.llm.settings import LlmSettings, Price, load_llm_settings
 from kforge.propose.llm.variant import plan_arguments
 from kforge.runtime.plan import resolve_for
 from kforge.store.config import config_path
@@ -150,10 +150,7 @@ class LlmProposer:
             return answer, calls, ""
 
     def _options(self) -> dict:
-        options: dict = {self.settings.token_limit_field: self.settings.max_tokens}
-        if self.settings.temperature is not None:
-            options["temperature"] = self.settings.temperature
-        return options
+        return request_options(self.settings)
 
     def _record(self, response: ChatCompletion, prompt: str, seconds: float) -> tuple[_Answer, LlmCall]:
         settings = self.settings
@@ -172,6 +169,68 @@ class LlmProposer:
                        usd=usd, seconds=seconds, prompt=prompt, reply=settings.redact(text))
         finish = (choice.finish_reason or "") if choice is not None else ""
         return _Answer(text, finish, note), call
+
+
+def request_options(settings: LlmSettings, max_tokens: int | None = None) -> dict:
+    """The request's sampling options: the reply limit (``max_tokens`` or the configured one,
+    under the name the server takes) and the temperature where one is set."""
+    options: dict = {settings.token_limit_field: max_tokens or settings.max_tokens}
+    if settings.temperature is not None:
+        options["temperature"] = settings.temperature
+    return options
+
+
+PROBE_PROMPT = "Reply with the single word: ok"
+PROBE_TOKENS = 16  # enough for the word; a reasoning model may spend them all on thought
+PROBE_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """What one tiny request to the endpoint showed: who answered, how fast, at what cost."""
+
+    model: str  # the model configured
+    served: str  # the model the server says it served ("" if it did not say)
+    seconds: float
+    input_tokens: int
+    output_tokens: int
+    usd: float
+    price: Price | None  # the price that applies to the model, None when none is configured
+    reply: str
+
+
+async def probe_endpoint(settings: LlmSettings) -> ProbeResult:
+    """Send one tiny chat request (no retries, at most ``PROBE_TIMEOUT_S``) to the configured
+    endpoint. KforgeError with the failure in one line: unreachable, refused key, unknown
+    model, a timeout, an answer that is no chat completion."""
+    timeout_s = min(settings.timeout_s, PROBE_TIMEOUT_S)
+    options = request_options(settings, PROBE_TOKENS)
+    where = settings.base_url or "api.openai.com"
+    async with openai.AsyncOpenAI(api_key=settings.api_key, base_url=settings.base_url,
+                                  timeout=timeout_s, max_retries=0) as client:
+        started = time.monotonic()
+        try:
+            response = await client.chat.completions.create(
+                model=settings.model, messages=[{"role": "user", "content": PROBE_PROMPT}],
+                **options)
+        except openai.OpenAIError as exc:
+            report = classify(exc, timeout_s).report(1)
+            raise KforgeError(settings.redact(f"{where}, model {settings.model}: {report}")
+                              ) from None
+        seconds = time.monotonic() - started
+    try:
+        usage = response.usage
+        input_tokens = (usage.prompt_tokens or 0) if usage is not None else 0
+        output_tokens = (usage.completion_tokens or 0) if usage is not None else 0
+        reply = (response.choices[0].message.content or "") if response.choices else ""
+    except (AttributeError, TypeError):
+        raise KforgeError(f"{where}, model {settings.model}: {MALFORMED}") from None
+    served = str(getattr(response, "model", None) or "")
+    price = settings.price_for(settings.model, *([served] if served else []))
+    return ProbeResult(model=settings.model, served=served, seconds=seconds,
+                       input_tokens=input_tokens, output_tokens=output_tokens,
+                       usd=price.cost(input_tokens, output_tokens) if price else 0.0,
+                       price=price, reply=settings.redact(reply))
 
 
 def plan_problem(plan: dict, card: OpCard) -> str:

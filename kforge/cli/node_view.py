@@ -1,0 +1,212 @@
+"""`kforge show SESSION --node N`: one search node in full, as text. Its op card and parent, who
+made it and how (proposer, action), its outcome with the evidence the evaluator kept, its kernel
+source and launch plan, and every language-model call made for it with the whole prompt and
+reply, so what the model was told and what it answered can be read back."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+from dataclasses import dataclass
+
+from kforge.cli.common import out, with_store
+from kforge.core.candidate import EvalOutcome, Timing
+from kforge.core.fmt import fmt_speedup, fmt_us
+from kforge.core.gpu import NO_GPU, GpuInfo
+from kforge.errors import KforgeError
+from kforge.propose.llm.feedback import profile_lines, repair_evidence
+from kforge.propose.llm.prompt import plan_json
+from kforge.store import Store
+from kforge.store.records import CardRow, NodeDetail, NodeRow
+
+# Keys of an outcome's ``extra`` that the evidence lines already tell in words.
+TOLD_EXTRA = frozenset({"registers", "spills", "counters", "mismatch", "sets_passed", "stderr",
+                        "sanitizer", "host_us", "eager_host_us", "confirmed", "first_speedup"})
+SUMMARY_SHOWN = 10_000  # a summary is shown whole here; this only guards the terminal
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What the view of one node reads from the store."""
+
+    detail: NodeDetail
+    card: CardRow
+    parent: NodeRow | None
+    children: list[NodeRow]
+    gpu: GpuInfo
+
+
+async def load_node(store: Store, session_id: int, node_id: int) -> NodeFacts:
+    """The node with its card, parent and children; KforgeError for a node not in the session."""
+    session = await store.get_session(session_id)
+    found = await store.get_nodes([node_id])
+    if not found or found[0].session_id != session_id:
+        raise KforgeError(f"no search node {node_id} in session {session_id} "
+                          f"(`kforge show {session_id}` lists its op cards)")
+    detail = await store.get_node(node_id)
+    row = detail.row
+    parent = (await store.get_nodes([row.parent_id]))[0] if row.parent_id is not None else None
+    children = [n for n in await store.list_nodes(session_id, row.card_id)
+                if n.parent_id == node_id]
+    gpu = GpuInfo.from_dict(session.gpu) if session.gpu else NO_GPU
+    return NodeFacts(detail=detail, card=await store.get_card(row.card_id), parent=parent,
+                     children=children, gpu=gpu)
+
+
+def proposer_of(meta: dict) -> str:
+    """Who wrote a node's candidate: its tag, else the LLM when it names a model, else the
+    kernel library when it names a family."""
+    if tag := meta.get("proposer"):
+        return str(tag)
+    if "model" in meta:
+        return "llm"
+    return "library" if "family" in meta else "-"
+
+
+def node_text(facts: NodeFacts, with_prompts: bool = True) -> str:
+    """The whole report on one node (pure)."""
+    detail, row = facts.detail, facts.detail.row
+    sections = [_head(facts), _made(row, facts.parent, facts.children),
+                _outcome(row, detail.outcome, facts)]
+    if detail.candidate is not None:
+        sections.append(f"── kernel source ──\n{detail.candidate.source.rstrip()}")
+        plan = detail.candidate.plan
+        sections.append("── launch plan ──\n" + (plan_json(plan) if plan is not None
+                                                  else "(none)"))
+    else:
+        sections.append("── kernel source ──\n(no candidate: "
+                        + ("the proposer is still at work)" if row.in_flight
+                           else "the proposer returned none)"))
+    sections.append(_calls(detail.llm_calls, with_prompts))
+    return "\n\n".join(sections)
+
+
+def _head(facts: NodeFacts) -> str:
+    row, card = facts.detail.row, facts.card.card
+    lines = [f"node {row.id}  session {row.session_id}  card {row.card_id}: {card.short_op}",
+             f"  call      {card.op}({card.signature})"]
+    if card.range_text:
+        lines.append(f"  range     {card.range_text}")
+    lines.append(f"  eager     {fmt_us(card.eager_us)} per call, torch.compile "
+                 f"{fmt_us(card.compiled_us)}, physical floor {fmt_us(card.floor_us)}; "
+                 f"the card's best {fmt_speedup(facts.card.best_speedup)}"
+                 + (f" (node {facts.card.best_node})" if facts.card.best_node else ""))
+    return "\n".join(lines)
+
+
+def _made(row: NodeRow, parent: NodeRow | None, children: list[NodeRow]) -> str:
+    meta = row.meta
+    lines = ["── how it was made ──",
+             f"proposer  {proposer_of(meta)}" + (f" ({meta['model']})" if "model" in meta
+                                                 else ""),
+             f"action    {row.action}" + _action_meaning(row.action)]
+    if parent is None:
+        lines.append("parent    none: a new approach under eager PyTorch")
+    else:
+        result = fmt_speedup(parent.speedup) if parent.ok else parent.status
+        lines.append(f"parent    node {parent.id} ({parent.action}, {result}): "
+                     f"{parent.meta.get('approach', '-')}")
+    lines.append(f"approach  {meta.get('approach', '-')}")
+    if meta.get("family"):
+        params = " ".join(f"{k}={v}" for k, v in sorted((meta.get("params") or {}).items()))
+        lines.append(f"family    {meta['family']}" + (f" {params}" if params else ""))
+    if notes := meta.get("notes"):
+        lines.append(f"notes     {notes}")
+    if children:
+        lines.append("children  " + ", ".join(
+            f"{c.id} ({c.action}, {fmt_speedup(c.speedup) if c.ok else c.status})"
+            for c in children))
+    if row.pruned:
+        lines.append("pruned    yes: out of the search")
+    return "\n".join(lines)
+
+
+def _action_meaning(action: str) -> str:
+    return {"new": ": a new approach", "refine": ": a rewrite of a working parent",
+            "repair": ": a fix of a failed parent"}.get(action, "")
+
+
+def _outcome(row: NodeRow, outcome: EvalOutcome | None, facts: NodeFacts) -> str:
+    lines = ["── outcome ──", f"status    {row.status}"]
+    if row.summary:
+        lines.append(f"summary   {row.summary[:SUMMARY_SHOWN]}")
+    lines.append(f"made      {_clock(row.created_at)}"
+                 + (f", finished {_clock(row.finished_at)} "
+                    f"({row.finished_at - row.created_at:.1f} s later)"
+                    if row.finished_at is not None else ", not finished"))
+    lines.append(f"cost      ${row.usd:.4f}")
+    if outcome is None:
+        lines.append("no evaluation recorded" if not row.in_flight
+                     else "in flight: waiting for the proposer or the evaluator")
+        return "\n".join(lines)
+    lines += [_timing("time", outcome.timing), _timing("eager", outcome.eager),
+              f"speedup   {fmt_speedup(outcome.speedup)}"]
+    if outcome.bandwidth_gbs is not None:
+        lines.append(f"bandwidth {outcome.bandwidth_gbs:.0f} GB/s")
+    if outcome.floor_fraction is not None:
+        lines.append(f"floor     runs at {outcome.floor_fraction:.0%} of the physical "
+                     f"floor's speed")
+    extra = outcome.extra
+    if "host_us" in extra and "eager_host_us" in extra:
+        lines.append(f"host      {fmt_us(extra['host_us'])} per call for the launch path, "
+                     f"{fmt_us(extra['eager_host_us'])} for eager's dispatch")
+    if extra.get("confirmed"):
+        lines.append(f"confirmed on new inputs in a fresh worker (first timed at "
+                     f"{fmt_speedup(extra.get('first_speedup'))})")
+    lines.append(f"evaluated in {outcome.wall_s:.2f} s")
+    source = facts.detail.candidate.source if facts.detail.candidate is not None else ""
+    evidence = (profile_lines(outcome, facts.gpu) if outcome.ok
+                else repair_evidence(outcome, source, SUMMARY_SHOWN))
+    if evidence:
+        lines += ["", "evidence:", *evidence]
+    if outcome.compile_log.strip():
+        lines += ["", "compiler log:", outcome.compile_log.rstrip()]
+    if outcome.correctness:
+        lines += ["", "correctness:", json.dumps(outcome.correctness, indent=2, sort_keys=True,
+                                                 default=str)]
+    rest = {k: v for k, v in extra.items() if k not in TOLD_EXTRA}
+    if rest:
+        lines += ["", "more figures:", *(f"  {k}: {json.dumps(v, default=str)}"
+                                         for k, v in sorted(rest.items()))]
+    return "\n".join(lines)
+
+
+def _timing(name: str, t: Timing | None) -> str:
+    if t is None:
+        return f"{name:<9} -"
+    return (f"{name:<9} median {fmt_us(t.median_us)}, p10 {fmt_us(t.p10_us)}, "
+            f"p90 {fmt_us(t.p90_us)} ({t.reps} reps)")
+
+
+def _calls(calls: list[dict], with_prompts: bool) -> str:
+    if not calls:
+        return "── language-model calls ──\nnone (the kernel library, a user's kernel or a test " \
+               "proposer made this node)"
+    parts = [f"── language-model calls: {len(calls)}, "
+             f"${sum(c['usd'] for c in calls):.4f} ──"]
+    for i, call in enumerate(calls, 1):
+        head = (f"call {i}: {call['model']}  {call['input_tokens']} prompt + "
+                f"{call['output_tokens']} reply tokens  ${call['usd']:.4f}  "
+                f"{call['seconds']:.1f} s  at {_clock(call['created_at'])}")
+        body = [head]
+        if call["error"]:
+            body.append(f"error: {call['error']}")
+        if with_prompts:
+            body += ["", f"»» prompt (call {i})", call["prompt"] or "(not recorded)", "",
+                     f"»» reply (call {i})", call["reply"] or "(empty)"]
+        parts.append("\n".join(body))
+    return "\n\n".join(parts)
+
+
+def _clock(moment: float | None) -> str:
+    if moment is None:
+        return "-"
+    return datetime.datetime.fromtimestamp(moment).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def cmd_show_node(args: argparse.Namespace) -> int:
+    facts = with_store(args, lambda store: load_node(store, args.session, args.node),
+                       reads_only=True)
+    out.print(node_text(facts, with_prompts=not args.no_prompt))
+    return 0
