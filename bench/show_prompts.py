@@ -21,20 +21,13 @@ from kforge.propose.llm.prompt import (
     user_prompt,
 )
 from kforge.runtime.regions import register
+from kforge_tui.demo.recording import tensor  # an arg spec of a contiguous tensor
 
 H200 = GpuInfo(name="NVIDIA H200", arch="sm_90", sm_count=132, memory_gb=141.0, l2_mb=50.0,
                bandwidth_gbs=4300.0, smem_per_block_kb=48.0, smem_per_block_optin_kb=227.0,
                smem_per_sm_kb=228.0, regs_per_sm=65536, regs_per_block=65536,
                max_threads_per_sm=2048, max_blocks_per_sm=32, sm_clock_mhz=1980,
                mem_clock_mhz=3201, bus_width_bits=6144, cluster_launch=True, tensor_maps=True)
-
-
-def tensor(shape: list[int], dtype: str = "bfloat16") -> dict:
-    stride, step = [], 1
-    for size in reversed(shape):
-        stride.insert(0, step)
-        step *= size
-    return {"t": "tensor", "shape": shape, "stride": stride, "dtype": dtype, "offset": 0}
 
 
 def timing(us: float) -> Timing:
