@@ -84,8 +84,7 @@ class NewSessionScreen(ModalScreen[int | None]):
             with Horizontal(classes="row"):
                 yield Label("cluster")
                 configured = self.app.config.search.cluster
-                yield Input(placeholder="Ray cluster to evaluate on, e.g. auto or head:6379 "
-                                        f"(config: {configured or 'this machine'})",
+                yield Input(placeholder=f"Ray: auto or head:6379 ({configured or 'local GPUs'})",
                             id="cluster", compact=True)
             yield Log(id="progress")
             with Horizontal(id="buttons"):
