@@ -14,7 +14,7 @@ Inductor fuses as it would have).
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,8 +80,8 @@ def find_matches(graph: fx.Graph, region: Region) -> list[Match]:
         return []
     taken: set[fx.Node] = set()
     found = []
-    for anchor in graph.nodes:
-        if anchor.op != "call_function" or anchor.target != targets[0] or anchor in taken:
+    for anchor in graph.nodes:  # the region's last node: one of its results
+        if anchor.op != "call_function" or anchor.target != targets[-1] or anchor in taken:
             continue
         match = _Matcher(region, ops, targets, wanted, taken).run(anchor)
         if match is not None:
@@ -91,7 +91,10 @@ def find_matches(graph: fx.Graph, region: Region) -> list[Match]:
 
 
 class _Matcher:
-    """A depth-first search binding the region's nodes, in order, to graph nodes."""
+    """A depth-first search binding the region's nodes to graph nodes. It starts from the
+    region's last node (always one of its results) and binds what each bound node reads from
+    the arguments of its graph node, with no choice to make; a node that no bound node reads (the
+    chain of another result) is tried at each user, of its op, of a value bound already."""
 
     def __init__(self, region: Region, ops: list[str], targets: list[Any], wanted: list[dict],
                  taken: set[fx.Node]) -> None:
@@ -100,54 +103,89 @@ class _Matcher:
         self.targets = targets
         self.wanted = wanted
         self.taken = taken
+        self.reads = [_refs(node) for node in region.nodes]
         self.refs: dict[str, fx.Node] = {}
+        self.trail: list[str] = []  # the refs in the order bound, to undo a failed branch
 
     def run(self, anchor: fx.Node) -> Match | None:
-        if not self._bind(0, anchor):
-            return None
-        return self._match()
+        if self._bind(len(self.ops) - 1, anchor) and self._complete():
+            return self._match()
+        return None
+
+    def _set(self, ref: str, node: fx.Node) -> None:
+        self.refs[ref] = node
+        self.trail.append(ref)
+
+    def _undo(self, mark: int) -> None:
+        while len(self.trail) > mark:
+            del self.refs[self.trail.pop()]
 
     def _bind(self, index: int, node: fx.Node) -> bool:
-        """Bind region node ``index`` to ``node`` and the rest after it; undo on failure."""
-        if node in self.taken or node in self.refs.values():
+        """Bind region node ``index`` to ``node``, and the nodes it reads to the graph nodes
+        that ``node`` reads; undone on failure."""
+        name = f"n{index}"
+        if name in self.refs:
+            return self.refs[name] is node
+        if (node.op != "call_function" or node.target != self.targets[index]
+                or node in self.taken or node in self.refs.values()):
             return False
         try:
             call = _Node(node, self.ops[index])
         except ArgSpecError:
             return False
-        added: list[str] = []
-        if self._same(self.wanted[index], call.bound, added):
-            self.refs[f"n{index}"] = node
-            added.append(f"n{index}")
-            if index + 1 == len(self.ops) or any(
-                    self._bind(index + 1, c) for c in self._candidates(index + 1)):
-                return True
-        for ref in added:
-            del self.refs[ref]
+        mark = len(self.trail)
+        self._set(name, node)
+        producers: list[tuple[int, fx.Node]] = []
+        if self._same(self.wanted[index], call.bound, producers) and all(
+                self._bind(j, producer) for j, producer in producers):
+            return True
+        self._undo(mark)
         return False
 
-    def _same(self, want: Any, got: Any, added: list[str]) -> bool:
+    def _same(self, want: Any, got: Any, producers: list[tuple[int, fx.Node]]) -> bool:
         if is_ref(want):
             if not _is_node(got):
                 return False
-            value = self._value(want["v"])
-            if value is not None:
-                return value is got[1]
-            if not want["v"].startswith("x"):
-                return False
-            self.refs[want["v"]] = got[1]
-            added.append(want["v"])
+            ref, value = want["v"], got[1]
+            if ref.startswith("x"):
+                if ref in self.refs:
+                    return self.refs[ref] is value
+                self._set(ref, value)
+                return True
+            base, _, item = ref.partition(".")
+            if item:  # one item of a node's tuple: read through its getitem
+                if value.target is not operator.getitem or value.args[1] != int(item):
+                    return False
+                value = value.args[0]
+            producers.append((int(base[1:]), value))
             return True
         if _is_node(got):
             return False
         if isinstance(want, dict) and isinstance(got, dict):
             if want.keys() != got.keys():
                 return False
-            return all(self._same(want[k], got[k], added) for k in want)
+            return all(self._same(want[k], got[k], producers) for k in want)
         if isinstance(want, (list, tuple)) and isinstance(got, (list, tuple)):
             return len(want) == len(got) and all(
-                self._same(w, g, added) for w, g in zip(want, got))
+                self._same(w, g, producers) for w, g in zip(want, got))
         return freeze(want) == freeze(got)
+
+    def _complete(self) -> bool:
+        """Bind the nodes still unbound (none reads them: other results' chains), trying each
+        at the users of what it reads."""
+        unbound = [i for i in range(len(self.ops)) if f"n{i}" not in self.refs]
+        if not unbound:
+            return True
+        reached = [i for i in unbound if any(self._value(r) is not None for r in self.reads[i])]
+        if not reached:
+            return False
+        index = reached[0]
+        for candidate in self._candidates(index):
+            mark = len(self.trail)
+            if self._bind(index, candidate) and self._complete():
+                return True
+            self._undo(mark)
+        return False
 
     def _value(self, ref: str) -> fx.Node | None:
         """The graph node bound to a reference: an input, a node, or one item of a node's
@@ -159,19 +197,17 @@ class _Matcher:
         return next((u for u in node.users if u.target is operator.getitem
                      and u.args[1] == int(item)), None)
 
-    def _candidates(self, index: int) -> Iterator[fx.Node]:
-        """Graph nodes that may be region node ``index``: users of what it reads that is bound
-        already."""
+    def _candidates(self, index: int) -> list[fx.Node]:
+        """Graph nodes that may be region node ``index``: users, of its op, of what it reads
+        that is bound already."""
         target = self.targets[index]
-        seen: set[fx.Node] = set()
-        for ref in _refs(self.region.nodes[index]):
+        found: dict[fx.Node, None] = {}
+        for ref in self.reads[index]:
             value = self._value(ref)
-            if value is None:
-                continue
-            for user in value.users:
-                if user.op == "call_function" and user.target == target and user not in seen:
-                    seen.add(user)
-                    yield user
+            if value is not None:
+                found.update((u, None) for u in value.users
+                             if u.op == "call_function" and u.target == target)
+        return list(found)
 
     def _match(self) -> Match | None:
         region = self.region

@@ -148,3 +148,30 @@ def test_a_region_whose_chain_is_not_in_the_graph_says_so_once(block):
     with torch.no_grad(), pytest.warns(KforgeWarning, match="has its chain of calls there"):
         torch.compile(plain, backend=chosen)(x)
     assert calls == {}
+
+
+def test_a_llama_shaped_model_runs_its_norm_gated_and_rotary_regions_compiled():
+    """An unseen transformers model (the Llama architecture, 2 layers): its RMSNorm, gated-MLP
+    and rotary regions, found by profiling on the CPU, are found again in the compiled graph."""
+    pytest.importorskip("transformers")
+    from pathlib import Path
+
+    from bench import bench_e2e
+    from kforge.capture import ModelOptions, load_model, profile
+    from kforge.runtime.regions import register_cards
+
+    loaded = load_model(f"{bench_e2e.HERE}:build_llama",
+                        ModelOptions(device="cpu", batch=1, seq_len=16, layers=2,
+                                     dtype="float32"))
+    cards = [c for c in profile(loaded, samples_per_card=0, staging_dir=Path("/nonexistent"),
+                                regions=True).cards if c.region is not None]
+    register_cards(cards)
+    calls: Counter = Counter()
+    chosen = backend(table_of(cards, calls))
+    with torch.no_grad():
+        expected = loaded.model(*loaded.args, **loaded.kwargs).logits
+        got = torch.compile(loaded.model, backend=chosen)(*loaded.args, **loaded.kwargs).logits
+    assert torch.allclose(got, expected, rtol=1e-4, atol=1e-4)
+    ran = {c.short_op.split("(")[1].split(",")[0] for c in cards if calls[c.op]}
+    assert {"pow", "silu", "view"} <= ran  # RMSNorm, silu(gate) * up, rotary embedding of q, k
+    assert sum(chosen.report.replaced.values()) == sum(calls.values())
