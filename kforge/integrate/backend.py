@@ -391,7 +391,9 @@ class Backend:
         try:
             traced = aten_graph(gm, example_inputs)
             for op, region in self.regions.items():
-                graph.regions[op] += replace(traced, region, resolve_op(op))
+                variants = [k.entry.args for (name, _), kernels in self.kernels.items()
+                            if name == op for k in kernels]
+                graph.regions[op] += replace(traced, region, resolve_op(op), variants)
         except Exception as exc:  # a graph make_fx cannot trace: the ops' own kernels still apply
             self.warn("regions", f"kforge's region kernels are left out of a graph whose chains "
                                  f"could not be found ({type(exc).__name__}: "
@@ -459,9 +461,9 @@ class Backend:
         elif self.regions and not graph.regions.total():
             self.warn("no regions", f"kforge's region kernels are not used in a compiled graph: "
                                     f"none of the {len(self.regions)} region(s) with kernels has "
-                                    "its chain of calls there (the model's code differs from the "
-                                    "profiled one, or a chain's intermediate result is used "
-                                    "elsewhere)")
+                                    "its chain of calls there at a variant a kernel won on "
+                                    "(other shapes, code that differs from the profiled model, "
+                                    "or an intermediate result used elsewhere)")
 
     def reset(self) -> None:
         self.inductor.reset()

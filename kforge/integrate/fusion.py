@@ -70,8 +70,12 @@ def _is_node(value: Any) -> bool:
     return type(value) is tuple and len(value) == 2 and value[0] == "node"
 
 
-def find_matches(graph: fx.Graph, region: Region) -> list[Match]:
-    """Every non-overlapping occurrence of ``region`` in ``graph``, in graph order."""
+def find_matches(graph: fx.Graph, region: Region,
+                 variants: Sequence[Sequence[dict]] | None = None) -> list[Match]:
+    """Every non-overlapping occurrence of ``region`` in ``graph``, in graph order; with
+    ``variants`` (lists of input arg specs), only those whose inputs are one of them, as the
+    graph's fake tensors say (a chain whose structure repeats, as the rotary embedding of q and
+    k does, then binds each input where that variant has it)."""
     ops = [node["op"] for node in region.nodes]
     try:
         targets = [resolve_op(op) for op in ops]
@@ -83,7 +87,7 @@ def find_matches(graph: fx.Graph, region: Region) -> list[Match]:
     for anchor in graph.nodes:  # the region's last node: one of its results
         if anchor.op != "call_function" or anchor.target != targets[-1] or anchor in taken:
             continue
-        match = _Matcher(region, ops, targets, wanted, taken).run(anchor)
+        match = _Matcher(region, ops, targets, wanted, taken, variants).run(anchor)
         if match is not None:
             found.append(match)
             taken.update(match.nodes)
@@ -97,7 +101,11 @@ class _Matcher:
     chain of another result) is tried at each user, of its op, of a value bound already."""
 
     def __init__(self, region: Region, ops: list[str], targets: list[Any], wanted: list[dict],
-                 taken: set[fx.Node]) -> None:
+                 taken: set[fx.Node], variants: Sequence[Sequence[dict]] | None = None) -> None:
+        self.variants = None if variants is None else {
+            tuple(freeze(spec) for spec in variant) for variant in variants}
+        self.allowed = None if self.variants is None else [
+            {variant[i] for variant in self.variants} for i in range(len(region.inputs))]
         self.region = region
         self.ops = ops
         self.targets = targets
@@ -150,6 +158,8 @@ class _Matcher:
             if ref.startswith("x"):
                 if ref in self.refs:
                     return self.refs[ref] is value
+                if self.allowed is not None and _spec_of(value) not in self.allowed[int(ref[1:])]:
+                    return False
                 self._set(ref, value)
                 return True
             base, _, item = ref.partition(".")
@@ -213,6 +223,10 @@ class _Matcher:
         region = self.region
         if any(f"x{i}" not in self.refs for i in range(len(region.inputs))):
             return None
+        if self.variants is not None and tuple(
+                _spec_of(self.refs[f"x{i}"]) for i in range(len(region.inputs))) \
+                not in self.variants:
+            return None
         outputs = [self._value(ref) for ref in region.outputs]
         if any(o is None for o in outputs):
             return None
@@ -222,6 +236,13 @@ class _Matcher:
             return None  # an intermediate result is used outside the chain
         return Match(tuple(self.refs[f"x{i}"] for i in range(len(region.inputs))),
                      tuple(outputs), tuple(inside))  # type: ignore[arg-type]
+
+
+def _spec_of(node: fx.Node) -> Any:
+    """The arg spec of the value a graph node computes (its fake tensor), frozen; None where the
+    trace recorded none."""
+    value = node.meta.get("val")
+    return freeze(encode_value(value)) if isinstance(value, torch.Tensor) else None
 
 
 def _refs(node: dict) -> list[str]:
@@ -241,14 +262,16 @@ def _refs(node: dict) -> list[str]:
     return found
 
 
-def replace(gm: fx.GraphModule, region: Region, op: Any) -> int:
-    """Call ``op`` (the region's operator) for every occurrence of ``region`` in ``gm``; the
-    number replaced. An occurrence whose results are needed before its last call (so that one
-    call cannot stand where the chain stood) is left as it is."""
+def replace(gm: fx.GraphModule, region: Region, op: Any,
+            variants: Sequence[Sequence[dict]] | None = None) -> int:
+    """Call ``op`` (the region's operator) for every occurrence of ``region`` in ``gm`` (of one of
+    ``variants``, where given); the number replaced. An occurrence whose results are needed
+    before its last call (so that one call cannot stand where the chain stood) is left as it
+    is."""
     graph = gm.graph
     order = {node: i for i, node in enumerate(graph.nodes)}
     replaced = 0
-    for match in find_matches(graph, region):
+    for match in find_matches(graph, region, variants):
         last = max(match.nodes, key=order.__getitem__)
         if any(order[u] < order[last] for out in match.outputs for u in out.users
                if u not in match.nodes):
