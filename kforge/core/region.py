@@ -203,12 +203,14 @@ def _direct_child(path: str, around: str) -> bool:
     return bool(path) and "." not in path
 
 
-def _same_module_call(a: str, b: str, transparent: set[str]) -> bool:
-    """Whether calls in scopes ``a`` and ``b`` may join one region: the same module call, or a
-    transparent child module call and the module call around it."""
-    return a == b or any(
-        inner in transparent and _direct_child(_module_path(inner), _module_path(outer))
-        for inner, outer in ((a, b), (b, a)))
+def _same_module_call(source: str, consumer: str, transparent: set[str]) -> bool:
+    """Whether a call in scope ``consumer`` may join the region of the call in scope ``source``
+    whose result it reads: the same module call, or a transparent child module call whose result
+    the module call around it reads (an activation's output, not a child's input: a norm module
+    fed by its parent's residual add stays a region of its own, the add's result being needed
+    later)."""
+    return source == consumer or (
+        source in transparent and _direct_child(_module_path(source), _module_path(consumer)))
 
 
 def _region(trace: Sequence[TraceCall], members: list[int], producer: dict[int, int],

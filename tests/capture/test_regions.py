@@ -123,3 +123,31 @@ def test_an_activation_module_joins_the_chain_around_it():
     with torch.no_grad():
         h = model.gate(x), model.up(x)
         assert torch.equal(register(gate.region)(*h), torch.nn.functional.silu(h[0]) * h[1])
+
+
+class Residual(torch.nn.Module):
+    """A decoder layer's second half: the residual add feeds a norm module, and is needed again
+    after it."""
+
+    def __init__(self, width: int = 32) -> None:
+        super().__init__()
+        self.norm = RMSNorm(width)
+        self.mlp = GatedMLP(width)
+
+    def forward(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        h = x + attn
+        return h + self.mlp(self.norm(h))
+
+
+def test_a_norm_module_fed_by_its_parents_residual_add_stays_a_region_of_its_own():
+    model = Residual()
+    x, attn = torch.randn(2, 8, 32), torch.randn(2, 8, 32)
+    tracker = ModuleTracker(model)
+    recorder = TraceRecorder(tracker)
+    with torch.no_grad(), tracker, recorder:
+        model(x, attn)
+    plan = region_cards(recorder.trace, [], 1.0, recorder.forwards)
+    norm = next(c for c in plan.cards if "rsqrt" in c.short_op or "pow" in c.short_op)
+    assert norm.region["nodes"][0]["op"] == "aten.pow.Tensor_Scalar"  # the add stays outside
+    assert norm.region["forward"]["paths"] == ["norm"]
+    assert any(c.short_op == "region(silu,mul)" for c in plan.cards)
