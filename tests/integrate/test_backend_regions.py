@@ -175,3 +175,15 @@ def test_a_llama_shaped_model_runs_its_norm_gated_and_rotary_regions_compiled():
     ran = {c.short_op.split("(")[1].split(",")[0] for c in cards if calls[c.op]}
     assert {"pow", "silu", "view"} <= ran  # RMSNorm, silu(gate) * up, rotary embedding of q, k
     assert sum(chosen.report.replaced.values()) == sum(calls.values())
+
+    # eager: every RMSNorm module (2 per layer and the last) runs the norm region's kernel
+    from kforge.integrate.regions import ForwardSwap
+    from kforge.runtime.guard import Patch
+
+    norm = next(c for c in cards if c.short_op.startswith("region(pow"))
+    calls.clear()
+    with torch.no_grad(), ForwardSwap(loaded.model, [norm]) as swap, Patch(table_of([norm],
+                                                                                    calls)):
+        got = loaded.model(*loaded.args, **loaded.kwargs).logits
+    assert len(swap.placed) == 5 and calls == {norm.op: 5}
+    assert torch.allclose(got, expected, rtol=1e-4, atol=1e-4)
