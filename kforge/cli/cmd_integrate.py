@@ -98,6 +98,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
     from kforge.integrate.measure import compare_once, rebuild_model
 
     loaded = rebuild_model(plan.session, device)
+    patch = patch.for_model(loaded.model)  # region kernels replace their modules' forwards
     difference, report = _on_gpu(loaded, lambda: compare_once(loaded, patch))
     out.print(str(report))
     out.print(f"output vs eager: {difference}")
