@@ -118,6 +118,10 @@ def patch(session_id: int, *, db: str | os.PathLike[str] | None = None,
     check_arch(plan, cuda)
     built = build_patch(plan, cuda)
     if model is None:
+        if regions := built.region_cards():
+            built.notes.append(f"{len(regions)} fusion-region kernel(s) run only in a patch that "
+                               "knows the model: kforge.patch(..., model=..., example_inputs=...) "
+                               "or patch.for_model(model)")
         return built
     from kforge.integrate.measure import loaded_forward
 
