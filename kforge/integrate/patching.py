@@ -62,6 +62,15 @@ class SessionPatch(Patch):
         return [d.card for d in self.plan.winners if d.card.region is not None
                 and d.card.key in keys]
 
+    def report(self) -> Report:
+        report = super().report()
+        if self.model is None and (regions := self.region_cards()):
+            report = Report(report.kernels, report.misses, [
+                *report.notes, f"{len(regions)} fusion-region kernel(s) run only in a patch "
+                "that knows the model: kforge.patch(..., model=..., example_inputs=...) or "
+                "patch.for_model(model)"])
+        return report
+
     def install(self) -> None:
         super().install()
         cards = self.region_cards() if self.model is not None and self._swap is None else []
@@ -118,10 +127,6 @@ def patch(session_id: int, *, db: str | os.PathLike[str] | None = None,
     check_arch(plan, cuda)
     built = build_patch(plan, cuda)
     if model is None:
-        if regions := built.region_cards():
-            built.notes.append(f"{len(regions)} fusion-region kernel(s) run only in a patch that "
-                               "knows the model: kforge.patch(..., model=..., example_inputs=...) "
-                               "or patch.for_model(model)")
         return built
     from kforge.integrate.measure import loaded_forward
 

@@ -87,3 +87,5 @@ def test_a_session_patch_bound_to_the_model_swaps_in_its_region_kernels_while_ac
             model.norm(x)
     assert calls == [1]
     assert bound.region_cards() == [norm] and bound.subset([]).region_cards() == []
+    assert any("run only in a patch that knows the model" in n for n in patch.report().notes)
+    assert not any("knows the model" in n for n in bound.report().notes)
