@@ -187,3 +187,28 @@ def test_a_llama_shaped_model_runs_its_norm_gated_and_rotary_regions_compiled():
         got = loaded.model(*loaded.args, **loaded.kwargs).logits
     assert len(swap.placed) == 5 and calls == {norm.op: 5}
     assert torch.allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_unet_style_model_runs_its_group_norm_silu_and_softmax_regions_compiled():
+    """The UNet-style model of the benchmarks (GroupNorm + SiLU, convolutions, softmax
+    attention): every region card's chain runs as its kernel in the compiled model."""
+    from pathlib import Path
+
+    from bench import bench_e2e
+    from kforge.capture import ModelOptions, load_model, profile
+    from kforge.runtime.regions import register_cards
+
+    loaded = load_model(f"{bench_e2e.HERE}:build_unet",
+                        ModelOptions(device="cpu", batch=1, dtype="float32"))
+    cards = [c for c in profile(loaded, samples_per_card=0, staging_dir=Path("/nonexistent"),
+                                regions=True).cards if c.region is not None]
+    register_cards(cards)
+    calls: Counter = Counter()
+    chosen = backend(table_of(cards, calls))
+    with torch.no_grad():
+        expected = loaded.model(*loaded.args)
+        got = torch.compile(loaded.model, backend=chosen)(*loaded.args)
+    assert torch.allclose(got, expected, rtol=1e-4, atol=1e-4)
+    assert calls == {c.op: c.calls for c in cards}  # each chain once per call, as profiled
+    kinds = {c.short_op.split("(")[1].split(",")[0] for c in cards}
+    assert kinds == {"native_group_norm", "_unsafe_view"}
