@@ -445,12 +445,14 @@ def test_a_card_is_matched_at_its_own_arguments(handmade_cards):
     assert leaf.stride == (640, 128, 1)  # rows of a wider tensor, read in place
 
 
-def test_a_range_card_is_declined_and_op_cards_keep_their_families(handmade_cards):
+def test_range_cards_are_declined_and_exact_cards_keep_their_families(handmade_cards):
     card, _, _ = handmade_cards["llama_rms_norm"]
     ranges = {"symbols": [{"name": "L", "lo": 1, "hi": 8, "at": 6}], "laws": []}
     assert "exact variant" in supports(card.with_(ranges=ranges)).reason
     x = tensor([4, 64])
-    assert supports(OpCard("aten._softmax.default", [x, -1, False])).family == "softmax"
+    softmax = OpCard("aten._softmax.default", [x, -1, False])
+    assert supports(softmax).family == "softmax"
+    assert "llm proposer writes range kernels" in supports(softmax.with_(ranges=ranges)).reason
 
 
 # ----- kernels: compiled, planned, and run on the host -----

@@ -62,6 +62,10 @@ class Plan:
 
 def make_plan(card: OpCard, gpu: GpuInfo = NO_GPU) -> Plan:
     """The family and variants for ``card``; raises Declined with the reason when there are none."""
+    if card.ranges is not None:
+        raise Declined("the library's kernels are built for one exact variant (its sizes are "
+                       "compile-time constants), not a range of shapes: the llm proposer writes "
+                       "range kernels")
     if card.region is not None:  # a fusion region: matched by its structure
         family, problem = analyze_region(card)
     else:

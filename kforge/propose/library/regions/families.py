@@ -186,8 +186,6 @@ def analyze_region(card: OpCard) -> tuple[RegionFamily, RegionProblem]:
     """The family and problem for a region card; Declined with the reason when none fits."""
     if card.region is None:
         raise Declined(f"{card.op} is not a region card")
-    if getattr(card, "ranges", None) is not None:
-        raise Declined("the region kernels serve one exact variant, not a range of shapes")
     try:
         program = match_region(card.region, card.args)
     except (KeyError, IndexError, TypeError, ValueError) as exc:
