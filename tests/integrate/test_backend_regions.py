@@ -150,22 +150,31 @@ def test_a_region_whose_chain_is_not_in_the_graph_says_so_once(block):
     assert calls == {}
 
 
-def test_a_llama_shaped_model_runs_its_norm_gated_and_rotary_regions_compiled():
-    """An unseen transformers model (the Llama architecture, 2 layers): its RMSNorm, gated-MLP
-    and rotary regions, found by profiling on the CPU, are found again in the compiled graph."""
-    pytest.importorskip("transformers")
+def profiled_regions(builder: str, **options):
+    """A benchmark model built on the CPU in float32 (``bench/bench_e2e.py:<builder>``), and its
+    region cards from a profile, their operators registered."""
     from pathlib import Path
 
     from bench import bench_e2e
     from kforge.capture import ModelOptions, load_model, profile
     from kforge.runtime.regions import register_cards
 
-    loaded = load_model(f"{bench_e2e.HERE}:build_llama",
-                        ModelOptions(device="cpu", batch=1, seq_len=16, layers=2,
-                                     dtype="float32"))
+    loaded = load_model(f"{bench_e2e.HERE}:{builder}",
+                        ModelOptions(device="cpu", batch=1, dtype="float32", **options))
     cards = [c for c in profile(loaded, samples_per_card=0, staging_dir=Path("/nonexistent"),
                                 regions=True).cards if c.region is not None]
     register_cards(cards)
+    return loaded, cards
+
+
+def test_a_llama_shaped_model_runs_its_norm_gated_and_rotary_regions_compiled():
+    """An unseen transformers model (the Llama architecture, 2 layers): its RMSNorm, gated-MLP
+    and rotary regions, found by profiling on the CPU, are found again in the compiled graph."""
+    pytest.importorskip("transformers")
+    from kforge.integrate.regions import ForwardSwap
+    from kforge.runtime.guard import Patch
+
+    loaded, cards = profiled_regions("build_llama", seq_len=16, layers=2)
     calls: Counter = Counter()
     chosen = backend(table_of(cards, calls))
     with torch.no_grad():
@@ -177,9 +186,6 @@ def test_a_llama_shaped_model_runs_its_norm_gated_and_rotary_regions_compiled():
     assert sum(chosen.report.replaced.values()) == sum(calls.values())
 
     # eager: every RMSNorm module (2 per layer and the last) runs the norm region's kernel
-    from kforge.integrate.regions import ForwardSwap
-    from kforge.runtime.guard import Patch
-
     norm = next(c for c in cards if c.short_op.startswith("region(pow"))
     calls.clear()
     with torch.no_grad(), ForwardSwap(loaded.model, [norm]) as swap, Patch(table_of([norm],
@@ -192,17 +198,7 @@ def test_a_llama_shaped_model_runs_its_norm_gated_and_rotary_regions_compiled():
 def test_a_unet_style_model_runs_its_group_norm_silu_and_softmax_regions_compiled():
     """The UNet-style model of the benchmarks (GroupNorm + SiLU, convolutions, softmax
     attention): every region card's chain runs as its kernel in the compiled model."""
-    from pathlib import Path
-
-    from bench import bench_e2e
-    from kforge.capture import ModelOptions, load_model, profile
-    from kforge.runtime.regions import register_cards
-
-    loaded = load_model(f"{bench_e2e.HERE}:build_unet",
-                        ModelOptions(device="cpu", batch=1, dtype="float32"))
-    cards = [c for c in profile(loaded, samples_per_card=0, staging_dir=Path("/nonexistent"),
-                                regions=True).cards if c.region is not None]
-    register_cards(cards)
+    loaded, cards = profiled_regions("build_unet")
     calls: Counter = Counter()
     chosen = backend(table_of(cards, calls))
     with torch.no_grad():
