@@ -4,6 +4,7 @@ half its reported p10..p90 band."""
 
 from __future__ import annotations
 
+import math
 import random
 
 from hypothesis import given, settings
@@ -30,7 +31,9 @@ class FakeModel:
         self.measured: list[frozenset[str]] = []
 
     def true_us(self, subset: frozenset[str]) -> float:
-        return BASE_US - sum(self.gains[w] for w in subset)
+        # summed exactly: a set's iteration order must not decide a tie (a winner of gain 0
+        # measured faster by a rounding)
+        return BASE_US - math.fsum(self.gains[w] for w in subset)
 
     def __call__(self, subset: frozenset[str]) -> Timing:
         self.measured.append(subset)
