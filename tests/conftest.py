@@ -1,9 +1,20 @@
-"""Test-wide settings: GPU tests skip with a reason where there is no CUDA device, and no test
-touches the user's real kforge data or config."""
+"""Test-wide settings: GPU tests skip with a reason where there is no CUDA device, no test
+touches the user's real kforge data or config, and property tests draw the same examples on every
+run."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+from hypothesis import settings
+
+# The suite passes or fails alike on every machine and run: Hypothesis derives each test's
+# examples from the test itself and keeps no database of earlier failures. To look for new
+# counterexamples, run with KFORGE_HYPOTHESIS=explore (random examples, many more of them).
+settings.register_profile("repeatable", derandomize=True, database=None)
+settings.register_profile("explore", database=None, max_examples=2000)
+settings.load_profile(os.environ.get("KFORGE_HYPOTHESIS", "repeatable"))
 
 
 def _cuda_available() -> bool:
