@@ -37,11 +37,11 @@ import torch
 
 from kforge.capture.loader import first_line
 from kforge.errors import KforgeError
+from kforge.integrate.measure import KFORGE_SUFFIX, named_modes
 from kforge.runtime.guard import Patch
 
 STATIC, DYNAMIC = "static", "dynamic"
 EAGER, GRAPHS, COMPILE = "eager", "graphs", "compile"
-KFORGE_SUFFIX = "+kforge"
 
 
 @dataclass(frozen=True)
@@ -70,18 +70,7 @@ def parse_modes(text: str | None, kforge: bool = True) -> list[GenerationMode]:
     """Comma-separated mode ids (``graphs+kforge``) or bases (``graphs``: with and without
     kforge), or ``all`` (the default). Eager, the reference, is always run; without ``kforge``
     (no session to take kernels from) the kforge modes are left out. In table order."""
-    wanted = {EAGER}
-    for word in (text or "all").split(","):
-        word = word.strip()
-        if word == "all":
-            wanted |= set(MODES)
-        elif word in (kind for kind, _ in _BASES):
-            wanted |= {word, word + KFORGE_SUFFIX}
-        elif word in MODES:
-            wanted.add(word)
-        elif word:
-            raise KforgeError(f"unknown generation mode {word!r}: use all, or any of "
-                              f"{', '.join(MODES)} (a name without +kforge selects both)")
+    wanted = named_modes(text, list(MODES), [kind for kind, _ in _BASES], "generation mode")
     return [m for m in MODES.values() if m.id in wanted and (kforge or not m.kforge)]
 
 

@@ -18,7 +18,7 @@ import contextlib
 import math
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -115,19 +115,26 @@ def parse_modes(text: str | None) -> list[Mode]:
     """``--modes``: comma-separated mode ids (``compile+kforge``) or bases (``compile``: with and
     without kforge), or ``all`` (the default); eager, the reference, is always measured. In table
     order."""
+    wanted = named_modes(text, list(MODES), BASES, "mode")
+    return [mode for mode in MODES.values() if mode.id in wanted]
+
+
+def named_modes(text: str | None, ids: list[str], bases: Iterable[str], what: str) -> set[str]:
+    """The mode ids a comma-separated list names: ids, bases (each with and without kforge), or
+    ``all`` (the default); eager always. An unknown name is a KforgeError calling it ``what``."""
     wanted = {"eager"}
     for word in (text or "all").split(","):
         word = word.strip()
         if word == "all":
-            wanted |= set(MODES)
-        elif word in BASES:
+            wanted |= set(ids)
+        elif word in bases:
             wanted |= {word, word + KFORGE_SUFFIX}
-        elif word in MODES:
+        elif word in ids:
             wanted.add(word)
         elif word:
-            raise KforgeError(f"unknown mode {word!r}: use all, or any of "
-                              f"{', '.join(MODES)} (a name without +kforge selects both)")
-    return [mode for mode in MODES.values() if mode.id in wanted]
+            raise KforgeError(f"unknown {what} {word!r}: use all, or any of "
+                              f"{', '.join(ids)} (a name without +kforge selects both)")
+    return wanted
 
 
 @dataclass
