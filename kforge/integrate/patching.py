@@ -73,9 +73,7 @@ class SessionPatch(Patch):
 
     def install(self) -> None:
         super().install()
-        cards = self.region_cards() if self.model is not None and self._swap is None else []
-        if cards:
-            assert self.model is not None
+        if self.model is not None and self._swap is None and (cards := self.region_cards()):
             self._swap = ForwardSwap(self.model, cards)
             self._swap.install()
             self.notes += [n for n in self._swap.notes if n not in self.notes]
