@@ -21,7 +21,14 @@ from typing import Any
 import torch
 from torch import fx
 
-from kforge.core.argspec import ArgSpecError, bind, encode_value, freeze, resolve_op
+from kforge.core.argspec import (
+    ArgSpecError,
+    bind,
+    encode_value,
+    freeze,
+    resolve_op,
+    walk,
+)
 from kforge.core.region import Region, is_ref
 
 
@@ -48,14 +55,10 @@ class Match:
     nodes: tuple[fx.Node, ...]
 
 
-class _Node:
+def _bound(node: fx.Node, op: str) -> dict[str, Any]:
     """A graph node's call in the form matching compares: its arguments bound to the schema, as
     arg specs in which graph nodes stand as ``("node", node)``."""
-
-    def __init__(self, node: fx.Node, op: str) -> None:
-        self.node = node
-        self.bound = bind(op, [_spec(a) for a in node.args],
-                          {k: _spec(v) for k, v in node.kwargs.items()})
+    return bind(op, [_spec(a) for a in node.args], {k: _spec(v) for k, v in node.kwargs.items()})
 
 
 def _spec(value: Any) -> Any:
@@ -138,13 +141,13 @@ class _Matcher:
                 or node in self.taken or node in self.refs.values()):
             return False
         try:
-            call = _Node(node, self.ops[index])
+            call = _bound(node, self.ops[index])
         except ArgSpecError:
             return False
         mark = len(self.trail)
         self._set(name, node)
         producers: list[tuple[int, fx.Node]] = []
-        if self._same(self.wanted[index], call.bound, producers) and all(
+        if self._same(self.wanted[index], call, producers) and all(
                 self._bind(j, producer) for j, producer in producers):
             return True
         self._undo(mark)
@@ -246,20 +249,9 @@ def _spec_of(node: fx.Node) -> Any:
 
 
 def _refs(node: dict) -> list[str]:
-    found: list[str] = []
-
-    def visit(spec: Any) -> None:
-        if is_ref(spec):
-            found.append(spec["v"])
-        elif isinstance(spec, dict):
-            for value in spec.values():
-                visit(value)
-        elif isinstance(spec, (list, tuple)):
-            for value in spec:
-                visit(value)
-
-    visit([node["args"], node["kwargs"]])
-    return found
+    """The references a region node reads, in argument order."""
+    return [leaf["v"] for _, leaf in walk([node["args"], list(node["kwargs"].values())])
+            if is_ref(leaf)]
 
 
 def replace(gm: fx.GraphModule, region: Region, op: Any,
@@ -278,8 +270,9 @@ def replace(gm: fx.GraphModule, region: Region, op: Any,
             continue
         with graph.inserting_after(last):
             call = graph.call_function(op, match.inputs)
-        results = [call] if len(match.outputs) == 1 else []
-        if not results:
+        if len(match.outputs) == 1:
+            results = [call]
+        else:
             with graph.inserting_after(call):
                 results = [graph.call_function(operator.getitem, (call, i))
                            for i in range(len(match.outputs))]
