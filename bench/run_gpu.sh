@@ -7,7 +7,8 @@
 #                                        # Gemma 4 decode
 #   bash bench/run_gpu.sh models         # SD3.5, Qwen3.5 decode (8 layers), Qwen3.5 prefill profile
 #   bash bench/run_gpu.sh verify         # the evaluator's GPU red-team suite (compute-sanitizer
-#                                        # included), its turnaround, the launch path's host cost
+#                                        # included) and the native guard's GPU tests
+#   bash bench/run_gpu.sh host           # the evaluator's turnaround, the launch path's host cost
 #   OLD=path/to/old/tree bash bench/run_gpu.sh library   # the library's kernels under this
 #                                        # evaluator and under the one in OLD, side by side
 #   bash bench/run_gpu.sh wholemodel     # every mode +/- kforge, against max-autotune: the
@@ -45,7 +46,11 @@ case $track in
         --db "$work/prefill.db"
     ;;
   verify)
-    step 300 python3 -m pytest -m gpu -q -p no:cacheprovider --timeout 120 -rA tests/eval/test_gpu.py
+    step 400 python3 -m pytest -m gpu -q -p no:cacheprovider --timeout 120 -rA tests/eval/test_gpu.py
+    step 150 python3 -m pytest -m gpu -q -p no:cacheprovider --timeout 120 -rf \
+        tests/integrate/test_native_gpu.py tests/integrate/test_gpu.py
+    ;;
+  host)
     step 60 python3 bench/bench_guard.py --host-only
     step 120 python3 bench/bench_evaluator.py --no-load-inline --reps 3 --budget-s 100
     ;;

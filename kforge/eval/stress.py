@@ -23,6 +23,12 @@ last, as random sets do), canaries kept:
 - ``full_range``: integer tensors over their whole valid range (indices: 0 .. size - 1, both ends
   present; arithmetic on integers: the dtype's range), booleans half True.
 
+A fusion region's card takes the family of the computation it fuses (``card_family``): a softmax
+when it holds one (or normalizes exponentials by their sum), a norm when it scales by a reciprocal
+root of a reduction, else the first family among its ops in a fixed precedence; its stressed input
+is its largest floating input, and its rows run along the last dim (the region kernels reduce
+nothing else).
+
 Floating tensors a family does not stress (norm weights, softmax's other arguments) and integer
 tensors outside ``full_range`` get the same values a random set would. ``usable_stress_sets``
 drops a kind whose eager result is all NaN, with the reason, so no kernel is asked to match that.
@@ -118,6 +124,42 @@ def op_family(op: str) -> str:
     return GENERIC
 
 
+# A region with several families' ops is stressed as the first of these it holds.
+REGION_PRECEDENCE = (SOFTMAX, NORM, POOLING, REDUCTION, INDEX, ACTIVATION, ELEMENTWISE)
+SUM_OPS = frozenset({"sum", "mean", "var", "var_mean"})
+
+
+def card_family(card: OpCard) -> str:
+    """The family of an op card's op, or of the computation a region card fuses."""
+    if card.region is None:
+        return op_family(card.op)
+    nodes = card.region["nodes"]
+    names = {base_name(node["op"]) for node in nodes}
+    if "exp" in names and names & SUM_OPS and names & {"div", "reciprocal", "mul"}:
+        return SOFTMAX  # exp(x - max) / sum: a softmax written out
+    if names & SUM_OPS and ("rsqrt" in names or any(_negative_power(node) for node in nodes)):
+        return NORM  # x * rsqrt(mean(x^2) + eps) and its kin
+    families = {op_family(node["op"]) for node in nodes}
+    return next((f for f in REGION_PRECEDENCE if f in families), GENERIC)
+
+
+def _negative_power(node: dict) -> bool:
+    """``pow(x, -0.5)``: a reciprocal root written as a power."""
+    exponent = node["args"][1] if len(node["args"]) > 1 else None
+    return (base_name(node["op"]) == "pow" and isinstance(exponent, (int, float))
+            and not isinstance(exponent, bool) and exponent < 0)
+
+
+def main_tensor(card: OpCard, geometries: list[Geometry]) -> int:
+    """The tensor whose rows the family reduces: an op's first argument, a region's largest
+    floating input (the first of equals)."""
+    if card.region is None:
+        return 0
+    floats = [i for i, g in enumerate(geometries) if is_float(g.dtype)]
+    return max(floats, key=lambda i: (math.prod(g.shape) if (g := geometries[i]).shape else 1, -i),
+               default=0)
+
+
 # ----- kinds -----
 
 
@@ -151,21 +193,22 @@ def is_integer(dtype: torch.dtype) -> bool:
     return not (dtype.is_floating_point or dtype.is_complex)
 
 
-def stressed_tensors(family: str, geometries: list[Geometry]) -> list[int]:
+def stressed_tensors(family: str, geometries: list[Geometry], main: int = 0) -> list[int]:
     """Indices of the floating tensors a family fills with stress values: the input of softmax
-    and norms (their weights, running statistics or saved outputs keep random values), every
-    floating tensor elsewhere."""
+    and norms (tensor ``main``; their weights, running statistics or saved outputs keep random
+    values), every floating tensor elsewhere."""
     floats = [i for i, g in enumerate(geometries) if is_float(g.dtype)]
     if family in (SOFTMAX, NORM):
-        return floats[:1] if floats and floats[0] == 0 else []
+        return [main] if main in floats else []
     return floats
 
 
 def stress_kinds(card: OpCard) -> list[str]:
     """The stress kinds that apply to ``card``, in a fixed order."""
-    family = op_family(card.op)
+    family = card_family(card)
     geometries = [Geometry.from_spec(s) for s in all_tensor_specs(card)]
-    has = {"float": bool(stressed_tensors(family, geometries)),
+    main = main_tensor(card, geometries)
+    has = {"float": bool(stressed_tensors(family, geometries, main)),
            "int": any(is_integer(g.dtype) for g in geometries)}
     has["mask"] = has["float"] or any(g.dtype == torch.bool for g in geometries)
     masked = base_name(card.op) in MASKED_OPS
@@ -289,9 +332,10 @@ class Plan:
 
     @classmethod
     def of(cls, card: OpCard, geometries: list[Geometry]) -> Plan:
-        family = op_family(card.op)
-        stressed = stressed_tensors(family, geometries)
-        rows = tuple(row_dims(card, family, len(g.shape)) if i == 0
+        family = card_family(card)
+        main = main_tensor(card, geometries)
+        stressed = stressed_tensors(family, geometries, main)
+        rows = tuple(row_dims(card, family, len(g.shape)) if i == main
                      else ((len(g.shape) - 1,) if g.shape else ())
                      for i, g in enumerate(geometries))
         eps = schema_value(card, "eps")

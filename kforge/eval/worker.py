@@ -41,9 +41,14 @@ WARM_UP_SOURCE = 'extern "C" __global__ void kforge_warm_up(float* x) { x[thread
 class Worker:
     def __init__(self, device: int) -> None:
         from kforge.eval.local import device_context
+        from kforge.runtime import native
 
         self.ctx = device_context(device)
         self.ctx.loader.compiler.compile(WARM_UP_SOURCE, self.ctx.gpu.arch)
+        # The host-cost check patches the op through the native guard; building it (seconds,
+        # once per torch build) belongs to the worker's start, not to the first candidate's
+        # time limit. Where it cannot be built the Python guard serves, as in integration.
+        native.available()
 
     def handle(self, request: Evaluate | MeasureBaseline | Ping) -> Reply:
         """The reply to one request; it says whether the process must restart afterwards."""

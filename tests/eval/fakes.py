@@ -565,3 +565,69 @@ def relu_any_alignment(k: Launch, x, out, n):
 @standin("layer_norm_welford")
 def layer_norm_welford(k: Launch, x, w, b, out, mean, rstd, cols, eps, affine):
     layer_norm(k, x, w, b, out, mean, rstd, cols, eps, affine)
+
+
+@standin("amax_rows", "amax_from_zero")
+def amax_rows(k: Launch, x, out, cols):
+    count = k.grid[0]
+    values = rows(x, count, int(cols)).amax(-1)
+    if k.name == "amax_from_zero":
+        values = values.clamp_min(0.0)
+    elements(out, count).copy_(values)
+
+
+@standin("sum_rows_f16", "sum_rows_half_accumulator")
+def sum_rows(k: Launch, x, out, cols):
+    count, cols, threads = k.grid[0], int(cols), k.block[0]
+    values = rows(x, count, cols)
+    if k.name == "sum_rows_half_accumulator":  # each thread's strided elements added in half
+        strided = values.view(count, cols // threads, threads)
+        partial = torch.zeros(count, threads, dtype=torch.float16)
+        for j in range(strided.shape[1]):
+            partial = partial + strided[:, j]
+        total = partial.float().sum(-1)
+    else:
+        total = values.float().sum(-1)
+    elements(out, count).copy_(total.half())
+
+
+@standin("where_select", "where_always_self")
+def where_select(k: Launch, condition, a, b, out, n):
+    n = int(n)
+    picked = elements(condition, n) if k.name == "where_select" else torch.ones(n, dtype=torch.bool)
+    elements(out, n).copy_(torch.where(picked, elements(a, n), elements(b, n)))
+
+
+@standin("embedding_rows", "embedding_rows_seen")
+def embedding_rows(k: Launch, weight, indices, out, dim):
+    count, dim = k.grid[0], int(dim)
+    ids = elements(indices, count)
+    if k.name == "embedding_rows_seen":
+        ids = ids & 1023
+    table = weight.as_strided((weight.shape[0], dim), (dim, 1), weight.storage_offset())
+    rows(out, count, dim).copy_(table[ids])
+
+
+def tf32(values: torch.Tensor) -> torch.Tensor:
+    """fp32 rounded to tf32's 10-bit mantissa, to nearest with ties away from zero."""
+    bits = values.contiguous().view(torch.int32)
+    return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
+@standin("mm_f32", "mm_tf32")
+def mm_tiles(k: Launch, a, b, out, m, n, depth):
+    m, n, depth = int(m), int(n), int(depth)
+    left, right = rows(a, m, depth), rows(b, depth, n)
+    if k.name == "mm_tf32":
+        left, right = tf32(left), tf32(right)
+    rows(out, m, n).copy_(left @ right)
+
+
+@standin("rms_norm_rows", "rms_norm_eps_after_root")
+def rms_norm_rows(k: Launch, x, w, out, cols, eps):
+    count, cols, eps = k.grid[0], int(cols), float(eps)
+    values = rows(x, count, cols)
+    mean_square = values.pow(2).mean(-1, keepdim=True)
+    scale = (1 / (mean_square.sqrt() + eps) if k.name == "rms_norm_eps_after_root"
+             else torch.rsqrt(mean_square + eps))
+    rows(out, count, cols).copy_(elements(w, cols) * (values * scale))

@@ -34,9 +34,11 @@ import torch
 
 from kforge.core.candidate import Candidate, EvalStatus
 from kforge.core.opcard import OpCard
+from kforge.core.region import Region
 from kforge.eval.inputs import InputFactory
 from kforge.eval.pipeline import EvalSettings
 from kforge.eval.timing import TimingPlan
+from kforge.runtime.regions import register
 from tests.eval import candidates as C
 from tests.eval.candidates import (
     CONVERT,
@@ -992,8 +994,293 @@ FLOOR_CASES = [
          gpu_needle=r"physical floor|computes otherwise when timed"),
 ]
 
+# =============================================================================================
+# (f) the same classes in other families: reductions, masks, embeddings, matmuls
+# =============================================================================================
+
+FAMILIES = REDUCE + r"""
+__device__ __forceinline__ float tf32(float v) {
+    unsigned int u;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(u) : "f"(v));
+    return __uint_as_float(u);
+}
+// amax over the last dim, one block per row; FROM_ZERO: the max starts at 0, not -inf.
+template <int FROM_ZERO>
+__device__ void amax_row(const float* x, float* y, int cols) {
+    __shared__ float red[32];
+    const float* row = x + (long long)blockIdx.x * cols;
+    float m = FROM_ZERO ? 0.f : -INFINITY;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, row[c]);
+    m = block_max(m, red);
+    if (threadIdx.x == 0) y[blockIdx.x] = m;
+}
+extern "C" __global__ void amax_rows(const float* x, float* y, int cols) { amax_row<0>(x, y, cols); }
+// Every captured row held a positive value (activations after a relu), so the max starts at 0.
+extern "C" __global__ void amax_from_zero(const float* x, float* y, int cols) { amax_row<1>(x, y, cols); }
+
+// float16 row sums; HALF: each thread accumulates its strided elements in half precision.
+template <int HALF>
+__device__ void sum_row(const __half* x, __half* y, int cols) {
+    __shared__ float red[32];
+    const __half* row = x + (long long)blockIdx.x * cols;
+    float s = 0.f;
+    if (HALF) {
+        __half h = __float2half(0.f);
+        for (int c = threadIdx.x; c < cols; c += blockDim.x) h = __hadd(h, row[c]);
+        s = __half2float(h);
+    } else {
+        for (int c = threadIdx.x; c < cols; c += blockDim.x) s += __half2float(row[c]);
+    }
+    s = block_sum(s, red);
+    if (threadIdx.x == 0) y[blockIdx.x] = __float2half_rn(s);
+}
+extern "C" __global__ void sum_rows_f16(const __half* x, __half* y, int cols) { sum_row<0>(x, y, cols); }
+extern "C" __global__ void sum_rows_half_accumulator(const __half* x, __half* y, int cols) { sum_row<1>(x, y, cols); }
+
+// where(condition, self, other) over same-shape contiguous tensors.
+extern "C" __global__ void where_select(const bool* c, const float* a, const float* b, float* y, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        y[i] = c[i] ? a[i] : b[i];
+}
+// Every captured condition was all true (a padding mask of unpadded batches): the result is self.
+extern "C" __global__ void where_always_self(const bool* c, const float* a, const float* b, float* y, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        y[i] = a[i];
+}
+
+// embedding(weight, indices): one block per index copies a row; WRAP keeps the row below 1024,
+// as every captured index was (the frequent tokens), so the rows read stay in L2.
+template <int WRAP>
+__device__ void embed(const float* w, const long long* idx, float* y, int dim) {
+    long long r = idx[blockIdx.x];
+    if (WRAP) r &= 1023;
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) y[(long long)blockIdx.x * dim + c] = w[r * dim + c];
+}
+extern "C" __global__ void embedding_rows(const float* w, const long long* idx, float* y, int dim) { embed<0>(w, idx, y, dim); }
+extern "C" __global__ void embedding_rows_seen(const float* w, const long long* idx, float* y, int dim) { embed<1>(w, idx, y, dim); }
+
+// fp32 matmul in 16x16 shared-memory tiles; TF32: operands rounded to tf32 (10-bit mantissa),
+// as tensor cores would take them, where eager computes in full fp32.
+template <int TF32>
+__device__ void mm_tiles(const float* a, const float* b, float* c, int m, int n, int k) {
+    __shared__ float as[16][16], bs[16][16];
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int row = blockIdx.y * 16 + ty, col = blockIdx.x * 16 + tx;
+    float acc = 0.f;
+    for (int k0 = 0; k0 < k; k0 += 16) {
+        as[ty][tx] = row < m && k0 + tx < k ? a[(long long)row * k + k0 + tx] : 0.f;
+        bs[ty][tx] = k0 + ty < k && col < n ? b[(long long)(k0 + ty) * n + col] : 0.f;
+        __syncthreads();
+        for (int j = 0; j < 16; ++j)
+            acc += TF32 ? tf32(as[ty][j]) * tf32(bs[j][tx]) : as[ty][j] * bs[j][tx];
+        __syncthreads();
+    }
+    if (row < m && col < n) c[(long long)row * n + col] = acc;
+}
+// RMSNorm of a row: w * x * rsqrt(mean(x^2) + eps); AFTER: x / (sqrt(mean(x^2)) + eps), the
+// same wherever a row's mean square is far above eps.
+template <int AFTER>
+__device__ void rms_norm_row(const float* x, const float* w, float* y, int cols, float eps) {
+    __shared__ float red[32];
+    const float* row = x + (long long)blockIdx.x * cols;
+    float* out = y + (long long)blockIdx.x * cols;
+    float q = 0.f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) q += row[c] * row[c];
+    const float ms = block_sum(q, red) / cols;
+    const float r = AFTER ? 1.f / (sqrtf(ms) + eps) : rsqrtf(ms + eps);
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) out[c] = w[c] * (row[c] * r);
+}
+extern "C" __global__ void rms_norm_rows(const float* x, const float* w, float* y, int cols, float eps) { rms_norm_row<0>(x, w, y, cols, eps); }
+extern "C" __global__ void rms_norm_eps_after_root(const float* x, const float* w, float* y, int cols, float eps) { rms_norm_row<1>(x, w, y, cols, eps); }
+extern "C" __global__ void mm_f32(const float* a, const float* b, float* c, int m, int n, int k) { mm_tiles<0>(a, b, c, m, n, k); }
+extern "C" __global__ void mm_tf32(const float* a, const float* b, float* c, int m, int n, int k) { mm_tiles<1>(a, b, c, m, n, k); }
+"""
+
+
+def rows_plan(kernel: str, dtype: str, *, block: int = 256) -> dict:
+    """A reduction over the last dim of a contiguous 2-D input into ``[rows]``, a block per
+    row (``aten.amax.default``, ``aten.sum.dim_IntList``)."""
+    return {
+        "let": {"rows": "self.shape[0]", "cols": "self.shape[1]"},
+        "requires": ["self.dim == 2", "self.is_contiguous", f"self.dtype == {dtype!r}",
+                     "len(dim) == 1", "dim[0] == -1 or dim[0] == 1", "not keepdim"],
+        "outputs": [{"name": "out", "shape": ["rows"], "dtype": dtype}],
+        "launches": [{"kernel": kernel, "grid": ["rows"], "block": [block],
+                      "params": [{"ptr": "self"}, {"ptr": "out"}, {"i32": "cols"}]}],
+    }
+
+
+def where_plan(kernel: str) -> dict:
+    return C.elementwise_plan(
+        kernel, "float32",
+        [{"ptr": "condition"}, {"ptr": "self"}, {"ptr": "other"}, {"ptr": "out"}, {"i64": "n"}],
+        requires=C.SAME_AS_SELF + ("condition.is_contiguous", "condition.shape == self.shape"))
+
+
+def embedding_plan(kernel: str) -> dict:
+    return {
+        "let": {"dim": "weight.shape[1]", "count": "indices.numel"},
+        "requires": ["weight.dim == 2", "weight.is_contiguous", "weight.dtype == 'float32'",
+                     "indices.is_contiguous", "indices.dtype == 'int64'", "padding_idx == -1"],
+        "outputs": [{"name": "out", "shape": ["indices.shape[0]", "dim"], "dtype": "float32"}],
+        "launches": [{"kernel": kernel, "grid": ["count"], "block": [64],
+                      "params": [{"ptr": "weight"}, {"ptr": "indices"}, {"ptr": "out"},
+                                 {"i32": "dim"}]}],
+    }
+
+
+def mm_plan(kernel: str) -> dict:
+    return {
+        "let": {"m": "self.shape[0]", "k": "self.shape[1]", "n": "mat2.shape[1]"},
+        "requires": ["self.is_contiguous", "mat2.is_contiguous", "self.dtype == 'float32'",
+                     "mat2.dtype == 'float32'"],
+        "outputs": [{"name": "out", "shape": ["m", "n"], "dtype": "float32"}],
+        "launches": [{"kernel": kernel, "grid": ["ceil_div(n, 16)", "ceil_div(m, 16)"],
+                      "block": [16, 16],
+                      "params": [{"ptr": "self"}, {"ptr": "mat2"}, {"ptr": "out"}, {"i32": "m"},
+                                 {"i32": "n"}, {"i32": "k"}]}],
+    }
+
+
+def amax_card() -> OpCard:
+    return OpCard("aten.amax.default", [C.tensor([64, 1000]), [-1]])
+
+
+def sum_card() -> OpCard:
+    return OpCard("aten.sum.dim_IntList", [C.tensor([64, 4096], "float16"), [-1]])
+
+
+def where_card() -> OpCard:
+    return OpCard("aten.where.self", [C.tensor([32, 1000], "bool"), C.tensor([32, 1000]),
+                                      C.tensor([32, 1000])])
+
+
+VOCAB, EMBED_DIM, TOKENS = 4096, 64, 256
+
+
+def embedding_card() -> OpCard:
+    return OpCard("aten.embedding.default", [C.tensor([VOCAB, EMBED_DIM]),
+                                             C.tensor([TOKENS], "int64")])
+
+
+def mm_card() -> OpCard:
+    return OpCard("aten.mm.default", [C.tensor([128, 256]), C.tensor([256, 96])])
+
+
+def ref(name: str) -> dict:
+    return {"t": "ref", "v": name}
+
+
+def region_card(nodes: list[tuple], inputs: list[dict]) -> OpCard:
+    """The card of a fusion region (``kforge_region``) of aten ``nodes`` (op, args...) over
+    ``inputs``, returning its last node, as a model's own module records it."""
+    region = Region(tuple({"op": op, "args": list(args), "kwargs": {}} for op, *args in nodes),
+                    tuple(inputs), (f"n{len(nodes) - 1}",))
+    register(region)
+    return OpCard(region.op, list(region.inputs), region=region.to_dict())
+
+
+def layer_norm_region_card(rows: int = 64, cols: int = 1536) -> OpCard:
+    """A LayerNorm module written out in aten ops: input, weight, bias."""
+    return region_card(
+        [("aten.mean.dim", ref("x0"), [-1], True), ("aten.sub.Tensor", ref("x0"), ref("n0")),
+         ("aten.pow.Tensor_Scalar", ref("n1"), 2), ("aten.mean.dim", ref("n2"), [-1], True),
+         ("aten.add.Tensor", ref("n3"), 1e-5), ("aten.rsqrt.default", ref("n4")),
+         ("aten.mul.Tensor", ref("n1"), ref("n5")), ("aten.mul.Tensor", ref("n6"), ref("x1")),
+         ("aten.add.Tensor", ref("n7"), ref("x2"))],
+        [C.tensor([rows, cols]), C.tensor([cols]), C.tensor([cols])])
+
+
+def rms_norm_region_card(rows: int = 64, cols: int = 1536) -> OpCard:
+    """Llama's RMSNorm module written out in aten ops: weight * (x * rsqrt(mean(x^2) + eps))."""
+    return region_card(
+        [("aten.pow.Tensor_Scalar", ref("x0"), 2), ("aten.mean.dim", ref("n0"), [-1], True),
+         ("aten.add.Tensor", ref("n1"), 1e-6), ("aten.rsqrt.default", ref("n2")),
+         ("aten.mul.Tensor", ref("x0"), ref("n3")), ("aten.mul.Tensor", ref("x1"), ref("n4"))],
+        [C.tensor([rows, cols]), C.tensor([cols])])
+
+
+def region_rms_norm_plan(kernel: str) -> dict:
+    return {
+        "let": {"rows": "x0.shape[0]", "cols": "x0.shape[1]"},
+        "requires": ["x0.dim == 2", "x0.is_contiguous", "x0.dtype == 'float32'"],
+        "outputs": [{"name": "out", "like": "x0"}],
+        "launches": [{"kernel": kernel, "grid": ["rows"], "block": [256],
+                      "params": [{"ptr": "x0"}, {"ptr": "x1"}, {"ptr": "out"}, {"i32": "cols"},
+                                 {"f32": 1e-6}]}],
+    }
+
+
+def region_layer_norm_plan(kernel: str) -> dict:
+    """The layer norm region through a layer norm kernel, its statistics into scratch."""
+    return {
+        "let": {"rows": "x0.shape[0]", "cols": "x0.shape[1]"},
+        "requires": ["x0.dim == 2", "x0.is_contiguous", "x0.dtype == 'float32'"],
+        "outputs": [{"name": "out", "like": "x0"}],
+        "scratch": [{"name": "mean", "bytes": "rows * 4"}, {"name": "rstd", "bytes": "rows * 4"}],
+        "launches": [{"kernel": kernel, "grid": ["rows"], "block": [256],
+                      "params": [{"ptr": "x0"}, {"ptr": "x1"}, {"ptr": "x2"}, {"ptr": "out"},
+                                 {"ptr": "mean"}, {"ptr": "rstd"}, {"i32": "cols"},
+                                 {"f32": 1e-5}, {"i32": 3}]}],
+    }
+
+
+def positive_rows() -> Sample:
+    """Activations after a relu: every row holds positive values."""
+    return Sample([torch.rand(64, 1000, generator=generator(21)) + 0.01, [-1]])
+
+
+def unmasked() -> Sample:
+    """A padding mask of batches without padding: the condition is all true."""
+    x = torch.randn(2, 32, 1000, generator=generator(22))
+    return Sample([torch.ones(32, 1000, dtype=torch.bool), x[0], x[1]])
+
+
+def frequent_tokens() -> Sample:
+    """Token ids all below 1024, as the frequent tokens of a short prompt are."""
+    return Sample([torch.randn(VOCAB, EMBED_DIM, generator=generator(23)),
+                   torch.randint(0, 1024, (TOKENS,), generator=generator(24))])
+
+
+def family_cheat(kernel: str, plan: Callable[[str], dict], approach: str) -> Candidate:
+    return cheat(FAMILIES, plan(kernel), approach)
+
+
+def family_control(kernel: str, plan: Callable[[str], dict]) -> Callable[[str], Candidate]:
+    return lambda device_type: Candidate(FAMILIES, plan=plan(kernel),
+                                         meta={"family": "control", "approach": kernel})
+
+
+FAMILY_CASES = [
+    Case(VALUES, "amax-starting-from-zero", amax_card,
+         fixed(family_cheat("amax_from_zero", lambda k: rows_plan(k, "float32"),
+                            "max starts at 0")),
+         EvalStatus.MISMATCH, r"stress: [a-z ]+ \(seed 11\), run 1, result 0", sample=positive_rows,
+         notes="right wherever a row holds a positive value, as every captured row did"),
+    Case(VALUES, "where-ignoring-the-condition", where_card,
+         fixed(family_cheat("where_always_self", where_plan, "condition taken as all true")),
+         EvalStatus.MISMATCH, r"stress: [a-z ]+ \(seed 11\), run 1, result 0", sample=unmasked),
+    Case(VALUES, "embedding-rows-seen-in-the-sample", embedding_card,
+         fixed(family_cheat("embedding_rows_seen", embedding_plan, "rows below 1024 only")),
+         EvalStatus.MISMATCH, r"stress: full integer range \(seed 11\), run 1, result 0",
+         sample=frequent_tokens),
+    Case(VALUES, "rms-norm-region-eps-after-the-root", rms_norm_region_card,
+         fixed(family_cheat("rms_norm_eps_after_root", region_rms_norm_plan,
+                            "x / (sqrt(mean(x^2)) + eps)")),
+         EvalStatus.MISMATCH, r"stress: [a-z ]+ \(seed 11\), run 1, result 0",
+         notes="a model's RMSNorm fused: within tolerance unless the rows are small, where eps "
+               "decides"),
+    Case(PRECISION, "f16-sum-half-accumulator", sum_card,
+         fixed(family_cheat("sum_rows_half_accumulator", lambda k: rows_plan(k, "float16"),
+                            "half-precision partial sums")),
+         EvalStatus.MISMATCH, r"seed 1, (run 1, )?result 0: .*(precision|beyond tolerance)"),
+    Case(PRECISION, "fp32-matmul-tf32-operands", mm_card,
+         fixed(family_cheat("mm_tf32", mm_plan, "operands rounded to tf32")),
+         EvalStatus.MISMATCH, r"seed 1, (run 1, )?result 0: .*(precision|beyond tolerance)"),
+]
+
 CASES: list[Case] = (PLAN_CASES + TIMING_CASES + VALUES_CASES + PRECISION_CASES + MEMORY_CASES
-                     + FLOOR_CASES)
+                     + FLOOR_CASES + FAMILY_CASES)
 
 
 # =============================================================================================
@@ -1155,6 +1442,20 @@ CONTROLS = [
             lambda device_type: vectorized_relu()),
     Control("relu-vectorized-unaligned", unaligned_relu_card,
             lambda device_type: vectorized_relu()),
+    Control("amax", amax_card, family_control("amax_rows", lambda k: rows_plan(k, "float32")),
+            sample=positive_rows),
+    Control("sum-f16", sum_card,
+            family_control("sum_rows_f16", lambda k: rows_plan(k, "float16"))),
+    Control("where", where_card, family_control("where_select", where_plan), sample=unmasked),
+    Control("embedding", embedding_card, family_control("embedding_rows", embedding_plan),
+            sample=frequent_tokens),
+    Control("matmul-f32", mm_card, family_control("mm_f32", mm_plan)),
+    Control("rms-norm-region", rms_norm_region_card,
+            family_control("rms_norm_rows", region_rms_norm_plan)),
+    Control("layer-norm-region", layer_norm_region_card,
+            lambda device_type: Candidate(C.LAYER_NORM_SOURCE,
+                                          plan=region_layer_norm_plan("layer_norm_f32"),
+                                          meta={"family": "control", "approach": "fused"})),
 ]
 
 

@@ -13,7 +13,7 @@ from kforge.errors import KforgeError
 from kforge.eval.compare import compare_values
 from kforge.eval.inputs import InputFactory, InputSet
 from kforge.eval.ops import resolve_op
-from kforge.eval.stress import op_family, stress_kinds
+from kforge.eval.stress import card_family, op_family, stress_kinds
 from tests.eval.candidates import (
     add_card,
     layer_norm_card,
@@ -21,6 +21,7 @@ from tests.eval.candidates import (
     softmax_card,
     tensor,
 )
+from tests.eval.redteam import region_card
 from tests.eval.standins import (
     add,
     layer_norm_one_pass_variance,
@@ -62,6 +63,38 @@ def save_sample(folder, card: OpCard, *tensors: torch.Tensor) -> None:
 ])
 def test_families_come_from_the_op_name(op, family):
     assert op_family(op) == family
+
+
+def r(name: str) -> dict:
+    return {"t": "ref", "v": name}
+
+
+@pytest.mark.parametrize("nodes, family", [
+    ([("aten.pow.Tensor_Scalar", r("x1"), 2), ("aten.mean.dim", r("n0"), [-1], True),
+      ("aten.add.Tensor", r("n1"), 1e-6), ("aten.rsqrt.default", r("n2")),
+      ("aten.mul.Tensor", r("x1"), r("n3")), ("aten.mul.Tensor", r("x0"), r("n4"))], "norm"),
+    ([("aten.pow.Tensor_Scalar", r("x1"), 2), ("aten.mean.dim", r("n0"), [-1], True),
+      ("aten.add.Tensor", r("n1"), 1e-6), ("aten.pow.Tensor_Scalar", r("n2"), -0.5),
+      ("aten.mul.Tensor", r("x1"), r("n3"))], "norm"),
+    ([("aten.add.Tensor", r("x1"), r("x0")), ("aten._softmax.default", r("n0"), -1, False)],
+     "softmax"),
+    ([("aten.amax.default", r("x1"), [-1], True), ("aten.sub.Tensor", r("x1"), r("n0")),
+      ("aten.exp.default", r("n1")), ("aten.sum.dim_IntList", r("n2"), [-1], True),
+      ("aten.div.Tensor", r("n2"), r("n3"))], "softmax"),
+    ([("aten.silu.default", r("x1")), ("aten.mul.Tensor", r("n0"), r("x0"))], "activation"),
+    ([("aten.mean.dim", r("x1"), [-1], True), ("aten.mul.Tensor", r("n0"), 2.0)], "reduction"),
+    ([("aten.mul.Tensor", r("x1"), r("x0")), ("aten.add.Tensor", r("n0"), 1.0)], "elementwise"),
+])
+def test_a_region_takes_the_family_of_what_it_fuses(nodes, family):
+    # x0 is a [64] weight, x1 the [4, 64] activations the family's stress values go to.
+    card = region_card(nodes, [tensor([64]), tensor([4, 64])])
+    assert card_family(card) == family
+    stress = InputFactory(card, CPU).stress_sets(11)
+    assert stress, "no stress set"
+    if family in ("norm", "softmax"):  # only the activations are stressed, the weight is not
+        large = next(s for s in stress if "large magnitudes" in s.label)
+        weight, activations = large.args
+        assert activations.abs().mean() > 100 and weight.abs().mean() < 10
 
 
 def test_kinds_follow_the_family_and_the_tensors():
