@@ -12,6 +12,7 @@ import torch
 
 import kforge
 from kforge.capture import ModelOptions, load_model
+from kforge.cli.main import main
 from kforge.core.candidate import Timing
 from kforge.errors import KforgeError
 from kforge.integrate import measure, patching
@@ -19,7 +20,13 @@ from kforge.integrate.graphs import cuda_device_of
 from kforge.runtime import cubin as runtime
 from kforge.runtime.guard import Patch
 from kforge.runtime.table import Entry, KernelTable
-from tests.integrate.helpers import TOY, WINNING_OPS, make_session, profile_toy
+from tests.integrate.helpers import (
+    TOY,
+    TOY_WIDER,
+    WINNING_OPS,
+    make_session,
+    profile_toy,
+)
 from tests.integrate.standins import Counting
 from tests.integrate.test_patching import RecordingModule
 
@@ -108,3 +115,50 @@ def test_patch_with_a_model_keeps_the_winners_its_forwards_favour(tmp_path, monk
     assert tried == sorted(WINNING_OPS, key=lambda op: -saving[op])  # largest saving first
     assert chosen.projected < chosen.plan.projected
     assert all(k.hits == 0 for k in chosen.report().kernels)  # the trials' counts are gone
+
+
+@pytest.fixture
+def cpu_as_gpu(monkeypatch):
+    """Sessions' kernels "launch" on the CPU (recorded, not run); forwards are timed by a fake
+    that runs each subject once and adds 40 us per kernel that ran: every kernel hurts."""
+    monkeypatch.setattr(patching, "cuda_device", lambda device, what: torch.device("cpu"))
+    monkeypatch.setattr(patching, "device_arch", lambda device: "sm_90")
+    monkeypatch.setattr(runtime, "device_arch", lambda device: "sm_90")
+    monkeypatch.setattr(patching, "KernelModule", RecordingModule)
+    timed: list[str] = []
+
+    def fake_time_forwards(loaded, subjects, reps, warmup):
+        timings = {}
+        for subject in subjects:
+            with subject.scope() as scope:
+                subject.step()
+            ran = [k for k in scope.report().kernels if k.hits] if scope is not None else []
+            us = 1000.0 + 40.0 * len(ran)
+            timings[subject.name] = Timing(us, us * 0.99, us * 1.01, reps)
+            timed.append(subject.name)
+        return timings
+
+    monkeypatch.setattr(measure, "time_forwards", fake_time_forwards)
+    return timed
+
+
+def test_e2e_where_every_kernel_slows_the_model_keeps_none_and_says_why(tmp_path, cpu_as_gpu,
+                                                                       capsys):
+    db = tmp_path / "k.db"
+    sid = make_session(db)
+    assert main(["e2e", str(sid), "--modes", "eager", "--reps", "3", "--db", str(db)]) == 0
+    printed = capsys.readouterr().out
+    assert "eager + kforge" in printed
+    assert len(re.findall(r"kept on eager, the model is slower with it", printed)) == len(
+        WINNING_OPS)
+    assert cpu_as_gpu, "nothing was timed"
+
+
+def test_e2e_of_a_model_that_changed_stops_before_timing(tmp_path, cpu_as_gpu, capsys):
+    db = tmp_path / "k.db"
+    sid = make_session(db, model=TOY_WIDER)
+    assert main(["e2e", str(sid), "--modes", "eager", "--reps", "3", "--db", str(db)]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"kforge: none of session {sid}'s kernels ran: the model does not call the op variants "
+        "it was profiled with (did the model, its inputs or its settings change since?)")
+    assert cpu_as_gpu == []
