@@ -62,6 +62,7 @@ from kforge.eval.ops import (
 )
 from kforge.eval.poison import PoisonCycle
 from kforge.eval.precision import PrecisionReport, judge_precision, precision_reference
+from kforge.eval.stress import INDEX, card_family
 from kforge.eval.timing import Subject, time_interleaved
 from kforge.runtime.guard import Patch
 from kforge.runtime.nvrtc import CompileResult
@@ -426,10 +427,14 @@ class Evaluation:
 
     def work(self, inputs: InputSet) -> tuple[dict, set[torch.dtype]]:
         """Bytes moved, FLOPs and the floors of one call (from eager's results), and the dtypes
-        of its results."""
+        of its results. An index op's table (its first tensor: an embedding's weight) counts as
+        read only through what the op writes: a lookup need not read the rest."""
         ref = self.reference(inputs)
         fresh = [t for t, alias in zip(ref.tensors, ref.aliases) if alias is None]
-        read = traffic_bytes([b.view for b in inputs.buffers])
+        views = [b.view for b in inputs.buffers]
+        if card_family(self.card) == INDEX:  # a lookup reads only what it gathers of its table
+            views = views[1:]
+        read = traffic_bytes(views)
         write = traffic_bytes(fresh + [inputs.buffers[i].view for i in self.written])
         bandwidth = self.gpu.bandwidth_gbs
         l2 = int(self.gpu.l2_mb * (1 << 20))

@@ -25,7 +25,9 @@ last, as random sets do), canaries kept:
 
 A fusion region's card takes the family of the computation it fuses (``card_family``): a softmax
 when it holds one (or normalizes exponentials by their sum), a norm when it scales by a reciprocal
-root of a reduction, else the first family among its ops in a fixed precedence; its stressed input
+root of a reduction, "other" when it holds a matmul or convolution (overflow at extreme values
+depends on the order of their sums), else the first family among its ops in a fixed precedence;
+its stressed input
 is its largest floating input, and its rows run along the last dim (the region kernels reduce
 nothing else).
 
@@ -127,6 +129,11 @@ def op_family(op: str) -> str:
 # A region with several families' ops is stressed as the first of these it holds.
 REGION_PRECEDENCE = (SOFTMAX, NORM, POOLING, REDUCTION, INDEX, ACTIVATION, ELEMENTWISE)
 SUM_OPS = frozenset({"sum", "mean", "var", "var_mean"})
+# Contractions: a sum of products, whose overflow at extreme values depends on the order of the
+# sum. A region holding one keeps the values of "other" ops, where every product stays finite.
+CONTRACTION_OPS = frozenset({"mm", "bmm", "addmm", "baddbmm", "matmul", "linear", "addmv", "mv",
+                             "dot", "convolution", "_convolution", "conv1d", "conv2d", "conv3d",
+                             "cudnn_convolution", "_scaled_mm", "einsum"})
 
 
 def card_family(card: OpCard) -> str:
@@ -135,6 +142,8 @@ def card_family(card: OpCard) -> str:
         return op_family(card.op)
     nodes = card.region["nodes"]
     names = {base_name(node["op"]) for node in nodes}
+    if names & CONTRACTION_OPS:
+        return GENERIC
     if "exp" in names and names & SUM_OPS and names & {"div", "reciprocal", "mul"}:
         return SOFTMAX  # exp(x - max) / sum: a softmax written out
     if names & SUM_OPS and ("rsqrt" in names or any(_negative_power(node) for node in nodes)):

@@ -352,7 +352,11 @@ def measure_session(patch: SessionPatch, loaded: LoadedModel, modes: list[Mode],
     faster (without ``select``: all), the compiled modes with those that make the compiled
     model faster (``choose_compiled``; without ``select``: all of them) through the backend.
     Notes say which winners each kforge mode left out, and why."""
-    from kforge.integrate.patching import projected_patch, select_measured, unused_message
+    from kforge.integrate.patching import (
+        projected_patch,
+        select_measured,
+        unused_message,
+    )
 
     patch = patch.for_model(loaded.model)  # region kernels replace module forwards in eager
     # Every winner in place once, before minutes of timing: a forward that runs none of them is

@@ -84,10 +84,14 @@ def r(name: str) -> dict:
     ([("aten.silu.default", r("x1")), ("aten.mul.Tensor", r("n0"), r("x0"))], "activation"),
     ([("aten.mean.dim", r("x1"), [-1], True), ("aten.mul.Tensor", r("n0"), 2.0)], "reduction"),
     ([("aten.mul.Tensor", r("x1"), r("x0")), ("aten.add.Tensor", r("n0"), 1.0)], "elementwise"),
+    ([("aten.mm.default", r("x1"), r("x0")), ("aten.gelu.default", r("n0"))],
+     "generic"),  # a fused linear: no extremes that overflow
 ])
 def test_a_region_takes_the_family_of_what_it_fuses(nodes, family):
-    # x0 is a [64] weight, x1 the [4, 64] activations the family's stress values go to.
-    card = region_card(nodes, [tensor([64]), tensor([4, 64])])
+    # x0 is a [64] weight (a [64, 1] matrix for the matmul), x1 the [4, 64] activations the
+    # family's stress values go to.
+    weight = [64, 1] if nodes[0][0] == "aten.mm.default" else [64]
+    card = region_card(nodes, [tensor(weight), tensor([4, 64])])
     assert card_family(card) == family
     stress = InputFactory(card, CPU).stress_sets(11)
     assert stress, "no stress set"

@@ -23,6 +23,8 @@ from kforge.eval.timing import (
     summarize,
     time_interleaved,
 )
+from tests.eval import redteam as R
+from tests.eval.test_redteam_cpu import evaluate
 
 
 def test_summary_gives_median_and_spread():
@@ -120,3 +122,15 @@ def test_ops_resolve_and_report_what_they_write():
         resolve_op("aten.no_such_op.default")
     with pytest.raises(KforgeError):
         resolve_op("softmax")
+
+
+def test_an_embedding_lookup_is_not_charged_for_the_rows_it_does_not_read(tmp_path):
+    # Decoding looks up one token's row of a large table: a kernel that reads that row alone
+    # beats a floor that counts the whole table, honestly.
+    control = next(c for c in R.CONTROLS if c.name == "embedding")
+    outcome = evaluate(control.card(), control.candidate("cpu"), sample=control.sample,
+                       samples_dir=tmp_path)
+    assert outcome.ok, outcome.summary
+    indices = R.TOKENS * 8
+    assert outcome.extra["read_bytes"] == indices
+    assert outcome.extra["write_bytes"] == R.TOKENS * R.EMBED_DIM * 4

@@ -94,8 +94,34 @@ async def session_open(pilot) -> SessionScreen:
     await until(pilot, lambda: isinstance(app.screen, SessionScreen)
                 and app.screen.state is not None
                 and app.screen.query_one(SearchTree).card is not None, what="the session")
-    await pilot.pause(0.3)  # the first paint, and the tree's repaint timer
+    await settled(pilot)
     return app.screen
+
+
+async def settled(pilot, quiet_s: float = 0.3, limit_s: float = 20.0) -> None:
+    """Wait until the app has sent nothing to its terminal for ``quiet_s``: the first paint and
+    what it set off (the tree's cursor, its repaint timer) are done, however loaded the machine
+    (a cursor that settles on the root line late repaints every line under it)."""
+    app = pilot.app
+    display = app._display
+    updates = [0]
+
+    def counted(screen, update) -> None:
+        if update is not None:
+            updates[0] += 1
+        display(screen, update)
+
+    app._display = counted
+    try:
+        deadline = time.monotonic() + limit_s
+        while True:
+            before = updates[0]
+            await pilot.pause(quiet_s)
+            if updates[0] == before:
+                return
+            assert time.monotonic() < deadline, f"the screen kept changing for {limit_s:.0f} s"
+    finally:
+        del app._display  # the app's own method again
 
 
 async def test_an_unchanged_session_sends_nothing_while_it_polls(fixture_db, monkeypatch):
