@@ -53,10 +53,14 @@ def capture(step: Callable[[], Any], device: torch.device, *,
     side = torch.cuda.Stream(device)
     try:
         with scope():
-            for _ in range(warmup):
+            for i in range(warmup):
                 prepare()
                 side.wait_stream(torch.cuda.current_stream(device))
-                with torch.cuda.stream(side):
+                # A host sync is refused in the first warm-up call, before any capture begins:
+                # a capture that fails part-way leaves PyTorch's allocator handing memory out of
+                # the failed graph's pool, and later kernels fault on it.
+                checked = no_host_sync() if i == 0 else contextlib.nullcontext()
+                with torch.cuda.stream(side), checked:
                     step()
                 torch.cuda.current_stream(device).wait_stream(side)
             keep = prepare()
@@ -71,6 +75,17 @@ def capture(step: Callable[[], Any], device: torch.device, *,
         raise KforgeError(f"the forward cannot be captured as a CUDA graph: "
                           f"{type(exc).__name__}: {first_line(exc)} ({HOST_SYNC_HINT})") from None
     return Captured(graph, outputs, keep, time.perf_counter() - start)
+
+
+@contextlib.contextmanager
+def no_host_sync():
+    """Make any synchronizing CUDA call an error (``torch.cuda.set_sync_debug_mode``)."""
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
 
 
 def describe(t: torch.Tensor) -> str:

@@ -85,13 +85,28 @@ def test_accelerate_refuses_what_cannot_be_captured(toy):
                                           r"graph replays GPU work only"):
         kforge.accelerate(toy.model, (x.cpu(),))
 
-    class Syncs(torch.nn.Module):
-        def forward(self, t: torch.Tensor) -> torch.Tensor:
-            return t * float(t.sum())  # a host sync
-
     with pytest.raises(KforgeError, match="the forward cannot be captured as a CUDA graph: .*"
                                           "must not synchronize with the host"):
         kforge.accelerate(Syncs(), (x,))
+
+
+class Syncs(torch.nn.Module):
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        return t * float(t.sum())  # a host sync
+
+
+def test_a_refused_forward_leaves_later_graphs_sound(toy):
+    # The sync is refused before any capture begins: a capture failing part-way would leave the
+    # allocator handing out memory of the failed graph's pool, where later replays fault.
+    x = toy.args[0]
+    with pytest.raises(KforgeError, match="must not synchronize with the host"):
+        kforge.accelerate(Syncs(), (x,))
+    fast = kforge.accelerate(toy.model, (x,))
+    for _ in range(3):
+        new = torch.randn_like(x)
+        with torch.no_grad():
+            assert close(fast(new), toy.model(new))
+    torch.cuda.synchronize()
 
 
 def test_patch_with_the_model_keeps_only_what_measurably_helps(session, toy):

@@ -283,9 +283,15 @@ def general_space(g: General, gpu: GpuInfo) -> Space | None:
     while rpb > 1 and ceil_div(g.outputs, rpb) < 2 * sm_count(gpu) and tpr * rpb > 32:
         rpb //= 2
     unroll = 4 if g.r >= 4 * tpr else 1
+    # The safe point keeps each thread's sequential sum short (about 64 elements, up to 1024
+    # threads an output): a thread adding thousands of fp32 values one after another drifts below
+    # eager's precision on a whole-tensor sum.
+    safe_tpr = clamp(pow2_ceil(ceil_div(g.r, 64)), 1, 1024)
+    safe = {"threads_per_row": safe_tpr, "rows_per_block": max(1, 32 // safe_tpr), "unroll": 1}
+    if not g.inner_reduced and safe_tpr == 1:
+        safe["rows_per_block"] = 128  # one thread an output, neighbouring outputs side by side
     return Space.build(axes, valid, {"threads_per_row": tpr, "rows_per_block": rpb, "unroll": unroll},
-                       {"threads_per_row": 32 if g.inner_reduced else 1,
-                        "rows_per_block": 4 if g.inner_reduced else 128, "unroll": 1})
+                       safe)
 
 
 def general_geometry(g: General, x: TensorArg, out: TensorArg) -> str:
