@@ -1070,6 +1070,10 @@ def _resolve_output(spec: OutputSpec, path: str, scope: _Scope) -> ResolvedOutpu
     stride = (_contiguous_strides(shape) if spec.stride is None else
               tuple(_int_value(e, scope, f"{path}.stride[{i}]", "a stride", least=0)
                     for i, e in enumerate(spec.stride)))
+    if not _non_overlapping(shape, stride):
+        raise PlanError(_join(path, "stride"), f"strides {list(stride)} for shape {list(shape)} "
+                        "give two elements one address: each element of a new output needs its "
+                        "own")
     dtype = _evaluate(spec.dtype, scope, _join(path, "dtype"))
     if dtype not in DTYPE_BYTES:
         raise PlanError(_join(path, "dtype"), f"{_quote(spec.dtype.text)} gives "
@@ -1093,6 +1097,20 @@ def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
         strides.append(step)
         step *= max(size, 1)
     return tuple(reversed(strides))
+
+
+def _non_overlapping(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """Whether every element has an address of its own (gaps allowed): sorted by stride, each
+    dim of size > 1 steps past the whole span of the dims inside it."""
+    if 0 in shape:
+        return True
+    span = 0  # the largest offset reached by the dims taken so far
+    for size, step in sorted((pair for pair in zip(shape, stride) if pair[0] != 1),
+                             key=lambda pair: pair[1]):
+        if step <= span:
+            return False
+        span += (size - 1) * step
+    return True
 
 
 def _non_overlapping_and_dense(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:

@@ -396,6 +396,18 @@ PLAN_CASES += [
     Case(PLAN, "wrong-output-strides", C.softmax_card,
          fixed(changed(SOFTMAX, setting("outputs.0", TRANSPOSED), "transposed output")),
          EvalStatus.MISMATCH, r"result 0 has strides \[1, 64\], eager's \[1000, 1\]"),
+    # One row written, read back for every row: right only on inputs whose rows agree, and a
+    # kernel writing the dense layout would write past the allocation.
+    malformed("output-rows-sharing-memory", "outputs.0",
+              {"name": "out", "shape": ["self.shape[0]", "self.shape[1]"], "stride": [0, 1],
+               "dtype": "float32"},
+              r"outputs\[0\]\.stride: strides \[0, 1\] for shape \[32, 1000\] give two "
+              r"elements one address", base=RELU, card=C.relu_card),
+    malformed("output-elements-overlapping", "outputs.0",
+              {"name": "out", "shape": ["self.shape[0]", "self.shape[1]"],
+               "stride": ["self.shape[1] // 2", 1], "dtype": "float32"},
+              r"outputs\[0\]\.stride: strides \[500, 1\] .* give two elements one address",
+              base=RELU, card=C.relu_card),
     Case(PLAN, "oversized-output", C.softmax_card, fixed(oversized_output()),
          EvalStatus.MISMATCH, r"result 0 has shape \[65, 1000\], eager's \[64, 1000\]"),
     Case(PLAN, "scratch-replay", C.softmax_card, fixed(scratch_replay()),
