@@ -43,6 +43,7 @@ from kforge.errors import KforgeError
 from kforge.eval.compare import compare_values, tolerance_for
 from kforge.eval.counters import CounterReport, measure_counters
 from kforge.eval.device import Runtime
+from kforge.eval.fences import FencedAllocation, Fences
 from kforge.eval.inputs import InputFactory, InputSet
 from kforge.eval.observe import (
     Observed,
@@ -97,15 +98,26 @@ class KernelLoader(Protocol):
 
 class CandidateCalls:
     """Every call of the candidate, checked or timed, made the same way: fresh outputs and
-    scratch filled with the next poison pattern, then the plan's launches."""
+    scratch between fences (``kforge.eval.fences``; not where ``fenced`` is False: under
+    compute-sanitizer each buffer ends its allocation instead) filled with the next poison
+    pattern, then the plan's launches."""
 
-    def __init__(self, runner: PlanRunner, runtime: Runtime) -> None:
+    def __init__(self, runner: PlanRunner, runtime: Runtime, fenced: bool = True) -> None:
         self.runner = runner
         self.runtime = runtime
+        self.fenced = fenced
         self.poisons = PoisonCycle()
+        plan = runner.plan
+        self.labels = ([f"result {i}" for i, o in enumerate(plan.outputs) if o.kind == "new"]
+                       + [f"scratch {s.name!r}" for s in plan.scratch])
 
     def memory(self) -> Allocation:
-        memory = self.runner.allocate()
+        if self.fenced:
+            fences = Fences()
+            made = self.runner.allocate(fences.empty)
+            memory: Allocation = FencedAllocation(made.outputs, made.scratch, fences, self.labels)
+        else:
+            memory = self.runner.allocate()
         poison = self.poisons.next()
         for t in memory.outputs:
             if t is not None:
@@ -118,10 +130,11 @@ class CandidateCalls:
     def run(self, inputs: InputSet, memory: Allocation) -> Any:
         return self.runner.launch(inputs.args, inputs.kwargs, memory)
 
-    def call(self, inputs: InputSet) -> Any:
+    def call(self, inputs: InputSet) -> tuple[Any, Allocation]:
+        """One call on fresh memory: what it returned, and that memory."""
         memory = self.memory()
         self.runtime.flush()
-        return self.run(inputs, memory)
+        return self.run(inputs, memory), memory
 
 
 @dataclass
@@ -171,11 +184,12 @@ class Evaluation:
 
     def run_candidate(self, inputs: InputSet, what: str) -> Observed:
         try:
-            result = self.calls.call(inputs)
+            result, memory = self.calls.call(inputs)
         except Exception as exc:  # cuda.core refused a launch (bad config, too many resources)
             raise self.launch_failed(exc, what) from None
         self.wait(what)
         self.check_inputs(inputs, what)
+        self.check_fences(memory, what)
         observed = observe(result, inputs, self.written, candidate=True)
         inputs.restore(self.written)
         return observed
@@ -188,6 +202,11 @@ class Evaluation:
                               f"({', '.join(inside)})")
             raise Verdict(EvalStatus.MISMATCH, f"{what}: the candidate wrote out of bounds, into "
                           f"{', '.join(changed)}")
+
+    def check_fences(self, memory: Allocation, what: str) -> None:
+        if isinstance(memory, FencedAllocation) and (past := memory.overruns()):
+            raise Verdict(EvalStatus.MISMATCH, f"{what}: the candidate wrote out of bounds, past "
+                          f"the ends of {', '.join(past)}")
 
     def reference(self, inputs: InputSet) -> Observed:
         copy = inputs.fresh_copy()
@@ -348,12 +367,13 @@ class Evaluation:
 
         def run_candidate(r: int) -> Any:
             try:
-                return self.calls.run(buffers[r % k], memory.pop(r))
+                return self.calls.run(buffers[r % k], memory[r])
             except Exception as exc:  # cuda.core refused a launch
                 raise self.launch_failed(exc, "timing") from None
 
         def after_candidate(r: int, result: Any) -> None:
             nonlocal timed
+            used = memory.pop(r)
             if r < warmup:
                 return
             timed += 1
@@ -362,6 +382,7 @@ class Evaluation:
                 return
             inputs = buffers[r % k]
             self.check_inputs(inputs, f"timed call {r}")
+            self.check_fences(used, f"timed call {r}")
             values = inputs.fresh_copy(f"timed call {r}")
             values.take_snapshot()  # the reference runs on a copy of these
             check = TimedCheck(values, observe(result, inputs, self.written, candidate=True))

@@ -172,16 +172,18 @@ class PlanRunner:
         """Whether every launch goes straight to the driver with parameters packed once."""
         return all(step.prepared is not None for step in self._steps)
 
-    def allocate(self) -> Allocation:
+    def allocate(self, empty: Callable[..., torch.Tensor] = torch.empty_strided) -> Allocation:
+        """One call's fresh outputs, then scratch, each made by ``empty(shape, stride, dtype=,
+        device=)`` (the evaluator's puts fences around them)."""
         outputs: list[torch.Tensor | None] = [None] * len(self.plan.outputs)
         device = self.device
         for i, shape, stride, dtype in self._new_outputs:
-            outputs[i] = torch.empty_strided(shape, stride, dtype=dtype, device=device)
+            outputs[i] = empty(shape, stride, dtype=dtype, device=device)
         if not self.plan.scratch:
             return Allocation(outputs, [])
         scratch = []
         for spec in self.plan.scratch:
-            buffer = torch.empty(max(spec.nbytes, 1), dtype=torch.uint8, device=self.device)
+            buffer = empty((max(spec.nbytes, 1),), (1,), dtype=torch.uint8, device=device)
             if spec.zero:
                 buffer.zero_()
             scratch.append(buffer)

@@ -631,3 +631,9 @@ def rms_norm_rows(k: Launch, x, w, out, cols, eps):
     scale = (1 / (mean_square.sqrt() + eps) if k.name == "rms_norm_eps_after_root"
              else torch.rsqrt(mean_square + eps))
     rows(out, count, cols).copy_(elements(w, cols) * (values * scale))
+
+
+@standin("relu_off_by_one")
+def relu_off_by_one(k: Launch, x, out, n):
+    n = int(n) + 1  # `i <= n`: one element past the input read, and past the output written
+    elements(out, n).copy_(torch.relu(elements(x, n)))

@@ -979,6 +979,16 @@ MEMORY_CASES = [
          EvalStatus.MISMATCH, r"compute-sanitizer memcheck: .*Invalid __global__ read",
          where="gpu", by="sanitizer",
          notes="reads a whole row (4000 bytes) past the input, never used"),
+    Case(MEMORY, "write-past-the-output-into-its-fence", lambda: C.relu_card(ODD),
+         fixed(cheat(RELU_OFF_BY_ONE, C.unary_plan("relu_off_by_one"), "off by one")),
+         EvalStatus.MISMATCH, r"seed 1, run 1: the candidate wrote out of bounds, past the ends "
+                              r"of result 0",
+         notes="the same kernel as write-past-the-output, caught on its first call"),
+    Case(MEMORY, "scratch-one-row-short", C.softmax_card,
+         lambda settings, device_type: short_scratch_softmax(), EvalStatus.MISMATCH,
+         r"seed 1, run 1: the candidate wrote out of bounds, past the ends of scratch 'stats'",
+         notes="the last row's statistics go past the scratch and are read back from there: "
+               "the results are right"),
     Case(MEMORY, "write-past-the-output", lambda: C.relu_card(ODD),
          fixed(cheat(RELU_OFF_BY_ONE, C.unary_plan("relu_off_by_one"), "off by one")),
          EvalStatus.MISMATCH, r"compute-sanitizer memcheck: .*Invalid __global__ (read|write)",
@@ -1328,6 +1338,14 @@ def two_pass_softmax() -> Candidate:
                                         {"i32": "cols"}]})
     return Candidate(TWO_PASS_SOFTMAX, plan=plan, meta={"family": "control",
                                                         "approach": "two launches, scratch"})
+
+
+def short_scratch_softmax() -> Candidate:
+    """The two-pass softmax with its scratch one row short."""
+    candidate = two_pass_softmax()
+    plan = copy.deepcopy(candidate.plan)
+    plan["scratch"][0]["bytes"] = "rows * 8 - 8"
+    return cheat(candidate.source, plan, "scratch one row short")
 
 
 RELU_VEC4 = rf"""

@@ -1,0 +1,38 @@
+"""Fences around a call's outputs and scratch: buffers keep their layout and alignment, and a
+write past either end of one is named."""
+
+from __future__ import annotations
+
+import torch
+
+from kforge.eval.fences import FENCE_BYTES, FencedAllocation, Fences
+
+
+def test_a_fenced_buffer_has_the_asked_layout_and_stays_aligned():
+    fences = Fences()
+    t = fences.empty((4, 6), (1, 4), dtype=torch.float16, device=torch.device("cpu"))
+    assert t.shape == (4, 6) and t.stride() == (1, 4) and t.dtype == torch.float16
+    assert t.storage_offset() * t.element_size() == FENCE_BYTES
+    assert t.untyped_storage().nbytes() == 2 * FENCE_BYTES + 24 * 2
+    assert fences.broken() == []
+
+
+def test_writes_past_either_end_are_named_and_writes_inside_are_not():
+    fences = Fences()
+    cpu = torch.device("cpu")
+    out = fences.empty((8,), (1,), dtype=torch.float32, device=cpu)
+    scratch = fences.empty((16,), (1,), dtype=torch.uint8, device=cpu)
+    memory = FencedAllocation([out], [scratch], fences, ["result 0", "scratch 'partial'"])
+    out.fill_(1.0)
+    scratch.zero_()
+    assert memory.overruns() == []
+    out.as_strided((9,), (1,)).fill_(2.0)  # one element past the end
+    assert memory.overruns() == ["result 0"]
+    scratch.as_strided((1,), (1,), scratch.storage_offset() - 1).fill_(7)  # one byte before
+    assert memory.overruns() == ["result 0", "scratch 'partial'"]
+
+
+def test_an_empty_buffer_is_fenced_too():
+    fences = Fences()
+    t = fences.empty((0, 3), (3, 1), dtype=torch.float32, device=torch.device("cpu"))
+    assert t.numel() == 0 and fences.broken() == []
