@@ -10,6 +10,7 @@ candidate's values, where the faults lie, error norms, and NaN and inf counts.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,8 +95,11 @@ def observe(returned: Any, inputs: InputSet, written: list[int], candidate: bool
     return Observed(returned, tensors, metas, aliases)
 
 
-def compare_observed(out: Observed, ref: Observed, label: str) -> list[ValueReport]:
-    """Check ``out`` against eager's ``ref``; raise a MISMATCH verdict at the first difference."""
+def compare_observed(out: Observed, ref: Observed, label: str,
+                     forgive: Callable[[int], str | None] | None = None) -> list[ValueReport]:
+    """Check ``out`` against eager's ``ref``; raise a MISMATCH verdict at the first difference.
+    Where result i's values are outside eager's tolerances, ``forgive(i)`` may accept them
+    (None) or say why not (a reason added to the verdict, or "")."""
     if problem := compare_structure(out.returned, ref.returned):
         raise Verdict(EvalStatus.MISMATCH, f"{label}: {problem}")
     reports = []
@@ -110,8 +114,9 @@ def compare_observed(out: Observed, ref: Observed, label: str) -> list[ValueRepo
         if problem := layout_problem(out.metas[i], ref.metas[i]):
             raise Verdict(EvalStatus.MISMATCH, f"{what} {problem}")
         report = compare_values(o, r)
-        if not report.ok:
-            raise Verdict(EvalStatus.MISMATCH, f"{what}: {report.reason}", report=report.to_dict(),
+        if not report.ok and (why_not := "" if forgive is None else forgive(i)) is not None:
+            reason = f"{what}: {report.reason}" + (f"; {why_not}" if why_not else "")
+            raise Verdict(EvalStatus.MISMATCH, reason, report=report.to_dict(),
                           mismatch={"where": label, "result": i, **mismatch_details(o, r, report)})
         reports.append(report)
     return reports

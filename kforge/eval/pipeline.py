@@ -224,8 +224,9 @@ class Evaluation:
         first = self.run_candidate(inputs, f"{label}, run 1")
         second = self.run_candidate(inputs, f"{label}, run 2")
         ref = self.reference(inputs)
-        reports = self.compare(first, ref, inputs, f"{label}, run 1", lenient=not precision)
-        self.compare(second, ref, inputs, f"{label}, run 2", lenient=not precision)
+        leeway = 1.0 if precision else STRESS_LEEWAY
+        reports = self.compare(first, ref, inputs, f"{label}, run 1", leeway)
+        self.compare(second, ref, inputs, f"{label}, run 2", leeway)
         for i, (a, b) in enumerate(zip(first.tensors, second.tensors)):
             agree = compare_values(b, a, tolerance_for(a.dtype))
             if not agree.ok:
@@ -242,23 +243,25 @@ class Evaluation:
         return entry
 
     def compare(self, out: Observed, ref: Observed, inputs: InputSet, label: str,
-                lenient: bool) -> list:
-        """``out`` against eager's ``ref``. ``lenient`` (stress values): values outside eager's
-        tolerances pass when they are about as close to the float64 truth as eager's."""
-        try:
-            return compare_observed(out, ref, label)
-        except Verdict as verdict:
-            if not lenient or "report" not in verdict.details:
-                raise
-            judged = self.against_float64(inputs, out, ref, leeway=STRESS_LEEWAY)
+                leeway: float = 1.0) -> list:
+        """``out`` against eager's ``ref``. A returned result outside eager's tolerances still
+        passes when it is as close to the float64 truth as the precision rule asks (its multiple
+        times ``leeway``): on ill-conditioned values (a sum that nearly cancels, a zero-variance
+        row) honest reduction orders differ from eager's beyond any fixed tolerance. Arguments
+        written in place, and ops with no wider reference, are held to eager's tolerances."""
+        judged: list[PrecisionReport] | None = None
+
+        def as_close_as_eager(i: int) -> str | None:
+            nonlocal judged
             if judged is None:
-                raise
-            for report in judged:
-                if not report.ok:
-                    raise Verdict(verdict.status, f"{verdict.summary}; against float64 it is "
-                                  f"less accurate than eager: {report.reason}",
-                                  **verdict.details) from None
-            return []
+                judged = self.against_float64(inputs, out, ref, leeway=leeway) or []
+            if i >= len(judged):
+                return ""
+            report = judged[i]
+            return None if report.ok else ("against float64 it is less accurate than eager: "
+                                           f"{report.reason}")
+
+        return compare_observed(out, ref, label, forgive=as_close_as_eager)
 
     def against_float64(self, inputs: InputSet, out: Observed, ref: Observed,
                         leeway: float = 1.0) -> list[PrecisionReport] | None:
@@ -292,7 +295,7 @@ class Evaluation:
         after = self.run_candidate(inputs, label)
         ref = self.reference(inputs)
         try:
-            compare_observed(after, ref, label)
+            self.compare(after, ref, inputs, label)
         except Verdict:
             if bitwise_equal(after, before):
                 raise Verdict(EvalStatus.CHEAT, f"{label}: the candidate returned its previous "
@@ -405,8 +408,8 @@ class Evaluation:
                           "must move: work done elsewhere or skipped when timed")
         for check in checks:
             try:
-                compare_observed(check.observed, self.reference(check.inputs),
-                                 check.inputs.label)
+                self.compare(check.observed, self.reference(check.inputs), check.inputs,
+                             check.inputs.label)
             except Verdict as v:
                 raise Verdict(EvalStatus.CHEAT, f"{v.summary}: the candidate computes otherwise "
                               "when timed") from None

@@ -591,6 +591,22 @@ def sum_rows(k: Launch, x, out, cols):
     elements(out, count).copy_(total.half())
 
 
+@standin("sum_slices", "sum_slices_bf16")
+def sum_slices(k: Launch, x, parts, n):
+    slices, n = k.grid[0], int(n)
+    per = -(-n // slices)
+    padded = torch.nn.functional.pad(elements(x, n), (0, per * slices - n))
+    sums = padded.view(slices, per).sum(1)
+    if k.name == "sum_slices_bf16":
+        sums = bf16_rounded(sums)
+    elements(parts, slices, torch.float32).copy_(sums)
+
+
+@standin("sum_parts")
+def sum_parts(k: Launch, parts, out, count):
+    elements(out, 1).copy_(elements(parts, int(count), torch.float32).sum().reshape(1))
+
+
 @standin("where_select", "where_always_self")
 def where_select(k: Launch, condition, a, b, out, n):
     n = int(n)

@@ -58,3 +58,24 @@ def test_integers_list_the_unequal_elements():
     details = mismatch(out, ref)
     assert details["worst"] == [{"index": [7], "eager": 7.0, "candidate": -1.0}]
     assert details["faults"] == 1
+
+
+def both(a: torch.Tensor, b: torch.Tensor) -> Observed:
+    return Observed((a, b), [a, b], [Meta.of(a), Meta.of(b)], [None, None])
+
+
+def test_a_forgiven_result_does_not_stop_the_next_one_from_being_compared():
+    ref = torch.randn(64, generator=torch.Generator().manual_seed(1))
+    asked = []
+
+    def forgive(i: int) -> str | None:
+        asked.append(i)
+        return None if i == 0 else "against float64 it is less accurate than eager"
+
+    with pytest.raises(Verdict) as caught:
+        compare_observed(both(ref + 1.0, ref - 1.0), both(ref, ref), "seed 1", forgive=forgive)
+    assert asked == [0, 1]
+    assert caught.value.details["mismatch"]["result"] == 1
+    assert caught.value.summary.endswith("; against float64 it is less accurate than eager")
+    assert compare_observed(both(ref + 1.0, ref), both(ref, ref), "seed 1",
+                            forgive=lambda i: None)
