@@ -191,6 +191,8 @@ def main() -> int:
     parser.add_argument("--refine", type=int, default=3, help="REFINE steps after the NEW ones")
     parser.add_argument("--only", default="", help="only cards whose op or model contains this")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
+    parser.add_argument("--show-tried", action="store_true",
+                        help="print every candidate tried: variant, parameters, verdict, time")
     args = parser.parse_args()
 
     try:
@@ -228,6 +230,13 @@ def main() -> int:
                      base.compiled.median_us / best_us if best_us and base.compiled else None,
                      100 * base.floor_us / best_us if best_us and base.floor_us else None,
                      len(tried)))
+        if args.show_tried:
+            for d in tried:
+                timing = d.outcome.timing
+                print(f"  {d.candidate.meta['approach']} {d.candidate.meta.get('params', '')}: "
+                      f"{d.outcome.status.value}, {fmt(timing.median_us if timing else None)} us "
+                      f"(eager in its run {fmt(d.outcome.eager.median_us if d.outcome.eager else None)}"
+                      f" us)", file=sys.stderr)
         print(f"{label}: eager {base.eager.median_us:.1f} us, best {fmt(best_us)} us "
               f"({len(tried)} tried{'; failed ' + ', '.join(failed) if failed else ''}) "
               f"[{time.perf_counter() - started:.0f} s]", file=sys.stderr)

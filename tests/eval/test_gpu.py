@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -15,11 +16,13 @@ import torch
 from kforge.core import settings as config
 from kforge.core.candidate import Candidate, EvalStatus
 from kforge.core.protocols import SearchContext
+from kforge.core.settings import TimingPlan
 from kforge.eval import make_gpu_evaluator
 from kforge.eval.gpuinfo import arch_name, detect_gpu
 from kforge.eval.inputs import Geometry, allocate
 from kforge.eval.local import baseline_local, device_context, evaluate_local
 from kforge.eval.pipeline import EvalSettings
+from kforge.eval.timing import time_interleaved
 from kforge.runtime.cubin import KernelModule
 from kforge.runtime.plan import PlanRunner, resolve_for
 from tests.eval import candidates as C
@@ -38,6 +41,22 @@ def test_gpu_is_detected_with_its_measured_copy_rate():
     assert gpu.sm_count > 0 and gpu.memory_gb > 1 and gpu.l2_mb > 0
     assert gpu.bandwidth_gbs is not None and gpu.bandwidth_gbs > 100
     print(gpu)
+
+
+def test_a_host_slow_to_enqueue_the_call_is_not_timed_as_gpu_time():
+    runtime = device_context(0).runtime
+    x = torch.ones(1024, device=runtime.device)
+
+    def late_add(r: int) -> torch.Tensor:
+        until = time.perf_counter() + 40e-6  # a Python dispatch under load
+        while time.perf_counter() < until:
+            pass
+        return x + 1
+
+    with runtime.scope():
+        timed = time_interleaved({"late": late_add}, runtime,
+                                 TimingPlan(warmup=2, min_reps=20, max_reps=20, budget_s=0.01))
+    assert timed.timings["late"].median_us < 25, timed.timings["late"]
 
 
 def test_inputs_keep_their_storage_offset_and_canaries_on_the_gpu():
