@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import re
 import threading
 from collections import OrderedDict
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from kforge.errors import KforgeError
+from kforge.runtime.cubin_elf import cubin_kernels
 
 # NVRTC has no C standard library headers: what kernels commonly reach for, defined here.
 PRELUDE = r"""
@@ -97,6 +99,22 @@ def parse_ptxas_report(log: str) -> dict[str, KernelResources]:
         elif (m := _PTXAS_REGS.search(line)) and current:
             out[current] = KernelResources(int(m.group(1)), *spill)
             current = None
+    return out
+
+
+def kernel_resources(log: str, cubin: bytes) -> dict[str, KernelResources]:
+    """Every kernel of ``cubin`` with its resources: registers and stack from the cubin itself,
+    spills from ptxas' report where the log holds one (it may be empty, as a repeated compile's
+    can be); a kernel the report has and the cubin does not show keeps the report's figures."""
+    report = parse_ptxas_report(log)
+    out = dict(report)
+    for name, kernel in cubin_kernels(cubin).items():
+        known = report.get(name)
+        out[name] = KernelResources(
+            kernel.registers or (known.registers if known else 0),
+            known.stack_bytes if known else kernel.frame_bytes,
+            known.spill_stores if known else 0,
+            known.spill_loads if known else 0)
     return out
 
 
@@ -235,8 +253,9 @@ class Compiler:
             text = text.split(marker, 1)[1].strip() if marker in text else text
             return CompileResult(ok=False, arch=arch, log=_tidy(text))
         text = _tidy(log.getvalue())
-        return CompileResult(ok=True, arch=arch, log=text, cubin=bytes(code.code),
-                             resources=parse_ptxas_report(text))
+        cubin = bytes(code.code)
+        return CompileResult(ok=True, arch=arch, log=text, cubin=cubin,
+                             resources=kernel_resources(text, cubin))
 
     def _remember(self, key: str, result: CompileResult) -> None:
         with self._lock:
@@ -254,17 +273,25 @@ class Compiler:
         text = log.read_text()
         data = cubin.read_bytes() if cubin.exists() else b""
         return CompileResult(ok=bool(data), arch=arch, log=text, cubin=data,
-                             resources=parse_ptxas_report(text), cached=True)
+                             resources=kernel_resources(text, data), cached=True)
 
     def _save(self, key: str, result: CompileResult) -> None:
         if self.cache_dir is None:
             return
         self.cache_dir.mkdir(parents=True, exist_ok=True)
+        # The log marks an entry complete (``_load`` looks for it), so it is written last.
         if result.ok:
-            tmp = self.cache_dir / f"{key}.cubin.tmp"
-            tmp.write_bytes(result.cubin)
-            tmp.replace(self.cache_dir / f"{key}.cubin")
-        (self.cache_dir / f"{key}.log").write_text(result.log)
+            _write_whole(self.cache_dir / f"{key}.cubin", result.cubin)
+        _write_whole(self.cache_dir / f"{key}.log", result.log.encode())
+
+
+def _write_whole(path: Path, data: bytes) -> None:
+    """Write ``path`` so that a reader in another process sees all of it or none: under a
+    temporary name of this writer's own (two workers may compile one kernel at once), then
+    renamed. A log read half-written once listed no kernels and no registers."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
 
 
 def _tidy(log: str) -> str:
