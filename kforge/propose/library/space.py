@@ -120,6 +120,10 @@ def pow2_ceil(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def pow2_floor(n: int) -> int:
+    return 1 << max(0, n.bit_length() - 1)
+
+
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
