@@ -27,6 +27,7 @@ from bench_library import model_cards
 
 from kforge.core.argspec import resolve_op
 from kforge.core.opcard import OpCard
+from kforge.errors import KforgeError
 from kforge.eval.inputs import InputFactory
 from kforge.eval.local import device_context, evaluate_local
 from kforge.eval.pipeline import CandidateCalls, EvalSettings, plan_runner
@@ -89,7 +90,11 @@ def main() -> int:
                         help="a JSON point of the variant's space (repeat for several)")
     parser.add_argument("--calls", type=int, default=50, help="timed calls per way")
     args = parser.parse_args()
-    ctx = device_context(0)
+    try:
+        ctx = device_context(0)
+    except KforgeError as exc:
+        print(f"bench_variant: {exc}", file=sys.stderr)
+        return 1
     print(f"# {ctx.gpu.label}, {ctx.gpu.sm_count} SMs", file=sys.stderr)
     print("| card | variant | params | bare us | prepared us | evaluated us "
           "| eager evaluated us | eager bare us |")
