@@ -30,8 +30,8 @@ _ARCH = re.compile(r"^sm_\d{2,3}[af]?$")
 _HERE = Path(__file__).resolve().parent
 _KFORGE = _HERE.parent
 # What the exported package's runtime/ folder holds, and the kforge imports rewritten there.
-_RUNTIME_FILES = {"runtime": ["cache.py", "cubin.py", "guard.py", "native.py", "native_guard.cpp",
-                              "nvrtc.py", "plan.py", "table.py"],
+_RUNTIME_FILES = {"runtime": ["cache.py", "cubin.py", "cubin_elf.py", "guard.py", "native.py",
+                              "native_guard.cpp", "nvrtc.py", "plan.py", "table.py"],
                   "core": ["argspec.py", "launch_plan.py", "opcard.py", "ranges.py"],
                   "": ["errors.py"]}
 _KFORGE_IMPORT = re.compile(r"^(\s*)from kforge\.(?:runtime\.|core\.)?(\w+) import ", re.M)

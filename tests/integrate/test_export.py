@@ -43,7 +43,7 @@ def test_the_package_has_every_part_and_cubins_for_each_arch(session, compiler, 
         "__init__.py", "runtime", "prelude.cuh", "manifest.json", "README.md", "kernels"}
     assert (root / "prelude.cuh").read_text() == PRELUDE
     assert {p.name for p in (root / "runtime").iterdir()} == {
-        "__init__.py", "argspec.py", "cache.py", "cubin.py", "errors.py", "guard.py",
+        "__init__.py", "argspec.py", "cache.py", "cubin.py", "cubin_elf.py", "errors.py", "guard.py",
         "launch_plan.py", "native.py", "native_guard.cpp", "nvrtc.py", "opcard.py", "plan.py",
         "ranges.py", "table.py"}
     for module in (root / "runtime").iterdir():
