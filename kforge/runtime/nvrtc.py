@@ -69,6 +69,7 @@ class KernelResources:
     stack_bytes: int = 0
     spill_stores: int = 0
     spill_loads: int = 0
+    spills_known: bool = True  # False where only the cubin spoke (spills are ptxas' word)
 
 
 @dataclass(frozen=True)
@@ -82,8 +83,12 @@ class CompileResult:
     cached: bool = False
 
     @property
-    def spills(self) -> bool:
-        return any(r.spill_stores or r.spill_loads for r in self.resources.values())
+    def spills(self) -> bool | None:
+        """Whether a kernel spills registers to local memory; None where none that ptxas
+        reported on does and its report misses some kernel."""
+        if any(r.spill_stores or r.spill_loads for r in self.resources.values()):
+            return True
+        return None if any(not r.spills_known for r in self.resources.values()) else False
 
 
 def parse_ptxas_report(log: str) -> dict[str, KernelResources]:
@@ -114,7 +119,8 @@ def kernel_resources(log: str, cubin: bytes) -> dict[str, KernelResources]:
             kernel.registers or (known.registers if known else 0),
             known.stack_bytes if known else kernel.frame_bytes,
             known.spill_stores if known else 0,
-            known.spill_loads if known else 0)
+            known.spill_loads if known else 0,
+            spills_known=known is not None)
     return out
 
 

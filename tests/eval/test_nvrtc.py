@@ -3,6 +3,7 @@ their log, the cache is keyed by source, architecture and options."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,8 @@ def test_a_compile_whose_log_is_empty_still_lists_its_kernels(compiler):
     resources = kernel_resources("", result.cubin)
     assert set(resources) == {"softmax_f32", "softmax_bf16", "softmax_f16"}
     assert resources["softmax_f32"].registers == result.resources["softmax_f32"].registers > 0
+    assert result.spills is False  # ptxas said so
+    assert replace(result, log="", resources=resources).spills is None  # nobody said
 
 
 def test_a_device_function_is_not_a_kernel(compiler):

@@ -291,6 +291,15 @@ def test_a_refine_gets_the_parents_registers_and_hardware_counters():
             ) in parent
 
 
+def test_a_parent_whose_spills_went_unreported_is_not_said_to_have_none():
+    outcome = replace(ok_outcome(1.4, 21.0), extra={"registers": {"softmax_rows_bf16": 40},
+                                                    "spills": None})
+    text = user_prompt(replace(request(Action.REFINE, parent=node(3, Action.NEW, outcome)),
+                               gpu=h200_from_the_driver()))
+    assert "softmax_rows_bf16 40 registers/thread" in text
+    assert "spills not reported" in text and "no spills" not in text
+
+
 def test_a_refine_is_told_when_counters_are_not_permitted():
     note = ("counters not available: not permitted: the driver restricts GPU performance "
             "counters to administrators (NVreg_RestrictProfilingToAdminUsers=1)")

@@ -108,7 +108,8 @@ def profile_lines(outcome: EvalOutcome, gpu: GpuInfo) -> list[str]:
             if limit := register_occupancy(int(count), gpu):
                 part += f" (registers allow at most {limit:.0%} occupancy)"
             parts.append(part)
-        spills = "spills registers to local memory" if outcome.extra.get("spills") else "no spills"
+        spills = {True: "spills registers to local memory", False: "no spills"}.get(
+            outcome.extra.get("spills"), "spills not reported")
         lines.append("ptxas: " + ", ".join(parts) + f"; {spills}")
     if counters := outcome.extra.get("counters"):
         lines += counter_lines(counters)
