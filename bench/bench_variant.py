@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -27,26 +26,20 @@ from bench_library import model_cards
 
 from kforge.core.argspec import resolve_op
 from kforge.core.opcard import OpCard
+from kforge.core.settings import TimingPlan
 from kforge.errors import KforgeError
 from kforge.eval.inputs import InputFactory
 from kforge.eval.local import device_context, evaluate_local
 from kforge.eval.pipeline import CandidateCalls, EvalSettings, plan_runner
+from kforge.eval.timing import Subject, time_interleaved
 from kforge.propose.library.proposer import build_candidate, make_plan
 
 
-def timed_median(runtime, calls: int, prepare, run) -> float:
-    """Median GPU time of ``run(i)`` over CALLS calls, each after ``prepare(i)`` and an L2 flush."""
-    tokens = []
-    with runtime.scope():
-        for i in range(calls + 3):
-            prepare(i)
-            runtime.flush()
-            token = runtime.start()
-            run(i)
-            if i >= 3:  # the first calls warm up
-                tokens.append(runtime.stop(token))
-        runtime.sync()
-    return statistics.median(runtime.elapsed_us(t) for t in tokens)
+def timed_median(runtime, calls: int, run, prepare=None) -> float:
+    """Median GPU time of ``run(i)`` over CALLS calls after 3 untimed ones, each after
+    ``prepare(i)`` and an L2 flush: the evaluator's own timing loop, one subject."""
+    plan = TimingPlan(warmup=3, min_reps=calls, max_reps=calls)
+    return time_interleaved({"it": Subject(run, prepare)}, runtime, plan).timings["it"].median_us
 
 
 def label(model: str, card: OpCard) -> str:
@@ -72,9 +65,9 @@ def time_variant(ctx, card: OpCard, plan, variant, params: dict, factory: InputF
         factory.refill(inputs, 100 + i)
         fresh["memory"] = calls.memory()
 
-    bare = timed_median(runtime, calls_n, allocate,
-                        lambda i: runner.launch(inputs.args, inputs.kwargs, fresh["memory"]))
-    prepared = timed_median(runtime, calls_n, prepare, lambda i: calls.run(inputs, fresh["memory"]))
+    bare = timed_median(runtime, calls_n,
+                        lambda i: runner.launch(inputs.args, inputs.kwargs, fresh["memory"]), allocate)
+    prepared = timed_median(runtime, calls_n, lambda i: calls.run(inputs, fresh["memory"]), prepare)
     outcome = evaluate_local(card, candidate, settings=EvalSettings(compile_baseline=False))
     verdict = "" if outcome.ok else f" ({outcome.status.value}: {outcome.summary[:200]})"
     return (f"{bare:.1f} | {prepared:.1f} | "
@@ -119,7 +112,7 @@ def main() -> int:
 
 def time_eager(runtime, card: OpCard, factory: InputFactory, calls_n: int) -> float:
     op, inputs = resolve_op(card.op), factory.random_set(1)
-    return timed_median(runtime, calls_n, lambda i: None, lambda i: op(*inputs.args, **inputs.kwargs))
+    return timed_median(runtime, calls_n, lambda i: op(*inputs.args, **inputs.kwargs))
 
 
 def fmt(value: float | None) -> str:

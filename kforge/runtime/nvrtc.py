@@ -108,19 +108,13 @@ def parse_ptxas_report(log: str) -> dict[str, KernelResources]:
 
 
 def kernel_resources(log: str, cubin: bytes) -> dict[str, KernelResources]:
-    """Every kernel of ``cubin`` with its resources: registers and stack from the cubin itself,
-    spills from ptxas' report where the log holds one (it may be empty, as a repeated compile's
-    can be); a kernel the report has and the cubin does not show keeps the report's figures."""
-    report = parse_ptxas_report(log)
-    out = dict(report)
+    """Every kernel of ``cubin`` with its resources: ptxas' report where the log holds one for
+    it (the log may be empty, as a repeated compile's can be), else what the cubin itself says
+    (registers and stack frame; spills unknown)."""
+    out = parse_ptxas_report(log)
     for name, kernel in cubin_kernels(cubin).items():
-        known = report.get(name)
-        out[name] = KernelResources(
-            kernel.registers or (known.registers if known else 0),
-            known.stack_bytes if known else kernel.frame_bytes,
-            known.spill_stores if known else 0,
-            known.spill_loads if known else 0,
-            spills_known=known is not None)
+        if name not in out:
+            out[name] = KernelResources(kernel.registers, kernel.frame_bytes, spills_known=False)
     return out
 
 
