@@ -20,6 +20,7 @@ used: torch-free modules (op cards, the TUI) read specs without loading it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from functools import cache
 from typing import TYPE_CHECKING, Any
@@ -193,20 +194,42 @@ def decode(spec: Any, make_tensor: Callable[[dict], Any], *,
 # ----- operators and schemas -----
 
 
+# Namespaces whose operators a name read from data may resolve to: PyTorch's own, kforge's own
+# (its kernels' and its regions' operators), and those of the model being captured here
+# (``allow_namespace``). A name is data; it never reaches an arbitrary attribute of torch.ops.
+BUILTIN_NAMESPACES = frozenset({"aten", "prims", "kforge", "kforge_region"})
+_namespaces: set[str] = set(BUILTIN_NAMESPACES)
+_NAME_PART = re.compile(r"(?!__)[A-Za-z_][A-Za-z0-9_]*")
+
+
+def allow_namespace(namespace: str) -> None:
+    """Let ``resolve_op`` find the operators of ``namespace`` in this process (capture calls it
+    for the custom operators the model it runs has registered)."""
+    _namespaces.add(namespace)
+
+
 @cache
 def resolve_op(name: str) -> torch._ops.OpOverload:
-    """``"aten._softmax.default"`` -> ``torch.ops.aten._softmax.default``."""
+    """``"aten._softmax.default"`` -> ``torch.ops.aten._softmax.default``: only ever an
+    ``OpOverload`` of an allowed namespace; any other name is an ``ArgSpecError``."""
     import torch
 
-    parts = name.split(".")
-    if len(parts) != 3:
+    parts = name.split(".") if isinstance(name, str) else []
+    if len(parts) != 3 or not all(_NAME_PART.fullmatch(part) for part in parts):
         raise ArgSpecError(f"{name!r} is not an operator name of the form namespace.op.overload")
     namespace, op_name, overload = parts
+    if namespace not in _namespaces:
+        raise ArgSpecError(f"{name!r} is not an operator kforge may call: namespace "
+                           f"{namespace!r} is not one of {', '.join(sorted(_namespaces))}")
     try:
         packet = getattr(getattr(torch.ops, namespace), op_name)
-        return getattr(packet, overload)
+        found = (getattr(packet, overload) if isinstance(packet, torch._ops.OpOverloadPacket)
+                 and overload in packet.overloads() else None)
     except (AttributeError, RuntimeError):
-        raise ArgSpecError(f"PyTorch {torch.__version__} has no operator {name!r}") from None
+        found = None
+    if not isinstance(found, torch._ops.OpOverload):
+        raise ArgSpecError(f"PyTorch {torch.__version__} has no operator {name!r}")
+    return found
 
 
 def bind(op_name: str, args_spec: list, kwargs_spec: dict) -> dict[str, Any]:
@@ -239,6 +262,54 @@ def bind(op_name: str, args_spec: list, kwargs_spec: dict) -> dict[str, Any]:
         else:
             raise ArgSpecError(f"{op_name} needs argument {name!r}, which the call does not pass")
     return bound
+
+
+# Argument kinds a call may hold besides numbers, strings, None, lists and tensors: each names a
+# torch value and is rebuilt from its name (``torch_value``), never from an object.
+_NAMED_KINDS = {"dtype": "int", "layout": "int", "memory_format": "int", "device": "Device",
+                "sym": "int"}  # -> the schema type they stand at (dtypes and enums are ints)
+
+
+def check_call(op_name: str, args_spec: list, kwargs_spec: dict, *,
+               is_tensor: Callable[[Any], bool] = is_tensor_spec) -> dict[str, Any]:
+    """``bind``'s result, once every argument is found to fit its schema type: a tensor (what
+    ``is_tensor`` accepts: tensor specs, or a region's references) only where the schema takes
+    one, a string only where it takes one, dtypes, devices, layouts and memory formats by name,
+    numbers, None and lists of these; nothing else (no object, no callable). What a call read
+    from data must pass before it is made. Raises ArgSpecError naming the argument."""
+    if not isinstance(args_spec, list) or not isinstance(kwargs_spec, dict):
+        raise ArgSpecError(f"a call of {op_name} needs a list of arguments and a dict of "
+                           "keyword arguments")
+    bound = bind(op_name, args_spec, kwargs_spec)
+    for argument in resolve_op(op_name)._schema.arguments:
+        problem = _misfit(str(argument.type), bound[argument.name], is_tensor)
+        if problem:
+            raise ArgSpecError(f"{op_name} argument {argument.name!r}: {problem}")
+    return bound
+
+
+def _misfit(kind: str, spec: Any, is_tensor: Callable[[Any], bool]) -> str | None:
+    """Why ``spec`` cannot stand at an argument of schema type ``kind``; None where it can."""
+    if spec is None or type(spec) in (bool, int, float):  # a number may stand for a tensor too
+        return None
+    kind = kind.removeprefix("Optional[").removesuffix("]") if kind.startswith("Optional[") \
+        else kind
+    if is_tensor(spec):
+        return None if "Tensor" in kind else f"a tensor where the schema takes {kind}"
+    items = list_items(spec) if isinstance(spec, dict) else (
+        spec if isinstance(spec, (list, tuple)) else None)
+    if items is not None:
+        if not kind.startswith("List["):
+            return f"a list where the schema takes {kind}"
+        inner = kind[len("List["):-1]
+        return next((p for p in (_misfit(inner, item, is_tensor) for item in items) if p), None)
+    if type(spec) is str:
+        return None if kind == "str" else f"a string where the schema takes {kind}"
+    if isinstance(spec, dict) and spec.keys() == {"t", "v"} and type(spec["v"]) is str:
+        wanted = _NAMED_KINDS.get(spec["t"])
+        if wanted is not None and (wanted == kind or kind in ("number", "t")):
+            return None
+    return f"{str(spec)[:80]} is not a value of type {kind}"
 
 
 # ----- comparing -----

@@ -17,7 +17,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from kforge.core.argspec import is_tensor_spec, list_items, tensor_specs
+from kforge.core.argspec import (
+    ArgSpecError,
+    check_call,
+    is_tensor_spec,
+    list_items,
+    resolve_op,
+    tensor_specs,
+)
 from kforge.core.opcard import canonical_json, describe_args
 
 NAMESPACE = "kforge_region"
@@ -97,7 +104,50 @@ class Region:
 
     @classmethod
     def from_dict(cls, data: dict) -> Region:
-        return cls(tuple(data["nodes"]), tuple(data["inputs"]), tuple(data["outputs"]))
+        try:
+            return cls(tuple(data["nodes"]), tuple(data["inputs"]), tuple(data["outputs"]))
+        except (KeyError, TypeError):
+            raise ArgSpecError(f"{str(data)[:120]} is not a region") from None
+
+    def check(self) -> None:
+        """Raise ArgSpecError unless every node calls an allowed operator (``resolve_op``) with
+        arguments that fit its schema (``check_call``), reading only the region's inputs and the
+        tensor results of earlier nodes, and every output is such a result. Regions are read
+        from databases, which may be crafted: this runs before any node is."""
+        if not all(is_tensor_spec(spec) for spec in self.inputs):
+            raise ArgSpecError(f"region {self.name}: an input is not a tensor spec")
+        readable = {f"x{i}" for i in range(len(self.inputs))}
+        listed: set[str] = set()  # nodes returning a tensor list: any item may be read
+
+        def reads(index: int) -> Callable[[Any], bool]:
+            def is_tensor(leaf: Any) -> bool:
+                if not is_ref(leaf):
+                    return False
+                ref = leaf.get("v")
+                if not _readable(ref, readable, listed):
+                    raise ArgSpecError(f"region {self.name}: node n{index} reads {ref!r}, "
+                                       "no input or earlier tensor result")
+                return True
+
+            return is_tensor
+
+        for index, node in enumerate(self.nodes):
+            if not isinstance(node, dict) or node.keys() != {"op", "args", "kwargs"}:
+                raise ArgSpecError(f"region {self.name}: node n{index} is not a call")
+            check_call(node["op"], node["args"], node["kwargs"], is_tensor=reads(index))
+            returns = [str(r.type) for r in resolve_op(node["op"])._schema.returns]
+            name = node_name(index)
+            if returns == ["Tensor"]:
+                readable.add(name)
+            elif returns == ["List[Tensor]"]:
+                listed.add(name)
+            else:
+                readable.update(f"{name}.{j}" for j, kind in enumerate(returns)
+                                if kind == "Tensor")
+        bad = [ref for ref in self.outputs if not _readable(ref, readable, listed)]
+        if bad or not self.outputs:
+            raise ArgSpecError(f"region {self.name}: output {bad[0] if bad else None!r} is no "
+                               "tensor result of its nodes")
 
 
 def node_name(index: int) -> str:
@@ -106,6 +156,13 @@ def node_name(index: int) -> str:
 
 def is_ref(value: Any) -> bool:
     return isinstance(value, dict) and value.get("t") == "ref"
+
+
+def _readable(ref: Any, readable: set[str], listed: set[str]) -> bool:
+    if not isinstance(ref, str):
+        return False
+    base, dot, item = ref.partition(".")
+    return ref in readable or (base in listed and dot and item.isdigit())
 
 
 def _call_text(args: list, kwargs: dict) -> str:

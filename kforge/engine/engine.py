@@ -22,8 +22,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from kforge.core.argspec import ArgSpecError, resolve_op
 from kforge.core.candidate import Baseline, Candidate, EvalOutcome, EvalStatus, Proposal
 from kforge.core.mcts import ROOT, Action, Decision, Tree
+from kforge.core.opcard import OpCard
 from kforge.core.protocols import Evaluator, NodeView, ProposalRequest, Proposer
 from kforge.core.schedule import (
     FAILURE_LINE_CHARS,
@@ -236,12 +238,12 @@ class Engine:
         session = await self.store.get_session(self.session_id)
         self._usd = session.usd_spent
         rows = await self.store.list_cards(self.session_id)
-        register_cards(row.card for row in rows)  # region cards' operators, for the proposers
+        refused = {row.id: reason for row in rows if (reason := _refusal(row.card))}
         nodes = await self.store.list_nodes(self.session_id)
         for stale in [n for n in nodes if n.status == NodeStatus.PROPOSING]:
             await self.store.delete_node(stale.id)
         kept = [n for n in nodes if n.status != NodeStatus.PROPOSING]
-        rows = [await self._screen(row) for row in rows]
+        rows = [await self._screen(row, refused.get(row.id, "")) for row in rows]
         searched = searched_cards(
             [(r.id, r.card) for r in rows if r.status != CardStatus.SKIPPED],
             self.settings.top_ops)
@@ -262,9 +264,15 @@ class Engine:
         self.schedule = Schedule(self.settings, searches, searched)
         self._done_queue += self.schedule.conclude_all()
 
-    async def _screen(self, row: CardRow) -> CardRow:
-        """Skip the target ops this proposer cannot write kernels for (with its reason), and
-        take up again those a previous proposer skipped but this one can handle."""
+    async def _screen(self, row: CardRow, refusal: str) -> CardRow:
+        """Skip the cards whose operator kforge will not call (``refusal``) and the target ops
+        this proposer cannot write kernels for (with the reason), and take up again those a
+        previous proposer skipped but this one can handle."""
+        if refusal:
+            if row.status == CardStatus.SKIPPED and row.stop_reason == refusal:
+                return row
+            await self.store.update_card(row.id, status=CardStatus.SKIPPED, stop_reason=refusal)
+            return await self.store.get_card(row.id)
         if not row.card.target:
             return row
         reason = self.proposer.declines(row.card)
@@ -583,3 +591,17 @@ def _result(node_id: int, outcome: EvalOutcome | None, proposal: Proposal | None
         return NodeResult(node_id, speedup=outcome.speedup)
     return NodeResult(node_id, repairable=outcome.status.repairable,
                       failure=failure_line(meta, outcome.status.value, outcome.summary))
+
+
+def _refusal(card: OpCard) -> str:
+    """Why kforge will not call ``card``'s operator (a name or region from the database that is
+    no allowed operator, or whose calls do not fit their schemas); "" when it will. Region
+    cards' operators are registered here, for the proposers."""
+    try:
+        if card.region is not None:
+            register_cards([card])
+        else:
+            resolve_op(card.op)
+    except ArgSpecError as exc:
+        return f"not an operator kforge calls: {exc}"
+    return ""

@@ -81,6 +81,7 @@ def find_matches(graph: fx.Graph, region: Region,
     k does, then binds each input where that variant has it)."""
     ops = [node["op"] for node in region.nodes]
     try:
+        region.check()
         targets = [resolve_op(op) for op in ops]
         wanted = [bind(op, node["args"], node["kwargs"]) for op, node in zip(ops, region.nodes)]
     except ArgSpecError:

@@ -4,8 +4,9 @@ one by one. Registered, a region card is an op card to the rest of kforge: the e
 the operator as eager's reference, launch plans bind its inputs by name (``x0``, ``x1``, ...), and
 the guard puts a kernel in front of it at the CUDA dispatch key like any op's.
 
-The implementation interprets the region's nodes, data that kforge recorded from the model; no
-candidate text is involved.
+The implementation interprets the region's nodes, data that kforge recorded from the model (or a
+database says it did): ``Region.check`` proves them calls of allowed operators on tensors before
+any is made; no candidate text is involved.
 """
 
 from __future__ import annotations
@@ -32,10 +33,11 @@ def register(region: Region | dict) -> Any:
     global _library
     with _lock:
         if region.name not in _defined:
+            run = _interpreter(region)  # checks the region first
             if _library is None:
                 _library = torch.library.Library(NAMESPACE, "FRAGMENT")
             _library.define(region.schema())
-            _library.impl(region.name, _interpreter(region), "CompositeExplicitAutograd")
+            _library.impl(region.name, run, "CompositeExplicitAutograd")
             _defined[region.name] = region
     return resolve_op(region.op)
 
@@ -54,13 +56,15 @@ def region_function(region: Region | dict) -> Any:
 
 
 def register_cards(cards: Iterable[Any]) -> None:
-    """Define the operator of every region card among ``cards`` (op cards pass)."""
+    """Define the operator of every region card among ``cards`` (op cards pass); an
+    ``ArgSpecError`` for a region that fails ``Region.check``."""
     for card in cards:
         if getattr(card, "region", None) is not None:
             register(card.region)
 
 
 def _interpreter(region: Region) -> Any:
+    region.check()
     nodes = [(resolve_op(node["op"]), node["args"], node["kwargs"]) for node in region.nodes]
     outputs = region.outputs
 

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from kforge.core.argspec import (
+    ArgSpecError,
     bind,
     decode,
     list_items,
@@ -189,6 +190,10 @@ class _Matcher:
     @cached_property
     def values(self) -> dict[str, Any]:
         """Every value of the region as a meta tensor (shapes, strides and dtypes as eager's)."""
+        try:
+            self.region.check()
+        except ArgSpecError as exc:
+            raise Declined(str(exc)) from None
         values: dict[str, Any] = {}
         for i, t in enumerate(self.inputs):
             if any(s < 0 for s in t.stride):

@@ -1,0 +1,154 @@
+"""Operator names and region nodes read from a database are data: each shape of payload found
+by an audit (attribute walks under torch.ops, dunder access, callables or objects as arguments,
+a chain of calls reaching os.system) is refused before anything is called."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from kforge.core.argspec import ArgSpecError, check_call, resolve_op
+from kforge.core.region import Region
+from kforge.runtime.regions import register, region_function
+
+
+def t(shape=(4,)) -> dict:
+    return {"t": "tensor", "shape": list(shape), "stride": [1], "dtype": "float32", "offset": 0}
+
+
+def ref(name: str) -> dict:
+    return {"t": "ref", "v": name}
+
+
+def node(op: str, *args, **kwargs) -> dict:
+    return {"op": op, "args": list(args), "kwargs": kwargs}
+
+
+@pytest.fixture
+def no_shell(monkeypatch):
+    """os.system and os.popen fail the test if anything reaches them."""
+    calls = []
+    monkeypatch.setattr(os, "system", lambda *a: calls.append(a) or 0)
+    monkeypatch.setattr(os, "popen", lambda *a: calls.append(a))
+    yield calls
+    assert calls == []
+
+
+@pytest.mark.parametrize("name", [
+    "import_module.__call__.__call__",  # torch.ops.import_module: an attribute walk
+    "__class__.__init__.__globals__",
+    "aten.__class__.__call__",  # dunder access
+    "aten.add.__call__",
+    "aten.add.overloads",  # attributes of a packet that are no overloads
+    "aten.add._dir",
+    "aten.name.upper",  # an attribute of the namespace object
+    "aten.add.Tensor.__call__",
+    "os.system.default",  # a namespace that is not allowed
+    "builtins.eval.default",
+    "",
+    "aten..default",
+])
+def test_an_operator_name_resolves_only_to_an_allowed_overload(name):
+    with pytest.raises(ArgSpecError):
+        resolve_op(name)
+
+
+def test_real_operators_still_resolve():
+    assert resolve_op("aten._softmax.default") is torch.ops.aten._softmax.default
+    assert resolve_op("prims.add.default") is torch.ops.prims.add.default
+
+
+@pytest.mark.parametrize("args, message", [
+    ([t(), {"t": "other", "v": "function"}], "not a value"),
+    ([t(), {"t": "callable", "v": "os:system"}], "not a value"),
+    ([t(), {"t": "dtype", "v": 1}], "not a value"),
+    ([t(), "rm -rf /"], "string where"),
+    ([t(), t()], None),
+])
+def test_call_arguments_must_fit_the_schema(args, message):
+    if message is None:
+        check_call("aten.add.Tensor", args, {})
+        return
+    with pytest.raises(ArgSpecError, match=message):
+        check_call("aten.add.Tensor", args, {})
+
+
+def region(*nodes, inputs=1, outputs=("n0",)) -> Region:
+    return Region(tuple(nodes), tuple(t() for _ in range(inputs)), tuple(outputs))
+
+
+@pytest.mark.parametrize("bad", [
+    # the audit's chain: import os, read os.system off it, call it with a string
+    region(node("import_module.__call__.__call__", "os"),
+           node("__class__.__getattribute__.__call__", ref("n0"), "system"),
+           node("aten.add.__call__", ref("n1"), "echo owned"), outputs=("n2",)),
+    # real operators, but a node result that is no tensor passed on as an argument
+    region(node("aten.sym_size.int", ref("x0"), 0), node("aten.add.Tensor", ref("x0"), ref("n0")),
+           outputs=("n1",)),
+    # a reference where the schema takes a number, one to a later node, one to nothing
+    region(node("aten.sum.dim_IntList", ref("x0"), [ref("x0")])),
+    region(node("aten.relu.default", ref("n1")), node("aten.relu.default", ref("x0"))),
+    region(node("aten.relu.default", ref("__builtins__"))),
+    # a tensor spec, an object or a callable inside a node; nodes that are no calls
+    region(node("aten.relu.default", t())),
+    region(node("aten.add.Tensor", ref("x0"), {"t": "other", "v": "builtin_function"})),
+    region({"op": "aten.relu.default", "args": [ref("x0")], "kwargs": {}, "call": "os.system"}),
+    region("aten.relu.default"),
+    # outputs that are no tensor results
+    region(node("aten.relu.default", ref("x0")), outputs=("n0.__class__",)),
+    region(node("aten.relu.default", ref("x0")), outputs=()),
+], ids=["chain-to-os-system", "non-tensor-result", "ref-as-number", "forward-ref", "unknown-ref",
+        "tensor-spec", "object-arg", "extra-key", "not-a-call", "bad-output", "no-output"])
+def test_a_crafted_region_is_refused_before_any_node_runs(bad, no_shell):
+    with pytest.raises(ArgSpecError):
+        bad.check()
+    with pytest.raises(ArgSpecError):
+        register(bad)
+    with pytest.raises(ArgSpecError):
+        region_function(bad)
+
+
+def test_a_region_from_a_dict_that_is_no_region_is_a_typed_error():
+    with pytest.raises(ArgSpecError, match="not a region"):
+        Region.from_dict({"nodes": 3})
+
+
+def test_a_recorded_region_passes_and_computes():
+    good = region(node("aten.mul.Tensor", ref("x0"), ref("x1")),
+                  node("aten.native_layer_norm.default", ref("n0"), [4], None, None, 1e-5),
+                  node("aten.relu.default", ref("n1.0")), inputs=2, outputs=("n2",))
+    good.check()
+    x, y = torch.randn(4), torch.randn(4)
+    out = region_function(good)(x, y)
+    expected = torch.relu(torch.nn.functional.layer_norm(x * y, [4], eps=1e-5))
+    torch.testing.assert_close(out, expected)
+
+
+async def test_the_engine_skips_a_crafted_card_with_the_reason_and_calls_nothing(tmp_path,
+                                                                                  no_shell):
+    from dataclasses import replace
+
+    from kforge.core.settings import SearchSettings
+    from kforge.engine.engine import Engine
+    from kforge.store import CardStatus, Store
+    from tests.doubles import FakeEvaluator, FakeProposer, sample_cards
+
+    chain = region(node("import_module.__call__.__call__", "os"), outputs=("n0",))
+    cards = sample_cards()
+    crafted = [replace(cards[2], op="kforge_region.r_0.default", region=chain.to_dict()),
+               replace(cards[1], op="__class__.__init__.__globals__")]
+    store = await Store.open(tmp_path / "k.db")
+    try:
+        sid = await store.create_profiled_session("toy", {}, {"name": "Fake GPU"},
+                                                  [cards[0], *crafted])
+        await Engine(store, sid, FakeProposer(), FakeEvaluator(), SearchSettings.from_dict(
+            {"iterations_per_op": 1, "parallel": 1})).run()
+        rows = await store.list_cards(sid)
+    finally:
+        await store.close()
+    skipped = [row for row in rows if row.status == CardStatus.SKIPPED]
+    assert len(skipped) == 2
+    assert all("not an operator kforge calls" in row.stop_reason for row in skipped)
+    assert rows[0].status != CardStatus.SKIPPED
