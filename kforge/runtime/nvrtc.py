@@ -3,6 +3,12 @@
 Works without a GPU: compiling to cubin for a named architecture needs only the NVRTC library and
 the CUDA headers (``nvidia-cuda-nvrtc`` and ``nvidia-cuda-runtime`` wheels, or a CUDA toolkit).
 The compile log keeps NVRTC's errors and warnings and ptxas' register, stack and spill report.
+
+Candidate source is untrusted text: it may include nothing from the host. Before NVRTC sees it,
+``check_source`` reads its preprocessing directives as the preprocessor will (line splices,
+comments, raw strings, digraphs) and refuses every ``#include`` but the prelude's headers, every
+file probe (``__has_include``) and every ``#pragma`` outside a short list, as a compile error
+naming it.
 """
 
 from __future__ import annotations
@@ -47,6 +53,116 @@ typedef long long int64_t;
 typedef unsigned long long uint64_t;
 #line 1 "candidate.cu"
 """
+
+# The headers a candidate may name: the prelude's own (CUDA's half types; they include only
+# their siblings in CUDA's include folder). kforge's library ships no headers of its own.
+HEADERS = ("cuda_fp16.h", "cuda_bf16.h")
+_FILE_DIRECTIVES = frozenset({"include", "include_next", "import", "embed"})
+_FILE_PROBES = re.compile(r"\b(__has_include|__has_include_next|__has_embed)\b")
+_PRAGMAS = frozenset({"unroll", "nounroll", "once", "pack", "message"})
+_PRAGMA_PREFIXES = ("nv_diag_", "diag_")
+_IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
+_RAW_PREFIXES = frozenset({"R", "u8R", "uR", "UR", "LR"})
+
+
+class SourceRefused(ValueError):
+    """Candidate source that names a file on the host or a pragma kforge does not pass on."""
+
+
+def check_source(source: str) -> None:
+    """Raise SourceRefused, naming the line and what it names, where ``source`` includes a
+    header other than ``HEADERS``, probes for a file or uses a pragma kforge does not allow.
+    Both ways a compiler may splice lines (a backslash right before the newline, or with
+    spaces between) are checked."""
+    if "??=" in source or "??/" in source:
+        raise SourceRefused("candidate.cu: trigraphs (??= ??/) are not allowed")
+    text = source.replace("\r\n", "\n").replace("\r", "\n")
+    for spliced in (text.replace("\\\n", ""), re.sub(r"\\[ \t]+\n", "", text).replace("\\\n", "")):
+        for number, line in enumerate(_without_comments(spliced).split("\n"), 1):
+            problem = _directive_problem(line)
+            if problem:
+                raise SourceRefused(f"candidate.cu({number}): {problem}")
+
+
+def _directive_problem(line: str) -> str | None:
+    if probe := _FILE_PROBES.search(line):
+        return f"{probe.group(1)} is not allowed: kernels see no files"
+    pragma = re.search(r"\b_Pragma\s*\(\s*\"([^\"]*)\"", line)
+    if pragma and (problem := _pragma_problem(pragma.group(1))):
+        return problem
+    stripped = line.lstrip()
+    for hash_sign in ("#", "%:"):
+        if stripped.startswith(hash_sign):
+            rest = stripped[len(hash_sign):].lstrip()
+            break
+    else:
+        return None
+    name = _IDENTIFIER.match(rest)
+    directive = name.group(0) if name else ""
+    operand = rest[len(directive):].strip()
+    if directive in _FILE_DIRECTIVES:
+        header = re.fullmatch(r"<([^<>]+)>|\"([^\"]+)\"", operand)
+        named = (header.group(1) or header.group(2)) if header else None
+        if directive == "include" and named in HEADERS:
+            return None
+        return (f"#{directive} {operand} is not available to kernels: they see only "
+                f"{' and '.join(HEADERS)}, which the prelude includes already")
+    if directive == "pragma":
+        return _pragma_problem(operand)
+    return None
+
+
+def _pragma_problem(text: str) -> str | None:
+    word = _IDENTIFIER.match(text.strip())
+    name = word.group(0) if word else text.strip()
+    if name in _PRAGMAS or name.startswith(_PRAGMA_PREFIXES):
+        return None
+    return f"#pragma {text.strip()[:60]} is not allowed in a kernel"
+
+
+def _without_comments(text: str) -> str:
+    """``text`` with every comment replaced by a space, as the preprocessor does before it reads
+    directives (so a comment spanning lines joins them); string, character and raw string
+    literals and numbers (``1'000``) are kept whole, so nothing in them starts a comment."""
+    out: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if text.startswith("//", i):
+            end = text.find("\n", i)
+            i = n if end < 0 else end
+            out.append(" ")
+        elif text.startswith("/*", i):
+            end = text.find("*/", i + 2)
+            i = n if end < 0 else end + 2
+            out.append(" ")
+        elif c.isdigit() or (c == "." and text[i + 1:i + 2].isdigit()):
+            m = re.compile(r"\.?\d(?:[eEpP][+-]|['\w.])*").match(text, i)
+            out.append(m.group(0))
+            i = m.end()
+        elif c.isalpha() or c == "_":
+            m = _IDENTIFIER.match(text, i)
+            word = m.group(0)
+            out.append(word)
+            i = m.end()
+            if word in _RAW_PREFIXES and text.startswith('"', i):
+                start = text.find("(", i)
+                delimiter = text[i + 1:start] if start >= 0 else ""
+                end = text.find(f"){delimiter}\"", start) if start >= 0 else -1
+                stop = n if end < 0 else end + len(delimiter) + 2
+                out.append(re.sub(r"[^\n]", " ", text[i:stop]))  # its lines still count
+                i = stop
+        elif c in "\"'":
+            j = i + 1
+            while j < n and text[j] != c and text[j] != "\n":
+                j += 2 if text[j] == "\\" else 1
+            out.append(text[i:j + 1])
+            i = j + 1
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
 
 # Options a candidate may ask for in meta["nvrtc_options"], as cuda.core ProgramOptions fields;
 # anything else is refused.
@@ -168,6 +284,10 @@ def compile_cubin(source: str, arch: str, prelude: str, options: Iterable[str] =
     RuntimeError with NVRTC's log when it does not compile."""
     from cuda.core import Program
 
+    try:
+        check_source(source)
+    except SourceRefused as exc:
+        raise RuntimeError(f"NVRTC could not compile it for {arch}: {exc}") from None
     program = Program(prelude + source, code_type="c++",
                       options=nvrtc_options(arch, options, cuda_include_dirs()))
     try:
@@ -221,6 +341,10 @@ class Compiler:
         import time
 
         options = check_options(options or [])
+        try:
+            check_source(source)
+        except SourceRefused as exc:
+            return CompileResult(ok=False, arch=arch, log=f"error: {exc}")
         key = self.key(source, arch, options)
         with self._lock:
             hit = self._memory.get(key)

@@ -1,0 +1,63 @@
+"""Candidate source includes nothing from the host: every way to name a file to the preprocessor
+(includes, computed or spliced or hidden behind comments and digraphs, file probes, pragmas) is
+a compile error naming it, before NVRTC runs; ordinary kernels pass."""
+
+from __future__ import annotations
+
+import pytest
+
+from kforge.runtime.nvrtc import SourceRefused, check_source
+from tests.eval import candidates as C
+
+REFUSED = {
+    "absolute": '#include "/home/u/.config/kforge/config.toml"\n',
+    "angle": "#  include </etc/passwd>\n",
+    "relative": '#include "../../secrets.h"\n',
+    "macro": '#define F "/etc/passwd"\n#include F\n',
+    "splice": '#inc\\\nlude "/etc/passwd"\n',
+    "splice-with-space": '#include \\ \n"/etc/passwd"\n',
+    "comment-between": '#/* a comment\n */include "/etc/passwd"\n',
+    "digraph": '%:include "/etc/passwd"\n',
+    "trigraph": '??=include "/etc/passwd"\n',
+    "include-next": "#include_next <cuda_fp16.h>\n",
+    "embed": '#embed "/etc/passwd"\n',
+    "import": '#import "/etc/passwd"\n',
+    "has-include": '#if __has_include("/etc/shadow")\n#endif\n',
+    "pragma-dependency": '#pragma GCC dependency "/etc/passwd"\n',
+    "pragma-operator": '_Pragma("GCC dependency \\"/etc/passwd\\"")\n',
+    "after-raw-string": 'const char* s = R"x(a"/*)x";\n#include "/etc/passwd"\n// */\n',
+    "after-char-quote": "char c = '\"';\n#include \"/etc/passwd\"\n",
+    "after-digit-separator": "int a = 1'000; /* x */\n#include \"/etc/passwd\"\n",
+}
+
+
+@pytest.mark.parametrize("source", REFUSED.values(), ids=REFUSED.keys())
+def test_every_way_to_name_a_host_file_is_refused(source):
+    with pytest.raises(SourceRefused, match=r"candidate\.cu"):
+        check_source("__global__ void k() {}\n" + source)
+
+
+def test_the_message_names_what_was_included():
+    with pytest.raises(SourceRefused, match="/etc/passwd.*cuda_fp16.h and cuda_bf16.h"):
+        check_source('#include "/etc/passwd"\n')
+
+
+ALLOWED = {
+    "prelude-headers": "#include <cuda_fp16.h>\n#include \"cuda_bf16.h\"\n",
+    "in-comments": '// #include "/etc/passwd"\n/* #include </etc/passwd> */\n',
+    "in-raw-string": 'const char* s = R"x(\n#include "/etc/passwd"\n)x";\n',
+    "in-string": 'const char* s = "#include \\"/etc/passwd\\"";\n',
+    "pragmas": "#pragma unroll\n#pragma unroll 4\n#pragma nv_diag_suppress 177\n",
+    "digit-separators": "int a = 1'000'000;\nfloat b = 1e-5f + .5f;\n",
+}
+
+
+@pytest.mark.parametrize("source", ALLOWED.values(), ids=ALLOWED.keys())
+def test_what_names_no_file_passes(source):
+    check_source(source)
+
+
+def test_every_test_candidate_passes():
+    builds = [*C.REFERENCE.values(), *(build for _n, _c, build, _s in C.CHEATS)]
+    for build in builds:
+        check_source(build().source)
