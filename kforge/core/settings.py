@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import math
 import re
 from collections.abc import Iterable, Mapping
@@ -376,6 +377,32 @@ class LlmSection(_Section):
     def __repr__(self) -> str:
         shown = ", ".join(f"{key}={value!r}" for key, value in self.to_dict().items())
         return f"LlmSection({shown})"
+
+
+def known_secrets(section: LlmSection, env: Mapping[str, str]) -> tuple[str, ...]:
+    """Every LLM secret the config file's ``[llm]`` or the environment holds (keys, and passwords
+    in base URLs), whether or not a search sends it: what ``redact`` keeps out of the database."""
+    keys = [section.api_key, env.get("KFORGE_LLM_API_KEY"), env.get("OPENAI_API_KEY")]
+    urls = [section.base_url, env.get("KFORGE_LLM_BASE_URL"), env.get("OPENAI_BASE_URL")]
+    passwords = []
+    for url in urls:
+        try:
+            passwords.append(urlsplit(url).password if url else None)
+        except ValueError:  # not a URL: it holds no password to find
+            continue
+    return tuple(dict.fromkeys(s for s in keys + passwords if s))
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with every secret replaced by ``REDACTED``, also where JSON escaped it: the one
+    redaction of all text kforge records, shows or sends."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, REDACTED)
+            escaped = json.dumps(secret)[1:-1]
+            if escaped != secret:
+                text = text.replace(escaped, REDACTED)
+    return text
 
 
 def _without_password(url: str | None) -> str | None:

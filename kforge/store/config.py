@@ -34,7 +34,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from kforge.core.settings import Origin, Settings, StoreSettings
+from kforge.core.settings import LlmSection, Origin, Settings, StoreSettings, known_secrets
 from kforge.errors import KforgeError
 
 APP = "kforge"
@@ -80,6 +80,16 @@ def load_config(path: Path | None = None) -> Settings:
     except OSError as exc:  # a folder on the way that cannot be searched
         raise KforgeError(f"cannot read config file {path}: {exc.strerror}") from None
     return Settings.from_dict(read_toml(path, "config file"), Origin(f"in {path}"))
+
+
+def configured_secrets() -> tuple[str, ...]:
+    """The LLM secrets of the config file and the environment (``known_secrets``); those of the
+    environment alone where the config file cannot be read."""
+    try:
+        section = load_config().llm
+    except KforgeError:
+        section = LlmSection()
+    return known_secrets(section, os.environ)
 
 
 def read_toml(path: Path, what: str) -> dict[str, Any]:

@@ -25,7 +25,7 @@ import socket
 import sqlite3
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +36,8 @@ import aiosqlite
 from kforge.core.candidate import Candidate, EvalOutcome, LlmCall
 from kforge.core.opcard import OpCard
 from kforge.errors import KforgeError
-from kforge.store.config import configured_durability
+from kforge.core.settings import redact
+from kforge.store.config import configured_durability, configured_secrets
 from kforge.store.events import (
     CardsAdded,
     CardUpdated,
@@ -90,11 +91,45 @@ _NODE_COLUMNS = ("id, session_id, card_id, parent_id, action, status, meta, rewa
                  "median_us, repairable, pruned, summary, usd, created_at, finished_at")
 
 
+class _Redacting:
+    """A connection whose statements never carry a secret: every text parameter is redacted
+    (``kforge.core.settings.redact``) on its way in, whichever table it is for (compile logs,
+    sanitizer reports, crash output, LLM calls, log lines)."""
+
+    def __init__(self, db: aiosqlite.Connection, secrets: tuple[str, ...]) -> None:
+        object.__setattr__(self, "_conn", db)
+        object.__setattr__(self, "_secrets", secrets)
+
+    def execute(self, sql: str, parameters: Iterable[Any] | Mapping[str, Any] = ()) -> Any:
+        return self._conn.execute(sql, self._clean(parameters))
+
+    def execute_fetchall(self, sql: str,
+                         parameters: Iterable[Any] | Mapping[str, Any] = ()) -> Any:
+        return self._conn.execute_fetchall(sql, self._clean(parameters))
+
+    def _clean(self, parameters: Iterable[Any] | Mapping[str, Any]) -> Any:
+        if not self._secrets:
+            return parameters
+
+        def one(value: Any) -> Any:
+            return redact(value, self._secrets) if isinstance(value, str) else value
+
+        if isinstance(parameters, Mapping):  # named parameters
+            return {name: one(value) for name, value in parameters.items()}
+        return tuple(one(value) for value in parameters)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._conn, name, value)
+
+
 class Store:
     """Async access to one kforge database file. Open with ``await Store.open(path)``."""
 
     def __init__(self, db: aiosqlite.Connection, path: Path) -> None:
-        self._db = db
+        self._db = _Redacting(db, configured_secrets())
         self.path = path
         self._lock = asyncio.Lock()
         self._lease: _Lease | None = None  # the engine lease this store holds

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from kforge.core.settings import Origin, Settings
+from kforge.core.settings import REDACTED, Origin, Settings
 from kforge.errors import KforgeError
 from kforge.propose.llm.settings import (
     PLACEHOLDER_KEY,
-    REDACTED,
     LlmSettings,
     Price,
     load_llm_settings,

@@ -71,8 +71,11 @@ class LlmProposer:
     async def propose(self, request: ProposalRequest) -> Proposal:
         if reason := self.declines(request.card):
             return Proposal(error=reason)
-        messages = build_messages(request)
-        prompt = self.settings.redact(render_messages(messages))
+        # What is sent is redacted as what is stored: earlier candidates' compile logs and
+        # reports are text a candidate could have filled.
+        messages = [{**m, "content": self.settings.redact(m["content"])}
+                    for m in build_messages(request)]
+        prompt = render_messages(messages)
         answer, calls, failure = await self._complete(messages, prompt)
         if answer is None:
             return Proposal(calls=calls, error=f"LLM call failed: {failure}")

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from kforge.core.settings import REDACTED, LlmSection, Price
+from kforge.core.settings import LlmSection, Price, redact
 from kforge.errors import KforgeError
 
 # Sent as the key to servers that need none (vLLM, Ollama, llama.cpp): the SDK insists on one.
@@ -62,10 +62,9 @@ class LlmSettings:
         return found
 
     def redact(self, text: str) -> str:
-        """``text`` with every secret replaced; applied to all text that is recorded or raised."""
-        for secret in self.secrets:
-            text = text.replace(secret, REDACTED)
-        return text
+        """``text`` with every secret replaced; applied to all text that is recorded, raised or
+        sent to the endpoint."""
+        return redact(text, self.secrets)
 
     def price_for(self, model: str, *aliases: str) -> Price | None:
         """The price listed for ``model`` or one of its aliases (such as the snapshot name a server
