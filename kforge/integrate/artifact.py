@@ -36,6 +36,15 @@ def manifest() -> dict[str, Any]:
     return json.loads((HERE / "manifest.json").read_text())
 
 
+def kernel_folder(kernel: dict[str, Any]) -> Path:
+    """Where a kernel of the manifest lies: a folder under this package's ``kernels/``; a
+    ValueError for a manifest that points anywhere else."""
+    folder = (HERE / str(kernel["dir"])).resolve()
+    if not folder.is_relative_to(HERE / "kernels"):
+        raise ValueError(f"the manifest points outside the package ({str(kernel['dir'])[:80]!r})")
+    return folder
+
+
 def patch(device: str | torch.device | None = None, *, any_arch: bool = False) -> Patch:
     """The kernels loaded on ``device`` (default: the current CUDA device), as a context manager
     that patches them in while active.
@@ -59,9 +68,9 @@ def patch(device: str | torch.device | None = None, *, any_arch: bool = False) -
     prelude = (HERE / "prelude.cuh").read_text()
     table, notes = KernelTable(), []
     for kernel in info["kernels"]:
-        folder = HERE / kernel["dir"]
-        cubin = folder / f"{arch}.cubin"
         try:
+            folder = kernel_folder(kernel)
+            cubin = folder / f"{arch}.cubin"
             code = cubin.read_bytes() if cubin.exists() else compile_cubin(
                 (folder / "kernel.cu").read_text(), arch, prelude, kernel["nvrtc_options"])
             plan = resolve_for(json.loads((folder / "plan.json").read_text()), kernel["op"],

@@ -169,3 +169,40 @@ def test_a_region_kernel_is_named_and_left_out(session, compiler, tmp_path):
         result.problems[0]
     manifest = json.loads((result.path / "manifest.json").read_text())
     assert first.card.key not in {k["key"] for k in manifest["kernels"]}
+
+
+@pytest.mark.parametrize("key", ["../../escaped", "/tmp/kforge-escaped", "..", "a/b", "a\\b"])
+def test_a_crafted_card_key_writes_nothing_outside_the_package(session, compiler, tmp_path,
+                                                                key):
+    import dataclasses
+
+    db, sid = session
+    plan = read_plan(db, sid)
+    first = plan.winners[0]
+    crafted = dataclasses.replace(first, card=first.card.with_(key=key))
+    plan = dataclasses.replace(plan, decisions=[crafted if d is first else d
+                                                for d in plan.decisions])
+    out = tmp_path / "a" / "b" / "out"
+    with pytest.raises(KforgeError, match="cannot name a folder"):
+        export_session(plan, out, compiler=compiler)
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert written == [] and not Path("/tmp/kforge-escaped").exists()
+
+
+def test_the_package_refuses_a_manifest_pointing_outside_itself(session, compiler, tmp_path):
+    db, sid = session
+    export_session(read_plan(db, sid), tmp_path, name="toy_kernels", compiler=compiler)
+    code = ("import sys; sys.modules['kforge'] = None\n"
+            "import toy_kernels\n"
+            "kernel = toy_kernels.manifest()['kernels'][0]\n"
+            "print(toy_kernels.kernel_folder(kernel).name == kernel['key'])\n"
+            "for bad in ['../..', '/etc', 'kernels/../../x', 'runtime']:\n"
+            "    try:\n"
+            "        toy_kernels.kernel_folder({**kernel, 'dir': bad})\n"
+            "        print('loaded', bad)\n"
+            "    except ValueError as exc:\n"
+            "        print('refused')\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True"] + ["refused"] * 4
