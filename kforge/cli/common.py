@@ -8,22 +8,35 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
 from rich.console import Console
+from rich.segment import Segment
 
+from kforge.core.inert import inert
 from kforge.store import Store
 from kforge.store.config import db_path
 
 T = TypeVar("T")
 
+class InertConsole(Console):
+    """A console whose every piece of text is made ``inert`` as it is written (rich's own
+    styling codes are added afterwards): database text, whatever it holds, cannot drive the
+    terminal from any table, line or message."""
+
+    def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+        return super()._render_buffer(
+            segment if segment.control else Segment(inert(segment.text), segment.style)
+            for segment in buffer)
+
+
 # Piped output is not folded to 80 columns: tables stay one row per line for grep and less.
 # Markup is off: op signatures like "bf16[8,4096]" and "[llm]" must print as they are.
-out = Console(highlight=False, markup=False, soft_wrap=True,
-              width=None if sys.stdout.isatty() else 200)
-err = Console(stderr=True, highlight=False, markup=False, soft_wrap=True)
+out = InertConsole(highlight=False, markup=False, soft_wrap=True,
+                   width=None if sys.stdout.isatty() else 200)
+err = InertConsole(stderr=True, highlight=False, markup=False, soft_wrap=True)
 
 
 def add_db_option(parser: argparse.ArgumentParser) -> None:

@@ -8,6 +8,7 @@ import logging
 import sys
 
 from kforge import __version__
+from kforge.core.inert import inert
 from kforge.errors import KforgeError
 
 # Each module registers its sub-commands; the optional ones arrive with their features.
@@ -42,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except KforgeError as exc:
-        print(f"kforge: {exc}", file=sys.stderr)
+        print(f"kforge: {inert(str(exc))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("kforge: interrupted", file=sys.stderr)

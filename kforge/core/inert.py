@@ -1,0 +1,18 @@
+"""Text from data (a database, an LLM reply, a model's names) made inert for a terminal: the one
+sanitizer every screen kforge draws passes such text through.
+
+Control characters are dropped: ESC (which starts the sequences that write the clipboard
+(OSC 52), set the window title or clear the screen), the other C0 and C1 controls, DEL, and the
+bidirectional overrides that make text read differently from what it is. Newlines and tabs stay.
+"""
+
+from __future__ import annotations
+
+import re
+
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def inert(text: str) -> str:
+    """``text`` without the characters a terminal would act on."""
+    return _CONTROL.sub("", text)
