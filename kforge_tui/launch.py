@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from kforge.core.settings import Origin, SearchSettings, Settings, parse_duration
+from kforge.engine.runner import kforge_command, kforge_env
 from kforge.errors import KforgeError
 
 DTYPES = ("float16", "bfloat16", "float32")
@@ -147,10 +146,6 @@ def resume_argv(session_id: int, db: Path) -> list[str]:
     return [*kforge_command(), "resume", str(session_id), "--db", str(db), "--detach", "--json"]
 
 
-def kforge_command() -> list[str]:
-    return [sys.executable, "-m", "kforge"]
-
-
 async def run_kforge(argv: list[str], on_line: Callable[[str], None]) -> dict:
     """Run a kforge command that answers in JSON (``--json``): pass each line it writes to stderr
     (its progress) to ``on_line`` as it comes, and return the object it prints on stdout. A
@@ -158,7 +153,7 @@ async def run_kforge(argv: list[str], on_line: Callable[[str], None]) -> dict:
     try:
         proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            stderr=asyncio.subprocess.PIPE, env=kforge_env())
     except OSError as exc:
         raise KforgeError(f"cannot start {argv[0]}: {exc.strerror}") from None
     assert proc.stdout is not None and proc.stderr is not None

@@ -9,6 +9,7 @@ from kforge.cli.cmd_profile import add_model_options, profile_to_session
 from kforge.cli.common import (
     add_db_option,
     add_json_option,
+    add_trust_plugins_option,
     err,
     out,
     resolve_db,
@@ -19,7 +20,7 @@ from kforge.cli.common import (
 )
 from kforge.cli.progress import Progress
 from kforge.core.settings import Origin, parse_duration
-from kforge.engine.plugins import check_can_start
+from kforge.engine.plugins import PluginConsent, check_can_start
 from kforge.engine.runner import log_path, prepare_session, run_session, spawn_detached
 from kforge.errors import KforgeError
 from kforge.store import CommandKind, SessionStatus
@@ -51,6 +52,7 @@ def _add_search_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("search budget and plug-ins")
     g.add_argument("--proposer", help="library | llm | both | module:factory (default: library)")
     g.add_argument("--evaluator", help="gpu | module:factory (default: gpu)")
+    add_trust_plugins_option(g)
     g.add_argument("--cluster", metavar="ADDRESS",
                    help="evaluate on the GPUs of this Ray cluster: auto (the one `ray start` "
                         "joined this machine to), host:6379 or ray://host:10001; none: this "
@@ -117,16 +119,18 @@ def _start(args: argparse.Namespace, sid: int) -> tuple[int, dict]:
     """Run the session's search here or detached; its exit code and ``--json`` facts."""
     db = resolve_db(args)
     given, config = _given(args), load_config()
-    with_store(args, lambda store: prepare_session(store, sid, given, config))
+    consent = PluginConsent(frozenset(given.get(k, "") for k in ("proposer", "evaluator")),
+                            args.trust_plugins)
+    with_store(args, lambda store: prepare_session(store, sid, given, config, consent))
     if args.detach:
-        pid = spawn_detached(db, sid)
+        pid = spawn_detached(db, sid, consent)
         log = log_path(db, sid)
         out.print(f"session {sid} is searching in the background (process {pid}); log: {log}")
         out.print(f"follow it with `kforge-tui`, stop it with `kforge stop {sid}`")
         facts = with_store(args, lambda store: session_facts(store, sid))
         return 0, {**facts, "detached": True, "engine_pid": pid, "log": str(log)}
     with Progress(quiet=args.quiet) as progress:
-        status = asyncio.run(run_session(db, sid, progress))
+        status = asyncio.run(run_session(db, sid, progress, consent))
     if not args.quiet:
         out.print(f"session {sid}: {status}; see `kforge show {sid}`")
     facts = with_store(args, lambda store: session_facts(store, sid))

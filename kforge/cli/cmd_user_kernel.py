@@ -9,12 +9,20 @@ import argparse
 import json
 from pathlib import Path
 
-from kforge.cli.common import add_db_option, count, out, session_id, with_store
+from kforge.cli.common import (
+    add_db_option,
+    add_trust_plugins_option,
+    count,
+    out,
+    session_id,
+    with_store,
+)
 from kforge.core.candidate import Candidate, Proposal
 from kforge.core.launch_plan import PlanError, PlanNotApplicable, parse_plan
 from kforge.core.mcts import ROOT, Action, Decision
 from kforge.core.opcard import OpCard
 from kforge.core.protocols import ProposalRequest
+from kforge.engine.plugins import PluginConsent
 from kforge.engine.runner import add_given_kernel
 from kforge.errors import KforgeError
 from kforge.propose.llm.parse import extern_c_kernels
@@ -61,6 +69,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "failed one); without it, a new approach")
     p.add_argument("--approach", metavar="TEXT",
                    help="a few words naming the technique (later LLM prompts list it)")
+    add_trust_plugins_option(p)
     add_db_option(p)
     p.set_defaults(func=cmd_add_kernel)
 
@@ -137,7 +146,8 @@ def given_candidate(source: str, plan: dict, card: OpCard, decision: Decision,
 
 
 async def add_kernel(store: Store, session: int, card_id: int, source: str, plan: dict,
-                     parent_id: int | None, approach: str | None) -> int:
+                     parent_id: int | None, approach: str | None,
+                     consent: PluginConsent = PluginConsent()) -> int:
     """Check the request against the session, then evaluate and add the kernel; its node id."""
     found = await store.get_session(session)
     if is_alive(found):
@@ -158,7 +168,7 @@ async def add_kernel(store: Store, session: int, card_id: int, source: str, plan
     skipped = {row.id: row.stop_reason or "skipped" for row in rows.values()
                if row.status == CardStatus.SKIPPED}
     return await add_given_kernel(store, session, card_id, candidate, decision,
-                                  UserKernels(skipped))
+                                  UserKernels(skipped), consent)
 
 
 def cmd_add_kernel(args: argparse.Namespace) -> int:
@@ -166,7 +176,7 @@ def cmd_add_kernel(args: argparse.Namespace) -> int:
 
     async def work(store: Store):
         node_id = await add_kernel(store, args.session, args.card, source, plan, args.parent,
-                                   args.approach)
+                                   args.approach, PluginConsent(every=args.trust_plugins))
         return await store.get_node(node_id)
 
     detail = with_store(args, work)

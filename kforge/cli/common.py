@@ -71,6 +71,13 @@ async def open_store(path: Path, *, create: bool = False, reads_only: bool = Fal
     return await Store.open(path, create=create)
 
 
+def add_trust_plugins_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    parser.add_argument("--trust-plugins", action="store_true",
+                        help="import the module:factory proposer or evaluator the session's "
+                             "database names (without this, give it again with --proposer or "
+                             "--evaluator)")
+
+
 def add_json_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object on stdout (the session, its model, status "

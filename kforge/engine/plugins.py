@@ -3,12 +3,18 @@
 A name is either built in (proposers: library, llm, both; evaluator: gpu, on this machine's GPUs or
 a Ray cluster's) or ``module:function``, a factory that takes a ``SearchContext``; that is how test
 doubles and users' own proposers plug in.
+
+A ``module:function`` is code, and a session's stored settings are data (a database may be
+someone else's): a plug-in named only by the session is imported once the user confirms it
+(``PluginConsent``: the same spec given again, their config file's, or ``--trust-plugins``).
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from kforge.core.protocols import Evaluator, Proposer, SearchContext
@@ -28,6 +34,29 @@ def load_factory(spec: str) -> Any:
         return getattr(module, attr)
     except AttributeError:
         raise KforgeError(f"{module_name!r} has no {attr!r}") from None
+
+
+@dataclass(frozen=True)
+class PluginConsent:
+    """The ``module:function`` plug-ins the user has confirmed: those named on the command line
+    (``specs``) or, with ``every`` (``--trust-plugins``), any the session stores."""
+
+    specs: frozenset[str] = frozenset()
+    every: bool = False
+
+    def check(self, search: SearchSettings, stored: Mapping[str, Any],
+              configured: SearchSettings) -> None:
+        """Refuse the plug-ins of ``search`` that only the session's stored search settings
+        (``stored``) name: not confirmed, and not the user's own config file's
+        (``configured``)."""
+        for what in ("proposer", "evaluator"):
+            spec = getattr(search, what)
+            if (":" in spec and stored.get(what) == spec and not self.every
+                    and spec not in self.specs and spec != getattr(configured, what)):
+                raise KforgeError(
+                    f"the session names the {what} {spec!r}, code that kforge would import from "
+                    f"the database's say-so; to run it, give `--{what} {spec}` again or "
+                    "`--trust-plugins`")
 
 
 BUILTIN_PROPOSERS = ("library", "llm", "both")

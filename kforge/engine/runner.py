@@ -19,7 +19,12 @@ from kforge.core.mcts import Decision
 from kforge.core.protocols import Evaluator, Proposer, SearchContext
 from kforge.core.settings import Origin, SearchSettings, SessionSettings, Settings
 from kforge.engine.engine import Engine, Snapshot
-from kforge.engine.plugins import check_can_start, make_evaluator, make_proposer
+from kforge.engine.plugins import (
+    PluginConsent,
+    check_can_start,
+    make_evaluator,
+    make_proposer,
+)
 from kforge.errors import KforgeError
 from kforge.store import SessionStatus, Store
 from kforge.store.config import load_config
@@ -27,11 +32,13 @@ from kforge.store.store import engine_alive
 
 
 async def prepare_session(store: Store, session_id: int, given: Mapping[str, Any],
-                          config: Settings) -> SearchSettings:
+                          config: Settings,
+                          consent: PluginConsent = PluginConsent()) -> SearchSettings:
     """Settle the settings a session's search runs with and save them with the session, so a
     resume (or a detached engine) runs with the same ones: the search settings ``given`` on the
     command line over those the session stored, over the config file's; the session's stored
-    evaluation settings over the config file's."""
+    evaluation settings over the config file's. A plug-in only the session names needs
+    ``consent``."""
     session = await store.get_session(session_id)
     if engine_alive(session.engine_pid, session.engine_host, session.heartbeat_at):
         raise KforgeError(f"session {session_id} is already being searched by process "
@@ -40,6 +47,7 @@ async def prepare_session(store: Store, session_id: int, given: Mapping[str, Any
     stored = Origin.stored(session_id)
     # the stored tables as they are: a key an older session left out takes the config's value
     search = config.search.updated({**(session.settings.get("search") or {}), **given}, stored)
+    consent.check(search, session.settings.get("search") or {}, config.search)
     evaluation = config.eval.updated(session.settings.get("eval") or {}, stored)
     check_can_start(search, config.llm, session.settings.get("llm_model"))
     if given.get("focus") is not None:
@@ -54,11 +62,12 @@ async def prepare_session(store: Store, session_id: int, given: Mapping[str, Any
 
 
 async def run_session(db_path: Path, session_id: int,
-                      on_change: Callable[[Snapshot], None] | None = None) -> SessionStatus:
+                      on_change: Callable[[Snapshot], None] | None = None,
+                      consent: PluginConsent = PluginConsent()) -> SessionStatus:
     """Run the session's search here until it ends; SIGINT/SIGTERM stop it cleanly."""
     store = await Store.open(db_path, create=False)
     try:
-        ctx, evaluator = await session_evaluator(store, session_id)
+        ctx, evaluator = await session_evaluator(store, session_id, consent)
         proposer = make_proposer(ctx.settings.search.proposer, ctx)
         engine = Engine(store, session_id, proposer, evaluator, ctx.settings.search, on_change)
         loop = asyncio.get_running_loop()
@@ -75,16 +84,20 @@ async def run_session(db_path: Path, session_id: int,
         await store.close()
 
 
-async def session_evaluator(store: Store, session_id: int) -> tuple[SearchContext, Evaluator]:
+async def session_evaluator(store: Store, session_id: int, consent: PluginConsent
+                            ) -> tuple[SearchContext, Evaluator]:
     """The session's context for its plug-ins (its stored settings, the config file, its GPU;
-    notes on stored settings go to its log) and its evaluator, refused on another GPU model."""
+    notes on stored settings go to its log) and its evaluator, refused on another GPU model;
+    plug-ins only the session names need ``consent``."""
     session = await store.get_session(session_id)
     stored = Origin.stored(session_id)
     settings = SessionSettings.from_stored(session.settings, stored)
+    config = load_config()
+    consent.check(settings.search, session.settings.get("search") or {}, config.search)
     for note in stored.notes:
         await store.log(session_id, note, "warning")
     ctx = SearchContext(session_id=session_id, samples_dir=store.samples_dir(session_id),
-                        settings=settings, config=load_config(),
+                        settings=settings, config=config,
                         gpu=GpuInfo.from_dict(session.gpu) if session.gpu else None)
     evaluator = make_evaluator(settings.search.evaluator, ctx)
     _check_same_gpu(session.gpu, evaluator.gpu, session_id)
@@ -92,11 +105,12 @@ async def session_evaluator(store: Store, session_id: int) -> tuple[SearchContex
 
 
 async def add_given_kernel(store: Store, session_id: int, card_id: int, candidate: Candidate,
-                           decision: Decision, screen: Proposer) -> int:
+                           decision: Decision, screen: Proposer,
+                           consent: PluginConsent = PluginConsent()) -> int:
     """Evaluate a kernel written outside the search for one card with the session's own
     evaluator and add it to the card's tree (``Engine.add_given``); ``screen`` stands in for
     the proposer where the engine asks which cards it declines. Returns the new node's id."""
-    ctx, evaluator = await session_evaluator(store, session_id)
+    ctx, evaluator = await session_evaluator(store, session_id, consent)
     engine = Engine(store, session_id, screen, evaluator, ctx.settings.search)
     return await engine.add_given(card_id, candidate, decision)
 
@@ -112,15 +126,33 @@ def log_path(db_path: Path, session_id: int) -> Path:
     return db_path.parent / "logs" / f"session-{session_id}.log"
 
 
-def spawn_detached(db_path: Path, session_id: int) -> int:
+def spawn_detached(db_path: Path, session_id: int,
+                   consent: PluginConsent = PluginConsent()) -> int:
     """Start ``kforge resume`` for the session in a new process session (immune to the
-    terminal's hang-up) and return its pid. Output goes to the session's log file."""
+    terminal's hang-up) and return its pid. Output goes to the session's log file. The
+    plug-ins ``consent`` confirmed are given to it again."""
     log_file = log_path(db_path, session_id)
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with log_file.open("ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "kforge", "resume", str(session_id), "--db", str(db_path),
-             "--quiet"],
+            [*kforge_command(), "resume", str(session_id), "--db", str(db_path), "--quiet",
+             *(["--trust-plugins"] if consent.every or consent.specs else [])],
             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            start_new_session=True, env=kforge_env())
     return proc.pid
+
+
+def kforge_command() -> list[str]:
+    """``python -m kforge`` for a child process, without the current folder on its ``sys.path``
+    (``-P``): a ``.py`` file lying next to a shared database is never imported as a module.
+    Run it with ``kforge_env``, which finds kforge where this process found it."""
+    return [sys.executable, "-P", "-m", "kforge"]
+
+
+def kforge_env() -> dict[str, str]:
+    """The environment of a ``kforge_command`` child: this one's, with the folder this kforge
+    is imported from first on ``PYTHONPATH`` and output unbuffered."""
+    root = str(Path(__file__).resolve().parents[2])
+    rest = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([root, rest] if rest else [root]),
+            "PYTHONUNBUFFERED": "1"}

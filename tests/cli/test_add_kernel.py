@@ -67,7 +67,7 @@ def files(tmp_path: Path) -> tuple[Path, Path]:
 
 def add(db: Path, sid: int, card: int, source: Path, plan: Path, *more: str) -> int:
     return main(["add-kernel", str(sid), "--card", str(card), "--source", str(source),
-                 "--plan", str(plan), "--db", str(db), *more])
+                 "--plan", str(plan), "--db", str(db), "--trust-plugins", *more])
 
 
 def nodes_of(db: Path, sid: int, card: int):
@@ -122,7 +122,8 @@ def test_a_parent_makes_it_a_refine_or_a_repair(session, files):
 def test_a_later_search_takes_the_users_node_into_its_tree(session, files):
     db, sid, card = session
     assert add(db, sid, card, *files) == 0
-    assert main(["resume", str(sid), "--db", str(db), "--quiet", "--iterations", "3"]) == 0
+    assert main(["resume", str(sid), "--db", str(db), "--quiet", "--iterations", "3",
+                 "--trust-plugins"]) == 0
     nodes = nodes_of(db, sid, card)
     tree = Tree.from_records([n.record() for n in nodes])
     user = next(n for n in nodes if n.meta.get("proposer") == "user")

@@ -112,7 +112,8 @@ def test_search_settings_persist_for_resume(tmp_path: Path):
     sid = make_db(db)
     assert main(["search", "--session", str(sid), "--db", str(db), "--iterations", "1",
                  "--usd", "2.5", "--quiet", *DOUBLES]) == 0
-    assert main(["resume", str(sid), "--db", str(db), "--quiet", "--iterations", "2"]) == 0
+    assert main(["resume", str(sid), "--db", str(db), "--quiet", "--iterations", "2",
+                 "--trust-plugins"]) == 0
 
     async def check():
         store = await Store.open(db)
@@ -187,7 +188,7 @@ def test_an_older_sessions_stored_settings_still_resume_with_a_warning(tmp_path:
     sid = make_db(db, {"search": {"proposer": "tests.doubles:make_proposer",
                                   "evaluator": "tests.doubles:make_evaluator",
                                   "iterations_per_op": 1, "retired_knob": True, "patience": 0}})
-    assert main(["resume", str(sid), "--db", str(db), "--quiet"]) == 0
+    assert main(["resume", str(sid), "--db", str(db), "--quiet", "--trust-plugins"]) == 0
 
     async def check() -> tuple[dict, list[str]]:
         async with await Store.open(db) as store:

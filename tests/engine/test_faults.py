@@ -123,8 +123,8 @@ async def new_session(store: Store, settings: dict) -> int:
 
 def start_engine(db: Path, sid: int) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "kforge", "resume", str(sid), "--db", str(db),
-                             "--quiet"], cwd=REPO, env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
+                             "--quiet", "--trust-plugins"], cwd=REPO, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
 def start_reader(db: Path, sid: int) -> subprocess.Popen:

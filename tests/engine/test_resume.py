@@ -20,8 +20,8 @@ ITERATIONS = 8
 def start_engine(db: Path, sid: int) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.Popen([sys.executable, "-m", "kforge", "resume", str(sid), "--db", str(db),
-                             "--quiet"], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
+                             "--quiet", "--trust-plugins"], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
 async def digests(store: Store, node_ids) -> dict[int, str]:

@@ -118,8 +118,8 @@ async def test_values_picked_in_the_form_reach_the_command(tmp_path: Path, monke
         await pilot.press("tab", "enter", "down", "down", "enter")  # proposer: library, llm
         await pilot.press("tab", *"12", "enter")
         await until(pilot, lambda: kforge.argvs, what="the search to start")
-    assert kforge.argvs[0][9:] == ["--dtype", "bfloat16", "--proposer", "llm",
-                                   "--iterations", "12"]
+    assert kforge.argvs[0][10:] == ["--dtype", "bfloat16", "--proposer", "llm",
+                                    "--iterations", "12"]
 
 
 @pytest.mark.parametrize("form, says", [
