@@ -29,6 +29,12 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
+def add_trust_model_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--trust-model", action="store_true",
+                        help="import the model file the session names, to rebuild the model "
+                             "(a built-in model needs no confirmation)")
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "apply", help="compile a session's winning kernels for this GPU and say what they replace",
@@ -43,6 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the model runs as CUDA graphs: use every winner (else only those worth "
                         "their guard's cost)")
     p.add_argument("--device", help="cuda or cuda:N (default: the current GPU)")
+    add_trust_model_option(p)
     add_db_option(p)
     p.set_defaults(func=cmd_apply)
 
@@ -84,6 +91,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="do not choose the kernels by measuring the model: eager + kforge then "
                         "uses those projected to pay for their guard, CUDA graphs + kforge all")
     p.add_argument("--device", help="cuda or cuda:N (default: the current GPU)")
+    add_trust_model_option(p)
     add_db_option(p)
     p.set_defaults(func=cmd_e2e)
 
@@ -98,7 +106,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
         return 0
     from kforge.integrate.measure import compare_once, rebuild_model
 
-    loaded = rebuild_model(plan.session, device)
+    loaded = rebuild_model(plan.session, device, trust_model=args.trust_model)
     patch = patch.for_model(loaded.model)  # region kernels replace their modules' forwards
     difference, report = _on_gpu(loaded, lambda: compare_once(loaded, patch))
     out.print(str(report))
@@ -213,7 +221,7 @@ def cmd_e2e(args: argparse.Namespace) -> int:
         raise KforgeError(f"session {plan.session.id} has no kernel to measure: no op card has a "
                           f"verified kernel that beats eager beyond noise (see `kforge apply "
                           f"{plan.session.id}`)")
-    loaded = rebuild_model(plan.session, device)
+    loaded = rebuild_model(plan.session, device, trust_model=args.trust_model)
     result = _on_gpu(loaded, lambda: measure_session(
         patch, loaded, modes, select=args.select, reps=args.reps, warmup=args.warmup))
     out.print(str(replace(result.report, notes=[])))  # its notes are in the table's notes

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from kforge.capture import zoo
 from kforge.capture.loader import LoadedModel, ModelOptions, first_line, load_model
 from kforge.core.candidate import Timing
 from kforge.errors import KforgeError
@@ -186,8 +187,15 @@ class E2eResult:
         return eager if eager is not None else self.gain("graphs")
 
 
-def rebuild_model(session: Session, device: torch.device) -> LoadedModel:
-    """The session's model and inputs, built again as they were profiled, on ``device``."""
+def rebuild_model(session: Session, device: torch.device, *,
+                  trust_model: bool = False) -> LoadedModel:
+    """The session's model and inputs, built again as they were profiled, on ``device``. A
+    model file (any model but a built-in one) is code that the database names: it is imported
+    only where the user confirms it (``trust_model``: ``--trust-model``)."""
+    if not trust_model and zoo.get(session.model) is None:
+        raise KforgeError(f"session {session.id} names the model {session.model!r}: rebuilding "
+                          "it imports and runs that file; check that it is the one you mean, "
+                          "then pass --trust-model")
     s = session.settings
     options = ModelOptions(dtype=s.get("dtype"), device=str(device), batch=s.get("batch"),
                            seq_len=s.get("seq_len"), mode=s.get("mode"), layers=s.get("layers"))

@@ -146,7 +146,8 @@ def test_e2e_where_every_kernel_slows_the_model_keeps_none_and_says_why(tmp_path
                                                                        capsys):
     db = tmp_path / "k.db"
     sid = make_session(db)
-    assert main(["e2e", str(sid), "--modes", "eager", "--reps", "3", "--db", str(db)]) == 0
+    assert main(["e2e", str(sid), "--modes", "eager", "--reps", "3", "--trust-model", "--db",
+                 str(db)]) == 0
     printed = capsys.readouterr().out
     assert "eager + kforge" in printed
     assert len(re.findall(r"kept on eager, the model is slower with it", printed)) == len(
@@ -157,8 +158,20 @@ def test_e2e_where_every_kernel_slows_the_model_keeps_none_and_says_why(tmp_path
 def test_e2e_of_a_model_that_changed_stops_before_timing(tmp_path, cpu_as_gpu, capsys):
     db = tmp_path / "k.db"
     sid = make_session(db, model=TOY_WIDER)
-    assert main(["e2e", str(sid), "--modes", "eager", "--reps", "3", "--db", str(db)]) == 1
+    assert main(["e2e", str(sid), "--modes", "eager", "--reps", "3", "--trust-model", "--db",
+                 str(db)]) == 1
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"kforge: none of session {sid}'s kernels ran: the model does not call the op variants "
         "it was profiled with (did the model, its inputs or its settings change since?)")
     assert cpu_as_gpu == []
+
+
+def test_a_model_file_the_database_names_is_imported_only_once_confirmed(tmp_path, capsys):
+    from kforge.integrate.plan import read_plan
+
+    db = tmp_path / "k.db"
+    sid = make_session(db)
+    session = read_plan(db, sid).session
+    with pytest.raises(KforgeError, match=f"session {sid} names the model .*--trust-model"):
+        measure.rebuild_model(session, torch.device("cpu"))
+    assert measure.rebuild_model(session, torch.device("cpu"), trust_model=True).model is not None

@@ -125,11 +125,12 @@ with torch.no_grad():
 
 def test_apply_run_and_e2e_on_the_command_line(session, capsys):
     db, sid = session
-    assert main(["apply", str(sid), "--run", "--cuda-graphs", "--db", str(db)]) == 0
+    assert main(["apply", str(sid), "--run", "--cuda-graphs", "--trust-model", "--db",
+                 str(db)]) == 0
     printed = capsys.readouterr().out
     assert "kernel 1.80x" in printed and "output vs eager: max |diff|" in printed
     assert main(["e2e", str(sid), "--reps", "3", "--warmup", "1", "--modes",
-                 "eager,graphs,compile", "--db", str(db)]) == 0
+                 "eager,graphs,compile", "--trust-model", "--db", str(db)]) == 0
     printed = capsys.readouterr().out
     for name in ("eager + kforge", "CUDA graphs + kforge", "compile + kforge", "projected"):
         assert name in printed, name
@@ -139,7 +140,8 @@ def test_apply_run_and_e2e_on_the_command_line(session, capsys):
 def test_a_model_that_changed_since_the_session_is_named_plainly(tmp_path, capsys):
     db = tmp_path / "k.db"
     sid = make_session(db, gpu=gpu(), device="cuda", model=TOY_WIDER)
-    assert main(["apply", str(sid), "--run", "--cuda-graphs", "--db", str(db)]) == 1
+    assert main(["apply", str(sid), "--run", "--cuda-graphs", "--trust-model", "--db",
+                 str(db)]) == 1
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"kforge: none of session {sid}'s kernels ran: the model does not call the op variants "
         "it was profiled with (did the model, its inputs or its settings change since?)")
