@@ -13,9 +13,11 @@ from typing import ClassVar
 
 from textual import work
 from textual.app import App
+from textual.notifications import SeverityLevel
 from textual.binding import Binding, BindingType
 from textual.signal import Signal
 
+from kforge.core.inert import inert
 from kforge.core.settings import Settings
 from kforge.errors import KforgeError
 from kforge.store import Store
@@ -153,7 +155,14 @@ class KforgeApp(App):
     def gpu_label(self) -> str:
         return "GPU: checking…" if self.gpu is None else f"GPU: {self.gpu.label}"
 
-    # ----- the one error path -----
+    # ----- the one path of notifications -----
+
+    def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
+               timeout: float | None = None, markup: bool = True) -> None:
+        """Every toast, a widget's too, shows its text literally: messages quote settings such
+        as ``[search]``, paths and stored text, never markup (``markup`` is not honoured)."""
+        super().notify(inert(message), title=inert(title), severity=severity, timeout=timeout,
+                       markup=False)
 
     def report(self, text: str) -> None:
         self.notify(text, title="kforge", severity="error", timeout=8)

@@ -5,16 +5,27 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from rich.text import Text
 
 from kforge.core.argspec import tensor_specs
 from kforge.core.candidate import Candidate, EvalOutcome, Timing
 from kforge.core.fmt import fmt_age, fmt_speedup, fmt_us
+from kforge.core.inert import inert
 from kforge.core.settings import SessionSettings
 from kforge.integrate.winners import Decision, projected_speedup
 from kforge.store import NodeStatus
 from kforge.store.records import CardRow, NodeDetail, NodeRow, Session, SessionSummary
 
 __all__ = ["fmt_age", "fmt_speedup", "fmt_us"]
+
+def literal(text: str, **style: Any) -> Text:
+    """``text`` shown exactly as it is: never read as markup, and ``inert`` (no control
+    characters). How the screens show any text that is stored or typed (``style``: rich Text's
+    own keywords)."""
+    return Text(inert(text), **style)
+
 
 # Status marks: one cell wide in every common terminal font.
 ICON_OK = "✔"

@@ -14,6 +14,7 @@ from textual.widgets import Button, Input, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
 from kforge_tui.diffing import line_kind
+from kforge_tui.format import literal
 
 
 class Dialog(ModalScreen):
@@ -101,7 +102,7 @@ class Choose(Dialog):
         self.current = current
 
     def body(self) -> ComposeResult:
-        yield OptionList(*(Option(o, id=o) for o in self.options))
+        yield OptionList(*(Option(literal(o), id=o) for o in self.options))
 
     def on_mount(self) -> None:
         listing = self.query_one(OptionList)
@@ -159,7 +160,7 @@ class DiffView(Dialog):
 
     def compose(self) -> ComposeResult:
         with Vertical() as box:
-            box.border_title = self.title_text
+            box.border_title = literal(self.title_text)
             box.border_subtitle = "escape: close"
             with VerticalScroll():
                 yield Static()

@@ -9,6 +9,7 @@ from textual.binding import Binding, BindingType
 from textual.widgets import DataTable, Label
 
 from kforge.store.config import config_path
+from kforge_tui.format import literal
 from kforge_tui.screens.dialogs import Dialog
 
 
@@ -53,5 +54,5 @@ class Help(Dialog):
         table = self.query_one(DataTable)
         table.add_columns("key", "does", "id")
         for row in self.rows:
-            table.add_row(*row)
+            table.add_row(*map(literal, row))
         table.focus()

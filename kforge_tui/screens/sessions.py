@@ -10,6 +10,7 @@ from textual.binding import Binding, BindingType
 from textual.screen import Screen
 from textual.widgets import DataTable, Static
 
+from kforge.core.inert import inert
 from kforge.errors import KforgeError
 from kforge.store.commands import is_alive
 from kforge.store.records import SessionSummary
@@ -48,7 +49,7 @@ class SessionsScreen(Screen):
 
     def compose(self) -> ComposeResult:
         yield StatusBar(id="topbar")
-        yield Static(id="notice")
+        yield Static(id="notice", markup=False)  # it quotes paths and database errors
         yield VimTable(id="sessions")
         yield KeysFooter()
 
@@ -89,8 +90,9 @@ class SessionsScreen(Screen):
         if app.gpu is not None and not app.gpu.present and not app.demo:
             lines.append(gpu_notice(app.gpu.detail, search_evaluator(app.config)))
         notice = self.query_one("#notice", Static)
-        if notice.content != "\n".join(lines):  # an update repaints the screen
-            notice.update("\n".join(lines))
+        text = inert("\n".join(lines))
+        if notice.content != text:  # an update repaints the screen
+            notice.update(text)
         notice.display = bool(lines)
 
     # ----- keeping the list current -----

@@ -7,6 +7,7 @@ from typing import ClassVar
 from textual.binding import Binding, BindingType
 from textual.widgets import TextArea
 
+from kforge.core.inert import inert
 from kforge_tui.highlight import TEXT_AREA_THEME, register_cuda, text_area_theme
 
 
@@ -41,7 +42,7 @@ class CodeView(TextArea):
         self.theme = TEXT_AREA_THEME
 
     def show_text(self, text: str) -> None:
-        self.load_text(text)
+        self.load_text(inert(text))  # stored text: a TextArea never reads markup
         self.scroll_home(animate=False)
 
     def action_cursor_top(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from textual.widgets import Log, TabPane
 
+from kforge.core.inert import inert
 from kforge.store.records import NodeDetail
 from kforge_tui.follow import LOG_TAIL
 from kforge_tui.format import eval_report, llm_report, plan_text
@@ -49,7 +50,7 @@ class NodeLogs(PaneTabs):
     def restart_log(self, lines: list[str]) -> None:
         log = self.query_one("#log", Log)
         log.clear()
-        log.write_lines(lines)
+        log.write_lines(map(inert, lines))
 
     def add_log(self, lines: list[str]) -> None:
-        self.query_one("#log", Log).write_lines(lines)
+        self.query_one("#log", Log).write_lines(map(inert, lines))

@@ -8,7 +8,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from operator import attrgetter
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from rich.cells import cell_len
 from rich.console import RenderableType
@@ -26,6 +26,7 @@ from kforge_tui.format import (
     dtype_of,
     fmt_speedup,
     fmt_us,
+    literal,
     shapes_of,
     share_bar,
     sparkline,
@@ -52,6 +53,13 @@ class VimTable(SteadyScrollbars, DataTable):
     def __init__(self, **kwargs) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
 
+    # A text cell is shown literally: DataTable would read a string as markup.
+    def add_row(self, *cells: Cell, **kwargs: Any) -> Any:
+        return super().add_row(*map(_literal_cell, cells), **kwargs)
+
+    def update_cell(self, row_key: Any, column_key: Any, value: Cell, **kwargs: Any) -> None:
+        super().update_cell(row_key, column_key, _literal_cell(value), **kwargs)
+
     def show_rows(self, rows: Sequence[Row], narrower: bool = False) -> None:
         """Show exactly these rows, in this order. While the keys and their order stay the same,
         only the changed cells are written and only their rows repaint; a row added, removed or
@@ -69,6 +77,7 @@ class VimTable(SteadyScrollbars, DataTable):
                 self.select_key(keep)
             return
         for key, cells in rows:
+            cells = [_literal_cell(cell) for cell in cells]
             old = self.get_row(key)
             changed = [(column, new) for column, before, new in zip(self.columns, old, cells)
                        if not same_cell(before, new)]
@@ -108,6 +117,10 @@ class VimTable(SteadyScrollbars, DataTable):
             self.move_cursor(row=self.get_row_index(key), animate=False)
         except RowDoesNotExist:  # the row left the table (filtered out or deleted)
             return
+
+
+def _literal_cell(cell: Cell) -> Cell:
+    return literal(cell, end="") if isinstance(cell, str) else cell
 
 
 def plain(cell: Cell) -> str:
@@ -256,7 +269,8 @@ class OpTable(VimTable):
                  fmt_us(c.eager_us), str(c.calls), dtype_of(row),
                  status_text(row, row.id == self._focus, widths.get("status")),
                  clip(shapes, widths.get("shapes", len(shapes))))
-        return tuple(Text(cell, style=style, no_wrap=True, overflow="ellipsis") for cell in cells)
+        return tuple(literal(cell, style=style, no_wrap=True, overflow="ellipsis")
+                     for cell in cells)
 
 
 # The status words as a narrow op table shows them: four cells at most, so that a focus mark

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from textual.widgets import Static
 
+from kforge.core.inert import inert
 from kforge.eval.cluster import WorkerStatus
 
 SEPARATOR = " · "
@@ -41,11 +42,14 @@ class WorkersBar(Static):
     }
     """
 
+    def __init__(self, **kwargs) -> None:
+        super().__init__(markup=False, **kwargs)  # worker names are stored text
+
     def on_mount(self) -> None:
         self.display = False
 
     def show(self, workers: list[WorkerStatus], engine_alive: bool, width: int) -> None:
-        text = workers_line(workers, width) if engine_alive else ""
+        text = inert(workers_line(workers, width)) if engine_alive else ""
         self.display = bool(text)
         if text != self.content:
             self.update(text)

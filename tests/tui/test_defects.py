@@ -102,7 +102,7 @@ async def test_the_form_with_its_defaults_runs_a_plain_search(tmp_path: Path, mo
         assert form.query_one("#dtype", Select).is_blank()
         await pilot.press(*"resnet50", "enter")
         await until(pilot, lambda: kforge.argvs, what="the search to start")
-    assert kforge.argvs[0][3:] == ["search", "resnet50", "--db", str(db), "--detach", "--json"]
+    assert kforge.argvs[0][4:] == ["search", "resnet50", "--db", str(db), "--detach", "--json"]
 
 
 async def test_values_picked_in_the_form_reach_the_command(tmp_path: Path, monkeypatch):

@@ -101,8 +101,8 @@ def test_fold_turns_events_into_the_reads_that_catch_up():
 def test_new_session_form_becomes_a_checked_kforge_command(tmp_path: Path):
     db = tmp_path / "k.db"
     argv = search_argv(NewSession("resnet50", "float16", "llm", "12", "2.5", "30m"), db)
-    assert argv[:3] == [sys.executable, "-m", "kforge"]
-    assert argv[3:] == ["search", "resnet50", "--db", str(db), "--detach", "--json",
+    assert argv[:4] == [sys.executable, "-P", "-m", "kforge"]  # not the current folder's modules
+    assert argv[4:] == ["search", "resnet50", "--db", str(db), "--detach", "--json",
                         "--dtype", "float16", "--proposer", "llm", "--iterations", "12",
                         "--usd", "2.5", "--time", "30m"]
     factory = tmp_path / "net.py"
