@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kforge.core.settings import Origin, SearchSettings, Settings, parse_duration
-from kforge.engine.runner import kforge_command, kforge_env
+from kforge.engine.command import kforge_command, kforge_env
 from kforge.errors import KforgeError
 
 DTYPES = ("float16", "bfloat16", "float32")

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
 import subprocess
-import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -18,6 +16,7 @@ from kforge.core.gpu import GpuInfo
 from kforge.core.mcts import Decision
 from kforge.core.protocols import Evaluator, Proposer, SearchContext
 from kforge.core.settings import Origin, SearchSettings, SessionSettings, Settings
+from kforge.engine.command import kforge_command, kforge_env
 from kforge.engine.engine import Engine, Snapshot
 from kforge.engine.plugins import (
     PluginConsent,
@@ -141,18 +140,3 @@ def spawn_detached(db_path: Path, session_id: int,
             start_new_session=True, env=kforge_env())
     return proc.pid
 
-
-def kforge_command() -> list[str]:
-    """``python -m kforge`` for a child process, without the current folder on its ``sys.path``
-    (``-P``): a ``.py`` file lying next to a shared database is never imported as a module.
-    Run it with ``kforge_env``, which finds kforge where this process found it."""
-    return [sys.executable, "-P", "-m", "kforge"]
-
-
-def kforge_env() -> dict[str, str]:
-    """The environment of a ``kforge_command`` child: this one's, with the folder this kforge
-    is imported from first on ``PYTHONPATH`` and output unbuffered."""
-    root = str(Path(__file__).resolve().parents[2])
-    rest = os.environ.get("PYTHONPATH")
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([root, rest] if rest else [root]),
-            "PYTHONUNBUFFERED": "1"}

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kforge.cli.main import main
-from kforge.engine.runner import kforge_command, kforge_env
+from kforge.engine.command import kforge_command, kforge_env
 from kforge.store import Store
 from tests.doubles import sample_cards
 
