@@ -21,7 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from kforge.capture.classify import is_view_or_copy
 from kforge.capture.samples import SampleBudget, save_sample
-from kforge.core.argspec import encode_call, walk
+from kforge.core.argspec import allow_namespace, encode_call, walk
 from kforge.core.opcard import variant_key
 
 RANGE_PREFIX = "kforge:"
@@ -109,6 +109,7 @@ class _KeyedMode(TorchDispatchMode):
         op = self._names.get(func)
         if op is None:
             op = self._names[func] = str(func)
+            allow_namespace(func.namespace)  # an operator the model registered and called
         if op.split(".", 1)[0] in SKIPPED_NAMESPACES:
             return None
         args_spec, kwargs_spec = encode_call(func, args, kwargs)

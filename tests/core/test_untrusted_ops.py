@@ -152,3 +152,17 @@ async def test_the_engine_skips_a_crafted_card_with_the_reason_and_calls_nothing
     assert len(skipped) == 2
     assert all("not an operator kforge calls" in row.stop_reason for row in skipped)
     assert rows[0].status != CardStatus.SKIPPED
+
+
+def test_a_namespace_is_allowed_once_capture_records_one_of_its_operators():
+    from kforge.capture.recorder import _KeyedMode
+
+    @torch.library.custom_op("kforge_test_model::double", mutates_args=())
+    def double(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    with pytest.raises(ArgSpecError, match="not one of"):
+        resolve_op("kforge_test_model.double.default")
+    op = torch.ops.kforge_test_model.double.default
+    _KeyedMode()._describe(op, (torch.ones(2),), {})
+    assert resolve_op("kforge_test_model.double.default") is op
