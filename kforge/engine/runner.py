@@ -128,8 +128,9 @@ def log_path(db_path: Path, session_id: int) -> Path:
 def spawn_detached(db_path: Path, session_id: int,
                    consent: PluginConsent = PluginConsent()) -> int:
     """Start ``kforge resume`` for the session in a new process session (immune to the
-    terminal's hang-up) and return its pid. Output goes to the session's log file. The
-    plug-ins ``consent`` confirmed are given to it again."""
+    terminal's hang-up) and return its pid. Output goes to the session's log file. Plug-ins
+    that ``consent`` confirmed (``prepare_session`` saved them as the session's) are confirmed
+    to it too."""
     log_file = log_path(db_path, session_id)
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with log_file.open("ab") as out:
