@@ -296,8 +296,12 @@ def _misfit(kind: str, spec: Any, is_tensor: Callable[[Any], bool]) -> str | Non
         else kind
     if is_tensor(spec):
         return None if "Tensor" in kind else f"a tensor where the schema takes {kind}"
-    items = list_items(spec) if isinstance(spec, dict) else (
-        spec if isinstance(spec, (list, tuple)) else None)
+    if isinstance(spec, dict) and spec.get("t") == "list":
+        items = spec.get("items")
+        if not isinstance(items, list):
+            return "a list spec without a list of items"
+    else:
+        items = spec if isinstance(spec, (list, tuple)) else None
     if items is not None:
         if not kind.startswith("List["):
             return f"a list where the schema takes {kind}"

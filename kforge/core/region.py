@@ -132,7 +132,8 @@ class Region:
             return is_tensor
 
         for index, node in enumerate(self.nodes):
-            if not isinstance(node, dict) or node.keys() != {"op", "args", "kwargs"}:
+            if (not isinstance(node, dict) or node.keys() != {"op", "args", "kwargs"}
+                    or not isinstance(node["op"], str)):
                 raise ArgSpecError(f"region {self.name}: node n{index} is not a call")
             check_call(node["op"], node["args"], node["kwargs"], is_tensor=reads(index))
             returns = [str(r.type) for r in resolve_op(node["op"])._schema.returns]

@@ -166,3 +166,13 @@ def test_a_namespace_is_allowed_once_capture_records_one_of_its_operators():
     op = torch.ops.kforge_test_model.double.default
     _KeyedMode()._describe(op, (torch.ones(2),), {})
     assert resolve_op("kforge_test_model.double.default") is op
+
+
+@pytest.mark.parametrize("bad", [
+    region(node(["aten", "relu", "default"], ref("x0"))),  # an op name that is no string
+    region(node("aten.sum.dim_IntList", ref("x0"), {"t": "list", "items": 3})),
+    region(node("aten.sum.dim_IntList", ref("x0"), {"t": "list"})),
+], ids=["op-not-a-string", "items-not-a-list", "no-items"])
+def test_malformed_nodes_are_a_typed_error(bad):
+    with pytest.raises(ArgSpecError):
+        bad.check()
