@@ -38,8 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    handler = logging.StreamHandler()
+    handler.setFormatter(_InertFormatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+                        handlers=[handler])
     try:
         return args.func(args)
     except KforgeError as exc:
@@ -52,3 +54,10 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+class _InertFormatter(logging.Formatter):
+    """Log lines quote stored text too: they reach the terminal ``inert``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return inert(super().format(record))
