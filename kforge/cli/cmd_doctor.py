@@ -9,12 +9,16 @@ import platform
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 
 from kforge.cli.common import add_db_option, open_store, out, resolve_db
 from kforge.errors import KforgeError
 from kforge.store.config import config_path, load_config
+
+if TYPE_CHECKING:
+    from kforge.cli.main import Commands
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 _MARK = {OK: ("ok  ", "green"), WARN: ("warn", "yellow"), FAIL: ("FAIL", "bold red")}
@@ -27,8 +31,8 @@ class Check:
     detail: str
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("doctor", help="check Python, torch, the GPU, NVRTC and the database")
+def register(sub: Commands) -> None:
+    p = sub.add_parser("doctor")
     p.add_argument("--llm", action="store_true",
                    help="only check the LLM endpoint, with one tiny live request: its model, "
                         "latency, tokens and price")

@@ -17,6 +17,7 @@ from kforge.store import Store
 from kforge.store.events import ModelMeasured
 
 if TYPE_CHECKING:
+    from kforge.cli.main import Commands
     import torch
 
     from kforge.capture.loader import LoadedModel
@@ -35,9 +36,9 @@ def add_trust_model_option(parser: argparse.ArgumentParser) -> None:
                              "(a built-in model needs no confirmation)")
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: Commands) -> None:
     p = sub.add_parser(
-        "apply", help="compile a session's winning kernels for this GPU and say what they replace",
+        "apply",
         description="Decide per op card whether its best kernel replaces eager PyTorch (verified, "
                     "faster beyond the timing noise, same GPU architecture) or why not; compile "
                     "and load the winners on this GPU. With --run, rebuild the session's model and "
@@ -54,7 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_apply)
 
     p = sub.add_parser(
-        "export", help="write a session's winning kernels as a standalone Python package",
+        "export",
         description="Write a package (kernel sources, launch plans, cubins per architecture, a "
                     "manifest of every op variant, a README) that patches a model with only torch "
                     "and cuda-python installed: `import PKG; with PKG.patch(): model(x)`. "
@@ -71,8 +72,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser(
-        "e2e", help="time a session's model in every mode a user may pick, with and without "
-                    "its kernels",
+        "e2e",
         description="Rebuild the session's model and time whole forwards (CUDA events, median and "
                     "p10-p90, all modes interleaved) eager, captured as a CUDA graph, and under "
                     "torch.compile in its default, reduce-overhead and max-autotune modes, each "

@@ -25,6 +25,7 @@ from kforge.errors import KforgeError
 from kforge.store import Store
 
 if TYPE_CHECKING:
+    from kforge.cli.main import Commands
     from kforge.capture import Profile
 
 DEFAULT_SAMPLES = 3
@@ -38,9 +39,9 @@ STAGE_LABELS = {
 }
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: Commands) -> None:
     p = sub.add_parser(
-        "profile", help="profile a model into op cards (creates a session)",
+        "profile",
         description="Run a model once per pass at the aten level and store one op card per op "
                     "variant, ranked by its share of the model's time, with sample inputs.")
     p.add_argument("model", nargs="?",

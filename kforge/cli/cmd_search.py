@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from typing import TYPE_CHECKING
 
 from kforge.cli.cmd_profile import add_model_options, profile_to_session
 from kforge.cli.common import (
@@ -27,9 +28,12 @@ from kforge.store import CommandKind, SessionStatus
 from kforge.store.commands import issue
 from kforge.store.config import load_config
 
+if TYPE_CHECKING:
+    from kforge.cli.main import Commands
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("search", help="profile a model (or take a session) and search kernels")
+
+def register(sub: Commands) -> None:
+    p = sub.add_parser("search")
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("model", nargs="?", help="built-in model name or path/to/file.py:factory")
     target.add_argument("--session", type=session_id, help="continue this session instead")
@@ -37,12 +41,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_search_options(p)
     p.set_defaults(func=cmd_search)
 
-    p = sub.add_parser("resume", help="continue a session's search where it stopped")
+    p = sub.add_parser("resume")
     p.add_argument("session", type=session_id)
     _add_search_options(p)
     p.set_defaults(func=cmd_resume)
 
-    p = sub.add_parser("stop", help="ask a running search to stop (it can be resumed)")
+    p = sub.add_parser("stop")
     p.add_argument("session", type=session_id)
     add_db_option(p)
     p.set_defaults(func=cmd_stop)

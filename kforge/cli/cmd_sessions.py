@@ -6,11 +6,12 @@ import argparse
 import sys
 import time
 from operator import attrgetter
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 from rich.text import Text
 
-from kforge.cli.common import add_db_option, count, out, session_id, with_store
+from kforge.cli.common import add_db_option, out, row_id, session_id, with_store
 from kforge.cli.node_view import cmd_show_node
 from kforge.core.candidate import EvalOutcome
 from kforge.core.fmt import fmt_age, fmt_speedup, fmt_us
@@ -22,23 +23,26 @@ from kforge.store.commands import is_alive
 from kforge.store.config import db_path
 from kforge.store.events import ModelMeasured
 
+if TYPE_CHECKING:
+    from kforge.cli.main import Commands
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("sessions", help="list the sessions in the database")
+
+def register(sub: Commands) -> None:
+    p = sub.add_parser("sessions")
     add_db_option(p)
     p.set_defaults(func=cmd_sessions)
 
-    p = sub.add_parser("show", help="a session's op cards (ranked by time share) and best kernels")
+    p = sub.add_parser("show")
     p.add_argument("session", type=session_id)
     p.add_argument("--targets", action="store_true", help="hide views and copies")
-    p.add_argument("--node", type=count, metavar="N",
+    p.add_argument("--node", type=row_id, metavar="N",
                    help="show search node N in full: its outcome, kernel, plan and LLM calls")
     p.add_argument("--no-prompt", action="store_true",
                    help="with --node: leave out the LLM calls' prompts and replies")
     add_db_option(p)
     p.set_defaults(func=cmd_show)
 
-    p = sub.add_parser("delete", help="delete a session, its search tree and its samples")
+    p = sub.add_parser("delete")
     p.add_argument("session", type=session_id)
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     add_db_option(p)

@@ -8,12 +8,13 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kforge.cli.common import (
     add_db_option,
     add_trust_plugins_option,
-    count,
     out,
+    row_id,
     session_id,
     with_store,
 )
@@ -30,6 +31,9 @@ from kforge.runtime.plan import resolve_for
 from kforge.store import CardStatus, Store
 from kforge.store.commands import is_alive
 from kforge.store.records import NodeRow
+
+if TYPE_CHECKING:
+    from kforge.cli.main import Commands
 
 USER = "user"  # the proposer a user's own kernel is marked with
 
@@ -54,17 +58,16 @@ class UserKernels:
         pass
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("add-kernel", help="evaluate your own kernel for an op card and add it to "
-                                          "the card's search tree")
+def register(sub: Commands) -> None:
+    p = sub.add_parser("add-kernel")
     p.add_argument("session", type=session_id)
-    p.add_argument("--card", type=count, required=True, metavar="N",
+    p.add_argument("--card", type=row_id, required=True, metavar="N",
                    help="the op card (`kforge show SESSION` lists them)")
     p.add_argument("--source", type=Path, required=True, metavar="FILE",
                    help='the CUDA source: extern "C" __global__ kernels, compiled by NVRTC')
     p.add_argument("--plan", type=Path, required=True, metavar="FILE",
                    help="the launch plan, as JSON (docs/launch-plan.md)")
-    p.add_argument("--parent", type=count, metavar="NODE",
+    p.add_argument("--parent", type=row_id, metavar="NODE",
                    help="the node the kernel improves (a refine of a working one, a repair of a "
                         "failed one); without it, a new approach")
     p.add_argument("--approach", metavar="TEXT",

@@ -20,6 +20,7 @@ from kforge.store import Store
 from kforge.store.config import db_path
 
 T = TypeVar("T")
+MAX_ROW_ID = 2**63 - 1  # SQLite's largest integer: no session, node or card has a larger id
 
 class InertConsole(Console):
     """A console whose every piece of text is made ``inert`` as it is written (rich's own
@@ -143,13 +144,22 @@ def count(text: str) -> int:
     return int(text)
 
 
+def row_id(text: str) -> int:
+    """argparse type for the number of a stored node or op card: 1 up to the largest number
+    the database holds."""
+    value = count(text)
+    if value > MAX_ROW_ID:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_ROW_ID}")
+    return value
+
+
 def session_id(text: str) -> int:
     """argparse type for a session id."""
     try:
-        return count(text)
+        return row_id(text)
     except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"a session is named by its number (1 or more), "
-                                         f"not {text!r}") from None
+        raise argparse.ArgumentTypeError(f"a session is named by its number (1 to "
+                                         f"{MAX_ROW_ID}), not {text!r}") from None
 
 
 def is_tty() -> bool:

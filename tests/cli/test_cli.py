@@ -278,12 +278,13 @@ def test_profile_json_names_the_new_session_and_its_cards(tmp_path: Path, capsys
     assert "stored as session 1" in captured.err
 
 
-def test_a_failing_json_command_prints_nothing_on_stdout(tmp_path: Path):
+def test_a_failing_json_command_prints_one_object_naming_the_error(tmp_path: Path):
     db = tmp_path / "k.db"
     make_db(db)
     result = kforge("search", "--session", "9", "--db", str(db), "--json")
-    assert "no session 9" in one_error_line(result)
-    assert result.stdout == ""
+    line = one_error_line(result)
+    assert "no session 9" in line
+    assert json.loads(result.stdout) == {"error": line.removeprefix("kforge: ")}
 
 
 def test_delete_session(tmp_path: Path, capsys):
