@@ -220,8 +220,9 @@ def _load_factory(spec: str, options: ModelOptions, device: torch.device) -> Loa
         model.to(device=device, dtype=dtype)
     except torch.OutOfMemoryError:
         raise
-    except RuntimeError as exc:
-        raise KforgeError(f"cannot move {spec} to {device}: {first_line(exc)}") from None
+    except Exception as exc:  # a model's own .to() may raise anything
+        raise KforgeError(f"cannot move {spec} to {device}: {type(exc).__name__}: "
+                          f"{first_line(exc)}") from None
     args, kwargs = _to(args, device, dtype), _to(kwargs, device, dtype)
     model_dtype = dtype or next((p.dtype for p in model.parameters() if p.is_floating_point()),
                                 torch.float32)

@@ -100,7 +100,14 @@ def register(sub: Commands) -> None:
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    device, plan, patch = _prepare(args, "kforge apply")
+    from kforge.integrate.patching import NoGpu
+
+    try:
+        device, plan, patch = _prepare(args, "kforge apply")
+    except NoGpu:
+        if args.run:
+            raise
+        return _decisions_only(args)
     print_plan(plan, patch)
     if not args.run:
         return 0
@@ -114,6 +121,19 @@ def cmd_apply(args: argparse.Namespace) -> int:
     _log(args, plan, f"apply --run: {report.hits} kernel calls in one forward, output vs eager "
                      f"{difference}")
     _check_used(patch, report)
+    return 0
+
+
+def _decisions_only(args: argparse.Namespace) -> int:
+    """`kforge apply` where no kernel can load: each card's fate on the GPU it was searched on,
+    which needs only the database."""
+    from kforge.integrate.plan import load_plan
+
+    plan = with_store(args, lambda store: load_plan(store, args.session,
+                                                    graphs=args.cuda_graphs), reads_only=True)
+    print_plan(plan)
+    out.print(f"note: nothing was compiled or loaded (no CUDA GPU with cuda-core here): these "
+              f"are the decisions for the GPU the session was searched on ({plan.made_on})")
     return 0
 
 

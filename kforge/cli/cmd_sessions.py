@@ -19,7 +19,7 @@ from kforge.core.region import folded
 from kforge.core.settings import SessionSettings
 from kforge.errors import KforgeError
 from kforge.store import Store
-from kforge.store.commands import is_alive
+from kforge.store.commands import is_alive, shown_status
 from kforge.store.config import db_path
 from kforge.store.events import ModelMeasured
 
@@ -64,7 +64,8 @@ def cmd_sessions(args: argparse.Namespace) -> int:
                                                             "best", "cost") else "left")
     now = time.time()
     for s in summaries:
-        table.add_row(str(s.session.id), s.session.model, s.session.gpu_label, s.session.status,
+        table.add_row(str(s.session.id), s.session.model, s.session.gpu_label,
+                      shown_status(s.session),
                       f"{s.targets}/{s.cards}", str(s.nodes), str(s.improved),
                       fmt_speedup(s.best_speedup), f"${s.session.usd_spent:.2f}",
                       fmt_age(now - s.last_activity))
@@ -87,7 +88,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     settings = session.settings
     search = SessionSettings.from_stored(settings).search
     out.print(Text.assemble((f"session {session.id}", "bold"),
-                            f"  {session.model}  on {session.gpu_label}  [{session.status}]"))
+                            f"  {session.model}  on {session.gpu_label}  [{shown_status(session)}]"))
     details = {k: settings[k] for k in ("dtype", "batch", "seq_len", "seq_lengths", "mode")
                if k in settings}
     if details:

@@ -17,6 +17,7 @@ from rich.segment import Segment
 
 from kforge.core.inert import inert
 from kforge.store import Store
+from kforge.store.commands import shown_status
 from kforge.store.config import db_path
 
 T = TypeVar("T")
@@ -120,7 +121,7 @@ async def session_facts(store: Store, session_id: int) -> dict:
     session = await store.get_session(session_id)
     cards = await store.list_cards(session_id)
     speedups = [row.best_speedup for row in cards if row.best_speedup is not None]
-    return {"session": session.id, "model": session.model, "status": session.status,
+    return {"session": session.id, "model": session.model, "status": shown_status(session),
             "error": session.error or None, "cards": len(cards),
             "targets": sum(row.card.target for row in cards),
             "best_speedup": max(speedups, default=None), "usd_spent": session.usd_spent}

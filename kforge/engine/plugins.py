@@ -97,9 +97,27 @@ def check_can_start(search: SearchSettings, llm: LlmSection, llm_model: str | No
         load_llm_settings(llm, os.environ, llm_model, config_file=str(config_path()))
 
 
+def make_plugin(spec: str, ctx: SearchContext, kind: type, what: str) -> Any:
+    """What the factory ``spec`` (module:function) makes for ``ctx``, which must be a ``kind``:
+    a factory that fails or makes something else is one KforgeError naming it."""
+    factory = load_factory(spec)
+    try:
+        made = factory(ctx)
+    except KforgeError:
+        raise
+    except Exception as exc:
+        raise KforgeError(f"the {what} factory {spec} raised {type(exc).__name__}: "
+                          f"{exc}") from None
+    if not isinstance(made, kind):
+        raise KforgeError(f"the {what} factory {spec} returned {type(made).__name__}, which "
+                          f"is no {what} (one has the methods of "
+                          f"kforge.core.protocols.{kind.__name__})")
+    return made
+
+
 def make_proposer(spec: str, ctx: SearchContext) -> Proposer:
     if ":" in spec:
-        return load_factory(spec)(ctx)
+        return make_plugin(spec, ctx, Proposer, "proposer")
     from kforge.propose import resolve_proposer
 
     return resolve_proposer(spec, ctx)
@@ -107,7 +125,7 @@ def make_proposer(spec: str, ctx: SearchContext) -> Proposer:
 
 def make_evaluator(spec: str, ctx: SearchContext) -> Evaluator:
     if ":" in spec:
-        return load_factory(spec)(ctx)
+        return make_plugin(spec, ctx, Evaluator, "evaluator")
     check_spec(spec, BUILTIN_EVALUATORS, "evaluator")
     if ctx.settings.search.cluster:
         from kforge.eval.cluster import make_cluster_evaluator

@@ -164,17 +164,21 @@ def by_saving(patch: SessionPatch) -> list[Entry]:
     return sorted(patch.table.entries, key=lambda e: -saving.get(e.key, 0.0))
 
 
+class NoGpu(KforgeError):
+    """This machine cannot load kernels: no CUDA GPU, or no cuda-core."""
+
+
 def cuda_device(device: str | torch.device | None, what: str) -> torch.device:
     """The CUDA device to run on, with its index; a KforgeError naming ``what`` where there is
-    none."""
+    none (NoGpu where this machine has no GPU or no cuda-core)."""
     try:
         import cuda.core  # noqa: F401
     except ImportError:
-        raise KforgeError(f"{what} needs cuda-core to load kernels (pip install "
-                          "'kforge[cuda]')") from None
+        raise NoGpu(f"{what} needs cuda-core to load kernels (pip install "
+                    "'kforge[cuda]')") from None
     if not torch.cuda.is_available():
-        raise KforgeError(f"{what} needs a CUDA GPU and this torch sees none "
-                          "(`kforge export` packages the kernels without one)")
+        raise NoGpu(f"{what} needs a CUDA GPU and this torch sees none "
+                    "(`kforge export` packages the kernels without one)")
     try:
         chosen = torch.device(device) if device is not None else torch.device("cuda")
     except RuntimeError:

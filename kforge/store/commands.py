@@ -81,6 +81,18 @@ def is_alive(session: Session) -> bool:
     return engine_alive(session.engine_pid, session.engine_host, session.heartbeat_at)
 
 
+ENGINE_GONE = "engine gone"
+
+
+def shown_status(session: Session) -> str:
+    """The session's status as a viewer shows it: one only an engine holds (running, paused)
+    whose engine is gone (killed, or silent past its lease on another host) is "engine gone"
+    (`kforge stop` marks it stopped, `kforge resume` continues it)."""
+    if session.status in HELD_STATUSES and not is_alive(session):
+        return ENGINE_GONE
+    return session.status
+
+
 async def issue(store: Store, session_id: int, kind: str, arg: object = None) -> str:
     """Check one command against the session and carry it out; say what happened in a short
     sentence. BadCommand for a node or card not in the session, NoRunningSearch for what only a

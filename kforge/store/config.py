@@ -99,6 +99,9 @@ def read_toml(path: Path, what: str) -> dict[str, Any]:
             return tomllib.load(fh)
     except tomllib.TOMLDecodeError as exc:
         raise KforgeError(f"{what} {path} is not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise KforgeError(f"{what} {path} is not UTF-8 text (byte {exc.start} cannot be read); "
+                          "TOML files are UTF-8") from None
     except OSError as exc:
         raise KforgeError(f"cannot read {what} {path}: {exc.strerror}") from None
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -10,6 +12,7 @@ from typing import Any
 from kforge.core.candidate import Candidate, EvalOutcome
 from kforge.core.mcts import Action, NodeRecord, NodeState
 from kforge.core.opcard import OpCard
+from kforge.errors import KforgeError
 
 
 class SessionStatus(StrEnum):
@@ -54,6 +57,72 @@ class CommandKind(StrEnum):
 
 def loads(text: str | None, default: Any = None) -> Any:
     return json.loads(text) if text else default
+
+
+class DamagedRow(KforgeError):
+    """A stored row this kforge cannot read: a column holds invalid JSON or a value of the wrong
+    type (the database was edited by hand, or damaged)."""
+
+
+NUMBER = (int, float)
+NOTHING = type(None)
+
+
+@contextmanager
+def reading(what: str) -> Iterator[None]:
+    """Decode one stored row: whatever goes wrong becomes one DamagedRow naming ``what`` (such as
+    "session 3") and the reason, never an error from deep inside a reader."""
+    try:
+        yield
+    except DamagedRow:
+        raise
+    except Exception as exc:  # any failure to decode means the row is not what kforge wrote
+        reason = " ".join(str(exc).split())[:160]
+        if isinstance(exc, KeyError) or not reason:
+            reason = f"{type(exc).__name__} {reason}".strip()
+        raise DamagedRow(f"{what} in the database cannot be read ({reason}): the row is damaged; "
+                         "restore the database from a copy, or delete that row") from None
+
+
+def column(row: Mapping[str, Any], name: str, kinds: type | tuple[type, ...]) -> Any:
+    """The value of column ``name``, which must be of ``kinds`` (SQLite keeps whatever was
+    written, whatever the column's declared type)."""
+    value = row[name]
+    if not isinstance(value, kinds):
+        raise TypeError(f"{name} holds {_shown(value)}, not {_names(kinds)}")
+    return value
+
+
+def json_column(row: Mapping[str, Any], name: str, kinds: type | tuple[type, ...],
+                default: Any = None) -> Any:
+    """Column ``name`` read as JSON, which must decode to one of ``kinds``; ``default`` for an
+    empty or NULL column."""
+    text = row[name]
+    if text is None or text == "":
+        return default
+    if not isinstance(text, str):
+        raise TypeError(f"{name} holds {_shown(text)}, not JSON text")
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"{name} is not valid JSON: {exc}") from None
+    if not isinstance(value, kinds):
+        raise TypeError(f"{name} holds {_shown(value)}, not {_names(kinds)}")
+    return value
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _names(kinds: type | tuple[type, ...]) -> str:
+    words = {dict: "an object", list: "a list", str: "text", int: "a whole number",
+             float: "a number", NOTHING: "nothing"}
+    kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+    if float in kinds:
+        kinds = tuple(k for k in kinds if k is not int)  # a whole number is a number
+    return " or ".join(words.get(k, k.__name__) for k in kinds)
 
 
 def dumps(value: Any) -> str:

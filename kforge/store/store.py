@@ -66,13 +66,18 @@ from kforge.store.records import (
     CardStatus,
     Command,
     NodeDetail,
+    NOTHING,
+    NUMBER,
     NodeRow,
     NodeStatus,
     Session,
     SessionStatus,
     SessionSummary,
+    column,
     dumps,
+    json_column,
     loads,
+    reading,
 )
 from kforge.store.schema import LATEST, MIGRATIONS
 
@@ -439,10 +444,7 @@ class Store:
                  max(s.updated_at, coalesce((SELECT max(at) FROM events e
                      WHERE e.session_id = s.id), 0)) AS last_activity
                FROM sessions s ORDER BY s.id""")
-        return [SessionSummary(session=_session(r), cards=r["n_cards"], targets=r["n_targets"],
-                               nodes=r["n_nodes"], improved=r["n_improved"],
-                               best_speedup=r["top_speedup"], last_activity=r["last_activity"])
-                for r in rows]
+        return [_summary(r) for r in rows]
 
     async def set_session_status(self, session_id: int, status: SessionStatus,
                                  error: str = "") -> None:
@@ -457,7 +459,8 @@ class Store:
                                           (session_id,))).fetchone()
             if row is None:
                 raise KforgeError(f"no session {session_id} in {self.path}")
-            settings = {**loads(row["settings"], {}), **changes}
+            with reading(f"session {session_id}"):
+                settings = {**json_column(row, "settings", dict, {}), **changes}
             await db.execute("UPDATE sessions SET settings = ?, updated_at = ? WHERE id = ?",
                              (dumps(settings), time.time(), session_id))
             await self._event(db, session_id, SessionSettingsChanged(changes=changes))
@@ -683,10 +686,14 @@ class Store:
             raise KforgeError(f"no search node {node_id}")
         r = rows[0]
         row = _node(r)
-        candidate = (Candidate(source=r["source"], plan=loads(r["plan"]), meta=row.meta)
-                     if r["source"] is not None else None)
+        with reading(f"the kernel of search node {node_id}"):
+            candidate = (Candidate(source=column(r, "source", str),
+                                   plan=json_column(r, "plan", object),
+                                   meta=row.meta)
+                         if r["source"] is not None else None)
         ev = await self._read("SELECT outcome FROM evaluations WHERE node_id = ?", (node_id,))
-        outcome = EvalOutcome.from_dict(loads(ev[0]["outcome"])) if ev else None
+        with reading(f"the evaluation of search node {node_id}"):
+            outcome = EvalOutcome.from_dict(json_column(ev[0], "outcome", dict)) if ev else None
         calls = await self._read("SELECT model, input_tokens, output_tokens, usd, seconds, prompt, "
                                  "reply, error, created_at FROM llm_calls WHERE node_id = ? "
                                  "ORDER BY id", (node_id,))
@@ -732,9 +739,7 @@ class Store:
     async def pending_commands(self, session_id: int) -> list[Command]:
         rows = await self._read("SELECT * FROM commands WHERE session_id = ? AND done_at IS NULL "
                                 "ORDER BY id", (session_id,))
-        return [Command(id=r["id"], session_id=r["session_id"], kind=r["kind"],
-                        arg=loads(r["arg"]), created_at=r["created_at"], done_at=r["done_at"],
-                        result=r["result"]) for r in rows]
+        return [_command(r) for r in rows]
 
     async def ack_command(self, command_id: int, result: str) -> None:
         async with self.transaction() as db:
@@ -864,34 +869,75 @@ def _explain(exc: sqlite3.Error, path: Path) -> KforgeError:
 
 
 def _session(r: aiosqlite.Row) -> Session:
-    return Session(id=r["id"], model=r["model"], gpu=loads(r["gpu"], {}),
-                   settings=loads(r["settings"], {}), status=r["status"], error=r["error"],
-                   created_at=r["created_at"], updated_at=r["updated_at"],
-                   engine_pid=r["engine_pid"], engine_host=r["engine_host"],
-                   heartbeat_at=r["heartbeat_at"], usd_spent=r["usd_spent"],
-                   run_seconds=r["run_seconds"])
+    with reading(f"session {r['id']}"):
+        return Session(id=r["id"], model=column(r, "model", str),
+                       gpu=json_column(r, "gpu", dict, {}),
+                       settings=json_column(r, "settings", dict, {}),
+                       status=column(r, "status", str), error=column(r, "error", str),
+                       created_at=column(r, "created_at", NUMBER),
+                       updated_at=column(r, "updated_at", NUMBER),
+                       engine_pid=column(r, "engine_pid", (int, NOTHING)),
+                       engine_host=column(r, "engine_host", (str, NOTHING)),
+                       heartbeat_at=column(r, "heartbeat_at", (*NUMBER, NOTHING)),
+                       usd_spent=column(r, "usd_spent", NUMBER),
+                       run_seconds=column(r, "run_seconds", NUMBER))
+
+
+def _summary(r: aiosqlite.Row) -> SessionSummary:
+    session = _session(r)
+    with reading(f"the op cards of session {r['id']}"):
+        return SessionSummary(session=session, cards=r["n_cards"], targets=r["n_targets"],
+                              nodes=r["n_nodes"], improved=r["n_improved"],
+                              best_speedup=column(r, "top_speedup", (*NUMBER, NOTHING)),
+                              last_activity=column(r, "last_activity", NUMBER))
 
 
 def _card(r: aiosqlite.Row) -> CardRow:
-    card = OpCard(op=r["op"], args=loads(r["args"]), kwargs=loads(r["kwargs"], {}),
-                  calls=r["calls"], total_us=r["total_us"], share=r["share"],
-                  library=r["library"], target=bool(r["target"]), eager_us=r["eager_us"],
-                  compiled_us=r["compiled_us"], floor_us=r["floor_us"], id=r["id"], key=r["key"],
-                  region=loads(r["region"]), ranges=loads(r["ranges"]))
-    return CardRow(card=card, status=r["status"], stop_reason=r["stop_reason"], spent=r["spent"],
-                   best_node=r["best_node"], best_speedup=r["best_speedup"],
-                   modules=loads(r["modules"], []), baseline=loads(r["baseline"]))
+    with reading(f"op card {r['id']}"):
+        card = OpCard(op=column(r, "op", str), args=json_column(r, "args", list, []),
+                      kwargs=json_column(r, "kwargs", dict, {}), calls=column(r, "calls", int),
+                      total_us=column(r, "total_us", NUMBER), share=column(r, "share", NUMBER),
+                      library=column(r, "library", str), target=bool(column(r, "target", int)),
+                      eager_us=column(r, "eager_us", (*NUMBER, NOTHING)),
+                      compiled_us=column(r, "compiled_us", (*NUMBER, NOTHING)),
+                      floor_us=column(r, "floor_us", (*NUMBER, NOTHING)), id=r["id"],
+                      key=column(r, "key", str), region=json_column(r, "region", (dict, NOTHING)),
+                      ranges=json_column(r, "ranges", (dict, NOTHING)))
+        # what every reader shows of a card: one that cannot be shown is damaged
+        card.signature, card.short_op, card.range_text  # noqa: B018
+        return CardRow(card=card, status=column(r, "status", str),
+                       stop_reason=column(r, "stop_reason", str), spent=column(r, "spent", int),
+                       best_node=column(r, "best_node", (int, NOTHING)),
+                       best_speedup=column(r, "best_speedup", (*NUMBER, NOTHING)),
+                       modules=json_column(r, "modules", list, []),
+                       baseline=json_column(r, "baseline", (dict, NOTHING)))
 
 
 def _event(r: aiosqlite.Row) -> Event:
-    return Event(seq=r["seq"], session_id=r["session_id"], at=r["at"],
-                 record=from_row(r["kind"], loads(r["data"], {})))
+    with reading(f"event {r['seq']}"):
+        return Event(seq=r["seq"], session_id=column(r, "session_id", (int, NOTHING)),
+                     at=column(r, "at", NUMBER),
+                     record=from_row(column(r, "kind", str), json_column(r, "data", dict, {})))
 
 
 def _node(r: aiosqlite.Row) -> NodeRow:
-    return NodeRow(id=r["id"], session_id=r["session_id"], card_id=r["card_id"],
-                   parent_id=r["parent_id"], action=r["action"], status=r["status"],
-                   meta=loads(r["meta"], {}), reward=r["reward"], speedup=r["speedup"],
-                   median_us=r["median_us"], repairable=bool(r["repairable"]),
-                   pruned=bool(r["pruned"]), summary=r["summary"], usd=r["usd"],
-                   created_at=r["created_at"], finished_at=r["finished_at"])
+    with reading(f"search node {r['id']}"):
+        return NodeRow(id=r["id"], session_id=column(r, "session_id", int),
+                       card_id=column(r, "card_id", int),
+                       parent_id=column(r, "parent_id", (int, NOTHING)),
+                       action=column(r, "action", str), status=column(r, "status", str),
+                       meta=json_column(r, "meta", dict, {}),
+                       reward=column(r, "reward", (*NUMBER, NOTHING)),
+                       speedup=column(r, "speedup", (*NUMBER, NOTHING)),
+                       median_us=column(r, "median_us", (*NUMBER, NOTHING)),
+                       repairable=bool(column(r, "repairable", int)),
+                       pruned=bool(column(r, "pruned", int)), summary=column(r, "summary", str),
+                       usd=column(r, "usd", NUMBER), created_at=column(r, "created_at", NUMBER),
+                       finished_at=column(r, "finished_at", (*NUMBER, NOTHING)))
+
+
+def _command(r: aiosqlite.Row) -> Command:
+    with reading(f"command {r['id']}"):
+        return Command(id=r["id"], session_id=r["session_id"], kind=column(r, "kind", str),
+                       arg=loads(r["arg"]), created_at=column(r, "created_at", NUMBER),
+                       done_at=column(r, "done_at", (*NUMBER, NOTHING)), result=r["result"])

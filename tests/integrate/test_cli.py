@@ -69,11 +69,19 @@ def test_export_of_a_session_without_winners_says_so(db, tmp_path, capsys):
     assert not list(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("command", ["apply", "e2e"])
-def test_apply_and_e2e_need_a_gpu(db, sid, no_gpu, capsys, command):
-    assert main([command, str(sid), "--db", str(db)]) == 1
-    assert error_line(capsys) == (f"kforge: kforge {command} needs a CUDA GPU and this torch "
+@pytest.mark.parametrize("command", [["apply", "--run"], ["e2e"]])
+def test_apply_run_and_e2e_need_a_gpu(db, sid, no_gpu, capsys, command):
+    assert main([*command, str(sid), "--db", str(db)]) == 1
+    assert error_line(capsys) == (f"kforge: kforge {command[0]} needs a CUDA GPU and this torch "
                                   "sees none (`kforge export` packages the kernels without one)")
+
+
+def test_apply_without_a_gpu_prints_the_decisions(db, sid, no_gpu, capsys):
+    assert main(["apply", str(sid), "--db", str(db)]) == 0
+    printed = capsys.readouterr().out
+    assert "kernel 1.80x" in printed and "not searched yet" in printed
+    assert "nothing was compiled or loaded (no CUDA GPU" in printed
+    assert "the GPU the session was searched on (sm_90)" in printed
 
 
 @pytest.mark.parametrize("command", ["apply", "e2e"])

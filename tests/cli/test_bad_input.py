@@ -1,0 +1,258 @@
+"""Whatever a user types and whatever a database holds, `kforge` ends in one line on stderr and a
+non-zero exit code, never a traceback; with --json, one object naming the error on stdout. And
+`--version` / `--help` import no command module (no torch)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kforge.cli.main import main
+from kforge.core.candidate import Candidate, EvalOutcome, EvalStatus
+from kforge.store import SessionStatus, Store
+from kforge.store.events import ModelMeasured
+from tests.doubles import sample_cards, timing
+
+REPO = Path(__file__).resolve().parents[2]
+PROGRESS = re.compile(r"[a-z ()-]+: \d+/\d+")
+FAKE_GPU = {"name": "Fake GPU", "arch": "sm_90"}
+PROPOSER, EVALUATOR = "tests.doubles:make_proposer", "tests.doubles:make_evaluator"
+
+
+def make_db(path: Path) -> None:
+    """Session 1: op cards, one finished search node (node 1) and a whole-model measurement."""
+
+    async def go() -> None:
+        async with await Store.open(path) as store:
+            sid = await store.create_profiled_session("toy", {}, FAKE_GPU, sample_cards())
+            card = (await store.list_cards(sid))[0].id
+            node = await store.add_node(sid, card, None, "new")
+            await store.set_candidate(node, Candidate("__global__ void k() {}", {"launches": []}))
+            await store.finish_node(node, EvalOutcome(EvalStatus.OK, "ok", speedup=1.5,
+                                                      timing=timing(30.0)), 0.4)
+            await store.add_model_measurement(sid, ModelMeasured({"eager": 1.0}, {}, 1.1))
+
+    asyncio.run(go())
+
+
+def run(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def assert_one_line(code: int, err: str) -> str:
+    """The one line that says what went wrong (after any progress lines, `stage: 0/1`)."""
+    assert code != 0
+    lines = [line for line in err.strip().splitlines() if not PROGRESS.fullmatch(line)]
+    assert len(lines) == 1 and lines[0].startswith("kforge: "), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    path = tmp_path / "k.db"
+    make_db(path)
+    return path
+
+
+def model_file(tmp_path: Path, body: str) -> str:
+    path = tmp_path / "model.py"
+    path.write_text("import torch\n\n" + body)
+    return f"{path}:build"
+
+
+TO_RAISES = '''
+class Stubborn(torch.nn.Module):
+    def to(self, *args, **kwargs):
+        raise TypeError("this model stays where it is")
+
+def build():
+    return Stubborn(), (torch.zeros(2),)
+'''
+
+
+@pytest.mark.parametrize("argv, said", [
+    ([], "argument COMMAND: invalid choice"),
+    (["frobnicate"], "invalid choice: 'frobnicate'"),
+    (["show"], "show: the following arguments are required: session"),
+    (["show", str(2**64)], "a session is named by its number (1 to 9223372036854775807)"),
+    (["show", str(2**63)], "a session is named by its number"),
+    (["show", "-1"], "a session is named by its number"),
+    (["show", "1.5"], "a session is named by its number"),
+    (["show", "1", "--node", str(2**64)], "must be at most 9223372036854775807"),
+    (["show", "9223372036854775807"], "no session 9223372036854775807"),
+    (["show", "1", "--node", "99"], "no search node 99"),
+    (["delete", "1"], "add --yes"),
+    (["stop", "1"], "no search is running for session 1"),
+    (["resume", "1", "--time", "1e999h"], "1e999h"),
+    (["resume", "1", "--proposer", "builtins:len", "--evaluator", EVALUATOR],
+     "the proposer factory builtins:len raised TypeError"),
+    (["resume", "1", "--proposer", PROPOSER, "--evaluator", "builtins:id"],
+     "the evaluator factory builtins:id returned int, which is no evaluator"),
+    (["resume", "1", "--proposer", EVALUATOR,
+      "--evaluator", EVALUATOR], "which is no proposer"),
+    (["apply", "1", "--run"], "needs"),
+    (["profile", "no-such-model", "--device", "cpu"], "no-such-model"),
+])
+def test_bad_command_lines(db: Path, capsys, argv, said):
+    code, out, err = run(capsys, *argv, "--db", str(db))
+    assert said in assert_one_line(code, err)
+
+
+@pytest.mark.parametrize("where", ["long-name", "long-path"])
+def test_over_long_database_paths(tmp_path: Path, capsys, where):
+    path = (tmp_path / ("x" * 300) / "k.db" if where == "long-name"
+            else Path("/" + "/".join(["d" * 200] * 30)) / "k.db")
+    for argv in (["sessions"], ["show", "1"], ["profile", "nothing", "--device", "cpu"]):
+        line = assert_one_line(*run(capsys, *argv, "--db", str(path))[::2])
+        assert len(line) < 400
+
+
+def test_a_model_whose_to_raises_type_error(tmp_path: Path, capsys):
+    spec = model_file(tmp_path, TO_RAISES)
+    code, _, err = run(capsys, "profile", spec, "--device", "cpu", "--db", str(tmp_path / "k.db"))
+    assert "cannot move" in assert_one_line(code, err) and "stays where it is" in err
+
+
+@pytest.mark.parametrize("content, said", [
+    (b"\xff\xfe[search]\n", "is not UTF-8 text"),
+    (b"[search\n", "is not valid TOML"),
+    (None, "cannot read config file"),  # a folder where the file should be
+])
+def test_unreadable_config_files(db: Path, _isolated_kforge_dirs: Path, capsys, content, said):
+    config = _isolated_kforge_dirs / "config.toml"
+    if content is None:
+        config.mkdir()
+    else:
+        config.write_bytes(content)
+    line = assert_one_line(*run(capsys, "resume", "1", "--db", str(db))[::2])
+    assert said in line and str(config) in line
+
+
+DAMAGE = [  # (table, column, value stored, where the row is read, what the error names)
+    ("sessions", "gpu", "{not json", ["sessions"], "session 1 "),
+    ("sessions", "gpu", "[1, 2]", ["show", "1"], "session 1 "),
+    ("sessions", "settings", '"text"', ["show", "1"], "session 1 "),
+    ("sessions", "usd_spent", "lots", ["sessions"], "session 1 "),
+    ("sessions", "created_at", b"\x00\x01", ["sessions"], "session 1 "),
+    ("sessions", "status", b"\x00", ["show", "1"], "session 1 "),
+    ("op_cards", "args", '{"a": 1}', ["show", "1"], "op card 1 "),
+    ("op_cards", "args", '[{"t": "tensor"}]', ["show", "1"], "op card 1 "),
+    ("op_cards", "region", '"a region"', ["show", "1"], "op card 1 "),
+    ("op_cards", "best_speedup", "fast", ["sessions"], "the op cards of session 1 "),
+    ("op_cards", "calls", 2.5, ["show", "1"], "op card 1 "),
+    ("nodes", "meta", "{", ["show", "1", "--node", "1"], "search node 1 "),
+    ("nodes", "speedup", "x", ["show", "1", "--node", "1"], "search node 1 "),
+    ("evaluations", "outcome", '{"status": "nonsense"}', ["show", "1", "--node", "1"],
+     "the evaluation of search node 1 "),
+    ("evaluations", "outcome", "not json", ["show", "1"], "the evaluation of search node 1 "),
+    ("events", "data", "[", ["show", "1"], "event "),
+]
+
+
+@pytest.mark.parametrize("table, column, value, argv, what", DAMAGE)
+def test_damaged_rows_are_one_clear_line(db: Path, capsys, table, column, value, argv, what):
+    with sqlite3.connect(db) as raw:
+        where = "kind = 'model_measured'" if table == "events" else "1"
+        raw.execute(f"UPDATE {table} SET {column} = ? WHERE {where}", (value,))
+    line = assert_one_line(*run(capsys, *argv, "--db", str(db))[::2])
+    assert f"kforge: {what}" in line and "in the database cannot be read" in line
+
+
+@pytest.mark.parametrize("argv", [
+    ["profile", "no-such-model", "--device", "cpu", "--json"],
+    ["search", "--session", "5", "--json"],
+    ["resume", "1", "--json", "--patience", "0"],
+    ["profile", "--json", "--no-such-option"],
+    ["search", "--session", str(2**64), "--json"],
+])
+def test_json_failures_answer_one_object_with_the_error(db: Path, capsys, argv):
+    code, out, err = run(capsys, *argv, "--db", str(db))
+    line = assert_one_line(code, err)
+    assert json.loads(out) == {"error": line.removeprefix("kforge: ")}
+
+
+WORDS = ["sessions", "show", "delete", "stop", "resume", "apply", "add-kernel", "1",
+         "0", "-1", "99", str(2**64), "nan", "é", "--node", "--card", "--yes", "--json",
+         "--targets", "--run", "--iterations", "--top", "--time", "--focus", "--source", "-v",
+         "--", "x"]
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.sampled_from(WORDS), max_size=6))
+def test_any_command_line_is_an_answer_or_one_line(db: Path, capsys, argv: list[str]):
+    try:
+        code, out, err = run(capsys, *argv, "--db", str(db))
+    except SystemExit as exit_:  # --help
+        assert exit_.code == 0
+        return
+    if code:
+        line = assert_one_line(code, err)
+        if "--json" in argv[:argv.index("--")] if "--" in argv else "--json" in argv:
+            assert json.loads(out) == {"error": line.removeprefix("kforge: ")}
+    assert "Traceback" not in err
+
+
+def kforge_process(*argv: str, **options) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, *argv], cwd=REPO, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **options)
+
+
+@pytest.mark.parametrize("flag", ["--version", "--help"])
+def test_version_and_help_import_no_command_module(flag: str):
+    probe = ("import sys\nfrom kforge.cli.main import main\ntry:\n    main([%r])\n"
+             "except SystemExit:\n    pass\nprint(sorted(m for m in sys.modules if "
+             "m.startswith(('torch', 'kforge.cli.cmd_', 'kforge.store', 'rich'))))" % flag)
+    out, _ = kforge_process("-c", probe).communicate(timeout=60)
+    assert out.strip().splitlines()[-1] == "[]"
+
+
+def test_ctrl_c_while_torch_is_imported_is_one_line(db: Path):
+    """SIGINT in the seconds a command spends importing torch: kforge says it was interrupted.
+    Python reports each import as it ends (-X importtime): the signal goes once torch's own
+    modules are being imported."""
+    proc = kforge_process("-X", "importtime", "-m", "kforge", "show", "1", "--db", str(db))
+    said = []
+    for line in proc.stderr:
+        said.append(line)
+        if re.search(r"\|\s+torch(\.|$)", line.rstrip()):
+            proc.send_signal(signal.SIGINT)
+            break
+    rest, tail = proc.communicate(timeout=60)
+    said += tail.splitlines(keepends=True)
+    assert proc.returncode == 130
+    lines = [line for line in said if not line.startswith("import time:")]
+    assert lines == ["kforge: interrupted\n"], "".join(lines)
+    assert rest == ""
+
+
+def test_sessions_shows_a_killed_engine_as_gone(db: Path, capsys):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+
+    async def claim_and_die() -> None:
+        async with await Store.open(db) as store:
+            await store.claim_engine(1, pid=dead.pid)
+            await store.set_session_status(1, SessionStatus.RUNNING)
+
+    asyncio.run(claim_and_die())
+    code, out, _ = run(capsys, "sessions", "--db", str(db))
+    assert code == 0 and "engine gone" in out and "running" not in out
+    code, out, _ = run(capsys, "show", "1", "--db", str(db))
+    assert code == 0 and "[engine gone]" in out
