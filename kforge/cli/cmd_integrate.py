@@ -128,12 +128,18 @@ def _decisions_only(args: argparse.Namespace) -> int:
     """`kforge apply` where no kernel can load: each card's fate on the GPU it was searched on,
     which needs only the database."""
     from kforge.integrate.plan import load_plan
+    from kforge.integrate.winners import NO_GPU_ARCH
 
     plan = with_store(args, lambda store: load_plan(store, args.session,
                                                     graphs=args.cuda_graphs), reads_only=True)
     print_plan(plan)
-    out.print(f"note: nothing was compiled or loaded (no CUDA GPU with cuda-core here): these "
-              f"are the decisions for the GPU the session was searched on ({plan.made_on})")
+    if plan.made_on == NO_GPU_ARCH:
+        out.print(f"note: session {plan.session.id} was profiled without a GPU: a search on a "
+                  "GPU finds its kernels")
+    else:
+        out.print(f"note: nothing was compiled or loaded (no CUDA GPU with cuda-core here): "
+                  f"these are the decisions for the GPU the session was searched on "
+                  f"({plan.made_on})")
     return 0
 
 
