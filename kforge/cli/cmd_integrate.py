@@ -100,14 +100,14 @@ def register(sub: Commands) -> None:
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    from kforge.integrate.patching import NoGpu
+    from kforge.integrate.patching import NoGpu, ProfiledWithoutGpu
 
     try:
         device, plan, patch = _prepare(args, "kforge apply")
-    except NoGpu:
+    except (NoGpu, ProfiledWithoutGpu):
         if args.run:
             raise
-        return _decisions_only(args)
+        return _decisions_only(args)  # what is decided needs only the database
     print_plan(plan, patch)
     if not args.run:
         return 0

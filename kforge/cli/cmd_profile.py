@@ -95,10 +95,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from kforge.capture import zoo
 
     if args.list:
-        width = max(len(name) for name in zoo.MODELS)
-        for name, description in zoo.listing():
-            out.print(f"{name.ljust(width)}  {description}")
-        return 0
+        return respond(args, lambda: list_models(zoo.listing()))
     if not args.model:
         raise KforgeError("name a model to profile: a built-in one (kforge profile --list) or "
                           "path/to/file.py:factory")
@@ -108,6 +105,14 @@ def cmd_profile(args: argparse.Namespace) -> int:
         return 0, {**with_store(args, lambda store: session_facts(store, session)), **extras}
 
     return respond(args, work)
+
+
+def list_models(models: list[tuple[str, str]]) -> tuple[int, dict]:
+    """`kforge profile --list`: the built-in models, one a line; for --json, by name."""
+    width = max(len(name) for name, _ in models)
+    for name, description in models:
+        out.print(f"{name.ljust(width)}  {description}")
+    return 0, {"models": dict(models)}
 
 
 def profile_to_session(args: argparse.Namespace, top: int = 15) -> tuple[int, dict]:

@@ -168,6 +168,10 @@ class NoGpu(KforgeError):
     """This machine cannot load kernels: no CUDA GPU, or no cuda-core."""
 
 
+class ProfiledWithoutGpu(KforgeError):
+    """The session was profiled on the CPU: it has no verified kernel to load."""
+
+
 def cuda_device(device: str | torch.device | None, what: str) -> torch.device:
     """The CUDA device to run on, with its index; a KforgeError naming ``what`` where there is
     none (NoGpu where this machine has no GPU or no cuda-core)."""
@@ -196,7 +200,7 @@ def check_arch(plan: SessionPlan, device: torch.device) -> None:
     made_on, here = plan.made_on, device_arch(device)
     sid = plan.session.id
     if made_on == NO_GPU_ARCH:
-        raise KforgeError(f"session {sid} was profiled without a GPU: it has no verified kernels "
+        raise ProfiledWithoutGpu(f"session {sid} was profiled without a GPU: it has no verified kernels "
                           "to apply (profile and search the model on this GPU)")
     if made_on != here:
         name = plan.session.gpu.get("name", "another GPU")

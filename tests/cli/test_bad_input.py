@@ -105,7 +105,6 @@ def build():
      "the evaluator factory builtins:id returned int, which is no evaluator"),
     (["resume", "1", "--proposer", EVALUATOR,
       "--evaluator", EVALUATOR], "which is no proposer"),
-    (["apply", "1", "--run"], "needs"),
     (["profile", "no-such-model", "--device", "cpu"], "no-such-model"),
 ])
 def test_bad_command_lines(db: Path, capsys, argv, said):
@@ -256,3 +255,8 @@ def test_sessions_shows_a_killed_engine_as_gone(db: Path, capsys):
     assert code == 0 and "engine gone" in out and "running" not in out
     code, out, _ = run(capsys, "show", "1", "--db", str(db))
     assert code == 0 and "[engine gone]" in out
+
+
+def test_the_model_list_answers_json_too(capsys):
+    code, out, _ = run(capsys, "profile", "--list", "--json")
+    assert code == 0 and json.loads(out)["models"]["gemma4-tiny"].startswith("tiny gemma4")

@@ -95,8 +95,11 @@ def test_a_session_from_another_gpu_architecture_is_refused(db, sid, gb10, capsy
 
 def test_a_session_profiled_without_a_gpu_has_nothing_to_apply(db, gb10, capsys):
     cpu_session = make_session(db, gpu={"name": "no GPU", "arch": "none"})
-    assert main(["apply", str(cpu_session), "--db", str(db)]) == 1
+    assert main(["apply", str(cpu_session), "--run", "--db", str(db)]) == 1
     assert "was profiled without a GPU: it has no verified kernels" in error_line(capsys)
+    assert main(["apply", str(cpu_session), "--db", str(db)]) == 0
+    assert f"session {cpu_session} was profiled without a GPU: a search on a GPU finds its " \
+           "kernels" in capsys.readouterr().out
 
 
 def test_an_unknown_session_is_one_line(db, no_gpu, capsys):

@@ -23,7 +23,8 @@ LANGUAGE_MODES = ("prefill", "decode")
 
 # How to get each optional library: torchvision must be the build made for the installed torch.
 INSTALL_HINTS = {
-    "torchvision": "pip install torchvision (the release built for your torch)",
+    "torchvision": "pip install 'kforge[models]', or torchvision from the index your torch "
+                   "came from",
     "diffusers": "pip install 'kforge[models]'",
     "transformers": "pip install 'kforge[models]'",
 }
