@@ -17,10 +17,10 @@ from kforge.store import Store
 from kforge.store.events import ModelMeasured
 
 if TYPE_CHECKING:
-    from kforge.cli.main import Commands
     import torch
 
     from kforge.capture.loader import LoadedModel
+    from kforge.cli.main import Commands
     from kforge.integrate.measure import E2eResult
     from kforge.integrate.patching import SessionPatch
     from kforge.integrate.plan import SessionPlan

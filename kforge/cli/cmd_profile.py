@@ -25,8 +25,8 @@ from kforge.errors import KforgeError
 from kforge.store import Store
 
 if TYPE_CHECKING:
-    from kforge.cli.main import Commands
     from kforge.capture import Profile
+    from kforge.cli.main import Commands
 
 DEFAULT_SAMPLES = 3
 STAGE_LABELS = {

@@ -87,8 +87,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     session, cards, best, measured = with_store(args, work, reads_only=True)
     settings = session.settings
     search = SessionSettings.from_stored(settings).search
-    out.print(Text.assemble((f"session {session.id}", "bold"),
-                            f"  {session.model}  on {session.gpu_label}  [{shown_status(session)}]"))
+    out.print(Text.assemble((f"session {session.id}", "bold"), f"  {session.model}  on "
+                            f"{session.gpu_label}  [{shown_status(session)}]"))
     details = {k: settings[k] for k in ("dtype", "batch", "seq_len", "seq_lengths", "mode")
                if k in settings}
     if details:

@@ -200,8 +200,8 @@ def check_arch(plan: SessionPlan, device: torch.device) -> None:
     made_on, here = plan.made_on, device_arch(device)
     sid = plan.session.id
     if made_on == NO_GPU_ARCH:
-        raise ProfiledWithoutGpu(f"session {sid} was profiled without a GPU: it has no verified kernels "
-                          "to apply (profile and search the model on this GPU)")
+        raise ProfiledWithoutGpu(f"session {sid} was profiled without a GPU: it has no verified "
+                                 "kernels to apply (profile and search the model on this GPU)")
     if made_on != here:
         name = plan.session.gpu.get("name", "another GPU")
         raise KforgeError(f"session {sid} was searched on {name} ({made_on}) but this GPU is "
