@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import traceback
 from collections.abc import Sequence
 
@@ -104,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
                             handlers=[handler])
         return args.func(args)
     except KeyboardInterrupt:
+        # a database thread may still answer an event loop the interrupt closed: let it end quietly
+        threading.excepthook = lambda _: None
         return fail("interrupted", INTERRUPTED, wants_json)
     except UsageError as exc:
         return fail(str(exc), BAD_USAGE, wants_json)
