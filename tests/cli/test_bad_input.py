@@ -241,16 +241,22 @@ def test_ctrl_c_while_torch_is_imported_is_one_line(db: Path):
     assert rest == ""
 
 
-def test_sessions_shows_a_killed_engine_as_gone(db: Path, capsys):
+@pytest.mark.parametrize("engine", ["killed here", "silent on another host"])
+def test_sessions_shows_a_dead_engine_as_gone(db: Path, capsys, engine: str):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
 
-    async def claim_and_die() -> None:
+    async def claim() -> None:
         async with await Store.open(db) as store:
-            await store.claim_engine(1, pid=dead.pid)
+            if engine == "killed here":
+                await store.claim_engine(1, pid=dead.pid)
+            else:
+                await store.claim_engine(1, pid=4242, host="another-host")
             await store.set_session_status(1, SessionStatus.RUNNING)
 
-    asyncio.run(claim_and_die())
+    asyncio.run(claim())
+    with sqlite3.connect(db) as raw:  # its last heartbeat, a minute ago
+        raw.execute("UPDATE sessions SET heartbeat_at = heartbeat_at - 60")
     code, out, _ = run(capsys, "sessions", "--db", str(db))
     assert code == 0 and "engine gone" in out and "running" not in out
     code, out, _ = run(capsys, "show", "1", "--db", str(db))
