@@ -77,7 +77,7 @@ def test_apply_run_and_e2e_need_a_gpu(db, sid, no_gpu, capsys, command):
 
 
 def test_apply_without_a_gpu_prints_the_decisions(db, sid, no_gpu, capsys):
-    assert main(["apply", str(sid), "--db", str(db)]) == 0
+    assert main(["apply", str(sid), "--cuda-graphs", "--db", str(db)]) == 0
     printed = capsys.readouterr().out
     assert "kernel 1.80x" in printed and "not searched yet" in printed
     assert "nothing was compiled or loaded (no CUDA GPU" in printed
