@@ -126,6 +126,24 @@ def op_family(op: str) -> str:
     return GENERIC
 
 
+# Ops whose every result element eager computes exactly (an input element, its negation or
+# absolute value, or a constant): a candidate must give eager's bits, -0.0 apart from 0.0. Ops
+# that pick between equal-comparing -0.0 and 0.0 (max, relu, clamp) leave the sign of such a zero
+# to the implementation, and are not among them.
+EXACT_OPS = frozenset({
+    "neg", "abs", "copy", "clone", "where", "masked_fill", "embedding", "index_select", "gather",
+    "take", "index", "_unsafe_index", "cat", "stack", "constant_pad_nd", "flip", "roll", "repeat",
+    "permute", "transpose", "t", "contiguous", "select", "slice", "narrow", "expand", "view",
+    "reshape", "_reshape_alias", "unsqueeze", "squeeze", "tril", "triu", "fill", "zeros_like",
+    "ones_like", "full_like"})
+
+
+def exact_op(card: OpCard) -> bool:
+    """Whether eager computes ``card``'s results exactly, so they are compared bit for bit (a
+    fusion region never is: it rounds between its ops)."""
+    return card.region is None and base_name(card.op) in EXACT_OPS
+
+
 # A region with several families' ops is stressed as the first of these it holds.
 REGION_PRECEDENCE = (SOFTMAX, NORM, POOLING, REDUCTION, INDEX, ACTIVATION, ELEMENTWISE)
 SUM_OPS = frozenset({"sum", "mean", "var", "var_mean"})

@@ -129,10 +129,10 @@ def setting(path: str, value: object) -> Callable[[dict], None]:
 
 def calls_before_timing(card: OpCard, settings: EvalSettings, samples: int = 0) -> int:
     """Calls of a candidate before timing starts: two per sample, random set and usable stress
-    set, and one with new values at the first set's addresses."""
+    set, one with new values at the first set's addresses and one after part of them changed."""
     factory = InputFactory(card, torch.device("cpu"))
     stress = len(factory.stress_sets(settings.stress_seed))
-    return 2 * (min(samples, settings.max_samples) + len(settings.seeds) + stress) + 1
+    return 2 * (min(samples, settings.max_samples) + len(settings.seeds) + stress) + 2
 
 
 def generator(seed: int) -> torch.Generator:
