@@ -88,6 +88,9 @@ class ValueReport:
     rel_norm: float = 0.0
     bad: int = 0
     numel: int = 0
+    # Whether closeness to a wider reference may still accept it: never for NaN or inf out of
+    # place, unequal integers or bits where eager is exact.
+    forgivable: bool = True
     # Where a failed comparison found fault (elements beyond tolerance, unequal, or with NaN or
     # inf misplaced), for a report of those elements; not part of the stored report.
     at_fault: torch.Tensor | None = field(default=None, compare=False, repr=False)
@@ -127,7 +130,7 @@ def compare_values(out: torch.Tensor, ref: torch.Tensor,
         if bad:
             return ValueReport(False, f"{bad} of {numel} elements differ, first at "
                                       f"{_where(unequal, ref.shape)}", bad=bad, numel=numel,
-                               at_fault=unequal)
+                               forgivable=False, at_fault=unequal)
         return ValueReport(True, numel=numel)
     if ref.dtype.is_complex:
         out, ref = torch.view_as_real(out), torch.view_as_real(ref)
@@ -138,7 +141,7 @@ def compare_values(out: torch.Tensor, ref: torch.Tensor,
             count = int(mismatch.sum().item())
             return ValueReport(False, f"{name} positions differ from eager's at {count} elements, "
                                       f"first at {_where(mismatch, r.shape)}",
-                               bad=count, numel=numel, at_fault=mismatch)
+                               bad=count, numel=numel, forgivable=False, at_fault=mismatch)
     finite = torch.isfinite(r)
     o = torch.where(finite, o, 0.0)
     r = torch.where(finite, r, 0.0)
@@ -172,7 +175,7 @@ def compare_bits(out: torch.Tensor, ref: torch.Tensor) -> ValueReport:
         count = int(mismatch.sum().item())
         return ValueReport(False, f"NaN positions differ from eager's at {count} elements, first "
                                   f"at {_where(mismatch, r.shape)}", bad=count, numel=numel,
-                           at_fault=mismatch)
+                           forgivable=False, at_fault=mismatch)
     bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[r.element_size()]
     differ = (o.contiguous().view(bits) != r.contiguous().view(bits)) & ~nan
     bad = int(differ.sum().item())
@@ -182,7 +185,8 @@ def compare_bits(out: torch.Tensor, ref: torch.Tensor) -> ValueReport:
         return ValueReport(False, f"{bad} of {numel} elements are not eager's bits (eager is "
                                   f"exact here; {zeros} of them a zero of the other sign), first "
                                   f"at {_where(differ, r.shape)}",
-                           float(diff.max().item()), 0.0, bad, numel, at_fault=differ)
+                           float(diff.max().item()), 0.0, bad, numel, forgivable=False,
+                           at_fault=differ)
     return ValueReport(True, numel=numel)
 
 
