@@ -11,6 +11,7 @@ and the result must still match eager (and the precision rule) and the first run
 
 from __future__ import annotations
 
+from functools import cache
 from types import TracebackType
 
 import torch
@@ -47,3 +48,9 @@ class Contention:
                  trace: TracebackType | None) -> None:
         if self.stream is not None:
             torch.cuda.current_stream(self.device).wait_stream(self.stream)
+
+
+@cache
+def contention_for(device: torch.device) -> Contention:
+    """One ``Contention`` per device and process: its operands are made once."""
+    return Contention(device)

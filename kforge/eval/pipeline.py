@@ -7,18 +7,21 @@ with the next poison pattern, an L2 flush, the plan's launches), so a kernel can
 call from a timed one.
 
 Verification, per input set (captured samples, fresh random sets, then values that stress the
-op's semantics):
-1. the candidate runs twice; after each run its inputs (and the canaries around them) must be
-   untouched;
+op's semantics, NaN, inf and -0.0 included), each set's storages and each call's new memory a
+varying shift past a 512-byte boundary (production's 0 first; ``kforge.eval.placement``):
+1. the candidate runs twice, the second time while other work holds the device
+   (``kforge.eval.contention``: races between blocks); after each run its inputs (and the
+   canaries around them) must be untouched;
 2. eager PyTorch runs on a copy of the inputs, *after* the candidate, so no reference result
    exists anywhere while the candidate runs;
-3. both runs must match eager (layout, NaN/Inf positions, tolerances, error norm) and each other;
-4. the candidate's error against a higher-precision reference may not exceed a small multiple of
-   eager's own (``kforge.eval.precision``).
-On the first set the inputs then get new values at the same addresses and the candidate must
-follow. While timed, every call gets new input values (rotating over buffers at different
-addresses), and randomly chosen timed calls are checked against eager; after timing, a last run
-on fresh inputs must pass too.
+3. both runs must match eager (layout, NaN/Inf positions, tolerances or, where eager is exact,
+   bits; error norm) and each other;
+4. each run's error against a higher-precision reference may not exceed a small multiple of
+   eager's own (``kforge.eval.precision``), as for every other checked result.
+On the first set the inputs then get new values at the same addresses, then a few of them change
+in place, and the candidate must follow both. While timed, every call gets new input values
+(rotating over buffers at different addresses), and randomly chosen timed calls are checked
+against eager; after timing, a last run on fresh inputs must pass too.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from kforge.core.opcard import OpCard
 from kforge.core.settings import EvalSettings
 from kforge.errors import KforgeError
 from kforge.eval.compare import compare_values, tolerance_for
-from kforge.eval.contention import Contention
+from kforge.eval.contention import contention_for
 from kforge.eval.counters import CounterReport, measure_counters
 from kforge.eval.device import Runtime
 from kforge.eval.fences import FencedAllocation, Fences
@@ -191,7 +194,7 @@ class Evaluation:
         # A runtime may bring its own competing work (the CPU tests' stand-in does).
         contend = getattr(runtime, "contention", None)
         self.contention: AbstractContextManager = (contend() if callable(contend)
-                                                   else Contention(runtime.device))
+                                                   else contention_for(runtime.device))
         # Which timed calls are checked, what values they get and which elements a partial
         # update changes: nothing the candidate can see.
         self.chance = random.Random(random.SystemRandom().getrandbits(64))

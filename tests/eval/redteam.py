@@ -711,8 +711,10 @@ VALUES_CASES = [
          EvalStatus.MISMATCH, r"stress: large magnitudes \(seed 11\), run 1, result 0",
          sample=logits_sample),
     Case(VALUES, "softmax-mask-from-sample", masked_card, fixed(softmax_fixed_mask()),
-         EvalStatus.MISMATCH, r"stress: large magnitudes \(seed 11\), run 1, result 0",
-         sample=masked_scores, gpu_needle=r"stress: (large magnitudes|moving mask)"),
+         EvalStatus.MISMATCH, r"stress: large magnitudes \(seed 11\), run 1, result 0|part of "
+         r"its values changed in place, result 0", sample=masked_scores,
+         gpu_needle=r"stress: (large magnitudes|moving mask)|part of its values changed in place",
+         notes="a partial update that unmasks a padded column catches it first"),
     Case(VALUES, "relu-where-sample-positive", lambda: C.relu_card(RELU_SHAPE),
          fixed(relu_where_sample_positive()), EvalStatus.MISMATCH,
          r"sample 0 with new values at the same addresses, result 0: \d+ of 512 elements beyond "
@@ -2021,7 +2023,6 @@ INTERMEDIATE_CONTROLS = [
 # ----- races between blocks through global memory -----
 
 RACE_SOURCE = REDUCE + r"""
-__device__ unsigned int g_done;
 // A whole-tensor sum: each block writes its slice's sum to parts; the last block adds them.
 // FENCED: each block makes its part visible, then counts itself done; the block that counts
 // last adds (the classic threadfence reduction). Unfenced: block 0 adds at once, trusting the
