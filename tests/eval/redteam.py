@@ -1052,15 +1052,18 @@ __device__ __forceinline__ float tf32(float v) {
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(u) : "f"(v));
     return __uint_as_float(u);
 }
-// amax over the last dim, one block per row; FROM_ZERO: the max starts at 0, not -inf.
+// amax over the last dim, one block per row, NaN propagating as in eager (fmaxf drops it);
+// FROM_ZERO: the max starts at 0, not -inf.
 template <int FROM_ZERO>
 __device__ void amax_row(const float* x, float* y, int cols) {
     __shared__ float red[32];
     const float* row = x + (long long)blockIdx.x * cols;
     float m = FROM_ZERO ? 0.f : -INFINITY;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, row[c]);
+    bool nan = false;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) { m = fmaxf(m, row[c]); nan |= row[c] != row[c]; }
+    nan = __syncthreads_or(nan);
     m = block_max(m, red);
-    if (threadIdx.x == 0) y[blockIdx.x] = m;
+    if (threadIdx.x == 0) y[blockIdx.x] = nan ? NAN : m;
 }
 extern "C" __global__ void amax_rows(const float* x, float* y, int cols) { amax_row<0>(x, y, cols); }
 // Every captured row held a positive value (activations after a relu), so the max starts at 0.
