@@ -366,6 +366,16 @@ class InputSet:
         return sum(b.base.numel() * b.base.element_size() for b in self.buffers)
 
 
+def unravel(flat: torch.Tensor, shape: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
+    """Flat indices as one index tensor per dim of ``shape`` (``torch.unravel_index`` imports
+    sympy, seconds on a worker's first call)."""
+    index = []
+    for size in reversed(shape):
+        index.append(flat % size)
+        flat = flat // size
+    return tuple(reversed(index))
+
+
 def as_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8)
 
@@ -440,7 +450,7 @@ class InputFactory:
             if numel == 0:
                 continue
             flat = torch.randperm(numel, generator=generator)[:min(count, numel)]
-            index = tuple(t.to(self.device) for t in torch.unravel_index(flat, g.shape))
+            index = tuple(t.to(self.device) for t in unravel(flat, g.shape))
             if g.dtype == torch.bool:
                 new = ~buf.view[index]
             else:
