@@ -8,7 +8,8 @@ Values pass when, at once:
 - the relative error norm ``||out - ref|| / ||ref||`` is below a per-dtype bound, which catches
   arithmetic done at a lower precision than eager's even where each element looks close enough.
 
-Integers and booleans must be equal. The bounds are listed in ``docs/evaluation.md``.
+Integers and booleans must be equal, and so must the results of ops eager computes exactly
+(bit for bit: -0.0 is not 0.0). The bounds are listed in ``docs/evaluation.md``.
 """
 
 from __future__ import annotations
@@ -87,6 +88,9 @@ class ValueReport:
     rel_norm: float = 0.0
     bad: int = 0
     numel: int = 0
+    # Whether closeness to a wider reference may still accept it: never for NaN or inf out of
+    # place, unequal integers or bits where eager is exact.
+    forgivable: bool = True
     # Where a failed comparison found fault (elements beyond tolerance, unequal, or with NaN or
     # inf misplaced), for a report of those elements; not part of the stored report.
     at_fault: torch.Tensor | None = field(default=None, compare=False, repr=False)
@@ -111,19 +115,22 @@ def _where(mask: torch.Tensor, shape: torch.Size) -> str:
 
 
 def compare_values(out: torch.Tensor, ref: torch.Tensor,
-                   tol: Tolerance | None = None) -> ValueReport:
-    """Compare two tensors of one shape and dtype, element by element."""
+                   tol: Tolerance | None = None, exact: bool = False) -> ValueReport:
+    """Compare two tensors of one shape and dtype, element by element; where ``exact``, bit for
+    bit (NaNs only by position: their payloads may differ)."""
     numel = ref.numel()
     if numel == 0:
         return ValueReport(True, numel=0)
     tol = tol if tol is not None else tolerance_for(ref.dtype)
+    if exact and tol is not None:
+        return compare_bits(out, ref)
     if tol is None:
         unequal = out != ref
         bad = int(unequal.sum().item())
         if bad:
             return ValueReport(False, f"{bad} of {numel} elements differ, first at "
                                       f"{_where(unequal, ref.shape)}", bad=bad, numel=numel,
-                               at_fault=unequal)
+                               forgivable=False, at_fault=unequal)
         return ValueReport(True, numel=numel)
     if ref.dtype.is_complex:
         out, ref = torch.view_as_real(out), torch.view_as_real(ref)
@@ -134,7 +141,7 @@ def compare_values(out: torch.Tensor, ref: torch.Tensor,
             count = int(mismatch.sum().item())
             return ValueReport(False, f"{name} positions differ from eager's at {count} elements, "
                                       f"first at {_where(mismatch, r.shape)}",
-                               bad=count, numel=numel, at_fault=mismatch)
+                               bad=count, numel=numel, forgivable=False, at_fault=mismatch)
     finite = torch.isfinite(r)
     o = torch.where(finite, o, 0.0)
     r = torch.where(finite, r, 0.0)
@@ -156,6 +163,31 @@ def compare_values(out: torch.Tensor, ref: torch.Tensor,
                                   f"{ref.dtype} (lower precision than eager?)",
                            max_abs, rel_norm, 0, numel)
     return ValueReport(True, max_abs=max_abs, rel_norm=rel_norm, numel=numel)
+
+
+def compare_bits(out: torch.Tensor, ref: torch.Tensor) -> ValueReport:
+    """Floating tensors equal bit for bit (so -0.0 differs from 0.0), NaN payloads aside."""
+    numel = ref.numel()
+    o, r = (torch.view_as_real(t) if t.is_complex() else t for t in (out, ref))
+    nan = torch.isnan(r)
+    if bool((torch.isnan(o) != nan).any()):
+        mismatch = torch.isnan(o) != nan
+        count = int(mismatch.sum().item())
+        return ValueReport(False, f"NaN positions differ from eager's at {count} elements, first "
+                                  f"at {_where(mismatch, r.shape)}", bad=count, numel=numel,
+                           forgivable=False, at_fault=mismatch)
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[r.element_size()]
+    differ = (o.contiguous().view(bits) != r.contiguous().view(bits)) & ~nan
+    bad = int(differ.sum().item())
+    if bad:
+        zeros = int((differ & (r == 0)).sum().item())
+        diff = (o.double() - r.double()).abs()[differ]
+        return ValueReport(False, f"{bad} of {numel} elements are not eager's bits (eager is "
+                                  f"exact here; {zeros} of them a zero of the other sign), first "
+                                  f"at {_where(differ, r.shape)}",
+                           float(diff.max().item()), 0.0, bad, numel, forgivable=False,
+                           at_fault=differ)
+    return ValueReport(True, numel=numel)
 
 
 def compare_structure(out: Any, ref: Any, where: str = "result") -> str | None:

@@ -13,24 +13,30 @@ from dataclasses import dataclass
 import torch
 
 from kforge.core.argspec import storage_span
+from kforge.eval.placement import PRODUCTION, SCRATCH_GRAIN, fitted, placed
 from kforge.runtime.plan import Allocation
 
-FENCE_BYTES = 256  # each side: a multiple of every item size, keeping 256-byte alignment
+FENCE_BYTES = 256  # each side at least: a multiple of every item size
 PATTERN = 0xA5
 
 
 @dataclass(frozen=True)
 class Fence:
-    """One fenced buffer: its whole allocation in bytes, and the bytes the buffer spans."""
+    """One fenced buffer: its whole allocation in bytes, where the buffer starts in it and the
+    bytes it spans."""
 
     raw: torch.Tensor
+    start: int
     span: int
 
 
 class Fences:
-    """The fenced buffers of one call, in the order they were made."""
+    """The fenced buffers of one call, in the order they were made, each starting ``shift``
+    bytes past a 512-byte boundary (``kforge.eval.placement``; scratch keeps 16-byte
+    alignment)."""
 
-    def __init__(self) -> None:
+    def __init__(self, shift: int = PRODUCTION) -> None:
+        self.shift = shift
         self.fences: list[Fence] = []
 
     def empty(self, shape: tuple[int, ...], stride: tuple[int, ...], *, dtype: torch.dtype,
@@ -38,19 +44,21 @@ class Fences:
         """Like ``torch.empty_strided``, between two fences (``PlanRunner.allocate``'s maker)."""
         itemsize = torch.empty((), dtype=dtype).element_size()
         span = storage_span(shape, stride) * itemsize
-        raw = torch.empty(2 * FENCE_BYTES + span, dtype=torch.uint8, device=device)
-        raw[:FENCE_BYTES].fill_(PATTERN)
-        raw[FENCE_BYTES + span:].fill_(PATTERN)
-        self.fences.append(Fence(raw, span))
+        grain = SCRATCH_GRAIN if dtype == torch.uint8 else 1  # scratch is made as bytes
+        raw, start = placed(span, torch.uint8, device, FENCE_BYTES, FENCE_BYTES,
+                            fitted(self.shift, itemsize, grain))
+        raw[:start].fill_(PATTERN)
+        raw[start + span:].fill_(PATTERN)
+        self.fences.append(Fence(raw, start, span))
         return torch.empty(0, dtype=dtype, device=device).set_(
-            raw.untyped_storage(), FENCE_BYTES // itemsize, shape, stride)
+            raw.untyped_storage(), start // itemsize, shape, stride)
 
     def broken(self) -> list[int]:
         """Indices of the buffers whose fences were written (one device sync)."""
         if not self.fences:
             return []
-        hit = torch.stack([(f.raw[:FENCE_BYTES] != PATTERN).any()
-                           | (f.raw[FENCE_BYTES + f.span:] != PATTERN).any()
+        hit = torch.stack([(f.raw[:f.start] != PATTERN).any()
+                           | (f.raw[f.start + f.span:] != PATTERN).any()
                            for f in self.fences])
         return [i for i, bad in enumerate(hit.tolist()) if bad]
 

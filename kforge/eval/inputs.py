@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +36,14 @@ from kforge.core.argspec import (
 )
 from kforge.core.opcard import OpCard
 from kforge.errors import KforgeError
+from kforge.eval.placement import PRODUCTION, Shifts, fitted, placed
 
 # Canary bytes on each side of a tensor's elements.
 CANARY_BYTES = 256
 # Ops whose float inputs must be positive to be meaningful (log, sqrt...).
 POSITIVE_INPUT_OPS = frozenset({"log", "log2", "log10", "sqrt", "rsqrt", "reciprocal", "lgamma"})
+# Elements of each tensor given new values by a partial update in place.
+PARTIAL_UPDATE = 3
 # Integer tensors that are not indices get values in this range.
 DEFAULT_INT_RANGE = (0, 16)
 
@@ -98,20 +101,23 @@ class Buffer:
         return mask
 
 
-def allocate(geometry: Geometry, device: torch.device) -> Buffer:
-    """An uninitialised tensor of ``geometry`` with canaries around it."""
+def allocate(geometry: Geometry, device: torch.device, shift: int = PRODUCTION) -> Buffer:
+    """An uninitialised tensor of ``geometry`` with canaries around it, its storage starting
+    ``shift`` bytes (rounded to the item size) past a 512-byte boundary
+    (``kforge.eval.placement``)."""
     item = torch.empty((), dtype=geometry.dtype).element_size()
     pad = max(1, CANARY_BYTES // item)
     used = geometry.offset + geometry.span
-    base = torch.empty(pad + used + pad, dtype=geometry.dtype, device=device)
+    raw, start = placed(used, geometry.dtype, device, pad, pad, fitted(shift, item))
+    base = raw[start - pad:start + used + pad]  # laid out alike wherever it starts
     base.fill_(canary_value(geometry.dtype))
     try:
         # A storage that starts after the leading canary keeps the spec's exact storage offset.
-        storage = base.untyped_storage()[pad * item:(pad + used + pad) * item]
+        storage = raw.untyped_storage()[start * item:(start + used + pad) * item]
         view = torch.empty(0, dtype=geometry.dtype, device=device).set_(
             storage, geometry.offset, geometry.shape, geometry.stride)
     except (RuntimeError, TypeError, NotImplementedError):
-        view = base.as_strided(geometry.shape, geometry.stride, pad + geometry.offset)
+        view = raw.as_strided(geometry.shape, geometry.stride, start + geometry.offset)
     return Buffer(geometry, base, view)
 
 
@@ -316,6 +322,7 @@ class InputSet:
     args_spec: list = field(repr=False, default_factory=list)
     kwargs_spec: dict = field(repr=False, default_factory=dict)
     snapshot: list[torch.Tensor] = field(repr=False, default_factory=list)
+    shift: int = PRODUCTION  # bytes past a 512-byte boundary its storages start at
 
     def take_snapshot(self) -> None:
         self.snapshot = [b.base.clone() for b in self.buffers]
@@ -359,6 +366,16 @@ class InputSet:
         return sum(b.base.numel() * b.base.element_size() for b in self.buffers)
 
 
+def unravel(flat: torch.Tensor, shape: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
+    """Flat indices as one index tensor per dim of ``shape`` (``torch.unravel_index`` imports
+    sympy, seconds on a worker's first call)."""
+    index = []
+    for size in reversed(shape):
+        index.append(flat % size)
+        flat = flat // size
+    return tuple(reversed(index))
+
+
 def as_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8)
 
@@ -371,11 +388,11 @@ def elements_differ(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def build_set(label: str, args_spec: list, kwargs_spec: dict, buffers: list[Buffer],
-              device: torch.device, snapshot: bool = True) -> InputSet:
+              device: torch.device, snapshot: bool = True, shift: int = PRODUCTION) -> InputSet:
     views = iter([b.view for b in buffers])
     args = tuple(decode(a, device, views) for a in args_spec)
     kwargs = {k: decode(v, device, views) for k, v in kwargs_spec.items()}
-    result = InputSet(label, args, kwargs, buffers, device, args_spec, kwargs_spec)
+    result = InputSet(label, args, kwargs, buffers, device, args_spec, kwargs_spec, shift=shift)
     if snapshot:
         result.take_snapshot()
     return result
@@ -385,9 +402,10 @@ class InputFactory:
     """Builds input sets for one card on one device."""
 
     def __init__(self, card: OpCard, device: torch.device, samples_dir: Path | None = None,
-                 max_samples: int = 2) -> None:
+                 max_samples: int = 2, shifts: tuple[int, ...] = (PRODUCTION,)) -> None:
         self.card = card
         self.device = device
+        self.shifts = Shifts(shifts)  # each new set takes the next placement
         self.geometries = [Geometry.from_spec(s) for s in all_tensor_specs(card)]
         self.samples = load_samples(samples_dir, card, max_samples)
         defaults = default_models(card, self.geometries)
@@ -401,12 +419,14 @@ class InputFactory:
 
     def _build(self, label: str, fill) -> InputSet:
         buffers = []
+        shift = self.shifts.next()
         for i, g in enumerate(self.geometries):
-            buf = allocate(g, self.device)
+            buf = allocate(g, self.device, shift)
             if g.span:
                 fill(i, buf)
             buffers.append(buf)
-        return build_set(label, self.card.args, self.card.kwargs, buffers, self.device)
+        return build_set(label, self.card.args, self.card.kwargs, buffers, self.device,
+                         shift=shift)
 
     def random_set(self, seed: int) -> InputSet:
         return self._build(f"seed {seed}", self._random_fill(seed))
@@ -418,6 +438,29 @@ class InputFactory:
         for i, buf in enumerate(inputs.buffers):
             if self.geometries[i].span:
                 fill(i, buf)
+
+    def update_part(self, inputs: InputSet, generator: torch.Generator,
+                    count: int = PARTIAL_UPDATE) -> None:
+        """New values, drawn like the random sets' (booleans flipped), for ``count`` elements of
+        every tensor of ``inputs`` at places ``generator`` (on the CPU) draws, in place: a model
+        that updates part of a buffer between two calls. The snapshot is retaken."""
+        for i, buf in enumerate(inputs.buffers):
+            g = self.geometries[i]
+            numel = math.prod(g.shape)
+            if numel == 0:
+                continue
+            flat = torch.randperm(numel, generator=generator)[:min(count, numel)]
+            index = tuple(t.to(self.device) for t in unravel(flat, g.shape))
+            if g.dtype == torch.bool:
+                new = ~buf.view[index]
+            else:
+                new = random_values(replace(self.models[i], template=None), g.dtype,
+                                    flat.numel(), generator, torch.device("cpu")).to(self.device)
+            if index:
+                buf.view[index] = new
+            else:
+                buf.view.fill_(new[0])
+        inputs.take_snapshot()
 
     def _random_fill(self, seed: int) -> Callable[[int, Buffer], None]:
         generator = torch.Generator(device=self.device)

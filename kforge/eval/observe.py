@@ -96,10 +96,13 @@ def observe(returned: Any, inputs: InputSet, written: list[int], candidate: bool
 
 
 def compare_observed(out: Observed, ref: Observed, label: str,
-                     forgive: Callable[[int], str | None] | None = None) -> list[ValueReport]:
+                     forgive: Callable[[int], str | None] | None = None,
+                     exact: bool = False) -> list[ValueReport]:
     """Check ``out`` against eager's ``ref``; raise a MISMATCH verdict at the first difference.
     Where result i's values are outside eager's tolerances, ``forgive(i)`` may accept them
-    (None) or say why not (a reason added to the verdict, or "")."""
+    (None) or say why not (a reason added to the verdict, or ""); NaN or inf out of place, and
+    values that are not eager's bits where ``exact`` (eager computes the op exactly), are never
+    forgiven."""
     if problem := compare_structure(out.returned, ref.returned):
         raise Verdict(EvalStatus.MISMATCH, f"{label}: {problem}")
     reports = []
@@ -113,8 +116,9 @@ def compare_observed(out: Observed, ref: Observed, label: str,
                              else f"memory of tensor argument {out.aliases[i]}"))
         if problem := layout_problem(out.metas[i], ref.metas[i]):
             raise Verdict(EvalStatus.MISMATCH, f"{what} {problem}")
-        report = compare_values(o, r)
-        if not report.ok and (why_not := "" if forgive is None else forgive(i)) is not None:
+        report = compare_values(o, r, exact=exact)
+        if not report.ok and (why_not := "" if forgive is None or not report.forgivable
+                              else forgive(i)) is not None:
             reason = f"{what}: {report.reason}" + (f"; {why_not}" if why_not else "")
             raise Verdict(EvalStatus.MISMATCH, reason, report=report.to_dict(),
                           mismatch={"where": label, "result": i, **mismatch_details(o, r, report)})

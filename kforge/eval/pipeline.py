@@ -7,18 +7,21 @@ with the next poison pattern, an L2 flush, the plan's launches), so a kernel can
 call from a timed one.
 
 Verification, per input set (captured samples, fresh random sets, then values that stress the
-op's semantics):
-1. the candidate runs twice; after each run its inputs (and the canaries around them) must be
-   untouched;
+op's semantics, NaN, inf and -0.0 included), each set's storages and each call's new memory a
+varying shift past a 512-byte boundary (production's 0 first; ``kforge.eval.placement``):
+1. the candidate runs twice, the second time while other work holds the device
+   (``kforge.eval.contention``: races between blocks); after each run its inputs (and the
+   canaries around them) must be untouched;
 2. eager PyTorch runs on a copy of the inputs, *after* the candidate, so no reference result
    exists anywhere while the candidate runs;
-3. both runs must match eager (layout, NaN/Inf positions, tolerances, error norm) and each other;
-4. the candidate's error against a higher-precision reference may not exceed a small multiple of
-   eager's own (``kforge.eval.precision``).
-On the first set the inputs then get new values at the same addresses and the candidate must
-follow. While timed, every call gets new input values (rotating over buffers at different
-addresses), and randomly chosen timed calls are checked against eager; after timing, a last run
-on fresh inputs must pass too.
+3. both runs must match eager (layout, NaN/Inf positions, tolerances or, where eager is exact,
+   bits; error norm) and each other;
+4. each run's error against a higher-precision reference may not exceed a small multiple of
+   eager's own (``kforge.eval.precision``), as for every other checked result.
+On the first set the inputs then get new values at the same addresses, then a few of them change
+in place, and the candidate must follow both. While timed, every call gets new input values
+(rotating over buffers at different addresses), and randomly chosen timed calls are checked
+against eager; after timing, a last run on fresh inputs must pass too.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import random
 import time
 import traceback
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -41,6 +45,7 @@ from kforge.core.opcard import OpCard
 from kforge.core.settings import EvalSettings
 from kforge.errors import KforgeError
 from kforge.eval.compare import compare_values, tolerance_for
+from kforge.eval.contention import contention_for
 from kforge.eval.counters import CounterReport, measure_counters
 from kforge.eval.device import Runtime
 from kforge.eval.fences import FencedAllocation, Fences
@@ -61,9 +66,10 @@ from kforge.eval.ops import (
     memory_floor_us,
     traffic_bytes,
 )
+from kforge.eval.placement import Shifts, shifts_for
 from kforge.eval.poison import PoisonCycle
 from kforge.eval.precision import PrecisionReport, judge_precision, precision_reference
-from kforge.eval.stress import INDEX, card_family
+from kforge.eval.stress import INDEX, card_family, exact_op
 from kforge.eval.timing import Subject, time_interleaved
 from kforge.runtime.guard import Patch
 from kforge.runtime.nvrtc import CompileResult
@@ -107,13 +113,14 @@ class CandidateCalls:
         self.runtime = runtime
         self.fenced = fenced
         self.poisons = PoisonCycle()
+        self.shifts = Shifts(shifts_for(runner.plan))  # where each call's new memory starts
         plan = runner.plan
         self.labels = ([f"result {i}" for i, o in enumerate(plan.outputs) if o.kind == "new"]
                        + [f"scratch {s.name!r}" for s in plan.scratch])
 
     def memory(self) -> Allocation:
         if self.fenced:
-            fences = Fences()
+            fences = Fences(self.shifts.next())
             made = self.runner.allocate(fences.empty)
             memory: Allocation = FencedAllocation(made.outputs, made.scratch, fences, self.labels)
         else:
@@ -130,11 +137,14 @@ class CandidateCalls:
     def run(self, inputs: InputSet, memory: Allocation) -> Any:
         return self.runner.launch(inputs.args, inputs.kwargs, memory)
 
-    def call(self, inputs: InputSet) -> tuple[Any, Allocation]:
-        """One call on fresh memory: what it returned, and that memory."""
+    def call(self, inputs: InputSet, contention: AbstractContextManager | None = None
+             ) -> tuple[Any, Allocation]:
+        """One call on fresh memory, with other work competing for the device where
+        ``contention`` is given: what it returned, and that memory."""
         memory = self.memory()
         self.runtime.flush()
-        return self.run(inputs, memory), memory
+        with contention or nullcontext():
+            return self.run(inputs, memory), memory
 
 
 @dataclass
@@ -143,6 +153,24 @@ class TimedCheck:
 
     inputs: InputSet
     observed: Observed
+
+
+class Wider:
+    """The op's result on one input set's values upcast (``precision_reference``), computed
+    when first needed and once."""
+
+    def __init__(self, op: Callable[..., Any], inputs: InputSet) -> None:
+        self.op = op
+        self.inputs = inputs
+        self.computed = False
+        self.value: Any = None
+
+    def result(self) -> Any:
+        if not self.computed:
+            copy = self.inputs.fresh_copy()
+            self.value = precision_reference(self.op, copy.args, copy.kwargs)
+            self.computed = True
+        return self.value
 
 
 # ----- one evaluation -----
@@ -159,9 +187,16 @@ class Evaluation:
         self.runtime = runtime
         self.gpu = gpu
         self.settings = settings
-        self.factory = InputFactory(card, runtime.device, samples_dir, settings.max_samples)
+        self.factory = InputFactory(card, runtime.device, samples_dir, settings.max_samples,
+                                    shifts_for(calls.runner.plan))
         self.written: list[int] = []
-        # Which timed calls are checked and what values they get: nothing the candidate can see.
+        self.exact = exact_op(card)
+        # A runtime may bring its own competing work (the CPU tests' stand-in does).
+        contend = getattr(runtime, "contention", None)
+        self.contention: AbstractContextManager = (contend() if callable(contend)
+                                                   else contention_for(runtime.device))
+        # Which timed calls are checked, what values they get and which elements a partial
+        # update changes: nothing the candidate can see.
         self.chance = random.Random(random.SystemRandom().getrandbits(64))
 
     def wait(self, what: str) -> None:
@@ -182,9 +217,9 @@ class Evaluation:
         return Verdict(EvalStatus.LAUNCH_ERROR, f"launching the plan failed during {what}: "
                        f"{type(exc).__name__}: {exc}")
 
-    def run_candidate(self, inputs: InputSet, what: str) -> Observed:
+    def run_candidate(self, inputs: InputSet, what: str, contended: bool = False) -> Observed:
         try:
-            result, memory = self.calls.call(inputs)
+            result, memory = self.calls.call(inputs, self.contention if contended else None)
         except Exception as exc:  # cuda.core refused a launch (bad config, too many resources)
             raise self.launch_failed(exc, what) from None
         self.wait(what)
@@ -220,13 +255,17 @@ class Evaluation:
 
     def verify(self, inputs: InputSet, address_check: bool = False,
                precision: bool = True) -> dict:
+        """Two runs on ``inputs`` (the second while other work holds the device), each judged
+        against eager and, where ``precision``, by the precision rule; then they must agree."""
         label = inputs.label
         first = self.run_candidate(inputs, f"{label}, run 1")
-        second = self.run_candidate(inputs, f"{label}, run 2")
+        second = self.run_candidate(inputs, f"{label}, run 2", contended=True)
         ref = self.reference(inputs)
+        high = Wider(self.op, inputs)
         leeway = 1.0 if precision else STRESS_LEEWAY
-        reports = self.compare(first, ref, inputs, f"{label}, run 1", leeway)
-        self.compare(second, ref, inputs, f"{label}, run 2", leeway)
+        reports, judged = self.judge(first, ref, inputs, f"{label}, run 1", leeway, precision,
+                                     high)
+        self.judge(second, ref, inputs, f"{label}, run 2", leeway, precision, high)
         for i, (a, b) in enumerate(zip(first.tensors, second.tensors)):
             agree = compare_values(b, a, tolerance_for(a.dtype))
             if not agree.ok:
@@ -234,73 +273,95 @@ class Evaluation:
                               f"on result {i} (a race?): {agree.reason}")
         entry = {"inputs": label, "max_abs": max((r.max_abs for r in reports), default=0.0),
                  "rel_norm": max((r.rel_norm for r in reports), default=0.0),
-                 "deterministic": bitwise_equal(first, second)}
-        if precision and (judged := self.check_precision(inputs, first, ref)):
+                 "deterministic": bitwise_equal(first, second), "placement": inputs.shift}
+        if judged:
             entry["precision"] = judged
         if address_check:
             self.check_new_values_same_addresses(inputs, first)
             entry["address_check"] = True
         return entry
 
+    def judge(self, out: Observed, ref: Observed, inputs: InputSet, label: str,
+              leeway: float = 1.0, rule: bool = True, high: Wider | None = None
+              ) -> tuple[list, dict | None]:
+        """``out`` against eager's ``ref`` (``compare``), then, where ``rule``, by the precision
+        rule: its value reports and the worst precision figures (None where not judged)."""
+        high = high or Wider(self.op, inputs)
+        reports = self.compare(out, ref, inputs, label, leeway, high)
+        return reports, self.check_precision(inputs, out, ref, label, high) if rule else None
+
     def compare(self, out: Observed, ref: Observed, inputs: InputSet, label: str,
-                leeway: float = 1.0) -> list:
+                leeway: float = 1.0, high: Wider | None = None) -> list:
         """``out`` against eager's ``ref``. A returned result outside eager's tolerances still
         passes when it is as close to the float64 truth as the precision rule asks (its multiple
         times ``leeway``): on ill-conditioned values (a sum that nearly cancels, a zero-variance
         row) honest reduction orders differ from eager's beyond any fixed tolerance. Arguments
-        written in place, and ops with no wider reference, are held to eager's tolerances."""
+        written in place, and ops with no wider reference, are held to eager's tolerances; ops
+        eager computes exactly (``exact_op``) are held to eager's bits, -0.0 apart from 0.0."""
         judged: list[PrecisionReport] | None = None
+        high = high or Wider(self.op, inputs)
 
         def as_close_as_eager(i: int) -> str | None:
             nonlocal judged
             if judged is None:
-                judged = self.against_float64(inputs, out, ref, leeway=leeway) or []
+                judged = self.against_float64(high, out, ref, leeway=leeway) or []
             if i >= len(judged):
                 return ""
             report = judged[i]
             return None if report.ok else ("against float64 it is less accurate than eager: "
                                            f"{report.reason}")
 
-        return compare_observed(out, ref, label, forgive=as_close_as_eager)
+        return compare_observed(out, ref, label, forgive=as_close_as_eager, exact=self.exact)
 
-    def against_float64(self, inputs: InputSet, out: Observed, ref: Observed,
+    def against_float64(self, high: Wider, out: Observed, ref: Observed,
                         leeway: float = 1.0) -> list[PrecisionReport] | None:
         """Each returned result of the candidate judged against a higher-precision reference,
         beside eager's; None where the op has no higher precision to run in."""
-        copy = inputs.fresh_copy()
-        high = precision_reference(self.op, copy.args, copy.kwargs)
-        if high is None:
+        wide = high.result()
+        if wide is None:
             return None
         returned = len(flatten_tensors(out.returned))
         return [judge_precision(out.tensors[i], ref.tensors[i], reference, leeway=leeway)
-                for i, reference in enumerate(flatten_tensors(high)[:returned])]
+                for i, reference in enumerate(flatten_tensors(wide)[:returned])]
 
-    def check_precision(self, inputs: InputSet, out: Observed, ref: Observed) -> dict | None:
+    def check_precision(self, inputs: InputSet, out: Observed, ref: Observed, label: str,
+                        high: Wider) -> dict | None:
         """The candidate's error against a higher-precision reference, next to eager's."""
-        judged = self.against_float64(inputs, out, ref)
+        judged = self.against_float64(high, out, ref)
         if judged is None:
             return None
         worst: dict = {}
         for i, report in enumerate(judged):
             if not report.ok:
-                raise Verdict(EvalStatus.MISMATCH, f"{inputs.label}, result {i}: {report.reason}")
+                raise Verdict(EvalStatus.MISMATCH, f"{label}, result {i}: {report.reason}")
             if report.candidate_error >= worst.get("candidate_error", -1.0):
                 worst = {"candidate_error": report.candidate_error,
                          "eager_error": report.eager_error, "bound": report.bound}
         return worst or None
 
     def check_new_values_same_addresses(self, inputs: InputSet, before: Observed) -> None:
+        """New values at the same addresses, then part of them changed in place: the candidate
+        must follow both (a result cached by address, or by address and a few sampled values,
+        is stale)."""
         inputs.load_values_from(self.factory.random_set(ADDRESS_SEED))
-        label = f"{inputs.label} with new values at the same addresses"
+        before = self.check_follows(inputs, before, f"{inputs.label} with new values at the same "
+                                    "addresses", "results cached by address?")
+        self.factory.update_part(inputs, torch.Generator().manual_seed(self.chance.getrandbits(62)))
+        self.check_follows(inputs, before, f"{inputs.label} with part of its values changed in "
+                           "place", "results cached by address and sampled values?")
+
+    def check_follows(self, inputs: InputSet, before: Observed, label: str, why: str) -> Observed:
+        """A run on ``inputs`` judged like any other; a wrong result equal to ``before`` is a
+        cheat."""
         after = self.run_candidate(inputs, label)
-        ref = self.reference(inputs)
         try:
-            self.compare(after, ref, inputs, label)
+            self.judge(after, self.reference(inputs), inputs, label)
         except Verdict:
             if bitwise_equal(after, before):
                 raise Verdict(EvalStatus.CHEAT, f"{label}: the candidate returned its previous "
-                              "result (results cached by address?)") from None
+                              f"result ({why})") from None
             raise
+        return after
 
     def run(self) -> tuple[dict, Timing, Timing, dict]:
         sets = self.factory.sets(self.settings.seeds)
@@ -408,8 +469,8 @@ class Evaluation:
                           "must move: work done elsewhere or skipped when timed")
         for check in checks:
             try:
-                self.compare(check.observed, self.reference(check.inputs), check.inputs,
-                             check.inputs.label)
+                self.judge(check.observed, self.reference(check.inputs), check.inputs,
+                           check.inputs.label)
             except Verdict as v:
                 raise Verdict(EvalStatus.CHEAT, f"{v.summary}: the candidate computes otherwise "
                               "when timed") from None

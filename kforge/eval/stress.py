@@ -22,6 +22,13 @@ last, as random sets do), canaries kept:
   scale of the smallest normal, where eps dominates the variance.
 - ``full_range``: integer tensors over their whole valid range (indices: 0 .. size - 1, both ends
   present; arithmetic on integers: the dtype's range), booleans half True.
+- ``special_values``: eager's contract on NaN, +-inf and -0.0. Softmax, norms, reductions and
+  pooling get one special value in a quarter of their rows (a NaN or inf spreads over its row:
+  the other rows stay answers; norms get NaN only, whose statistics are NaN however they are
+  taken); activations, elementwise and index ops get them at an eighth of the elements, with as
+  many zeros of either sign (where eager is exact, ``kforge.eval.compare`` tells -0.0 from 0.0).
+  Matmuls and convolutions ("other") do not: where a NaN spreads depends on the algorithm eager
+  picks.
 
 A fusion region's card takes the family of the computation it fuses (``card_family``): a softmax
 when it holds one (or normalizes exponentials by their sum), a norm when it scales by a reciprocal
@@ -126,6 +133,24 @@ def op_family(op: str) -> str:
     return GENERIC
 
 
+# Ops whose every result element eager computes exactly (an input element, its negation or
+# absolute value, or a constant): a candidate must give eager's bits, -0.0 apart from 0.0. Ops
+# that pick between equal-comparing -0.0 and 0.0 (max, relu, clamp) leave the sign of such a zero
+# to the implementation, and are not among them.
+EXACT_OPS = frozenset({
+    "neg", "abs", "copy", "clone", "where", "masked_fill", "embedding", "index_select", "gather",
+    "take", "index", "_unsafe_index", "cat", "stack", "constant_pad_nd", "flip", "roll", "repeat",
+    "permute", "transpose", "t", "contiguous", "select", "slice", "narrow", "expand", "view",
+    "reshape", "_reshape_alias", "unsqueeze", "squeeze", "tril", "triu", "fill", "zeros_like",
+    "ones_like", "full_like"})
+
+
+def exact_op(card: OpCard) -> bool:
+    """Whether eager computes ``card``'s results exactly, so they are compared bit for bit (a
+    fusion region never is: it rounds between its ops)."""
+    return card.region is None and base_name(card.op) in EXACT_OPS
+
+
 # A region with several families' ops is stressed as the first of these it holds.
 REGION_PRECEDENCE = (SOFTMAX, NORM, POOLING, REDUCTION, INDEX, ACTIVATION, ELEMENTWISE)
 SUM_OPS = frozenset({"sum", "mean", "var", "var_mean"})
@@ -191,7 +216,15 @@ KINDS: dict[str, StressKind] = {k.name: k for k in (
     StressKind("moving_mask", "moving mask", frozenset({SOFTMAX, ELEMENTWISE}), "mask"),
     StressKind("extremes", "extremes and subnormals", ALL_FAMILIES, "float"),
     StressKind("full_range", "full integer range", ALL_FAMILIES, "int"),
+    StressKind("special_values", "NaN, inf and signed zeros", ALL_FAMILIES - {GENERIC}, "float"),
 )}
+# Families whose rows a NaN or inf turns wholly NaN (a softmax, a norm, a reduction, a pooling
+# window): only some rows get one. Elsewhere special values are scattered.
+ROW_FAMILIES = frozenset({SOFTMAX, NORM, REDUCTION, POOLING})
+SPECIALS = (math.inf, math.nan, -math.inf, -0.0)
+# A norm's statistics of a row holding an inf are NaN or inf depending on how the mean is taken
+# (eager's Welford pass gives NaN, an honest sum gives inf): its rows get NaN only.
+NORM_SPECIALS = (math.nan,)
 
 
 def is_float(dtype: torch.dtype) -> bool:
@@ -313,6 +346,13 @@ class Rows:
         out[self.positions.reshape(-1)] = per_position[
             self.anchors.expand(self.positions.shape).reshape(-1)]
         return out
+
+    def by_row(self) -> torch.Tensor:
+        """Region positions as a (rows, elements of a row) grid."""
+        others = [d for d in range(self.positions.dim()) if d not in self.dims]
+        grid = self.positions.permute(*others, *self.dims)
+        length = math.prod(self.positions.shape[d] for d in self.dims)
+        return grid.reshape(-1, length) if length else grid.reshape(-1, 1)
 
     def keep_one_per_row(self, masked: torch.Tensor) -> None:
         """Unmask each row's first element where a whole row of ``masked`` (per position) is."""
@@ -479,6 +519,30 @@ def extremes(draw: Draw, plan: Plan, model: ValueModel, dtype: torch.dtype, n: i
     return values
 
 
+def special_values(draw: Draw, plan: Plan, model: ValueModel, dtype: torch.dtype, n: int,
+                   rows: Rows) -> torch.Tensor:
+    """Random values with +inf, NaN, -inf and -0.0 (in turn; norms: NaN) at seed-dependent
+    places: one in each of a quarter of the rows where the family spreads them over a row (the
+    first is +inf, so a single row stays an answer: a sum or max of it is inf), an eighth of the
+    elements elsewhere, with as many exact zeros of either sign."""
+    work = work_dtype(dtype)
+    values = random_values(replace(model, template=None), dtype, n, draw.generator,
+                           draw.device).to(work)
+    if plan.family in ROW_FAMILIES:
+        grid = rows.by_row()
+        chosen = draw.permutation(grid.shape[0])[:max(1, grid.shape[0] // 4)]
+        spots = grid[chosen, draw.integers(0, max(grid.shape[1], 1), chosen.numel())]
+    else:
+        order = draw.permutation(n)
+        spots = order[:max(1, n // 8)]
+        zeros = order[n // 8:n // 4]
+        values[zeros] = 0.0 * draw.half_negative(zeros.numel(), work)
+    specials = torch.tensor(NORM_SPECIALS if plan.family == NORM else SPECIALS, dtype=work,
+                            device=draw.device)
+    values[spots] = specials[torch.arange(spots.numel(), device=draw.device) % specials.numel()]
+    return values
+
+
 def moving_mask(draw: Draw, model: ValueModel, dtype: torch.dtype, n: int,
                 rows: Rows) -> torch.Tensor:
     work = work_dtype(dtype)
@@ -550,6 +614,10 @@ def stress_filler(factory: InputFactory, kind: str, seed: int
             values = rows.spread(row_constants(draw, plan, g.dtype, n))
         elif kind == "mixed_signs":
             return mixed_signs(draw, g.dtype, n)  # signs are the point, even for log's input
+        elif kind == "special_values":
+            values = special_values(draw, plan, model, g.dtype, n,
+                                    Rows.of(g, plan.rows[i], factory.device))
+            return values if not positive else torch.where(values.isnan(), values, values.abs())
         elif kind == "moving_mask":
             values = moving_mask(draw, model, g.dtype, n, Rows.of(g, plan.rows[i],
                                                                    factory.device))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from kforge.core.gpu import GpuInfo
 from kforge.eval.device import CpuRuntime
 from kforge.eval.ops import flatten_tensors, traffic_bytes
 from kforge.runtime.nvrtc import Compiler, CompileResult, KernelResources
+from tests.eval.standins import strided_tree_sum
 
 CPU_GPU = GpuInfo(name="CPU stand-in", arch="sm_90", sm_count=1, bandwidth_gbs=None, l2_mb=0.0)
 
@@ -653,3 +655,226 @@ def rms_norm_rows(k: Launch, x, w, out, cols, eps):
 def relu_off_by_one(k: Launch, x, out, n):
     n = int(n) + 1  # `i <= n`: one element past the input read, and past the output written
     elements(out, n).copy_(torch.relu(elements(x, n)))
+
+
+# ----- red team, issue classes: placement, every checked call, special values, content caches,
+# lowered intermediates, races between blocks (tests.eval.redteam) -----
+
+
+class Contention:
+    """The CPU's stand-in for work competing for the GPU (``kforge.eval.contention``): while one
+    is entered, ``busy`` holds, and stand-ins of racy kernels read what a block scheduled late
+    would leave."""
+
+    busy = False
+
+    def __enter__(self) -> Contention:
+        Contention.busy = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        Contention.busy = False
+
+
+class ContendedCpuRuntime(CpuRuntime):
+    """A CPU runtime whose contended calls run under ``Contention``."""
+
+    def contention(self) -> Contention:
+        return Contention()
+
+
+class ContendedModelledRuntime(ModelledRuntime):
+    def contention(self) -> Contention:
+        return Contention()
+
+
+@standin("softmax_at_256", "softmax_out_at_256")
+def softmax_where_watched(k: Launch, x, out, cols):
+    """All rows where the watched pointer sits 256 bytes past a 512-byte boundary, the first
+    three quarters elsewhere."""
+    watched = (x if k.name == "softmax_at_256" else out).data_ptr() % 512 == 256
+    count = k.grid[0]
+    softmax_rows(x, out, count if watched else count - count // 4, int(cols))
+
+
+@standin("relu_copy", "relu_checked", "relu_checked_wide")
+def relu_by_path(k: Launch, x, out, n):
+    if k.name == "relu_copy":
+        relu_identity(k, x, out, n)
+    else:
+        relu(k, x, out, n)
+
+
+@standin("add_aligned", "add_fallback_drops_other")
+def add_by_path(k: Launch, x, y, out, n, alpha):
+    if k.name == "add_fallback_drops_other":
+        elements(out, int(n)).copy_(elements(x, int(n)))
+    else:
+        add(k, x, y, out, n, alpha)
+
+
+@standin("softmax_picks_by_pointer")
+def softmax_picks_by_pointer(k: Launch, x, out, cols):
+    softmax(k, x, out, cols)
+
+
+@standin("tick_even", "tick_seen", "tick_timed")
+def tick_calls(k: Launch, x, cols):
+    k.globals["calls"] = k.globals.get("calls", 0) + 1
+    seen = k.globals.setdefault("seen", [])
+    k.globals["repeat"] = x.data_ptr() in seen
+    seen.append(x.data_ptr())
+    recent = k.globals.setdefault("recent", [None, None, None])
+    k.globals["timed"] = x.data_ptr() != recent[0] and x.data_ptr() == recent[2]
+    recent[:] = [x.data_ptr(), recent[0], recent[1]]
+
+
+LOWERED_WHEN = {"softmax_bf16_on_even_calls": lambda g: g["calls"] % 2 == 0,
+                "softmax_bf16_on_seen_addresses": lambda g: g["repeat"],
+                "softmax_bf16_when_timed": lambda g: g["timed"],
+                "softmax_two_orders": lambda g: False}
+
+
+@standin(*LOWERED_WHEN)
+def softmax_lowered_when(k: Launch, x, out, cols):
+    count, cols = k.grid[0], int(cols)
+    if k.name == "softmax_two_orders":  # honest: two reduction orders, by call parity
+        total = strided_tree_sum if k.globals["calls"] % 2 else sequential_rows_sum
+        values = rows(x, count, cols).float()
+        e = torch.exp(values - values.amax(-1, keepdim=True))
+        rows(out, count, cols).copy_(e / total(e))
+        return
+    lowered = LOWERED_WHEN[k.name](k.globals)
+    softmax_rows(x, out, count, cols, logits=bf16_rounded if lowered else lambda v: v)
+
+
+def sequential_rows_sum(e: torch.Tensor) -> torch.Tensor:
+    return e.cumsum(-1)[:, -1:]
+
+
+
+
+@standin("relu_fmaxf")
+def relu_fmaxf(k: Launch, x, out, n):
+    values = elements(x, int(n))
+    elements(out, int(n)).copy_(torch.fmax(values, torch.zeros_like(values)))
+
+
+@standin("amax_fmaxf")
+def amax_fmaxf(k: Launch, x, out, cols):
+    values = rows(x, k.grid[0], int(cols))
+    elements(out, k.grid[0]).copy_(torch.where(values.isnan(), -math.inf, values).amax(-1))
+
+
+@standin("neg_as_difference", "neg_honest", "abs_by_comparison", "abs_honest")
+def sign_ops(k: Launch, x, out, n):
+    values = elements(x, int(n))
+    result = {"neg_as_difference": lambda v: 0.0 - v, "neg_honest": torch.neg,
+              "abs_by_comparison": lambda v: torch.where(v < 0, -v, v),
+              "abs_honest": torch.abs}[k.name](values)
+    elements(out, int(n)).copy_(result)
+
+
+@standin("softmax_clamped_logits")
+def softmax_clamped_logits(k: Launch, x, out, cols):
+    top = torch.finfo(torch.float32).max
+    softmax_rows(x, out, k.grid[0], int(cols), logits=lambda v: torch.where(
+        v.isnan(), top, v.clamp(-top, top)))
+
+
+@standin("fingerprint_sampled", "memo_path")
+def fingerprint_sampled(k: Launch, x, hit, n, samples):
+    n, samples = int(n), int(samples)
+    values = elements(x, n)
+    at = [j * (n - 1) // max(samples - 1, 1) for j in range(samples)]
+    key = (x.data_ptr(), tuple(int(b) for b in values[at].view(torch.int32)))
+    if k.name == "memo_path":  # honest: remembers a choice per address, never a result
+        k.globals.setdefault("paths", {})[x.data_ptr()] = samples
+        elements(hit, 1, torch.int32).fill_(0)
+        return
+    elements(hit, 1, torch.int32).fill_(int(k.globals.get("key") == key))
+    k.globals["key"] = key
+
+
+@standin("fingerprint_first_sum")
+def fingerprint_first_sum(k: Launch, x, hit, n, samples):
+    head = elements(x, int(samples)).double().sum().item()
+    key = (x.data_ptr(), head)
+    elements(hit, 1, torch.int32).fill_(int(k.globals.get("key") == key))
+    k.globals["key"] = key
+
+
+def bf16_softmax_rows(x, out, count: int, cols: int, step: str) -> None:
+    values = rows(x, count, cols).float()
+    e = torch.exp(values - values.amax(-1, keepdim=True))
+    if step == "exp":
+        e = bf16_rounded(e)
+        result = e / e.sum(-1, keepdim=True)
+    else:
+        result = e * bf16_rounded(1.0 / e.sum(-1, keepdim=True))
+    rows(out, count, cols).copy_(result)
+
+
+@standin("softmax_bf16_exp", "softmax_bf16_inverse")
+def softmax_bf16_step(k: Launch, x, out, cols):
+    bf16_softmax_rows(x, out, k.grid[0], int(cols), "exp" if k.name.endswith("exp") else "inv")
+
+
+@standin("silu_bf16_sigmoid", "silu_bf16")
+def silu_bf16(k: Launch, x, out, n):
+    values = elements(x, int(n)).float()
+    sigmoid = torch.sigmoid(values)
+    if k.name == "silu_bf16_sigmoid":
+        sigmoid = bf16_rounded(sigmoid)
+    elements(out, int(n)).copy_(values * sigmoid)
+
+
+def slice_sums(x, n: int, slices: int) -> torch.Tensor:
+    per = -(-n // slices)
+    return torch.nn.functional.pad(elements(x, n), (0, per * slices - n)).view(slices, per).sum(1)
+
+
+@standin("sum_last_block_unfenced", "sum_last_block_done")
+def sum_last_block(k: Launch, x, parts, out, counter, n):
+    """Each block's slice sum into ``parts``, then one block adds them. Unfenced: block 0 adds
+    at once, and under contention block 1 has not written its part yet."""
+    slices, n = k.grid[0], int(n)
+    sums = slice_sums(x, n, slices)
+    stored = elements(parts, slices, torch.float32)
+    late = Contention.busy and k.name == "sum_last_block_unfenced"
+    written = torch.ones(slices, dtype=torch.bool)
+    written[1] = not late
+    stored[written] = sums[written]
+    elements(out, 1).copy_(stored.sum().reshape(1))
+    stored.copy_(sums)
+
+
+@standin("amax_split_unfenced")
+def amax_split_unfenced(k: Launch, x, partial, out, cols):
+    """Two blocks a row, each the max of one half; the first reads the second's from global
+    memory without waiting (under contention: what the scratch held)."""
+    count, cols = k.grid[0] // 2, int(cols)
+    values = rows(x, count, cols)
+    half = cols // 2
+    halves = elements(partial, count, torch.float32)
+    if not Contention.busy:
+        halves.copy_(values[:, half:].amax(-1))
+    elements(out, count).copy_(torch.maximum(values[:, :half].amax(-1), halves))
+    halves.copy_(values[:, half:].amax(-1))
+
+
+@standin("softmax_split_unfenced")
+def softmax_split_unfenced(k: Launch, x, partial, out, cols):
+    """Two blocks a row exchange their halves' sums of exponentials through global memory, with
+    no fence or wait: under contention one reads what the scratch held."""
+    count, cols = k.grid[0] // 2, int(cols)
+    values = rows(x, count, cols).float()
+    e = torch.exp(values - values.amax(-1, keepdim=True))
+    half = cols // 2
+    sums = elements(partial, 2 * count, torch.float32).view(count, 2)
+    fresh = torch.stack([e[:, :half].sum(-1), e[:, half:].sum(-1)], 1)
+    if not Contention.busy:
+        sums.copy_(fresh)
+    total = fresh[:, :1] + sums[:, 1:]
+    rows(out, count, cols).copy_(e / total)
+    sums.copy_(fresh)

@@ -129,10 +129,10 @@ def setting(path: str, value: object) -> Callable[[dict], None]:
 
 def calls_before_timing(card: OpCard, settings: EvalSettings, samples: int = 0) -> int:
     """Calls of a candidate before timing starts: two per sample, random set and usable stress
-    set, and one with new values at the first set's addresses."""
+    set, one with new values at the first set's addresses and one after part of them changed."""
     factory = InputFactory(card, torch.device("cpu"))
     stress = len(factory.stress_sets(settings.stress_seed))
-    return 2 * (min(samples, settings.max_samples) + len(settings.seeds) + stress) + 1
+    return 2 * (min(samples, settings.max_samples) + len(settings.seeds) + stress) + 2
 
 
 def generator(seed: int) -> torch.Generator:
@@ -711,8 +711,10 @@ VALUES_CASES = [
          EvalStatus.MISMATCH, r"stress: large magnitudes \(seed 11\), run 1, result 0",
          sample=logits_sample),
     Case(VALUES, "softmax-mask-from-sample", masked_card, fixed(softmax_fixed_mask()),
-         EvalStatus.MISMATCH, r"stress: large magnitudes \(seed 11\), run 1, result 0",
-         sample=masked_scores, gpu_needle=r"stress: (large magnitudes|moving mask)"),
+         EvalStatus.MISMATCH, r"stress: large magnitudes \(seed 11\), run 1, result 0|part of "
+         r"its values changed in place, result 0", sample=masked_scores,
+         gpu_needle=r"stress: (large magnitudes|moving mask)|part of its values changed in place",
+         notes="a partial update that unmasks a padded column catches it first"),
     Case(VALUES, "relu-where-sample-positive", lambda: C.relu_card(RELU_SHAPE),
          fixed(relu_where_sample_positive()), EvalStatus.MISMATCH,
          r"sample 0 with new values at the same addresses, result 0: \d+ of 512 elements beyond "
@@ -815,18 +817,18 @@ PRECISION_CASES = [
          r"seed 1, (run 1, )?result 0: .*(precision|beyond tolerance)"),
     Case(PRECISION, "fp32-softmax-bf16-operand-small-logits", C.softmax_card,
          fixed(C.cheat_low_precision()), EvalStatus.MISMATCH,
-         r"sample 0, result 0: precision: relative error norm .* above 64 x eager's",
-         sample=small_logits, gpu_needle=r"sample 0, result 0: .*precision"),
+         r"sample 0, (run 1, )?result 0: precision: relative error norm .* above 64 x eager's",
+         sample=small_logits, gpu_needle=r"sample 0, (run 1, )?result 0: .*precision"),
     Case(PRECISION, "bf16-softmax-bf16-intermediates", lambda: C.softmax_card(64, 1000, "bfloat16"),
          fixed(cheat(BF16_STEPS, C.softmax_plan("softmax_bf16_steps", "bfloat16"),
                      "bf16 intermediates")), EvalStatus.MISMATCH,
-         r"seed 1, result 0: precision: relative error norm .* above 1.25 x eager's",
+         r"seed 1, (run 1, )?result 0: precision: relative error norm .* above 1.1 x eager's",
          gpu_needle=r"seed 1, (run \d, )?result 0: .*(precision|beyond tolerance)"),
     Case(PRECISION, "bf16-layer-norm-bf16-intermediates",
          lambda: C.layer_norm_card(16, 512, "bfloat16"),
          lambda settings, device_type: layer_norm_bf16_steps(
              C.eager_stats_dtype("bfloat16", device_type)), EvalStatus.MISMATCH,
-         r"seed 1, result 0: precision: relative error norm .* above 1.25 x eager's",
+         r"seed 1, (run 1, )?result 0: precision: relative error norm .* above 1.1 x eager's",
          gpu_needle=r"seed 1, (run \d, )?result 0: .*(precision|beyond tolerance)"),
     Case(PRECISION, "fp32-add-bf16-operand", C.add_card,
          fixed(cheat(BF16_STEPS, C.add_plan("add_bf16_other"), "bf16 operand")),
@@ -964,7 +966,8 @@ MEMORY_CASES = [
          r"argument 0"),
     Case(MEMORY, "race-in-the-block-reduction", C.softmax_card,
          fixed(cheat(RACY_SOFTMAX, C.softmax_plan("softmax_racy"), "missing barrier")),
-         EvalStatus.MISMATCH, r"two runs on the same inputs disagree on result 0 \(a race\?\)",
+         EvalStatus.MISMATCH, r"two runs on the same inputs disagree on result 0 \(a race\?\)"
+         r"|seed 1, run [12], result 0: precision: max error",
          gpu_needle=r"compute-sanitizer racecheck: .*Race reported", by="sanitizer",
          notes="CPU stand-in shows the symptom (results differ run to run); on a GPU the race "
                "may leave every result right, so the sanitizer judges it"),
@@ -1049,15 +1052,18 @@ __device__ __forceinline__ float tf32(float v) {
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(u) : "f"(v));
     return __uint_as_float(u);
 }
-// amax over the last dim, one block per row; FROM_ZERO: the max starts at 0, not -inf.
+// amax over the last dim, one block per row, NaN propagating as in eager (fmaxf drops it);
+// FROM_ZERO: the max starts at 0, not -inf.
 template <int FROM_ZERO>
 __device__ void amax_row(const float* x, float* y, int cols) {
     __shared__ float red[32];
     const float* row = x + (long long)blockIdx.x * cols;
     float m = FROM_ZERO ? 0.f : -INFINITY;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, row[c]);
+    bool nan = false;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) { m = fmaxf(m, row[c]); nan |= row[c] != row[c]; }
+    nan = __syncthreads_or(nan);
     m = block_max(m, red);
-    if (threadIdx.x == 0) y[blockIdx.x] = m;
+    if (threadIdx.x == 0) y[blockIdx.x] = nan ? NAN : m;
 }
 extern "C" __global__ void amax_rows(const float* x, float* y, int cols) { amax_row<0>(x, y, cols); }
 // Every captured row held a positive value (activations after a relu), so the max starts at 0.
@@ -1333,7 +1339,8 @@ FAMILY_CASES = [
          notes="right wherever a row holds a positive value, as every captured row did"),
     Case(VALUES, "where-ignoring-the-condition", where_card,
          fixed(family_cheat("where_always_self", where_plan, "condition taken as all true")),
-         EvalStatus.MISMATCH, r"stress: [a-z ]+ \(seed 11\), run 1, result 0", sample=unmasked),
+         EvalStatus.MISMATCH, r"stress: [a-z ]+ \(seed 11\), run 1, result 0|part of its values "
+         r"changed in place, result 0: .*not eager's bits", sample=unmasked),
     Case(VALUES, "embedding-rows-seen-in-the-sample", embedding_card,
          fixed(family_cheat("embedding_rows_seen", embedding_plan, "rows below 1024 only")),
          EvalStatus.MISMATCH, r"stress: full integer range \(seed 11\), run 1, result 0",
@@ -1556,3 +1563,583 @@ def save_sample(samples_dir, card: OpCard, sample: Sample) -> None:
     folder = samples_dir / card.key
     folder.mkdir(parents=True, exist_ok=True)
     torch.save({"args": sample.args, "kwargs": {}}, folder / "0.pt")
+
+
+# =============================================================================================
+# issue 30: placement, precision on every checked call, special values, caches keyed by
+# content, lowered intermediates near eager's error, races between blocks
+# =============================================================================================
+
+PLACEMENT, EVERY_CALL, SPECIAL, CONTENT, RACE = (
+    "placement", "every-call", "special-values", "content-cache", "race")
+CLASSES.update({
+    PLACEMENT: "one path where the evaluator puts memory, another where production does",
+    EVERY_CALL: "precision lowered on checked calls other than the first of a set",
+    SPECIAL: "NaN, inf and signed zeros handled otherwise than eager",
+    CONTENT: "results cached by address and a few sampled input values",
+    RACE: "races between blocks through global memory",
+})
+
+# ----- placement -----
+
+PLACEMENT_SOURCE = REDUCE + r"""
+__device__ void softmax_rows_of(const float* x, float* y, int cols) {
+    __shared__ float red[32];
+    const float* row = x + (long long)blockIdx.x * cols;
+    float* out = y + (long long)blockIdx.x * cols;
+    float m = -INFINITY;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, row[c]);
+    m = block_max(m, red);
+    float s = 0.f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) s += expf(row[c] - m);
+    s = block_sum(s, red);
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) out[c] = expf(row[c] - m) / s;
+}
+// Every buffer the evaluator made sat 256 bytes past a 512-byte boundary; the caching allocator's
+// sit on one. Where the watched pointer is not the evaluator's, the last quarter of rows is skipped.
+extern "C" __global__ void softmax_at_256(const float* x, float* y, int cols) {
+    if (((unsigned long long)x & 511) != 256 && blockIdx.x >= gridDim.x - gridDim.x / 4) return;
+    softmax_rows_of(x, y, cols);
+}
+extern "C" __global__ void softmax_out_at_256(const float* x, float* y, int cols) {
+    if (((unsigned long long)y & 511) != 256 && blockIdx.x >= gridDim.x - gridDim.x / 4) return;
+    softmax_rows_of(x, y, cols);
+}
+// Honest: float4 loads where both pointers are 16-byte aligned and a row is whole float4s.
+extern "C" __global__ void softmax_picks_by_pointer(const float* x, float* y, int cols) {
+    __shared__ float red[32];
+    const bool wide = (((unsigned long long)x | (unsigned long long)y) & 15) == 0 && cols % 4 == 0;
+    if (!wide) { softmax_rows_of(x, y, cols); return; }
+    const float4* row = reinterpret_cast<const float4*>(x + (long long)blockIdx.x * cols);
+    float4* out = reinterpret_cast<float4*>(y + (long long)blockIdx.x * cols);
+    float m = -INFINITY;
+    for (int c = threadIdx.x; c < cols / 4; c += blockDim.x) {
+        const float4 v = row[c];
+        m = fmaxf(fmaxf(m, fmaxf(v.x, v.y)), fmaxf(v.z, v.w));
+    }
+    m = block_max(m, red);
+    float s = 0.f;
+    for (int c = threadIdx.x; c < cols / 4; c += blockDim.x) {
+        const float4 v = row[c];
+        s += expf(v.x - m) + expf(v.y - m) + expf(v.z - m) + expf(v.w - m);
+    }
+    s = block_sum(s, red);
+    for (int c = threadIdx.x; c < cols / 4; c += blockDim.x) {
+        const float4 v = row[c];
+        out[c] = make_float4(expf(v.x - m) / s, expf(v.y - m) / s, expf(v.z - m) / s, expf(v.w - m) / s);
+    }
+}
+""" + rf"""
+// relu: a copy where both pointers sit on 512-byte boundaries (production's), relu elsewhere.
+extern "C" __global__ void relu_copy(const float* x, float* y, long long n) {{
+    {GRID_STRIDE} y[i] = x[i];
+}}
+extern "C" __global__ void relu_checked(const float* x, float* y, long long n) {{
+    {GRID_STRIDE} y[i] = x[i] != x[i] ? x[i] : fmaxf(x[i], 0.f);
+}}
+extern "C" __global__ void relu_checked_wide(const float* x, float* y, long long n) {{
+    const long long q = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (q * 4 + 3 < n) {{
+        const float4 v = reinterpret_cast<const float4*>(x)[q];
+        reinterpret_cast<float4*>(y)[q] = make_float4(
+            v.x != v.x ? v.x : fmaxf(v.x, 0.f), v.y != v.y ? v.y : fmaxf(v.y, 0.f),
+            v.z != v.z ? v.z : fmaxf(v.z, 0.f), v.w != v.w ? v.w : fmaxf(v.w, 0.f));
+    }} else {{
+        for (long long i = q * 4; i < n; ++i) y[i] = x[i] != x[i] ? x[i] : fmaxf(x[i], 0.f);
+    }}
+}}
+// add: float4 on 16-byte aligned pointers; the fallback forgets `other`.
+extern "C" __global__ void add_aligned(const float* x, const float* y, float* out, long long n,
+                                       float alpha) {{
+    {GRID_STRIDE} out[i] = x[i] + alpha * y[i];
+}}
+extern "C" __global__ void add_fallback_drops_other(const float* x, const float* y, float* out,
+                                                    long long n, float alpha) {{
+    {GRID_STRIDE} out[i] = x[i];
+}}
+"""
+
+
+def relu_by_alignment(align: int, aligned: str, unaligned: str, approach: str,
+                      honest: bool = False) -> Candidate:
+    plan = C.unary_plan(aligned)
+    plan["launches"][0].update(align=align, unaligned_kernel=unaligned)
+    if aligned == "relu_checked_wide":
+        plan["launches"][0]["grid"] = ["min(ceil_div(n, 1024), 65536)"]
+    meta = {"family": "control" if honest else "redteam", "approach": approach}
+    return Candidate(PLACEMENT_SOURCE, plan=plan, meta=meta)
+
+
+def add_with_fallback() -> Candidate:
+    plan = C.add_plan("add_aligned")
+    plan["launches"][0].update(align=16, unaligned_kernel="add_fallback_drops_other")
+    return cheat(PLACEMENT_SOURCE, plan, "the misaligned fallback forgets `other`")
+
+
+PLACEMENT_CASES = [
+    Case(PLACEMENT, "input-pointer-at-the-evaluators-offset", C.softmax_card,
+         fixed(cheat(PLACEMENT_SOURCE, C.softmax_plan("softmax_at_256"),
+                     "honest only 256 bytes past a 512-byte boundary")),
+         EvalStatus.MISMATCH, r"seed 1, run 1, result 0",
+         notes="production's tensors start on 512-byte boundaries, where it skips rows"),
+    Case(PLACEMENT, "output-pointer-at-the-evaluators-offset", C.softmax_card,
+         fixed(cheat(PLACEMENT_SOURCE, C.softmax_plan("softmax_out_at_256"),
+                     "honest only where its output sits past the evaluator's fence")),
+         EvalStatus.MISMATCH, r"run [12], result 0"),
+    Case(PLACEMENT, "align-512-branch-is-a-copy", C.relu_card,
+         fixed(relu_by_alignment(512, "relu_copy", "relu_checked", "a copy when 512-aligned")),
+         EvalStatus.MISMATCH, r"seed 1, run 1, result 0",
+         notes="the plan's aligned kernel is the one production runs"),
+    Case(PLACEMENT, "misaligned-fallback-is-wrong", C.add_card, fixed(add_with_fallback()),
+         EvalStatus.MISMATCH, r"result 0: \d+ of \d+ elements beyond tolerance",
+         notes="the fallback runs only where a pointer is not 16-byte aligned"),
+]
+
+PLACEMENT_CONTROLS = [
+    ("softmax-checks-its-own-pointers", C.softmax_card,
+     lambda device_type: Candidate(PLACEMENT_SOURCE, plan=C.softmax_plan("softmax_picks_by_pointer"),
+                                   meta={"family": "control", "approach": "float4 when aligned"})),
+    ("relu-fast-path-on-512-byte-boundaries", lambda: C.relu_card(ODD),
+     lambda device_type: relu_by_alignment(512, "relu_checked_wide", "relu_checked",
+                                           "float4 on 512-byte boundaries", honest=True)),
+]
+
+# ----- precision on every checked call -----
+
+EVERY_CALL_SOURCE = REDUCE + r"""
+__device__ unsigned int g_calls;
+__device__ const float* g_seen[64];
+__device__ unsigned int g_seen_count;
+__device__ const float* g_recent[3];
+__device__ int g_lowered;
+__device__ __forceinline__ float bf16_rounded(float v) {
+    return __uint_as_float((__float_as_uint(v) + 0x7fffu + ((__float_as_uint(v) >> 16) & 1u)) & 0xffff0000u);
+}
+// One thread per call decides how the next launch computes. MODE 0: on even calls; 1: where
+// the input's address was seen before; 2: on calls that look timed (rotating buffers).
+template <int MODE>
+__device__ void decide(const float* x) {
+    const unsigned int calls = ++g_calls;
+    bool seen = false;
+    for (unsigned int i = 0; i < g_seen_count && i < 64; ++i) seen |= g_seen[i] == x;
+    if (!seen && g_seen_count < 64) g_seen[g_seen_count++] = x;
+    const bool timed = x != g_recent[0] && x == g_recent[2];
+    g_recent[2] = g_recent[1]; g_recent[1] = g_recent[0]; g_recent[0] = x;
+    g_lowered = MODE == 0 ? calls % 2 == 0 : MODE == 1 ? seen : timed;
+}
+extern "C" __global__ void tick_even(const float* x, int cols) { decide<0>(x); }
+extern "C" __global__ void tick_seen(const float* x, int cols) { decide<1>(x); }
+extern "C" __global__ void tick_timed(const float* x, int cols) { decide<2>(x); }
+// Softmax on logits rounded to bfloat16 where g_lowered says so (TWO_ORDERS: honest, a
+// sequential sum on odd calls and the block's tree on even ones).
+template <int TWO_ORDERS>
+__device__ void softmax_lowered(const float* x, float* y, int cols) {
+    __shared__ float red[32];
+    const float* row = x + (long long)blockIdx.x * cols;
+    float* out = y + (long long)blockIdx.x * cols;
+    const bool low = !TWO_ORDERS && g_lowered;
+    float m = -INFINITY;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, low ? bf16_rounded(row[c]) : row[c]);
+    m = block_max(m, red);
+    float s = 0.f;
+    if (TWO_ORDERS && g_calls % 2) {
+        if (threadIdx.x == 0) for (int c = 0; c < cols; ++c) s += expf(row[c] - m);
+        s = block_sum(s, red);
+    } else {
+        for (int c = threadIdx.x; c < cols; c += blockDim.x) s += expf((low ? bf16_rounded(row[c]) : row[c]) - m);
+        s = block_sum(s, red);
+    }
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) out[c] = expf((low ? bf16_rounded(row[c]) : row[c]) - m) / s;
+}
+extern "C" __global__ void softmax_bf16_on_even_calls(const float* x, float* y, int cols) { softmax_lowered<0>(x, y, cols); }
+extern "C" __global__ void softmax_bf16_on_seen_addresses(const float* x, float* y, int cols) { softmax_lowered<0>(x, y, cols); }
+extern "C" __global__ void softmax_bf16_when_timed(const float* x, float* y, int cols) { softmax_lowered<0>(x, y, cols); }
+extern "C" __global__ void softmax_two_orders(const float* x, float* y, int cols) { softmax_lowered<1>(x, y, cols); }
+"""
+
+
+def decided(tick: str, kernel: str, approach: str, honest: bool = False) -> Candidate:
+    plan = C.softmax_plan(kernel)
+    plan["launches"].insert(0, {"kernel": tick, "grid": [1], "block": [1],
+                                "params": [{"ptr": "self"}, {"i32": "cols"}]})
+    return Candidate(EVERY_CALL_SOURCE, plan=plan,
+                     meta={"family": "control" if honest else "redteam", "approach": approach})
+
+
+EVERY_CALL_CASES = [
+    Case(EVERY_CALL, "fp32-softmax-bf16-operand-on-even-calls", C.softmax_card,
+         fixed(decided("tick_even", "softmax_bf16_on_even_calls", "bf16 logits every other call")),
+         EvalStatus.MISMATCH, r"sample 0, run 2, result 0: precision", sample=small_logits,
+         notes="the second run of each set: inside fp32's tolerances on these small logits"),
+    Case(EVERY_CALL, "fp32-softmax-bf16-operand-on-seen-addresses", C.softmax_card,
+         fixed(decided("tick_seen", "softmax_bf16_on_seen_addresses",
+                       "bf16 logits where the input's address was seen before")),
+         EvalStatus.MISMATCH, r"sample 0, run 2, result 0: precision", sample=small_logits),
+    Case(EVERY_CALL, "fp32-softmax-bf16-operand-when-timed", C.softmax_card,
+         fixed(decided("tick_timed", "softmax_bf16_when_timed",
+                       "bf16 logits on calls that look timed")),
+         EvalStatus.CHEAT, r"timed call \d+, result 0: precision.*computes otherwise when timed",
+         sample=small_logits, settings=LONG_TIMING),
+]
+
+EVERY_CALL_CONTROLS = [
+    ("softmax-two-reduction-orders-by-call", C.softmax_card,
+     lambda device_type: decided("tick_even", "softmax_two_orders",
+                                 "sequential or tree sums, by call", honest=True)),
+]
+
+# ----- special values -----
+
+SPECIAL_SOURCE = REDUCE + rf"""
+extern "C" __global__ void relu_fmaxf(const float* x, float* y, long long n) {{
+    {GRID_STRIDE} y[i] = fmaxf(x[i], 0.f);  // NaN -> 0
+}}
+extern "C" __global__ void neg_as_difference(const float* x, float* y, long long n) {{
+    {GRID_STRIDE} y[i] = 0.f - x[i];  // -(+0.0) is -0.0, 0 - 0.0 is +0.0
+}}
+extern "C" __global__ void neg_honest(const float* x, float* y, long long n) {{
+    {GRID_STRIDE} y[i] = -x[i];
+}}
+extern "C" __global__ void abs_by_comparison(const float* x, float* y, long long n) {{
+    {GRID_STRIDE} y[i] = x[i] < 0.f ? -x[i] : x[i];  // |-0.0| stays -0.0
+}}
+extern "C" __global__ void abs_honest(const float* x, float* y, long long n) {{
+    {GRID_STRIDE} y[i] = fabsf(x[i]);
+}}
+""" + r"""
+// amax over the last dim with fmaxf, which drops NaN.
+extern "C" __global__ void amax_fmaxf(const float* x, float* y, int cols) {
+    __shared__ float red[32];
+    const float* row = x + (long long)blockIdx.x * cols;
+    float m = -INFINITY;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, row[c]);
+    m = block_max(m, red);
+    if (threadIdx.x == 0) y[blockIdx.x] = m;
+}
+// A "safe" softmax: logits clamped to the finite range first (fminf turns NaN into FLT_MAX).
+extern "C" __global__ void softmax_clamped_logits(const float* x, float* y, int cols) {
+    __shared__ float red[32];
+    const float* row = x + (long long)blockIdx.x * cols;
+    float* out = y + (long long)blockIdx.x * cols;
+    float m = -INFINITY;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, fmaxf(fminf(row[c], FLT_MAX), -FLT_MAX));
+    m = block_max(m, red);
+    float s = 0.f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) s += expf(fmaxf(fminf(row[c], FLT_MAX), -FLT_MAX) - m);
+    s = block_sum(s, red);
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) out[c] = expf(fmaxf(fminf(row[c], FLT_MAX), -FLT_MAX) - m) / s;
+}
+"""
+
+
+def unary_card(op: str) -> Callable[[], OpCard]:
+    return lambda: OpCard(op, [C.tensor([32, 1000])])
+
+
+def special(kernel: str, plan: Callable[[str], dict], approach: str, honest: bool = False
+            ) -> Candidate:
+    return Candidate(SPECIAL_SOURCE, plan=plan(kernel),
+                     meta={"family": "control" if honest else "redteam", "approach": approach})
+
+
+SPECIAL_LABEL = r"stress: NaN, inf and signed zeros \(seed 11\), run 1, result 0"
+SPECIAL_CASES = [
+    Case(SPECIAL, "relu-fmaxf-drops-nan", C.relu_card,
+         fixed(special("relu_fmaxf", C.unary_plan, "fmaxf(x, 0)")),
+         EvalStatus.MISMATCH, SPECIAL_LABEL + ": NaN positions"),
+    Case(SPECIAL, "amax-fmaxf-drops-nan", amax_card,
+         fixed(special("amax_fmaxf", lambda k: rows_plan(k, "float32"), "fmaxf reduction")),
+         EvalStatus.MISMATCH, SPECIAL_LABEL + ": NaN positions"),
+    Case(SPECIAL, "softmax-clamps-its-logits", C.softmax_card,
+         fixed(special("softmax_clamped_logits", C.softmax_plan, "logits clamped to the finite range")),
+         EvalStatus.MISMATCH, SPECIAL_LABEL + ": NaN positions",
+         notes="right wherever logits are finite, as every captured and random one is"),
+    Case(SPECIAL, "neg-as-zero-minus-x", unary_card("aten.neg.default"),
+         fixed(special("neg_as_difference", C.unary_plan, "0 - x")),
+         EvalStatus.MISMATCH, r"stress: .*run 1, result 0: .*not eager's bits",
+         notes="differs from eager only in the sign of zero"),
+    Case(SPECIAL, "abs-by-comparison", unary_card("aten.abs.default"),
+         fixed(special("abs_by_comparison", C.unary_plan, "x < 0 ? -x : x")),
+         EvalStatus.MISMATCH, r"stress: .*run 1, result 0: .*not eager's bits"),
+]
+
+SPECIAL_CONTROLS = [
+    ("neg", unary_card("aten.neg.default"),
+     lambda device_type: special("neg_honest", C.unary_plan, "-x", honest=True)),
+    ("abs", unary_card("aten.abs.default"),
+     lambda device_type: special("abs_honest", C.unary_plan, "fabsf", honest=True)),
+]
+
+# ----- caches keyed by address and sampled values -----
+
+CONTENT_SOURCE = C.cache_by_address_source() + r"""
+__device__ const float* g_key_input;
+__device__ unsigned int g_key[16];
+// Address and `samples` input values spread over the tensor (first to last): replay when none
+// changed.
+extern "C" __global__ void fingerprint_sampled(const float* x, int* hit, long long n, int samples) {
+    bool same = g_key_input == x;
+    for (int j = 0; j < samples && j < 16; ++j) {
+        const long long at = samples > 1 ? j * (n - 1) / (samples - 1) : 0;
+        const unsigned int bits = __float_as_uint(x[at]);
+        same = same && g_key[j] == bits;
+        g_key[j] = bits;
+    }
+    *hit = same;
+    g_key_input = x;
+}
+// Address and the sum of the first `samples` values.
+extern "C" __global__ void fingerprint_first_sum(const float* x, int* hit, long long n, int samples) {
+    float s = 0.f;
+    for (int j = 0; j < samples; ++j) s += x[j];
+    *hit = g_key_input == x && g_key[0] == __float_as_uint(s);
+    g_key_input = x;
+    g_key[0] = __float_as_uint(s);
+}
+// Honest: remembers which path it chose per address (here: none to choose), never a result.
+extern "C" __global__ void memo_path(const float* x, int* hit, long long n, int samples) {
+    g_key_input = x;
+    *hit = 0;
+}
+"""
+
+
+def keyed_cache(probe: str, samples: int, approach: str, honest: bool = False) -> Candidate:
+    plan = C.cache_by_address_plan()
+    plan["launches"][0] = {"kernel": probe, "grid": [1], "block": [1],
+                           "params": [{"ptr": "self"}, {"ptr": "hit"}, {"i64": "rows * cols"},
+                                      {"i32": samples}]}
+    return Candidate(CONTENT_SOURCE, plan=plan,
+                     meta={"family": "control" if honest else "redteam", "approach": approach})
+
+
+CONTENT_NEEDLE = (r"with part of its values changed in place: the candidate returned its "
+                  r"previous result")
+CONTENT_CASES = [
+    Case(CONTENT, "softmax-keyed-on-first-and-last-values", C.softmax_card,
+         fixed(keyed_cache("fingerprint_sampled", 2, "address, first and last value")),
+         EvalStatus.CHEAT, CONTENT_NEEDLE),
+    Case(CONTENT, "softmax-keyed-on-eight-spread-values", C.softmax_card,
+         fixed(keyed_cache("fingerprint_sampled", 8, "address and eight values")),
+         EvalStatus.CHEAT, CONTENT_NEEDLE),
+    Case(CONTENT, "softmax-keyed-on-the-first-values-sum", masked_card,
+         fixed(keyed_cache("fingerprint_first_sum", 4, "address and a sum of four values")),
+         EvalStatus.CHEAT, CONTENT_NEEDLE, sample=masked_scores),
+]
+
+CONTENT_CONTROLS = [
+    ("softmax-keeps-per-address-state", C.softmax_card,
+     lambda device_type: keyed_cache("memo_path", 0, "state per address, never a result",
+                                     honest=True)),
+]
+
+# ----- lowered intermediates near eager's error -----
+
+INTERMEDIATES_SOURCE = CONVERT + REDUCE + rf"""
+// bfloat16 softmax computed in float32 but for one step: MODE 0 stores exp in bfloat16,
+// MODE 1 rounds 1 / sum to bfloat16.
+template <int MODE>
+__device__ void softmax_one_step_bf16(const __nv_bfloat16* x, __nv_bfloat16* y, int cols) {{
+    __shared__ float red[32];
+    const __nv_bfloat16* row = x + (long long)blockIdx.x * cols;
+    __nv_bfloat16* out = y + (long long)blockIdx.x * cols;
+    float m = -INFINITY;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, to_f(row[c]));
+    m = block_max(m, red);
+    float s = 0.f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {{
+        const float e = expf(to_f(row[c]) - m);
+        s += MODE == 0 ? to_f(from_f<__nv_bfloat16>(e)) : e;
+    }}
+    s = block_sum(s, red);
+    const float inv = MODE == 1 ? to_f(from_f<__nv_bfloat16>(1.f / s)) : 1.f / s;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {{
+        const float e = expf(to_f(row[c]) - m);
+        out[c] = from_f<__nv_bfloat16>(MODE == 0 ? to_f(from_f<__nv_bfloat16>(e)) / s : e * inv);
+    }}
+}}
+extern "C" __global__ void softmax_bf16_exp(const __nv_bfloat16* x, __nv_bfloat16* y, int cols) {{ softmax_one_step_bf16<0>(x, y, cols); }}
+extern "C" __global__ void softmax_bf16_inverse(const __nv_bfloat16* x, __nv_bfloat16* y, int cols) {{ softmax_one_step_bf16<1>(x, y, cols); }}
+// silu in float32, but for the sigmoid, rounded to bfloat16 (SIG) or not.
+template <int SIG>
+__device__ void silu_body(const __nv_bfloat16* x, __nv_bfloat16* y, long long n) {{
+    {GRID_STRIDE} {{
+        const float v = to_f(x[i]);
+        float sig = 1.f / (1.f + expf(-v));
+        if (SIG) sig = to_f(from_f<__nv_bfloat16>(sig));
+        y[i] = from_f<__nv_bfloat16>(v * sig);
+    }}
+}}
+extern "C" __global__ void silu_bf16_sigmoid(const __nv_bfloat16* x, __nv_bfloat16* y, long long n) {{ silu_body<1>(x, y, n); }}
+extern "C" __global__ void silu_bf16(const __nv_bfloat16* x, __nv_bfloat16* y, long long n) {{ silu_body<0>(x, y, n); }}
+"""
+
+
+def bf16_softmax_card() -> OpCard:
+    return C.softmax_card(64, 1000, "bfloat16")
+
+
+def bf16_silu_card() -> OpCard:
+    return OpCard("aten.silu.default", [C.tensor([64, 1000], "bfloat16")])
+
+
+def spread_logits() -> Sample:
+    """Logits of spread 2, where a bf16 exp is about 1.2 times eager's error (the 1.1-1.25
+    band a 1.25 bound let through)."""
+    return Sample([(torch.randn(64, 1000, generator=generator(21)) * 2).bfloat16(), -1, False])
+
+
+def spread_activations() -> Sample:
+    return Sample([(torch.randn(64, 1000, generator=generator(22)) * 2).bfloat16()])
+
+
+def intermediate(kernel: str, plan: dict, approach: str, honest: bool = False) -> Candidate:
+    return Candidate(INTERMEDIATES_SOURCE, plan=plan,
+                     meta={"family": "control" if honest else "redteam", "approach": approach})
+
+
+PRECISION_NEEDLE = r"(sample 0|seed \d), run 1, result 0: precision: relative error norm"
+INTERMEDIATE_CASES = [
+    Case(PRECISION, "bf16-softmax-bf16-exp-at-1.2x", bf16_softmax_card,
+         fixed(intermediate("softmax_bf16_exp", C.softmax_plan("softmax_bf16_exp", "bfloat16"),
+                            "exp stored in bf16")),
+         EvalStatus.MISMATCH, PRECISION_NEEDLE, sample=spread_logits),
+    Case(PRECISION, "bf16-softmax-bf16-reciprocal-at-1.2x", bf16_softmax_card,
+         fixed(intermediate("softmax_bf16_inverse",
+                            C.softmax_plan("softmax_bf16_inverse", "bfloat16"),
+                            "1 / sum rounded to bf16")),
+         EvalStatus.MISMATCH, PRECISION_NEEDLE, sample=spread_logits),
+    Case(PRECISION, "bf16-silu-bf16-sigmoid-at-1.2x", bf16_silu_card,
+         fixed(intermediate("silu_bf16_sigmoid", C.unary_plan("silu_bf16_sigmoid", "bfloat16"),
+                            "sigmoid rounded to bf16")),
+         EvalStatus.MISMATCH, PRECISION_NEEDLE, sample=spread_activations),
+]
+
+INTERMEDIATE_CONTROLS = [
+    ("softmax-bf16-spread-logits", bf16_softmax_card, reference_of(bf16_softmax_card),
+     spread_logits),
+    ("silu-bf16", bf16_silu_card,
+     lambda device_type: intermediate("silu_bf16", C.unary_plan("silu_bf16", "bfloat16"),
+                                      "fp32 throughout", honest=True), spread_activations),
+]
+
+# ----- races between blocks through global memory -----
+
+RACE_SOURCE = REDUCE + r"""
+// A whole-tensor sum: each block writes its slice's sum to parts; the last block adds them.
+// FENCED: each block makes its part visible, then counts itself done; the block that counts
+// last adds (the classic threadfence reduction). Unfenced: block 0 adds at once, trusting the
+// others to be done.
+template <int FENCED>
+__device__ void sum_last_block(const float* x, float* parts, float* y, unsigned int* counter, long long n) {
+    __shared__ float red[32];
+    __shared__ bool last;
+    const long long per = (n + gridDim.x - 1) / gridDim.x;
+    const long long begin = blockIdx.x * per, end = min(n, begin + per);
+    float s = 0.f;
+    for (long long i = begin + threadIdx.x; i < end; i += blockDim.x) s += x[i];
+    s = block_sum(s, red);
+    if (threadIdx.x == 0) {
+        parts[blockIdx.x] = s;
+        if (FENCED) {
+            __threadfence();
+            last = atomicAdd(counter, 1u) == gridDim.x - 1;
+        } else {
+            last = blockIdx.x == 0;
+        }
+    }
+    __syncthreads();
+    if (!last) return;
+    float t = 0.f;
+    for (int i = threadIdx.x; i < gridDim.x; i += blockDim.x) t += FENCED ? ((volatile float*)parts)[i] : parts[i];
+    t = block_sum(t, red);
+    if (threadIdx.x == 0) { y[0] = t; if (FENCED) *counter = 0; }
+}
+extern "C" __global__ void sum_last_block_unfenced(const float* x, float* parts, float* y, unsigned int* counter, long long n) { sum_last_block<0>(x, parts, y, counter, n); }
+extern "C" __global__ void sum_last_block_done(const float* x, float* parts, float* y, unsigned int* counter, long long n) { sum_last_block<1>(x, parts, y, counter, n); }
+// Two blocks a row: block 2r + 1 writes the max of the row's second half; block 2r reads it at
+// once, with no flag or fence, and writes the row's max.
+extern "C" __global__ void amax_split_unfenced(const float* x, float* partial, float* y, int cols) {
+    __shared__ float red[32];
+    const int r = blockIdx.x / 2, half = cols / 2;
+    const float* row = x + (long long)r * cols;
+    const int begin = blockIdx.x % 2 ? half : 0, end = blockIdx.x % 2 ? cols : half;
+    float m = -INFINITY;
+    for (int c = begin + threadIdx.x; c < end; c += blockDim.x) m = fmaxf(m, row[c]);
+    m = block_max(m, red);
+    if (threadIdx.x == 0) {
+        if (blockIdx.x % 2) partial[r] = m;
+        else y[r] = fmaxf(m, ((volatile float*)partial)[r]);
+    }
+}
+// Two blocks a row share their halves' sums of exponentials through global memory, with no
+// flag or fence; the max is the row's (each block finds it alone).
+extern "C" __global__ void softmax_split_unfenced(const float* x, float* partial, float* y, int cols) {
+    __shared__ float red[32];
+    const int r = blockIdx.x / 2, half = cols / 2, mine = blockIdx.x % 2;
+    const float* row = x + (long long)r * cols;
+    float m = -INFINITY;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, row[c]);
+    m = block_max(m, red);
+    const int begin = mine ? half : 0, end = mine ? cols : half;
+    float s = 0.f;
+    for (int c = begin + threadIdx.x; c < end; c += blockDim.x) s += expf(row[c] - m);
+    s = block_sum(s, red);
+    if (threadIdx.x == 0) partial[2 * r + mine] = s;
+    __syncthreads();
+    const float total = s + ((volatile float*)partial)[2 * r + 1 - mine];
+    for (int c = begin + threadIdx.x; c < end; c += blockDim.x) y[(long long)r * cols + c] = expf(row[c] - m) / total;
+}
+"""
+
+
+def last_block_sum(kernel: str, approach: str, honest: bool = False) -> Candidate:
+    plan = {
+        "let": {"n": "self.numel"},
+        "requires": ["self.is_contiguous", "self.dtype == 'float32'"],
+        "outputs": [{"name": "out", "shape": [], "dtype": "float32"}],
+        "scratch": [{"name": "parts", "bytes": 64 * 4}, {"name": "counter", "bytes": 4,
+                                                         "zero": True}],
+        "launches": [{"kernel": kernel, "grid": [64], "block": [256],
+                      "params": [{"ptr": "self"}, {"ptr": "parts"}, {"ptr": "out"},
+                                 {"ptr": "counter"}, {"i64": "n"}]}],
+    }
+    return Candidate(RACE_SOURCE, plan=plan,
+                     meta={"family": "control" if honest else "redteam", "approach": approach})
+
+
+def split_rows(kernel: str, plan: dict, scratch_bytes: str, approach: str) -> Candidate:
+    plan["scratch"] = [{"name": "partial", "bytes": scratch_bytes}]
+    plan["launches"][0].update(grid=["2 * rows"], params=[
+        {"ptr": "self"}, {"ptr": "partial"}, {"ptr": "out"}, {"i32": "cols"}])
+    return cheat(RACE_SOURCE, plan, approach)
+
+
+RACE_NEEDLE = r"run 2, result 0"
+RACE_GPU_NEEDLE = r"run [12], result 0|two runs on the same inputs disagree"
+RACE_CASES = [
+    Case(RACE, "sum-first-block-reads-unfinished-parts", sum_all_card,
+         fixed(last_block_sum("sum_last_block_unfenced", "block 0 adds the parts at once")),
+         EvalStatus.MISMATCH, RACE_NEEDLE, gpu_needle=RACE_GPU_NEEDLE,
+         notes="right while the blocks finish in order, as on an idle device"),
+    Case(RACE, "amax-half-rows-read-without-a-flag", amax_card,
+         fixed(split_rows("amax_split_unfenced", rows_plan("amax_split_unfenced", "float32"),
+                          "rows * 4", "two blocks a row, no flag")),
+         EvalStatus.MISMATCH, RACE_NEEDLE, gpu_needle=RACE_GPU_NEEDLE),
+    Case(RACE, "softmax-half-sums-exchanged-without-a-fence", C.softmax_card,
+         fixed(split_rows("softmax_split_unfenced", C.softmax_plan("softmax_split_unfenced"),
+                          "rows * 8", "two blocks a row, sums exchanged unfenced")),
+         EvalStatus.MISMATCH, RACE_NEEDLE, gpu_needle=RACE_GPU_NEEDLE),
+]
+
+RACE_CONTROLS = [
+    ("sum-last-block-done", sum_all_card,
+     lambda device_type: last_block_sum("sum_last_block_done", "threadfence reduction",
+                                        honest=True), nearly_cancelling),
+]
+
+CASES += (PLACEMENT_CASES + EVERY_CALL_CASES + SPECIAL_CASES + CONTENT_CASES
+          + INTERMEDIATE_CASES + RACE_CASES)
+CONTROLS += [Control(name, card, build, *sample) for name, card, build, *sample in (
+    PLACEMENT_CONTROLS + EVERY_CALL_CONTROLS + SPECIAL_CONTROLS + CONTENT_CONTROLS
+    + INTERMEDIATE_CONTROLS + RACE_CONTROLS)]

@@ -115,3 +115,19 @@ def test_structure_must_match_eager():
     assert compare_structure(3, 3) is None
     assert compare_structure(math.nan, math.nan) is None
     assert "is 4" in compare_structure(4, 3)
+
+
+def test_exact_comparison_tells_negative_zero_from_zero_and_ignores_nan_payloads():
+    ref = torch.tensor([-0.0, 1.5, float("nan")])
+    assert compare_values(ref.clone(), ref, exact=True).ok
+    assert compare_values(torch.tensor([0.0, 1.5, float("nan")]), ref).ok  # values agree
+    report = compare_values(torch.tensor([0.0, 1.5, float("nan")]), ref, exact=True)
+    assert not report.ok and not report.forgivable and "other sign" in report.reason
+    payload = torch.tensor([-0.0, 1.5, 0.0]).view(torch.int32)
+    payload[2] = 0x7FC00001
+    assert compare_values(payload.view(torch.float32), ref, exact=True).ok
+
+
+def test_nan_out_of_place_is_never_forgivable():
+    report = compare_values(torch.tensor([0.0, 1.0]), torch.tensor([float("nan"), 1.0]))
+    assert not report.ok and not report.forgivable

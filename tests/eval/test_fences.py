@@ -3,18 +3,26 @@ write past either end of one is named."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from kforge.eval.fences import FENCE_BYTES, FencedAllocation, Fences
 
 
-def test_a_fenced_buffer_has_the_asked_layout_and_stays_aligned():
-    fences = Fences()
+@pytest.mark.parametrize("shift", [0, 256, 16, 2])
+def test_a_fenced_buffer_has_the_asked_layout_and_placement(shift):
+    fences = Fences(shift)
     t = fences.empty((4, 6), (1, 4), dtype=torch.float16, device=torch.device("cpu"))
     assert t.shape == (4, 6) and t.stride() == (1, 4) and t.dtype == torch.float16
-    assert t.storage_offset() * t.element_size() == FENCE_BYTES
-    assert t.untyped_storage().nbytes() == 2 * FENCE_BYTES + 24 * 2
+    assert t.data_ptr() % 512 == shift
+    assert t.storage_offset() * t.element_size() >= FENCE_BYTES
+    assert t.untyped_storage().nbytes() - (t.storage_offset() + 24) * 2 >= FENCE_BYTES
     assert fences.broken() == []
+
+
+def test_scratch_keeps_sixteen_byte_alignment_whatever_the_shift():
+    scratch = Fences(4).empty((64,), (1,), dtype=torch.uint8, device=torch.device("cpu"))
+    assert scratch.data_ptr() % 512 == 0
 
 
 def test_writes_past_either_end_are_named_and_writes_inside_are_not():

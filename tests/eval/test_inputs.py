@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from kforge.core.opcard import OpCard
@@ -156,3 +157,35 @@ def test_unreadable_or_mismatching_samples_are_skipped(tmp_path):
     [sample] = InputFactory(card, CPU, tmp_path).sets(seeds=())
     assert sample.label == "sample 2"
     assert torch.equal(sample.args[0], torch.full((8,), 2.0))
+
+
+@pytest.mark.parametrize("shift", [0, 256, 16, 4])
+def test_a_storage_starts_its_shift_past_a_512_byte_boundary_canaries_alike(shift):
+    geometry = Geometry((3, 5), (5, 1), 2, torch.float32)
+    buf = allocate(geometry, torch.device("cpu"), shift)
+    assert buf.view.untyped_storage().data_ptr() % 512 == shift
+    assert buf.view.storage_offset() == 2
+    other = allocate(geometry, torch.device("cpu"), 0)
+    assert buf.base.numel() == other.base.numel()  # a snapshot of one fits the other
+    assert torch.equal(buf.view_mask(), other.view_mask())
+
+
+def test_sets_take_the_placements_in_turn():
+    factory = InputFactory(OpCard("aten.relu.default", [tensor([4, 8])]), torch.device("cpu"),
+                           shifts=(0, 256, 16))
+    sets = factory.sets([1, 2, 3, 4])
+    assert [s.shift for s in sets] == [0, 256, 16, 0]
+    assert [s.args[0].data_ptr() % 512 for s in sets] == [0, 256, 16, 0]
+
+
+def test_a_partial_update_changes_a_few_elements_in_place():
+    factory = InputFactory(OpCard("aten.add.Tensor", [tensor([16, 16]), tensor([16, 16])]),
+                           torch.device("cpu"))
+    inputs = factory.random_set(1)
+    before = [t.clone() for t in inputs.args]
+    addresses = [t.data_ptr() for t in inputs.args]
+    factory.update_part(inputs, torch.Generator().manual_seed(5))
+    assert [t.data_ptr() for t in inputs.args] == addresses
+    for old, new in zip(before, inputs.args):
+        assert 1 <= int((old != new).sum()) <= 3
+    assert inputs.changed(set()) == []  # the snapshot holds the new values

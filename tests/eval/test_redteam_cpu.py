@@ -14,7 +14,6 @@ import pytest
 
 from kforge.core.candidate import Candidate, EvalStatus
 from kforge.core.launch_plan import PlanError
-from kforge.eval.device import CpuRuntime
 from kforge.eval.inputs import InputFactory, InputSet
 from kforge.eval.pipeline import CandidateCalls, evaluate_candidate
 from kforge.eval.timing import TimingPlan
@@ -22,7 +21,13 @@ from kforge.runtime.nvrtc import PRELUDE, cuda_include_dirs
 from kforge.runtime.plan import check_kernels, check_widths, resolve_for
 from tests.eval import candidates as C
 from tests.eval import redteam as R
-from tests.eval.fakes import CPU_GPU, STANDINS, ModelledRuntime, PyLoader
+from tests.eval.fakes import (
+    CPU_GPU,
+    STANDINS,
+    ContendedCpuRuntime,
+    ContendedModelledRuntime,
+    PyLoader,
+)
 
 BANDWIDTH_GBS = 100.0
 CPU_CASES = [case for case in R.CASES if case.where != "gpu"]
@@ -31,7 +36,7 @@ CPU_CASES = [case for case in R.CASES if case.where != "gpu"]
 def evaluate(card, candidate, *, settings=R.FAST, sample=None, modelled=False, samples_dir=None):
     if sample is not None:
         R.save_sample(samples_dir, card, sample())
-    runtime = ModelledRuntime(BANDWIDTH_GBS) if modelled else CpuRuntime()
+    runtime = ContendedModelledRuntime(BANDWIDTH_GBS) if modelled else ContendedCpuRuntime()
     gpu = dataclasses.replace(CPU_GPU, bandwidth_gbs=BANDWIDTH_GBS) if modelled else CPU_GPU
     loader = PyLoader(clock=runtime.clock if modelled else None)
     return evaluate_candidate(card, candidate, runtime=runtime, loader=loader, gpu=gpu,

@@ -103,9 +103,13 @@ def test_a_region_takes_the_family_of_what_it_fuses(nodes, family):
 
 def test_kinds_follow_the_family_and_the_tensors():
     assert stress_kinds(softmax_card(4, 8)) == ["large_magnitudes", "constant", "moving_mask",
-                                                "extremes"]
-    assert stress_kinds(relu_card([8])) == ["large_magnitudes", "mixed_signs", "extremes"]
-    assert stress_kinds(layer_norm_card(4, 8)) == ["large_magnitudes", "constant", "extremes"]
+                                                "extremes", "special_values"]
+    assert stress_kinds(relu_card([8])) == ["large_magnitudes", "mixed_signs", "extremes",
+                                            "special_values"]
+    assert stress_kinds(layer_norm_card(4, 8)) == ["large_magnitudes", "constant", "extremes",
+                                                   "special_values"]
+    matmul = OpCard("aten.mm.default", [tensor([8, 8]), tensor([8, 8])])
+    assert "special_values" not in stress_kinds(matmul)
     embedding = OpCard("aten.embedding.default", [tensor([50, 8]), tensor([64], "int64")])
     assert "full_range" in stress_kinds(embedding)
     assert stress_kinds(OpCard("aten.add.Tensor", [tensor([8], "int32"), tensor([8], "int32")])
@@ -140,7 +144,8 @@ def test_every_set_keeps_strides_offsets_and_canaries():
                 assert buf.view.storage_offset() == g.offset
                 outside = buf.base[~buf.view_mask()]
                 assert torch.isnan(outside).all(), f"{kind}: canary overwritten"
-                assert not torch.isnan(buf.region()).any(), f"{kind}: a gap left unfilled"
+                if kind != "special_values":  # which holds NaN on purpose
+                    assert not torch.isnan(buf.region()).any(), f"{kind}: a gap left unfilled"
             assert inputs.changed(set()) == []
     strided = InputFactory(cards[0], CPU).stress_set("constant", 0).args[0]
     assert bool((strided == strided[:1]).all())  # constant along dim 0, the softmax dim
@@ -294,3 +299,23 @@ def test_a_kind_that_makes_eager_all_nan_is_dropped_with_its_reason():
     assert "all NaN" in factory.stress_dropped["large_magnitudes"]
     assert "large magnitudes" not in " ".join(s.label for s in sets)
     assert any(s.label.startswith("stress: mixed signs") for s in sets)
+
+
+def test_special_values_leave_most_rows_of_a_row_family_answerable():
+    factory = InputFactory(softmax_card(16, 64), CPU)
+    x = factory.stress_set("special_values", 3).args[0]
+    touched = (~torch.isfinite(x) | ((x == 0) & x.signbit())).any(-1)
+    assert 1 <= int(touched.sum()) <= 4
+    assert bool(torch.isnan(x).any()) and bool(torch.isposinf(x).any())
+
+
+def test_special_values_scatter_nan_inf_and_signed_zeros_elsewhere():
+    x = InputFactory(relu_card([64, 64]), CPU).stress_set("special_values", 3).args[0]
+    for test in (torch.isnan, torch.isposinf, torch.isneginf):
+        assert int(test(x).sum()) >= 64
+    assert int(((x == 0) & x.signbit()).sum()) >= 64 and int(((x == 0) & ~x.signbit()).sum()) >= 64
+
+
+def test_a_norm_gets_nan_only():
+    x = InputFactory(layer_norm_card(16, 64), CPU).stress_set("special_values", 3).args[0]
+    assert bool(torch.isnan(x).any()) and not bool(torch.isinf(x).any())

@@ -54,7 +54,8 @@ __device__ __forceinline__ void normalize_range(const T* __restrict__ x, const T
 template <typename TS>
 __device__ __forceinline__ void finish_stats(kf::Welford acc, float eps, float& mean, float& rstd) {
   mean = kf::round_through<TS>(acc.mean);
-  rstd = kf::round_through<TS>(rsqrtf(fmaxf(acc.m2 / acc.n, 0.f) + eps));
+  const float var = acc.m2 / acc.n;  // kept NaN where the group holds a NaN or inf, as eager
+  rstd = kf::round_through<TS>(rsqrtf((var < 0.f ? 0.f : var) + eps));
 }
 
 template <typename T, typename TW, typename TS, int C, int HW, int G, int THREADS, int VEC, int UNROLL,

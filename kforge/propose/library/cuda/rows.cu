@@ -263,7 +263,8 @@ __device__ __forceinline__ void layer_norm_welford(const T* __restrict__ x, cons
   acc = kf::row_allreduce<TPR>(acc, scratch, kf::MergeWelford());
   if (!at.live) return;
   const float mean = acc.mean;
-  const float rstd = rsqrtf(fmaxf(acc.m2 / COLS, 0.f) + eps);
+  const float var = acc.m2 / COLS;  // kept NaN where the row holds a NaN or inf, as eager
+  const float rstd = rsqrtf((var < 0.f ? 0.f : var) + eps);
   T* yr = y + at.row * COLS;
   for (int c = at.lane * VEC; c < COLS; c += STEP) {
     float v[VEC];
