@@ -449,7 +449,10 @@ class InputFactory:
             numel = math.prod(g.shape)
             if numel == 0:
                 continue
-            flat = torch.randperm(numel, generator=generator)[:min(count, numel)]
+            # Distinct places without a permutation of the whole tensor (a large op's inputs
+            # hold hundreds of millions of elements).
+            flat = (torch.randperm(numel, generator=generator)[:count] if numel <= 4 * count
+                    else torch.randint(numel, (count,), generator=generator).unique())
             index = tuple(t.to(self.device) for t in unravel(flat, g.shape))
             if g.dtype == torch.bool:
                 new = ~buf.view[index]

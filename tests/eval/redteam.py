@@ -1998,7 +1998,9 @@ def intermediate(kernel: str, plan: dict, approach: str, honest: bool = False) -
                      meta={"family": "control" if honest else "redteam", "approach": approach})
 
 
-PRECISION_NEEDLE = r"(sample 0|seed \d), run 1, result 0: precision: relative error norm"
+# Which checked run first shows a lowered intermediate depends on the values drawn (on a GPU, a
+# bf16 reciprocal passed run 1 and failed the run with new values at the same addresses).
+PRECISION_NEEDLE = r"(sample 0|seed \d)[a-z0-9 ,]*, result 0: precision: relative error norm"
 INTERMEDIATE_CASES = [
     Case(PRECISION, "bf16-softmax-bf16-exp-at-1.2x", bf16_softmax_card,
          fixed(intermediate("softmax_bf16_exp", C.softmax_plan("softmax_bf16_exp", "bfloat16"),
