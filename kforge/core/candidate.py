@@ -227,13 +227,6 @@ class ModelMeasured:
     kernels: dict[str, int] = field(default_factory=dict)
     spreads: dict[str, float] = field(default_factory=dict)
 
-    @property
-    def best_gain(self) -> tuple[str, float] | None:
-        """The mode in which kforge's kernels gain most over the same mode without them, and that
-        gain; None if no mode was measured both with and without them. Not the headline: a
-        gain over a slow mode says nothing of the fastest way to run the model."""
-        return max(self.gains.items(), key=lambda item: item[1], default=None)
-
     def ran_kernels(self, mode: str) -> bool | None:
         """Whether kforge kernels ran in a ``+kforge`` mode; None where not recorded."""
         if mode not in self.kernels:
