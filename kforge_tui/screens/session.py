@@ -24,7 +24,7 @@ from kforge.store.records import CardRow, NodeDetail
 from kforge_tui.commands import PaletteCommand
 from kforge_tui.diffing import candidate_diff
 from kforge_tui.follow import follow_session, log_line, poll_wait
-from kforge_tui.format import focus_of
+from kforge_tui.format import best_kernel, focus_of
 from kforge_tui.header import session_header
 from kforge_tui.messages import (
     ErrorRaised,
@@ -355,12 +355,13 @@ class SessionScreen(Screen):
     def action_best(self) -> None:
         tree = self.query_one(SearchTree)
         card = tree.card
-        if card is None or card.best_node is None:
+        best = best_kernel(card) if card is not None else None
+        if best is None:
             self.app.report("this op has no kernel that beats eager yet")
             return
         self.action_pane("tree")
-        if not tree.select_id(card.best_node):
-            self.app.report(f"the best node #{card.best_node} is hidden by the filter")
+        if not tree.select_id(best):
+            self.app.report(f"the best node #{best} is hidden by the filter")
 
     def action_diff(self) -> None:
         node_id = self.selected_node()

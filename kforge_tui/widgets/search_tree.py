@@ -18,7 +18,7 @@ from textual.widgets import Tree
 from textual.widgets.tree import TreeNode
 
 from kforge.store.records import CardRow
-from kforge_tui.format import ICON_BEST, card_root_label, node_label
+from kforge_tui.format import ICON_BEST, best_kernel, card_root_label, node_label
 from kforge_tui.search_model import NodeFilter, NodeInfo, SearchModel
 from kforge_tui.widgets.scrolling import SteadyScrollbars
 
@@ -226,7 +226,7 @@ class SearchTree(SteadyScrollbars, Tree[NodeInfo | None]):
         pruned = self.model.pruned(info.id)
         label = node_label(info.row, info.visits, info.best, pruned)
         prefix = ("▼ " if node.is_expanded else "▶ ") if node.allow_expand else "  "
-        best = self.card is not None and self.card.best_node == info.id
+        best = self.card is not None and best_kernel(self.card) == info.id
         tone = self.part_style(f"search-tree--{label.tone}")
         text = style
         if pruned:
