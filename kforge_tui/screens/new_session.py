@@ -41,6 +41,7 @@ class NewSessionScreen(ModalScreen[int | None]):
         border: round $primary; background: $surface; padding: 0 1;
     }
     NewSessionScreen .row { height: 1; margin-top: 1; }
+    NewSessionScreen.-short .row { margin-top: 0; }
     NewSessionScreen .row > Label { width: 12; }
     NewSessionScreen .row > Input, NewSessionScreen .row > Select { width: 1fr; }
     NewSessionScreen #models { color: $text-muted; height: auto; width: 100%; }
@@ -91,7 +92,15 @@ class NewSessionScreen(ModalScreen[int | None]):
                 yield Button("Start", variant="primary", id="start", compact=True)
                 yield Button("Cancel", id="cancel", compact=True)
 
+    # Below this many lines the fields sit without blank lines between them, so the progress
+    # log and the buttons stay on screen (80x24 included) after a start that failed.
+    SHORT_HEIGHT = 32
+
+    def on_resize(self) -> None:
+        self.set_class(self.size.height < self.SHORT_HEIGHT, "-short")
+
     def on_mount(self) -> None:
+        self.set_class(self.app.size.height < self.SHORT_HEIGHT, "-short")
         self.show_refusal()
         self.query_one("#progress", Log).display = False
         self.query_one("#model", Input).focus()
