@@ -11,7 +11,6 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.events import Resize
-from textual.screen import Screen
 from textual.widgets import DataTable, Tree
 
 from kforge.core.candidate import Candidate
@@ -35,6 +34,7 @@ from kforge_tui.messages import (
     SessionSnapshot,
     SessionState,
 )
+from kforge_tui.screens.backdrop import Backdrop
 from kforge_tui.screens.dialogs import Ask, Choose, DiffView
 from kforge_tui.search_model import NodeFilter, SearchModel
 from kforge_tui.widgets.footer import KeysFooter
@@ -57,7 +57,7 @@ async def read_node(store: Store, node_id: int) -> tuple[NodeDetail, Candidate |
     return detail, parent
 
 
-class SessionScreen(Screen):
+class SessionScreen(Backdrop):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "back", "back", id="back"),
         # 1-4 choose the panes in their numbered order.
