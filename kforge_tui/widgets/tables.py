@@ -283,9 +283,9 @@ class OpTable(VimTable):
     def _cells(self, row: CardRow, widths: Mapping[str, int],
                in_region: bool = False) -> tuple[Text, ...]:
         """A card's cells, each at most as wide as ``widths`` says (whole where it says
-        nothing); an op card inside the fusion region above it is marked and dimmed."""
+        nothing); an op card inside the fusion region above it is marked and in italics."""
         c = row.card
-        style = "" if c.target and not in_region else "dim"
+        style = "" if c.target and not in_region else "italic"  # dim text would not read
         op_width = min(widths.get("op", self.OP_WIDTH), self.OP_WIDTH)
         suffix = f" {c.range_text}" if c.ranges else ""  # a range card's range stays whole
         mark = "└ " if in_region else ""
