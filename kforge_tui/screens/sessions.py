@@ -26,6 +26,8 @@ from kforge_tui.widgets.tables import VimTable
 
 RELOAD_S = 3.0  # re-read the list this often even without events (engine liveness, ages)
 COLUMNS = ("id", "model", "gpu", "status", "ops", "nodes", "best", "cost", "activity")
+# "best": the best op kernel's speedup, over eager (the heading says so).
+HEADINGS = {"best": "×eager"}
 MODEL_WIDTH = 18  # so that a row fits 80 columns
 
 
@@ -56,7 +58,7 @@ class SessionsScreen(Backdrop):
     def on_mount(self) -> None:
         table = self.query_one(VimTable)
         for name in COLUMNS:
-            table.add_column(name, key=name)
+            table.add_column(HEADINGS.get(name, name), key=name)
         self.show_bar()
         self.app.gpu_known_signal.subscribe(self, lambda _gpu: self.show_bar())
         self.watch_sessions()

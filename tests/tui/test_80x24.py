@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from textual.containers import Vertical
-from textual.widgets import Button, DataTable, Log
+from textual.widgets import Button, DataTable
+from textual.widgets._footer import FooterKey
 
 from kforge.core.opcard import OpCard
 from kforge.errors import KforgeError
@@ -15,10 +16,17 @@ from kforge_tui.screens import new_session
 from kforge_tui.screens.help import Help
 from kforge_tui.screens.session import SessionScreen
 from kforge_tui.widgets.tables import OpTable
+from kforge_tui.widgets.wrapping_log import WrappingLog
 from tests.doubles import tensor
 from tests.tui.conftest import make_app, until
 from tests.tui.fixtures import GPU
-from tests.tui.test_defects import notices, on_screen, open_form, screen_lines
+from tests.tui.test_defects import (
+    notices,
+    on_screen,
+    open_form,
+    screen_lines,
+    wrapped_on_screen,
+)
 
 SIZE = (80, 24)
 
@@ -108,7 +116,7 @@ async def test_after_a_failed_start_the_form_keeps_start_and_cancel_on_screen(
             region = form.query_one(button, Button).region
             assert region.height and inside.contains_region(region), (button, region)
         assert any("Start" in line and "Cancel" in line for line in screen_lines(app))
-        assert form.query_one("#progress", Log).region.height >= 4
+        assert form.query_one("#progress", WrappingLog).region.height >= 4
 
 
 async def test_help_shows_kforges_own_keys_first_and_fits(tmp_path: Path):
@@ -125,3 +133,42 @@ async def test_help_shows_kforges_own_keys_first_and_fits(tmp_path: Path):
         assert {"prune", "unprune", "pause", "resume", "stop", "best", "diff", "filter",
                 "sort", "focus", "quit", "help"} <= shown
         assert on_screen(app, "Remap a key by its id")
+
+
+E2E_SUMMARY = ("e2e: eager 41.20 ms, eager+kforge 39.87 ms (1.03x, 14 kernels ran), compile "
+               "22.10 ms, compile+kforge 21.95 ms (1.01x, within noise), max-autotune 20.40 ms")
+
+
+async def test_a_long_log_line_wraps_whole_and_rewraps_on_resize(fixture_db):
+    db, _ = fixture_db
+    async with await Store.open(db) as store:
+        await store.log(1, E2E_SUMMARY)
+    app = make_app(db, session=1)
+    async with app.run_test(size=SIZE) as pilot:
+        await open_session(pilot, 4)
+        await pilot.press("4", "right_square_bracket", "right_square_bracket")
+        log = app.screen.query_one("#log", WrappingLog)
+        await until(pilot, lambda: log.region.width and any(
+            E2E_SUMMARY in line for line in log.messages), what="the summary in the log")
+        await pilot.pause(0.1)
+        assert wrapped_on_screen(app, E2E_SUMMARY.split(": ", 1)[1])
+        await pilot.resize_terminal(100, 24)
+        await pilot.pause(0.2)
+        assert wrapped_on_screen(app, E2E_SUMMARY.split(": ", 1)[1])
+
+
+async def test_the_footer_shows_whole_keys_only(tmp_path: Path):
+    db = tmp_path / "k.db"
+    sid = await llama_session(db)
+    app = make_app(db, session=sid)
+    async with app.run_test(size=SIZE) as pilot:
+        await open_session(pilot, len(llama_cards()))
+        await until(pilot, lambda: len(app.screen.query(FooterKey)) > 2
+                    and "^p commands" in screen_lines(app)[-1], what="the footer")
+        footer = screen_lines(app)[-1]
+        keys = list(app.screen.query(FooterKey))
+        for key in keys:
+            assert f"{key.key_display} {key.description}" in footer, footer
+        await pilot.resize_terminal(120, 24)
+        await until(pilot, lambda: len(app.screen.query(FooterKey)) > len(keys),
+                    what="more keys on a wider terminal")
