@@ -65,13 +65,16 @@ class KforgeApp(App):
     ]
     COMMANDS = App.COMMANDS | {KforgeCommands}
     # Text at 4.5:1 or better on 256 and 16 colours too: Textual heads tables in bright blue on
-    # ANSI themes (3.8:1 on xterm's), and draws inactive tabs and line numbers at half strength
-    # (2.7-3.8:1 once reduced to 256 colours).
+    # ANSI themes (3.8:1 on xterm's), and draws inactive tabs, line numbers, placeholders and
+    # the prompts of lists at half strength (2.4-3.8:1 once reduced to 256 colours).
     CSS = """
     DataTable:ansi > .datatable--header { background: ansi_blue; }
     Tab { color: $foreground 80%; }
     Tab.-active { color: $foreground; }
     TextArea > .text-area--gutter { color: $foreground 75%; }
+    Input > .input--placeholder, Input > .input--suggestion { color: $foreground 70%; }
+    SelectCurrent Static#label { color: $foreground 70%; }
+    SelectCurrent.-has-value Static#label { color: $foreground; }
     """
 
     def __init__(self, db: Path, *, config: Settings | None = None, theme: str | None = None,

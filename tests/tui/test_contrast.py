@@ -7,8 +7,11 @@ from __future__ import annotations
 import pytest
 from rich._palettes import EIGHT_BIT_PALETTE
 from rich.color import Color, ColorSystem, ColorType
+from textual.containers import Vertical
+from textual.geometry import Region
 
-from kforge_tui.screens.session import SessionScreen
+from kforge_tui.screens.new_session import NewSessionScreen
+from kforge_tui.screens.sessions import SessionsScreen
 from tests.tui.conftest import make_app, until
 from tests.tui.test_render_budget import session_open
 
@@ -45,11 +48,16 @@ def contrast(a: tuple, b: tuple) -> float:
     return (high + 0.05) / (low + 0.05)
 
 
-def poor_text(app, depth: ColorSystem) -> list[tuple[str, float]]:
+def poor_text(app, depth: ColorSystem, region: Region | None = None) -> list[tuple[str, float]]:
     """Each run of text (letters or digits) on the screen below the minimum contrast, with its
-    contrast."""
+    contrast; only inside ``region`` where given (a dialog: what it covers is veiled on
+    purpose)."""
     poor = []
-    for strip in app.screen._compositor.render_strips():
+    for y, strip in enumerate(app.screen._compositor.render_strips()):
+        if region is not None:
+            if not region.y <= y < region.bottom:
+                continue
+            strip = strip.crop(region.x, region.right)
         for segment in strip:
             if segment.style is None or not any(c.isalnum() for c in segment.text):
                 continue  # borders, guides, bars and scrollbars are no text
@@ -62,6 +70,11 @@ def poor_text(app, depth: ColorSystem) -> list[tuple[str, float]]:
             if ratio < MINIMUM:
                 poor.append((segment.text.strip(), round(ratio, 2)))
     return poor
+
+
+def dialog(app) -> Region:
+    """The box of the dialog on top."""
+    return app.screen.query_one(Vertical).region
 
 
 @pytest.mark.parametrize("terminal", ["256", "16"], indirect=True)
@@ -77,6 +90,18 @@ async def test_every_offered_theme_keeps_text_readable(fixture_db, terminal):
     for name in names:
         app = make_app(db, session=1, theme=name)
         async with app.run_test(size=(120, 40)) as pilot:
-            await session_open(pilot)
-            found[name] = poor_text(app, terminal)
-    assert {name: poor for name, poor in found.items() if poor} == {}
+            screen = await session_open(pilot)
+            found[name, "session"] = poor_text(app, terminal)
+            await pilot.press("question_mark")
+            await until(pilot, lambda: app.screen is not screen, what="help")
+            await pilot.pause(0.1)
+            found[name, "help"] = poor_text(app, terminal, dialog(app))
+            await pilot.press("escape", "escape")
+            await until(pilot, lambda: isinstance(app.screen, SessionsScreen), what="the list")
+            await pilot.pause(0.1)
+            found[name, "sessions"] = poor_text(app, terminal)
+            await pilot.press("n")
+            await until(pilot, lambda: isinstance(app.screen, NewSessionScreen), what="the form")
+            await pilot.pause(0.1)
+            found[name, "form"] = poor_text(app, terminal, dialog(app))
+    assert {where: poor for where, poor in found.items() if poor} == {}
