@@ -189,7 +189,7 @@ class SessionScreen(Backdrop):
                                      self.model.best_trends())
         tree = self.query_one(SearchTree)
         if tree.card is not None:
-            tree.card = self.card(tree.card.id) or tree.card
+            tree.update_card(self.card(tree.card.id) or tree.card)
             if tree.selected_id is None and tree.card.best_node is not None:
                 # Nothing chosen yet: follow the search to its first best kernel.
                 tree.select_id(tree.card.best_node, focus_only=True)

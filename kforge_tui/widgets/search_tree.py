@@ -85,6 +85,18 @@ class SearchTree(SteadyScrollbars, Tree[NodeInfo | None]):
         elif card.best_node is not None:
             self.select_id(card.best_node, focus_only=True)
 
+    def update_card(self, card: CardRow) -> None:
+        """The shown card as it is now: where its best kernel moved (or a best so far became one,
+        beating eager), the lines that lose and gain ``★best`` repaint."""
+        before = best_kernel(self.card) if self.card is not None else None
+        self.card = card
+        after = best_kernel(card)
+        if before != after:
+            for node_id in (before, after):
+                line = self._lines.get(node_id) if node_id is not None else None
+                if line is not None:
+                    line.refresh()
+
     def set_filter(self, node_filter: NodeFilter) -> None:
         self.node_filter = node_filter
         self.show_card(self.card, keep_cursor=True)

@@ -261,7 +261,7 @@ class OpTable(VimTable):
 
     def _widths(self, rows: list[tuple[CardRow, bool]]) -> dict[str, int]:
         """Each column's width for these rows: whole cells where they fit, else narrowed in the
-        order the class's comment gives where that lets every column fit, else whole."""
+        order the class's comment gives, each as far as the others still need."""
         cards = [row for row, _ in rows]
         whole = [self._cells(row, {}, inside) for row, inside in rows]
         heads = {name: len(self.heading(name)) for name in self.COLUMNS}

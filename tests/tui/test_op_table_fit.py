@@ -169,3 +169,25 @@ async def test_a_regions_op_cards_fold_under_it_whatever_the_sort(tmp_path: Path
             assert sum(op[0] == "_softmax" for op in ops) == 0  # not again on its own
             await pilot.press("s")
             await pilot.pause(0.1)
+
+
+async def test_the_eager_column_names_its_source_before_and_after_the_evaluator(fixture_db):
+    db, ids = fixture_db
+    app = make_app(db, session=1)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, SessionScreen)
+                    and app.screen.state is not None, what="the session")
+        table = app.screen.query_one(OpTable)
+        assert table.heading("eager") == "eager prof"  # no op timed by the evaluator yet
+        async with await Store.open(db) as store:
+            await store.update_card(ids["card"], eager_us=120.0, baseline={"eager": {}})
+        await until(pilot, lambda: table.heading("eager") == "eager", what="a mixed table")
+        cells = {key.value: table.get_row(key)[4].plain for key in table.rows}
+        assert cells[str(ids["card"])] == "120.0 us eval"
+        assert cells[str(ids["add_card"])] == "100.0 us prof"
+        async with await Store.open(db) as store:
+            for card in await store.list_cards(1):
+                await store.update_card(card.id, baseline={"eager": {}})
+        await until(pilot, lambda: table.heading("eager") == "eager eval", what="all timed")
+        await pilot.pause(0.1)
+        assert table.get_row(str(ids["card"]))[4].plain == "120.0 us"
