@@ -129,7 +129,8 @@ async def test_help_shows_kforges_own_keys_first_and_fits(tmp_path: Path):
         await until(pilot, lambda: isinstance(app.screen, Help), what="help")
         await pilot.pause(0.1)
         table = app.screen.query_one(DataTable)
-        shown = {table.get_row_at(i)[2] for i in range(table.scrollable_content_region.height - 1)}
+        shown = {str(table.get_row_at(i)[2])
+                 for i in range(table.scrollable_content_region.height - 1)}
         assert {"prune", "unprune", "pause", "resume", "stop", "best", "diff", "filter",
                 "sort", "focus", "quit", "help"} <= shown
         assert on_screen(app, "Remap a key by its id")
