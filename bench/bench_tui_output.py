@@ -6,7 +6,12 @@ records everything it writes to the terminal (``tmux pipe-pane``) for a while. S
 - ``quiet``: the sessions screen over a database nobody writes to;
 - ``other-writer``: a finished session open while a search of another session (its own process,
   the test-double proposer and evaluator) writes to the same database;
-- ``live``: that live search itself open at 120x40.
+- ``live``: that live search itself open at 120x40;
+- ``help-quiet``, ``palette-quiet``: help or the command palette open over the finished session
+  while the other search writes to the database;
+- ``form-quiet``: the new-session form over the sessions list, nobody writing;
+- ``form-live``: the same while the other search writes (the list under it follows);
+- ``help-live``, ``palette-live``: a dialog open over the live search at 120x40.
 
 Prints one row per scenario: size, seconds recorded, the nodes the search added meanwhile, bytes,
 KB/s, the budget and whether it was met. Needs tmux; runs on a CPU machine (the searches use the
@@ -52,17 +57,27 @@ class Scenario:
     engine: bool  # whether the live search runs meanwhile
     shows: str  # text on screen once the app has drawn what the scenario looks at
     budget_kbs: float
+    keys: tuple[str, ...] = ()  # pressed (tmux key names) once it shows, to open a dialog
+    dialog: str = ""  # text on screen once that dialog is open
 
     @property
     def follows_the_search(self) -> bool:
-        """Whether the screen must change while it is recorded (it shows the live search)."""
-        return self.session == "live"
+        """Whether the screen must change while it is recorded (it shows the live search, and
+        no dialog covers the lines that change)."""
+        return self.session == "live" and not self.keys
 
 
+PALETTE = "Search for commands"
 SCENARIOS = (
     Scenario("quiet", (80, 24), None, False, "resnet50-tiny", 1.0),
     Scenario("other-writer", (80, 24), "finished", True, "#1 toy", 1.0),
     Scenario("live", (120, 40), "live", True, "engine live", 10.0),
+    Scenario("help-quiet", (80, 24), "finished", True, "#1 toy", 1.0, ("?",), "Keys here"),
+    Scenario("palette-quiet", (80, 24), "finished", True, "#1 toy", 1.0, ("C-p",), PALETTE),
+    Scenario("form-quiet", (80, 24), None, False, "resnet50-tiny", 1.0, ("n",), "New session"),
+    Scenario("form-live", (80, 24), None, True, "resnet50-tiny", 10.0, ("n",), "New session"),
+    Scenario("help-live", (120, 40), "live", True, "engine live", 10.0, ("?",), "Keys here"),
+    Scenario("palette-live", (120, 40), "live", True, "engine live", 10.0, ("C-p",), PALETTE),
 )
 
 
@@ -140,6 +155,9 @@ def record(scenario: Scenario, work: Path, seconds: float, term: str) -> Result:
          command)
     try:
         wait_for(name, scenario.shows)
+        if scenario.keys:
+            tmux("send-keys", "-t", name, *scenario.keys)
+            wait_for(name, scenario.dialog)
         time.sleep(SETTLE_S)
         before = tmux("capture-pane", "-p", "-t", name)
         nodes = asyncio.run(count_nodes(db, live))

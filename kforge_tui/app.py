@@ -11,11 +11,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar
 
-from textual import work
+from rich.color import ColorSystem
+from textual import events, work
 from textual.app import App
 from textual.notifications import SeverityLevel
 from textual.binding import Binding, BindingType
 from textual.signal import Signal
+from textual.widgets import Input
 
 from kforge.core.inert import inert
 from kforge.core.settings import Settings
@@ -62,6 +64,18 @@ class KforgeApp(App):
         Binding("ctrl+t", "change_theme", "theme", show=False, id="theme"),
     ]
     COMMANDS = App.COMMANDS | {KforgeCommands}
+    # Text at 4.5:1 or better on 256 and 16 colours too: Textual heads tables in bright blue on
+    # ANSI themes (3.8:1 on xterm's), and draws inactive tabs, line numbers, placeholders and
+    # the prompts of lists at half strength (2.4-3.8:1 once reduced to 256 colours).
+    CSS = """
+    DataTable:ansi > .datatable--header { background: ansi_blue; }
+    Tab { color: $foreground 80%; }
+    Tab.-active { color: $foreground; }
+    TextArea > .text-area--gutter { color: $foreground 75%; }
+    Input > .input--placeholder, Input > .input--suggestion { color: $foreground 70%; }
+    SelectCurrent Static#label { color: $foreground 70%; }
+    SelectCurrent.-has-value Static#label { color: $foreground; }
+    """
 
     def __init__(self, db: Path, *, config: Settings | None = None, theme: str | None = None,
                  gpu: GpuCheck | None = None, clock: Callable[[], float] = time.time,
@@ -103,12 +117,22 @@ class KforgeApp(App):
         self.specs, problems = load_themes(folders)
         self._problems += problems
         depth = colour_depth(self.console)
+        if depth is not ColorSystem.TRUECOLOR:
+            for name in list(self.available_themes):
+                self.unregister_theme(name)
         for spec in self.specs.values():
-            self.register_theme(spec.at(depth))
+            if spec.offered_at(depth):
+                self.register_theme(spec.at(depth))
         name = starting_theme(wanted, self._config.tui.theme, depth)
         if name not in self.available_themes:
-            self._problems.append(f"no theme named {name!r}; using {DEFAULT_THEME}")
-            name = DEFAULT_THEME if DEFAULT_THEME in self.available_themes else "textual-dark"
+            instead = next((n for n in (starting_theme(None, DEFAULT_THEME, depth),
+                                        DEFAULT_THEME, "textual-dark")
+                            if n in self.available_themes), None)
+            colours = {ColorSystem.EIGHT_BIT: "256", ColorSystem.STANDARD: "16"}.get(depth)
+            why = (f"is not made for this terminal's {colours} colours"
+                   if colours and name in self.specs else "does not exist")
+            self._problems.append(f"theme {name!r} {why}; using {instead}")
+            name = instead or DEFAULT_THEME
         self.theme = name
 
     def syntax_roles(self) -> dict[str, str]:
@@ -179,6 +203,12 @@ class KforgeApp(App):
 
     def on_notice(self, message: Notice) -> None:
         self.notify(message.text, timeout=4)
+
+    def on_descendant_focus(self, event: events.DescendantFocus) -> None:
+        # A blinking cursor repaints its whole line twice a second (1 KB/s at 80 columns) while
+        # a form or the command palette waits: text fields keep a steady cursor.
+        if isinstance(event.widget, Input):
+            event.widget.cursor_blink = False
 
     # ----- what screens ask for -----
 

@@ -74,10 +74,29 @@ def card_root_label(card: CardRow, nodes: int) -> str:
     return f"{card.card.short_op}  eager  ({nodes} node{'' if nodes == 1 else 's'})"
 
 
+# dtypes as a narrow column shows them.
+SHORT_DTYPES = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "float64": "f64",
+                "int64": "i64", "int32": "i32", "int16": "i16", "int8": "i8", "uint8": "u8",
+                "bool": "b", "complex64": "c64", "complex128": "c128",
+                "float8_e4m3fn": "f8e4", "float8_e5m2": "f8e5"}
+
+
 def dtype_of(card: CardRow) -> str:
     dtypes = {t["dtype"] for t in tensor_specs(card.card.args)}
-    short = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "float64": "f64"}
-    return ",".join(sorted(short.get(d, d) for d in dtypes)) or "-"
+    return ",".join(sorted(SHORT_DTYPES.get(d, d) for d in dtypes)) or "-"
+
+
+def best_kernel(card: CardRow) -> int | None:
+    """The card's best node where it beats eager; a best kernel slower than eager is no best."""
+    faster = card.best_node is not None and (card.best_speedup or 0.0) > 1.0
+    return card.best_node if faster else None
+
+
+def eager_source(card: CardRow) -> str:
+    """Where a card's eager time comes from: ``eval`` once the evaluator has timed eager alone
+    (its device time per call), ``prof`` before (the profile's GPU time per call, in the model
+    run)."""
+    return "eval" if card.baseline is not None else "prof"
 
 
 def shapes_of(card: CardRow) -> str:

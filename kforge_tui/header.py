@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from kforge.core.candidate import Headline
 from kforge.core.settings import SessionSettings
 from kforge.store import SessionStatus
 from kforge.store.commands import HELD_STATUSES
@@ -30,7 +31,8 @@ class Part:
 def fit(parts: list[Part], width: int) -> str:
     """The parts joined in order: all in full where that fits ``width`` cells, else each in
     its short form, the parts of highest ``keep`` first given back their full form while the line
-    still fits; a line too wide even so ends in an ellipsis."""
+    still fits. Where even the short forms do not fit, parts of least ``keep`` are left out whole
+    (a figure is never cut in the middle); only a lone part too wide is cut, with an ellipsis."""
     shown = [part.full for part in parts]
     if len(SEPARATOR.join(shown)) > width:
         shown = [part.short for part in parts]
@@ -38,7 +40,10 @@ def fit(parts: list[Part], width: int) -> str:
             longer = [*shown[:index], parts[index].full, *shown[index + 1:]]
             if len(SEPARATOR.join(longer)) <= width:
                 shown = longer
-    return clip(SEPARATOR.join(shown), width)
+    kept = list(range(len(parts)))
+    while len(kept) > 1 and len(SEPARATOR.join(shown[i] for i in kept)) > width:
+        kept.remove(min(kept, key=lambda i: (parts[i].keep, -i)))
+    return clip(SEPARATOR.join(shown[i] for i in kept), width)
 
 
 def clip(text: str, width: int) -> str:
@@ -107,19 +112,36 @@ def session_header(session: Session, cards: list[CardRow], alive: bool, gpu: str
 
 
 def model_parts(projected: float | None, measured: ModelMeasured | None) -> list[Part]:
-    """The whole model's speedup: what kforge's kernels gained where it was measured (in the
-    mode they gained most), and at most what the op cards project (were every op's best kernel
-    used)."""
-    best = measured.best_gain if measured is not None else None
-    if best is None:
+    """The whole model's speedup: where ``kforge e2e`` measured it, kforge's best mode against
+    the best mode without kforge (``ModelMeasured.headline``); and at most what the op cards
+    project over eager (were every op's best kernel used)."""
+    headline = measured.headline() if measured is not None else None
+    if headline is None:
         return [] if projected is None else [
-            Part(f"model ≤{projected:.2f}x projected", f"model ≤{projected:.2f}x", keep=2)]
-    mode, gain = best
-    parts = [Part(f"model {gain:.2f}x measured ({mode})", f"model {gain:.2f}x ({mode})",
-                  keep=2)]
+            Part(f"model ≤{projected:.2f}x over eager projected", f"model ≤{projected:.2f}x proj",
+                 keep=2)]
+    parts = [Part(*headline_text(headline), keep=2)]
     if projected is not None:
-        parts.append(Part(f"≤{projected:.2f}x projected", f"≤{projected:.2f}x", keep=1))
+        parts.append(Part(f"≤{projected:.2f}x over eager projected", f"≤{projected:.2f}x proj",
+                          keep=1))
     return parts
+
+
+def headline_text(headline: Headline) -> tuple[str, str]:
+    """A whole-model headline as (full, short) text: both say it is the e2e measurement and
+    what it is relative to."""
+    base, mode = headline.baseline, headline.mode
+    if headline.verdict == "no kernels" or headline.ratio is None:
+        return "e2e: no kforge kernel ran in any mode", "e2e: no kernels"
+    ratio = f"{headline.ratio:.2f}x"
+    if headline.verdict == "noise":
+        spread = f", p90/p10 {headline.spread:.2f}" if headline.spread is not None else ""
+        return (f"e2e {mode} ≈ {base} (best without kforge): {ratio}, within noise{spread}",
+                f"e2e ≈{ratio} vs {base} (noise)")
+    if headline.verdict == "loss":
+        return (f"e2e {mode} {ratio} vs {base}: best without kforge is faster",
+                f"e2e {ratio} vs {base}")
+    return (f"e2e {mode} {ratio} over {base} (best without kforge)", f"e2e {ratio} vs {base}")
 
 
 def sessions_header(db: Path, gpu: str, width: int, demo: bool = False) -> str:

@@ -184,3 +184,75 @@ class Proposal:
     @property
     def usd(self) -> float:
         return sum(c.usd for c in self.calls)
+
+
+@dataclass(frozen=True)
+class Headline:
+    """kforge's best whole-model mode against the best mode without kforge, as ``kforge e2e``
+    timed them, with the judgement a reader needs:
+
+    - ``gain``: kforge's best mode is faster, beyond the timings' noise;
+    - ``loss``: the best mode without kforge is faster, beyond the noise;
+    - ``noise``: the two differ by less than their own p90/p10 spread;
+    - ``no kernels``: +kforge modes were timed but no kforge kernel ran in any of them.
+
+    ``ratio`` is the best mode without kforge's median over kforge's best mode's (above 1:
+    kforge is faster); ``spread`` the wider p90/p10 ratio of the two, where recorded.
+    """
+
+    verdict: str
+    mode: str | None  # kforge's best mode with kernels that ran (a "+kforge" mode id)
+    baseline: str | None  # the best mode without kforge
+    ratio: float | None = None
+    spread: float | None = None
+
+
+KFORGE_SUFFIX = "+kforge"  # a mode id with kforge's kernels: "compile+kforge"
+
+
+@dataclass(frozen=True)
+class ModelMeasured:
+    """The session's whole model timed (``kforge e2e``), modes named by their ids
+    (``kforge.integrate.measure.MODES``): each measured mode's speedup over eager, what kforge's
+    kernels gain in each ``+kforge`` mode over the same mode without them, and the speedup the
+    op cards projected for the kernels used. Measurements stored before the last three fields
+    existed hold none of them: ``times_us`` (each mode's median forward, in microseconds),
+    ``kernels`` (how many kforge kernels actually ran in each ``+kforge`` mode) and
+    ``spreads`` (each mode's p90/p10 ratio over its timed forwards)."""
+
+    speedups: dict[str, float]
+    gains: dict[str, float]
+    projected: float
+    times_us: dict[str, float] = field(default_factory=dict)
+    kernels: dict[str, int] = field(default_factory=dict)
+    spreads: dict[str, float] = field(default_factory=dict)
+
+    def ran_kernels(self, mode: str) -> bool | None:
+        """Whether kforge kernels ran in a ``+kforge`` mode; None where not recorded."""
+        if mode not in self.kernels:
+            return None if not self.kernels else False
+        return self.kernels[mode] > 0
+
+    def headline(self) -> Headline | None:
+        """kforge's best mode (among those where its kernels ran) against the best mode
+        without kforge; None where no mode was timed both with and without kforge. Modes are
+        compared by their medians (``times_us``, else their speedups over eager)."""
+        times = self.times_us or {mode: 1.0 / s for mode, s in self.speedups.items() if s > 0}
+        without = {m: t for m, t in times.items() if not m.endswith(KFORGE_SUFFIX)}
+        timed = {m: t for m, t in times.items() if m.endswith(KFORGE_SUFFIX)}
+        if not without or not timed:
+            return None
+        baseline = min(without, key=without.__getitem__)
+        ran = {m: t for m, t in timed.items() if self.ran_kernels(m) is not False}
+        if not ran:
+            return Headline("no kernels", None, baseline)
+        mode = min(ran, key=ran.__getitem__)
+        ratio = without[baseline] / ran[mode]
+        spreads = [s for s in (self.spreads.get(mode), self.spreads.get(baseline))
+                   if s is not None]
+        spread = max(spreads) if spreads else None
+        if spread is not None and 1.0 / spread < ratio < spread:
+            verdict = "noise"
+        else:
+            verdict = "gain" if ratio > 1.0 else "loss"
+        return Headline(verdict, mode, baseline, ratio, spread)

@@ -26,7 +26,7 @@ import torch
 
 from kforge.capture import zoo
 from kforge.capture.loader import LoadedModel, ModelOptions, first_line, load_model
-from kforge.core.candidate import Timing
+from kforge.core.candidate import KFORGE_SUFFIX, Timing
 from kforge.errors import KforgeError
 from kforge.eval.ops import flatten_tensors
 from kforge.eval.timing import summarize
@@ -99,7 +99,6 @@ class Mode:
         return self.id.removesuffix(KFORGE_SUFFIX)
 
 
-KFORGE_SUFFIX = "+kforge"
 # (base id, label, captured as a CUDA graph, torch.compile mode), in table order
 _BASES = (("eager", "eager", False, None), ("graphs", "CUDA graphs", True, None),
           ("compile", "compile", False, "default"),

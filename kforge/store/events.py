@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kforge.core.candidate import ModelMeasured
 from kforge.errors import KforgeError
 
 
@@ -120,24 +121,6 @@ class LogLine:
 
 
 @dataclass(frozen=True)
-class ModelMeasured:
-    """The session's whole model timed (``kforge e2e``), modes named by their ids
-    (``kforge.integrate.measure.MODES``): each measured mode's speedup over eager, what kforge's
-    kernels gain in each ``+kforge`` mode over the same mode without them, and the speedup the
-    op cards projected for the kernels used."""
-
-    speedups: dict[str, float]
-    gains: dict[str, float]
-    projected: float
-
-    @property
-    def best_gain(self) -> tuple[str, float] | None:
-        """The mode in which kforge's kernels gain most, and that gain; None if no mode was
-        measured both with and without them."""
-        return max(self.gains.items(), key=lambda item: item[1], default=None)
-
-
-@dataclass(frozen=True)
 class UnknownEvent:
     """A row of a kind this kforge does not know, kept as stored."""
 
@@ -174,10 +157,12 @@ def _card_updated(data: dict[str, Any]) -> CardUpdated:
     return CardUpdated(card_id=changes.pop("card_id"), changes=changes)
 
 
-def _figures(data: Any) -> dict[str, float]:
-    """A stored mapping of modes to figures; anything else is a corrupt payload."""
-    if isinstance(data, dict) and all(isinstance(v, (int, float)) for v in data.values()):
-        return {str(mode): float(value) for mode, value in data.items()}
+def _figures(data: Any, kind: type = float) -> dict:
+    """A stored mapping of modes to figures (each made a ``kind``); anything else is a corrupt
+    payload."""
+    if isinstance(data, dict) and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                      for v in data.values()):
+        return {str(mode): kind(value) for mode, value in data.items()}
     raise EventFormatError(f"event 'model_measured' holds {data!r} where a mapping of modes to "
                            "figures belongs")
 
@@ -236,10 +221,15 @@ _CODECS = (
     _Codec("log", LogLine,
            lambda e: {"level": e.level, "message": e.message},
            lambda d: LogLine(message=str(d.get("message", "")), level=d.get("level", "info"))),
+    # times_us, kernels and spreads are absent from measurements stored before they existed.
     _Codec("model_measured", ModelMeasured,
-           lambda e: {"speedups": e.speedups, "gains": e.gains, "projected": e.projected},
+           lambda e: {"speedups": e.speedups, "gains": e.gains, "projected": e.projected,
+                      "times_us": e.times_us, "kernels": e.kernels, "spreads": e.spreads},
            lambda d: ModelMeasured(speedups=_figures(d["speedups"]), gains=_figures(d["gains"]),
-                                   projected=float(d["projected"]))),
+                                   projected=float(d["projected"]),
+                                   times_us=_figures(d.get("times_us", {})),
+                                   kernels=_figures(d.get("kernels", {}), int),
+                                   spreads=_figures(d.get("spreads", {})))),
 )
 _BY_KIND = {c.kind: c for c in _CODECS}
 _BY_TYPE = {c.type: c for c in _CODECS}

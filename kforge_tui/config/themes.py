@@ -4,8 +4,10 @@ user's (``<config dir>/themes/*.toml``), turned into Textual themes plus syntax 
 A terminal shows 16 million colours, 256 or 16 (``colour_depth``); Rich turns the colours it cannot
 show into the nearest it can, and nearest is not always right (a near-black blue-grey becomes
 navy, three warm colours one red). A theme file may give colours for the smaller palettes in its
-``[fallback-256]`` and ``[fallback-16]`` tables, and on 16 colours the ANSI theme, which uses the
-terminal's own palette, is the default (``starting_theme``)."""
+``[fallback-256]`` and ``[fallback-16]`` tables; on 256 or 16 colours only the themes made for
+that palette are offered (``ThemeSpec.offered_at``: Textual's own themes are not, their text falls
+to 1.2:1 there), and on 16 colours the ANSI theme, which uses the terminal's own palette, is the
+default (``starting_theme``)."""
 
 from __future__ import annotations
 
@@ -42,6 +44,12 @@ class ThemeSpec:
     syntax: dict[str, str]
     path: Path | None = None
     fallbacks: dict[ColorSystem, Theme] = field(default_factory=dict)
+
+    def offered_at(self, depth: ColorSystem) -> bool:
+        """Whether the theme is offered on a terminal of this colour depth: on fewer than 16
+        million colours only a theme made for that palette (one of the terminal's own colours,
+        or with a fallback table for it) keeps its text readable."""
+        return depth is ColorSystem.TRUECOLOR or self.theme.ansi or depth in self.fallbacks
 
     def at(self, depth: ColorSystem) -> Theme:
         """The theme for a terminal of this colour depth: the fallback for its palette, else the

@@ -15,8 +15,10 @@ from kforge_tui.screens.dialogs import Dialog
 
 def help_rows(screen) -> list[tuple[str, str, str]]:
     """``(keys, what it does, binding id)`` for every active binding of ``screen``, one row per
-    action, sorted by id; bindings without an id (Textual's own) come last."""
+    action, kforge's own first so that they show without scrolling on 80x24 (``help_rank``);
+    bindings without an id (Textual's own) last."""
     rows: dict[tuple[str, str], list[str]] = {}
+    ranks: dict[tuple[str, str], int] = {}
     app = screen.app
     for active in screen.active_bindings.values():
         binding = active.binding
@@ -26,8 +28,27 @@ def help_rows(screen) -> list[tuple[str, str, str]]:
         display = app.get_key_display(binding)
         if display not in rows.setdefault(ident, []):
             rows[ident].append(display)
-    ordered = sorted(rows.items(), key=lambda item: (not item[0][0], item[0][0], item[0][1]))
+        ranks[ident] = min(ranks.get(ident, 4), help_rank(active, screen))
+    ordered = sorted(rows.items(), key=lambda item: (ranks[item[0]], item[0][0], item[0][1]))
     return [(" ".join(keys), what, ident or "-") for (ident, what), keys in ordered]
+
+
+# Actions that move around a screen rather than act on the session.
+MOVES = frozenset({"pane", "cycle_pane", "cycle_tab"})
+
+
+def help_rank(active, screen) -> int:
+    """Where a binding sits in help: the keys the footer shows (what kforge does here) first,
+    then the screen's other actions, the app's keys, moves between panes and within widgets,
+    and Textual's own last."""
+    binding = active.binding
+    if not binding.id:
+        return 4
+    if binding.show:
+        return 0
+    if active.node is screen:
+        return 3 if binding.action.split("(", 1)[0] in MOVES else 1
+    return 2 if active.node is screen.app else 3
 
 
 class Help(Dialog):

@@ -12,7 +12,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.suggester import SuggestFromList
-from textual.widgets import Button, Input, Label, Log, Select
+from textual.widgets import Button, Input, Label, Select
 
 from kforge.errors import KforgeError
 from kforge_tui.launch import (
@@ -26,6 +26,7 @@ from kforge_tui.launch import (
     search_argv,
     search_evaluator,
 )
+from kforge_tui.widgets.wrapping_log import WrappingLog
 
 
 class NewSessionScreen(ModalScreen[int | None]):
@@ -41,11 +42,12 @@ class NewSessionScreen(ModalScreen[int | None]):
         border: round $primary; background: $surface; padding: 0 1;
     }
     NewSessionScreen .row { height: 1; margin-top: 1; }
+    NewSessionScreen.-short .row { margin-top: 0; }
     NewSessionScreen .row > Label { width: 12; }
     NewSessionScreen .row > Input, NewSessionScreen .row > Select { width: 1fr; }
     NewSessionScreen #models { color: $text-muted; height: auto; width: 100%; }
     NewSessionScreen #warning { color: $warning; height: auto; width: 100%; }
-    NewSessionScreen Log { height: 6; border: round $panel; }
+    NewSessionScreen WrappingLog { height: 6; border: round $panel; }
     NewSessionScreen #buttons { height: 1; margin-top: 1; align-horizontal: right; }
     NewSessionScreen #buttons > Button { margin-left: 2; }
     """
@@ -86,14 +88,22 @@ class NewSessionScreen(ModalScreen[int | None]):
                 configured = self.app.config.search.cluster
                 yield Input(placeholder=f"Ray: auto or head:6379 ({configured or 'local GPUs'})",
                             id="cluster", compact=True)
-            yield Log(id="progress")
+            yield WrappingLog(id="progress")
             with Horizontal(id="buttons"):
                 yield Button("Start", variant="primary", id="start", compact=True)
                 yield Button("Cancel", id="cancel", compact=True)
 
+    # Below this many lines the fields sit without blank lines between them, so the progress
+    # log and the buttons stay on screen (80x24 included) after a start that failed.
+    SHORT_HEIGHT = 32
+
+    def on_resize(self) -> None:
+        self.set_class(self.size.height < self.SHORT_HEIGHT, "-short")
+
     def on_mount(self) -> None:
+        self.set_class(self.app.size.height < self.SHORT_HEIGHT, "-short")
         self.show_refusal()
-        self.query_one("#progress", Log).display = False
+        self.query_one("#progress", WrappingLog).display = False
         self.query_one("#model", Input).focus()
 
     def form(self) -> NewSession:
@@ -151,7 +161,7 @@ class NewSessionScreen(ModalScreen[int | None]):
 
     @work(exclusive=True, group="new-session")
     async def run_search(self, argv: list[str]) -> None:
-        log = self.query_one("#progress", Log)
+        log = self.query_one("#progress", WrappingLog)
         self.query_one("#models").display = False  # room for the progress on 80x24
         log.display = True
         log.clear()

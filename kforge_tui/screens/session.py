@@ -11,7 +11,6 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.events import Resize
-from textual.screen import Screen
 from textual.widgets import DataTable, Tree
 
 from kforge.core.candidate import Candidate
@@ -24,7 +23,7 @@ from kforge.store.records import CardRow, NodeDetail
 from kforge_tui.commands import PaletteCommand
 from kforge_tui.diffing import candidate_diff
 from kforge_tui.follow import follow_session, log_line, poll_wait
-from kforge_tui.format import focus_of
+from kforge_tui.format import best_kernel, focus_of
 from kforge_tui.header import session_header
 from kforge_tui.messages import (
     ErrorRaised,
@@ -35,6 +34,7 @@ from kforge_tui.messages import (
     SessionSnapshot,
     SessionState,
 )
+from kforge_tui.screens.backdrop import Backdrop
 from kforge_tui.screens.dialogs import Ask, Choose, DiffView
 from kforge_tui.search_model import NodeFilter, SearchModel
 from kforge_tui.widgets.footer import KeysFooter
@@ -57,7 +57,7 @@ async def read_node(store: Store, node_id: int) -> tuple[NodeDetail, Candidate |
     return detail, parent
 
 
-class SessionScreen(Screen):
+class SessionScreen(Backdrop):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "back", "back", id="back"),
         # 1-4 choose the panes in their numbered order.
@@ -189,7 +189,7 @@ class SessionScreen(Screen):
                                      self.model.best_trends())
         tree = self.query_one(SearchTree)
         if tree.card is not None:
-            tree.card = self.card(tree.card.id) or tree.card
+            tree.update_card(self.card(tree.card.id) or tree.card)
             if tree.selected_id is None and tree.card.best_node is not None:
                 # Nothing chosen yet: follow the search to its first best kernel.
                 tree.select_id(tree.card.best_node, focus_only=True)
@@ -355,12 +355,13 @@ class SessionScreen(Screen):
     def action_best(self) -> None:
         tree = self.query_one(SearchTree)
         card = tree.card
-        if card is None or card.best_node is None:
+        best = best_kernel(card) if card is not None else None
+        if best is None:
             self.app.report("this op has no kernel that beats eager yet")
             return
         self.action_pane("tree")
-        if not tree.select_id(card.best_node):
-            self.app.report(f"the best node #{card.best_node} is hidden by the filter")
+        if not tree.select_id(best):
+            self.app.report(f"the best node #{best} is hidden by the filter")
 
     def action_diff(self) -> None:
         node_id = self.selected_node()

@@ -7,7 +7,6 @@ from typing import ClassVar
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.screen import Screen
 from textual.widgets import DataTable, Static
 
 from kforge.core.inert import inert
@@ -20,16 +19,19 @@ from kforge_tui.format import session_cells
 from kforge_tui.header import sessions_header, short_gpu, short_model
 from kforge_tui.launch import needs_gpu, search_evaluator
 from kforge_tui.messages import DatabaseUnreadable, ErrorRaised, SessionsLoaded
+from kforge_tui.screens.backdrop import Backdrop
 from kforge_tui.widgets.footer import KeysFooter
 from kforge_tui.widgets.status_bar import StatusBar
 from kforge_tui.widgets.tables import VimTable
 
 RELOAD_S = 3.0  # re-read the list this often even without events (engine liveness, ages)
 COLUMNS = ("id", "model", "gpu", "status", "ops", "nodes", "best", "cost", "activity")
+# "best": the best op kernel's speedup, over eager (the heading says so).
+HEADINGS = {"best": "×eager"}
 MODEL_WIDTH = 18  # so that a row fits 80 columns
 
 
-class SessionsScreen(Screen):
+class SessionsScreen(Backdrop):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("o", "open", "open", id="open"),
         Binding("n", "new_session", "new", id="new_session"),
@@ -56,7 +58,7 @@ class SessionsScreen(Screen):
     def on_mount(self) -> None:
         table = self.query_one(VimTable)
         for name in COLUMNS:
-            table.add_column(name, key=name)
+            table.add_column(HEADINGS.get(name, name), key=name)
         self.show_bar()
         self.app.gpu_known_signal.subscribe(self, lambda _gpu: self.show_bar())
         self.watch_sessions()

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from textual.widgets import Log, TabPane
+from textual.widgets import TabPane
 
 from kforge.core.inert import inert
 from kforge.store.records import NodeDetail
@@ -11,6 +11,7 @@ from kforge_tui.follow import LOG_TAIL
 from kforge_tui.format import eval_report, llm_report, plan_text
 from kforge_tui.widgets.code_view import CodeView
 from kforge_tui.widgets.panes import PaneTabs
+from kforge_tui.widgets.wrapping_log import WrappingLog
 
 
 class NodeCode(PaneTabs):
@@ -37,7 +38,7 @@ class NodeLogs(PaneTabs):
     def __init__(self, id: str | None = None) -> None:
         super().__init__(TabPane("eval", CodeView(id="eval"), id="tab-eval"),
                          TabPane("llm", CodeView(id="llm"), id="tab-llm"),
-                         TabPane("session log", Log(max_lines=LOG_TAIL, id="log"),
+                         TabPane("session log", WrappingLog(max_lines=LOG_TAIL, id="log"),
                                  id="tab-log"), id=id)
 
     def show_hint(self, text: str) -> None:
@@ -48,9 +49,9 @@ class NodeLogs(PaneTabs):
         self.query_one("#llm", CodeView).show_text(llm_report(detail))
 
     def restart_log(self, lines: list[str]) -> None:
-        log = self.query_one("#log", Log)
+        log = self.query_one("#log", WrappingLog)
         log.clear()
         log.write_lines(map(inert, lines))
 
     def add_log(self, lines: list[str]) -> None:
-        self.query_one("#log", Log).write_lines(map(inert, lines))
+        self.query_one("#log", WrappingLog).write_lines(map(inert, lines))

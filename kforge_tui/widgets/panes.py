@@ -18,7 +18,10 @@ class Pane(Vertical):
     """A bordered pane with its number and name in the border."""
 
     DEFAULT_CSS = """
-    Pane { border: round $panel-lighten-2; height: 1fr; }
+    Pane {
+        border: round $panel-lighten-2; height: 1fr;
+        border-title-color: $foreground; border-subtitle-color: $foreground;
+    }
     Pane:focus-within { border: round $primary; }
     Pane > * { height: 1fr; }
     """

@@ -18,7 +18,7 @@ from textual.widgets import Tree
 from textual.widgets.tree import TreeNode
 
 from kforge.store.records import CardRow
-from kforge_tui.format import ICON_BEST, card_root_label, node_label
+from kforge_tui.format import ICON_BEST, best_kernel, card_root_label, node_label
 from kforge_tui.search_model import NodeFilter, NodeInfo, SearchModel
 from kforge_tui.widgets.scrolling import SteadyScrollbars
 
@@ -84,6 +84,18 @@ class SearchTree(SteadyScrollbars, Tree[NodeInfo | None]):
             self.select_id(cursor)
         elif card.best_node is not None:
             self.select_id(card.best_node, focus_only=True)
+
+    def update_card(self, card: CardRow) -> None:
+        """The shown card as it is now: where its best kernel moved (or a best so far became one,
+        beating eager), the lines that lose and gain ``★best`` repaint."""
+        before = best_kernel(self.card) if self.card is not None else None
+        self.card = card
+        after = best_kernel(card)
+        if before != after:
+            for node_id in (before, after):
+                line = self._lines.get(node_id) if node_id is not None else None
+                if line is not None:
+                    line.refresh()
 
     def set_filter(self, node_filter: NodeFilter) -> None:
         self.node_filter = node_filter
@@ -226,7 +238,7 @@ class SearchTree(SteadyScrollbars, Tree[NodeInfo | None]):
         pruned = self.model.pruned(info.id)
         label = node_label(info.row, info.visits, info.best, pruned)
         prefix = ("▼ " if node.is_expanded else "▶ ") if node.allow_expand else "  "
-        best = self.card is not None and self.card.best_node == info.id
+        best = self.card is not None and best_kernel(self.card) == info.id
         tone = self.part_style(f"search-tree--{label.tone}")
         text = style
         if pruned:

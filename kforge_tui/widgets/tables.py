@@ -24,6 +24,7 @@ from kforge.store.records import CardRow
 from kforge_tui.format import (
     card_status,
     dtype_of,
+    eager_source,
     fmt_speedup,
     fmt_us,
     literal,
@@ -150,9 +151,15 @@ SORTS = (SortKey("share", True), SortKey("best", True), SortKey("eager", True),
 
 
 class OpTable(VimTable):
-    """The op profile: one row per op card, targets first. Where narrower forms of its cells
-    let every column fit the table's width, it takes them (``_widths``); where even they do
-    not, it keeps every cell whole and scrolls sideways, the op column staying."""
+    """The op profile: one row per op card, targets first. Where its cells do not fit the
+    table's width, their narrower forms are taken column by column (``_widths``) as far as
+    needed; what still does not fit scrolls sideways.
+
+    Headings say what a figure is relative to and where it came from: ``×eager`` (the best
+    kernel's speedup over eager, both timed by the evaluator) and ``eager`` with its source
+    (``prof``: the profile's GPU time per call in the model run, before the evaluator has
+    timed the op; ``eval``: the evaluator's device time per call, op alone; a table that
+    holds both marks each cell)."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("s", "next_sort", "sort", id="sort"),
@@ -161,13 +168,16 @@ class OpTable(VimTable):
     # "share" draws the op's share of the model's time as a bar; "trend" the best speedup over
     # the op's iterations.
     COLUMNS = ("op", "share", "best", "trend", "eager", "calls", "dtype", "status", "shapes")
+    HEADINGS = {"best": "×eager"}  # by column key; the others are headed by their key
     OP_WIDTH = 22
     BAR_WIDTH = 3
     TREND_WIDTH = 6
     PERCENT_WIDTH = 6  # "100.0%", after the share bar
-    # What gives way, in this order, until the columns fit: the shapes (down to their heading),
-    # the status's stop reason, a long op name (down to OP_SHORT cells), the share bar (down to
-    # one cell), the status words (down to SHORT_STATUS), the op name (down to OP_SHORTEST).
+    # What gives way, in this order, as far as the columns need: the shapes (down to their
+    # heading), the status's stop reason, a long op name (down to OP_SHORT cells), the share bar
+    # (down to one cell), the status words (down to SHORT_STATUS), the share bar and the trend
+    # (down to their figures and heading), the op name (down to OP_SHORTEST), the dtypes (down
+    # to their heading).
     OP_SHORT = 12
     OP_SHORTEST = 8
 
@@ -178,10 +188,11 @@ class OpTable(VimTable):
         self._cards: list[CardRow] = []
         self._focus: int | None = None
         self._trends: Mapping[int, Sequence[float]] = {}
+        self._mixed = False  # eager figures of both sources: each cell names its own
 
     def on_mount(self) -> None:
         for name in self.COLUMNS:
-            self.add_column(name, key=name)
+            self.add_column(self.HEADINGS.get(name, name), key=name)
 
     def on_resize(self) -> None:
         self._fill()
@@ -219,11 +230,26 @@ class OpTable(VimTable):
 
     def _fill(self) -> None:
         rows = self._visible()
+        relabelled = self._label_eager({eager_source(row) for row, _ in rows})
         widths = self._widths(rows)
-        narrower = any(self.columns[name].content_width > width
-                       for name, width in widths.items() if name in self.columns)
+        narrower = relabelled or any(self.columns[name].content_width > width
+                                     for name, width in widths.items() if name in self.columns)
         self.show_rows([(str(row.id), self._cells(row, widths, inside)) for row, inside in rows],
                        narrower)
+
+    def _label_eager(self, sources: set[str]) -> bool:
+        """Head the eager column with its figures' source; whether the heading changed."""
+        self._mixed = len(sources) > 1
+        label = "eager" if len(sources) != 1 else f"eager {next(iter(sources))}"
+        column = self.columns.get("eager")
+        if column is None or column.label.plain == label:
+            return False
+        column.label = Text(label)
+        return True
+
+    def heading(self, name: str) -> str:
+        column = self.columns.get(name)
+        return column.label.plain if column is not None else self.HEADINGS.get(name, name)
 
     def _room(self, rows: int) -> int:
         """The cells the columns may take side by side, padding included: the table's width
@@ -235,10 +261,11 @@ class OpTable(VimTable):
 
     def _widths(self, rows: list[tuple[CardRow, bool]]) -> dict[str, int]:
         """Each column's width for these rows: whole cells where they fit, else narrowed in the
-        order the class's comment gives where that lets every column fit, else whole."""
+        order the class's comment gives, each as far as the others still need."""
         cards = [row for row, _ in rows]
         whole = [self._cells(row, {}, inside) for row, inside in rows]
-        needs = {name: max([len(name), *(cell_len(cells[i].plain) for cells in whole)])
+        heads = {name: len(self.heading(name)) for name in self.COLUMNS}
+        needs = {name: max([heads[name], *(cell_len(cells[i].plain) for cells in whole)])
                  for i, name in enumerate(self.COLUMNS)}
         if not self.size.width:  # not laid out yet: its first resize fills it again
             return needs
@@ -248,25 +275,31 @@ class OpTable(VimTable):
                     default=0)
         floors = [("shapes", 0), ("status", words), ("op", self.OP_SHORT),
                   ("share", 1 + self.PERCENT_WIDTH), ("status", short),
-                  ("op", self.OP_SHORTEST)]
-        return narrowed(needs, floors, self._room(len(cards)) - 2 * self.cell_padding * len(needs))
+                  ("share", self.PERCENT_WIDTH), ("trend", 0), ("op", self.OP_SHORTEST),
+                  ("dtype", 0)]
+        return narrowed(needs, floors, self._room(len(cards)) - 2 * self.cell_padding * len(needs),
+                        heads)
 
     def _cells(self, row: CardRow, widths: Mapping[str, int],
                in_region: bool = False) -> tuple[Text, ...]:
         """A card's cells, each at most as wide as ``widths`` says (whole where it says
-        nothing); an op card inside the fusion region above it is marked and dimmed."""
+        nothing); an op card inside the fusion region above it is marked and in italics."""
         c = row.card
-        style = "" if c.target and not in_region else "dim"
+        style = "" if c.target and not in_region else "italic"  # dim text would not read
         op_width = min(widths.get("op", self.OP_WIDTH), self.OP_WIDTH)
         suffix = f" {c.range_text}" if c.ranges else ""  # a range card's range stays whole
         mark = "└ " if in_region else ""
         op = mark + clip(c.short_op, max(op_width - len(suffix) - len(mark), 2)) + suffix
         bar = widths.get("share", self.BAR_WIDTH + self.PERCENT_WIDTH) - self.PERCENT_WIDTH
-        trend = sparkline(self._trends.get(row.id, ()), self.TREND_WIDTH)
-        shapes = shapes_of(row)
+        trend_width = min(widths.get("trend", self.TREND_WIDTH), self.TREND_WIDTH)
+        trend = sparkline(self._trends.get(row.id, ()), trend_width)
+        shapes, dtype = shapes_of(row), dtype_of(row)
+        eager = fmt_us(c.eager_us)
+        if self._mixed and c.eager_us is not None:
+            eager += f" {eager_source(row)}"
         cells = (op, f"{share_bar(c.share, min(bar, self.BAR_WIDTH))}{100 * c.share:5.1f}%",
-                 fmt_speedup(row.best_speedup), trend.ljust(self.TREND_WIDTH),
-                 fmt_us(c.eager_us), str(c.calls), dtype_of(row),
+                 fmt_speedup(row.best_speedup), trend.ljust(trend_width),
+                 eager, str(c.calls), clip(dtype, widths.get("dtype", len(dtype))),
                  status_text(row, row.id == self._focus, widths.get("status")),
                  clip(shapes, widths.get("shapes", len(shapes))))
         return tuple(literal(cell, style=style, no_wrap=True, overflow="ellipsis")
@@ -297,18 +330,19 @@ def status_text(row: CardRow, focused: bool, width: int | None = None) -> str:
     return card_status(replace(row, status=short_status(row.status), stop_reason=""), focused)
 
 
-def narrowed(needs: Mapping[str, int], floors: Sequence[tuple[str, int]],
-             room: int) -> dict[str, int]:
-    """Column widths (``needs``: each column's whole width) that together take at most
-    ``room`` cells: each of ``floors`` in turn narrows its column towards its floor (never below
-    the column's heading) as far as still needed. Where all of them do not make the columns
-    fit, the columns keep their whole widths (pure)."""
+def narrowed(needs: Mapping[str, int], floors: Sequence[tuple[str, int]], room: int,
+             heads: Mapping[str, int] | None = None) -> dict[str, int]:
+    """Column widths (``needs``: each column's whole width) that take at most ``room`` cells
+    where they can: each of ``floors`` in turn narrows its column towards its floor (never below
+    its heading's width, ``heads``, by default the column's name) as far as still needed. Where
+    all of them do not make the columns fit, each stays as narrowed as it got (pure)."""
     widths = dict(needs)
     over = sum(widths.values()) - room
     for name, floor in floors:
         if over <= 0:
             break
-        cut = min(over, max(0, widths[name] - max(floor, len(name))))
+        head = heads[name] if heads is not None else len(name)
+        cut = min(over, max(0, widths[name] - max(floor, head)))
         widths[name] -= cut
         over -= cut
-    return widths if over <= 0 else dict(needs)
+    return widths

@@ -66,7 +66,8 @@ STORED = [
     (LogLine("slow", "warning"), "log", {"level": "warning", "message": "slow"}),
     (ModelMeasured({"eager": 1.0, "eager+kforge": 1.2}, {"eager+kforge": 1.2}, 1.3),
      "model_measured", {"speedups": {"eager": 1.0, "eager+kforge": 1.2},
-                        "gains": {"eager+kforge": 1.2}, "projected": 1.3}),
+                        "gains": {"eager+kforge": 1.2}, "projected": 1.3, "times_us": {},
+                        "kernels": {}, "spreads": {}}),
     (UnknownEvent("card_split", {"card_id": 3, "into": [4, 5]}), "card_split",
      {"card_id": 3, "into": [4, 5]}),
 ]

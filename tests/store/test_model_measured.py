@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from kforge.core.candidate import Headline
 from kforge.errors import KforgeError
 from kforge.store import Store
-from kforge.store.events import EventFormatError, ModelMeasured, from_row
+from kforge.store.events import EventFormatError, ModelMeasured, from_row, to_row
 from tests.doubles import sample_cards
 
 FIRST = ModelMeasured(speedups={"eager": 1.0, "eager+kforge": 1.1}, gains={"eager+kforge": 1.1},
@@ -70,7 +72,56 @@ def test_a_measurement_with_a_figure_that_is_no_number_is_a_clear_error():
         from_row("model_measured", {"speedups": {}, "projected": 1})
 
 
-def test_the_headline_is_the_mode_where_kforge_gains_most():
-    assert SECOND.best_gain == ("graphs+kforge", 1.15)
-    assert FIRST.best_gain == ("eager+kforge", 1.1)
-    assert ModelMeasured({"eager": 1.0}, {}, 1.2).best_gain is None
+# The sessions the audit saw: kforge gains most over CUDA graphs, but plain compile is faster
+# than every kforge mode; and eager+kforge "gains" 1.22x with no kernel run, its timings spread
+# 6.5-12.4 ms.
+BEHIND_COMPILE = ModelMeasured(
+    speedups={"eager": 1.0, "graphs": 1.2, "graphs+kforge": 1.7, "compile": 2.0,
+              "compile+kforge": 1.9},
+    gains={"graphs+kforge": 1.41, "compile+kforge": 0.95}, projected=1.5,
+    times_us={"eager": 10000.0, "graphs": 8333.0, "graphs+kforge": 5882.0, "compile": 5000.0,
+              "compile+kforge": 5263.0},
+    kernels={"graphs+kforge": 12, "compile+kforge": 4},
+    spreads={"eager": 1.02, "graphs": 1.01, "graphs+kforge": 1.02, "compile": 1.01,
+             "compile+kforge": 1.02})
+NO_KERNELS = ModelMeasured(
+    speedups={"eager": 1.0, "eager+kforge": 1.22}, gains={"eager+kforge": 1.22}, projected=1.3,
+    times_us={"eager": 9000.0, "eager+kforge": 7377.0}, kernels={"eager+kforge": 0},
+    spreads={"eager": 1.9, "eager+kforge": 1.9})
+
+
+def test_the_headline_is_kforges_best_mode_against_the_best_mode_without_it():
+    assert BEHIND_COMPILE.headline() == Headline("loss", "compile+kforge", "compile",
+                                                 5000.0 / 5263.0, 1.02)
+    ahead = replace(BEHIND_COMPILE, times_us={**BEHIND_COMPILE.times_us, "compile+kforge": 4000.0})
+    assert ahead.headline() == Headline("gain", "compile+kforge", "compile", 1.25, 1.02)
+
+
+def test_a_mode_where_no_kforge_kernel_ran_is_never_the_headline():
+    assert NO_KERNELS.headline() == Headline("no kernels", None, "eager")
+    one_ran = replace(BEHIND_COMPILE, kernels={"graphs+kforge": 12, "compile+kforge": 0})
+    headline = one_ran.headline()
+    assert headline is not None and headline.mode == "graphs+kforge"
+    assert headline.baseline == "compile" and headline.verdict == "loss"
+
+
+def test_a_difference_inside_the_timings_spread_is_noise():
+    noisy = replace(NO_KERNELS, kernels={"eager+kforge": 3})
+    assert noisy.headline() == Headline("noise", "eager+kforge", "eager", 9000.0 / 7377.0, 1.9)
+
+
+def test_a_measurement_stored_before_times_kernels_and_spreads_compares_speedups():
+    old = ModelMeasured({"eager": 1.0, "eager+kforge": 1.25, "graphs": 2.0}, {}, 1.3)
+    assert old.headline() == Headline("loss", "eager+kforge", "graphs", 1.25 / 2.0, None)
+    assert ModelMeasured({"eager": 1.0}, {}, 1.3).headline() is None
+    assert ModelMeasured({"eager+kforge": 1.0}, {}, 1.3).headline() is None
+
+
+def test_the_new_figures_are_stored_and_old_rows_still_load():
+    kind, data = to_row(BEHIND_COMPILE)
+    assert from_row(kind, json.loads(json.dumps(data))) == BEHIND_COMPILE
+    assert from_row("model_measured", {"speedups": {"eager": 1}, "gains": {},
+                                       "projected": 1}) == ModelMeasured({"eager": 1.0}, {}, 1.0)
+    with pytest.raises(EventFormatError, match="'model_measured' holds"):
+        from_row("model_measured", {"speedups": {}, "gains": {}, "projected": 1,
+                                    "kernels": {"eager+kforge": "many"}})

@@ -7,10 +7,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from rich.color import ColorSystem
 
 from kforge_tui.app import KforgeApp
 from kforge_tui.launch import GpuCheck
 from tests.tui.fixtures import NOW, build
+
+# What the terminal says of itself, as over SSH (no COLORTERM) unless it says truecolor.
+TERMINALS = {
+    "truecolor": ({"TERM": "xterm-256color", "COLORTERM": "truecolor"}, ColorSystem.TRUECOLOR),
+    "256": ({"TERM": "xterm-256color"}, ColorSystem.EIGHT_BIT),
+    "16": ({"TERM": "xterm"}, ColorSystem.STANDARD),
+}
 
 FAKE_GPU = GpuCheck("Fake GPU", "1 GPU(s)")
 NO_GPU = GpuCheck(None, "nvidia-smi not found")
@@ -45,3 +53,11 @@ async def until(pilot, condition: Callable[[], bool], timeout_s: float = 10.0,
         await pilot.pause(0.02)
 
 
+@pytest.fixture
+def terminal(request, monkeypatch: pytest.MonkeyPatch) -> ColorSystem:
+    """The environment of a terminal of the parametrized depth; the app reads it at start."""
+    environ, depth = TERMINALS[request.param]
+    monkeypatch.delenv("COLORTERM", raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    return depth

@@ -15,26 +15,10 @@ from kforge.core.settings import DEFAULT_THEME, Settings
 from kforge_tui.config.themes import ANSI_THEME, colour_depth, starting_theme
 from kforge_tui.widgets.search_tree import SearchTree
 from kforge_tui.widgets.status_bar import StatusBar
-from tests.tui.conftest import make_app
+from tests.tui.conftest import TERMINALS, make_app
 from tests.tui.test_render_budget import session_open
 
-# What the terminal says of itself, as over SSH (no COLORTERM) unless it says truecolor.
-TERMINALS = {
-    "truecolor": ({"TERM": "xterm-256color", "COLORTERM": "truecolor"}, ColorSystem.TRUECOLOR),
-    "256": ({"TERM": "xterm-256color"}, ColorSystem.EIGHT_BIT),
-    "16": ({"TERM": "xterm"}, ColorSystem.STANDARD),
-}
 THEMES = ("kforge-dark", "kforge-light", ANSI_THEME)
-
-
-@pytest.fixture
-def terminal(request, monkeypatch: pytest.MonkeyPatch) -> ColorSystem:
-    """The environment of a terminal of the parametrized depth; the app reads it at start."""
-    environ, depth = TERMINALS[request.param]
-    monkeypatch.delenv("COLORTERM", raising=False)
-    for name, value in environ.items():
-        monkeypatch.setenv(name, value)
-    return depth
 
 
 def shown(color: Color | None, depth: ColorSystem) -> tuple:
@@ -110,8 +94,11 @@ async def test_the_app_picks_its_theme_from_the_terminal_and_the_user(fixture_db
     chosen = make_app(db, theme="kforge-dark")
     assert chosen.theme == "kforge-dark"
     assert chosen.current_theme.accent == "#ff55ff"  # its 16-colour fallback
+    # kforge-light is not made for 16 colours: the ANSI theme, and a word why.
     configured = make_app(db, config=Settings.from_dict({"tui": {"theme": "kforge-light"}}))
-    assert configured.theme == "kforge-light"
+    assert configured.theme == ANSI_THEME
+    assert configured._problems == [
+        "theme 'kforge-light' is not made for this terminal's 16 colours; using kforge-ansi"]
 
 
 @pytest.mark.parametrize("terminal", list(TERMINALS), indirect=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from textual.widgets import Log, Select
+from textual.widgets import Select
 
 import kforge_tui.app as app_module
 from kforge.core.candidate import Candidate, EvalOutcome, EvalStatus
@@ -40,6 +40,7 @@ from kforge_tui.screens.sessions import SessionsScreen
 from kforge_tui.widgets.code_view import CodeView
 from kforge_tui.widgets.search_tree import SearchTree
 from kforge_tui.widgets.tables import OpTable, VimTable
+from kforge_tui.widgets.wrapping_log import WrappingLog
 from tests.doubles import sample_cards
 from tests.tui.conftest import NO_GPU, make_app, until
 from tests.tui.fixtures import GPU, KERNEL, LAUNCHER, build, timing
@@ -162,8 +163,8 @@ async def test_a_dead_engine_is_reported_once_and_pause_says_so_in_80_columns(fi
             assert "engine stopped — r to resume" in screen_lines(app)[0]
             await pilot.pause(2.5)  # another liveness check: nothing new to say
             assert len(notices(app, "stopped; r resumes the search")) == 1
-            log = screen.query_one("#log", Log)
-            assert sum("stopped; r resumes the search" in line for line in log.lines) == 1
+            log = screen.query_one("#log", WrappingLog)
+            assert sum("stopped; r resumes the search" in line for line in log.messages) == 1
             await pilot.press("p")
             await until(pilot, lambda: isinstance(app.screen, Confirm), what="the offer")
             question = app.screen.question

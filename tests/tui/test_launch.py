@@ -7,13 +7,14 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from textual.widgets import Input, Log
+from textual.widgets import Input
 
 from kforge.store import SessionStatus, Store
 from kforge_tui.launch import kforge_command, resume_argv, run_kforge
 from kforge_tui.screens import new_session
 from kforge_tui.screens.new_session import NewSessionScreen
 from kforge_tui.screens.session import SessionScreen
+from kforge_tui.widgets.wrapping_log import WrappingLog
 from tests.doubles import sample_cards
 from tests.tui.conftest import make_app, until
 
@@ -70,11 +71,11 @@ async def test_the_new_session_form_opens_the_session_the_cli_names(tmp_path: Pa
         await pilot.press("n")
         await until(pilot, lambda: isinstance(app.screen, NewSessionScreen), what="the form")
         app.screen.query_one("#model", Input).value = "toy"
-        progress = app.screen.query_one(Log)  # read after the form has closed
+        progress = app.screen.query_one(WrappingLog)  # read after the form has closed
         await pilot.press("enter")
         await until(pilot, lambda: isinstance(app.screen, SessionScreen)
                     and app.screen.state is not None, timeout_s=60,
                     what="the new session to open")
         assert app.screen.session_id == sid
-        assert any("searching in the background" in line for line in progress.lines)
+        assert any("searching in the background" in line for line in progress.messages)
     assert await until_released(db, sid) == SessionStatus.DONE

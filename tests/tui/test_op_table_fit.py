@@ -66,7 +66,9 @@ async def test_every_status_shows_whole_at_80_columns(tmp_path: Path):
         table = await opened(pilot)
         assert table.max_scroll_x == 0  # nothing to scroll sideways to
         header = screen_lines(app)[table.region.y]
-        assert header.split("│")[1].split() == list(OpTable.COLUMNS)
+        assert header.split("│")[1].split() == " ".join(
+            table.heading(name) for name in OpTable.COLUMNS).split()
+        assert table.heading("best") == "×eager" and table.heading("eager") == "eager prof"
         rows = shown_rows(app, table)
         cards = table.visible_cards()
         assert len(rows) >= 15
@@ -114,23 +116,23 @@ def test_a_status_gives_up_its_reason_then_its_word():
        st.lists(st.tuples(st.sampled_from(["op", "share", "status", "shapes"]),
                           st.integers(0, 30)), max_size=6),
        st.integers(0, 120))
-def test_narrowed_columns_fit_or_stay_whole(needs, floors, room):
+def test_narrowed_columns_narrow_each_as_far_as_needed(needs, floors, room):
     widths = narrowed(needs, floors, room)
+    lowest = {name: min([needs[name], *(max(floor, len(name)) for n, floor in floors
+                                        if n == name)]) for name in needs}
+    for name, width in widths.items():
+        assert lowest[name] <= width <= needs[name]
     if sum(needs.values()) <= room:
         assert widths == needs
-    elif widths != needs:
-        assert sum(widths.values()) <= room
-        for name, width in widths.items():
-            lowest = min([needs[name],
-                          *(max(floor, len(name)) for n, floor in floors if n == name)])
-            assert lowest <= width <= needs[name]
+    elif sum(widths.values()) > room:  # cannot fit: every column as narrow as it may be
+        assert widths == lowest
 
 
 @pytest.mark.parametrize(("room", "widths"), [
     (60, {"op": 30, "status": 20, "shapes": 10}),
     (56, {"op": 30, "status": 20, "shapes": 6}),  # the shapes first, down to their heading
     (40, {"op": 24, "status": 10, "shapes": 6}),  # then the status, then the op name
-    (10, {"op": 30, "status": 20, "shapes": 10}),  # cannot fit: whole
+    (10, {"op": 8, "status": 10, "shapes": 6}),  # cannot fit: each as narrow as it may be
 ])
 def test_columns_narrow_in_the_order_given(room, widths):
     needs = {"op": 30, "status": 20, "shapes": 10}
@@ -167,3 +169,25 @@ async def test_a_regions_op_cards_fold_under_it_whatever_the_sort(tmp_path: Path
             assert sum(op[0] == "_softmax" for op in ops) == 0  # not again on its own
             await pilot.press("s")
             await pilot.pause(0.1)
+
+
+async def test_the_eager_column_names_its_source_before_and_after_the_evaluator(fixture_db):
+    db, ids = fixture_db
+    app = make_app(db, session=1)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, SessionScreen)
+                    and app.screen.state is not None, what="the session")
+        table = app.screen.query_one(OpTable)
+        assert table.heading("eager") == "eager prof"  # no op timed by the evaluator yet
+        async with await Store.open(db) as store:
+            await store.update_card(ids["card"], eager_us=120.0, baseline={"eager": {}})
+        await until(pilot, lambda: table.heading("eager") == "eager", what="a mixed table")
+        cells = {key.value: table.get_row(key)[4].plain for key in table.rows}
+        assert cells[str(ids["card"])] == "120.0 us eval"
+        assert cells[str(ids["add_card"])] == "100.0 us prof"
+        async with await Store.open(db) as store:
+            for card in await store.list_cards(1):
+                await store.update_card(card.id, baseline={"eager": {}})
+        await until(pilot, lambda: table.heading("eager") == "eager eval", what="all timed")
+        await pilot.pause(0.1)
+        assert table.get_row(str(ids["card"]))[4].plain == "120.0 us"

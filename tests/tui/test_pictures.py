@@ -125,7 +125,7 @@ async def test_the_op_table_draws_trends_and_shares_and_the_bar_the_projection(f
         cells = dict(zip([c.label.plain for c in table.ordered_columns],
                          [c.plain for c in table.get_row(str(ids["card"]))], strict=True))
         assert cells["trend"].rstrip() == "▁█████"  # 1.25x, then 1.60x found and kept
-        assert cells["share"] == "█▎ 60.0%"  # a bar of two cells: so the shapes fit at 80
+        assert cells["share"] == "▋ 60.0%"  # a bar of one cell: so the shapes fit at 80
         visible = table.scrollable_content_region.width
         widths = {c.label.plain: c.get_render_width(table) for c in table.ordered_columns}
         before_status = list(widths)[:list(widths).index("status")]

@@ -32,6 +32,7 @@ from tests.tui.fixtures import timing
 from tests.tui.test_control import live_session, start_engine
 
 LIVE_BUDGET_BYTES_S = 10_000  # a live search at 120x40
+IDLE_BUDGET_BYTES_S = 1_000  # nothing changing
 
 
 @dataclass
@@ -250,3 +251,51 @@ async def test_a_live_search_stays_within_its_output_budget(tmp_path, monkeypatc
         engine.cancel()
         await asyncio.gather(engine, return_exceptions=True)
         await engine_store.close()
+
+
+DIALOGS = {"help": "question_mark", "palette": "ctrl+p"}
+
+
+@pytest.mark.parametrize("dialog", list(DIALOGS))
+async def test_a_dialog_over_a_live_search_stays_within_the_budget(tmp_path, monkeypatch, dialog):
+    db = tmp_path / "k.db"
+    sid = await live_session(db)
+    engine_store, engine = await start_engine(db, sid, delay_s=0.3)
+    try:
+        app = make_app(db, session=sid, poll_s=0.5)
+        async with app.run_test(size=(120, 40)) as pilot:
+            screen = await session_open(pilot)
+            await until(pilot, lambda: len(screen.model.nodes) >= 3, what="nodes to arrive")
+            await pilot.press(DIALOGS[dialog])
+            await until(pilot, lambda: app.screen is not screen, what="the dialog")
+            await pilot.pause(0.5)
+            output = watch_output(app, monkeypatch)
+            seen, start = len(screen.model.nodes), time.monotonic()
+            await pilot.pause(4.0)
+            rate = output.written / (time.monotonic() - start)
+            assert len(screen.model.nodes) >= seen + 2  # the search went on under the dialog
+            assert rate < LIVE_BUDGET_BYTES_S, f"{rate:.0f} bytes/s"
+    finally:
+        engine.cancel()
+        await asyncio.gather(engine, return_exceptions=True)
+        await engine_store.close()
+
+
+@pytest.mark.parametrize("dialog", [*DIALOGS, "form"])
+async def test_a_dialog_over_an_unchanged_screen_sends_nothing(fixture_db, monkeypatch, dialog):
+    db, _ = fixture_db
+    monkeypatch.setattr(sessions, "RELOAD_S", 0.2)  # the list under the form reloads often
+    app = make_app(db, session=None if dialog == "form" else 1)
+    async with app.run_test(size=(80, 24)) as pilot:
+        if dialog == "form":
+            await until(pilot, lambda: isinstance(app.screen, SessionsScreen)
+                        and app.screen.query_one(VimTable).row_count == 2, what="the list")
+        else:
+            await session_open(pilot)
+        below = app.screen
+        await pilot.press(DIALOGS.get(dialog, "n"))
+        await until(pilot, lambda: app.screen is not below, what="the dialog")
+        await settled(pilot)
+        output = watch_output(app, monkeypatch)
+        await pilot.pause(1.0)
+        assert output.written < IDLE_BUDGET_BYTES_S
