@@ -123,12 +123,17 @@ class LogLine:
 class ModelMeasured:
     """The session's whole model timed (``kforge e2e``), modes named by their ids
     (``kforge.integrate.measure.MODES``): each measured mode's speedup over eager, what kforge's
-    kernels gain in each ``+kforge`` mode over the same mode without them, and the speedup the
-    op cards projected for the kernels used."""
+    kernels gain in each ``+kforge`` mode over the same mode without them (only modes where a
+    kforge kernel ran and the noise allows a verdict), and the speedup the op cards projected
+    for the kernels used; each mode's median device time and spread (p90/p10), and the kforge
+    kernels that ran in each ``+kforge`` mode."""
 
     speedups: dict[str, float]
     gains: dict[str, float]
     projected: float
+    times_us: dict[str, float] = field(default_factory=dict)  # median per mode id
+    kernels: dict[str, int] = field(default_factory=dict)  # kforge kernels run, per +kforge mode
+    spreads: dict[str, float] = field(default_factory=dict)  # p90/p10 per mode id
 
     @property
     def best_gain(self) -> tuple[str, float] | None:
@@ -237,9 +242,15 @@ _CODECS = (
            lambda e: {"level": e.level, "message": e.message},
            lambda d: LogLine(message=str(d.get("message", "")), level=d.get("level", "info"))),
     _Codec("model_measured", ModelMeasured,
-           lambda e: {"speedups": e.speedups, "gains": e.gains, "projected": e.projected},
+           lambda e: {"speedups": e.speedups, "gains": e.gains, "projected": e.projected,
+                      **{k: v for k, v in (("times_us", e.times_us), ("kernels", e.kernels),
+                                           ("spreads", e.spreads)) if v}},
            lambda d: ModelMeasured(speedups=_figures(d["speedups"]), gains=_figures(d["gains"]),
-                                   projected=float(d["projected"]))),
+                                   projected=float(d["projected"]),
+                                   times_us=_figures(d.get("times_us", {})),
+                                   kernels={k: int(v) for k, v in
+                                            _figures(d.get("kernels", {})).items()},
+                                   spreads=_figures(d.get("spreads", {})))),
 )
 _BY_KIND = {c.kind: c for c in _CODECS}
 _BY_TYPE = {c.type: c for c in _CODECS}

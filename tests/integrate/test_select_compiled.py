@@ -10,7 +10,7 @@ from collections import Counter
 
 import torch
 
-from kforge.integrate.measure import by_compiled_saving, choose_compiled
+from kforge.integrate.decide import by_compiled_saving, choose_compiled
 from kforge.integrate.patching import SessionPatch
 from kforge.integrate.plan import SessionPlan
 from kforge.integrate.winners import Decision
