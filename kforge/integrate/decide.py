@@ -32,7 +32,6 @@ from kforge.core.reward import significant_win
 from kforge.errors import KforgeError
 from kforge.integrate.backend import Backend, KforgeWarning, inductor_fuses
 from kforge.integrate.measure import (
-    KFORGE_SUFFIX,
     MODES,
     E2eResult,
     Measured,
