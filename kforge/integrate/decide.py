@@ -285,7 +285,7 @@ def measure_session(patch: SessionPatch, loaded: LoadedModel, modes: list[Mode],
     compile_notes: list[str] = []
     by_trial_mode: dict[str, KernelTable] = {}
     for mode in modes:
-        if not (mode.compile and mode.kforge) or mode.compile in compiled:
+        if not (mode.compile and mode.kforge) or mode.control or mode.compile in compiled:
             continue
         if not select:
             compiled[mode.compile] = patch.table
