@@ -165,9 +165,9 @@ def compiled_subject(loaded: LoadedModel, compile_mode: str, table: KernelTable 
     forward can be captured, else forwards with the host released ahead of the GPU."""
     from torch._inductor import list_mode_options
 
-    step, chosen = compiled_step(loaded, compile_mode, table)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", KforgeWarning)
+        step, chosen = compiled_step(loaded, compile_mode, table)
         loaded.prepare()
         step()  # compiles
     subject = Subject(name, step)
