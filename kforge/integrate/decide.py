@@ -245,7 +245,7 @@ def hand_back(result: E2eResult) -> None:
         if mode is None or not mode.kforge or mode.compile is None:
             continue
         alone = result.subject(mode.base)
-        if alone is None or alone.timing is None:
+        if alone is None or alone.timing is None or measured.error:
             continue
         judged = verdict(mode.label, alone.timing, measured.timing, measured.ran or 0)
         if judged.kept:

@@ -21,8 +21,10 @@ from tests.integrate.test_region_swap import cards_of
 
 @pytest.fixture(autouse=True)
 def fresh_dynamo():
+    """Each test compiles afresh: kforge's pass runs (no graph from Inductor's cache)."""
     torch._dynamo.reset()
-    yield
+    with torch._inductor.config.patch(fx_graph_cache=False):
+        yield
     torch._dynamo.reset()
 
 
@@ -76,6 +78,30 @@ def test_a_region_chain_of_another_shape_stays_inductors(block):
         assert torch.allclose(got, model(other), rtol=1e-4, atol=1e-5)
     assert calls == {}
     assert chosen.report.nodes == 0
+
+
+class Leaky(torch.nn.Module):
+    """The block's RMSNorm, with its normalised input (an intermediate of the chain) also used
+    on its own."""
+
+    def __init__(self, block) -> None:
+        super().__init__()
+        self.norm = block.norm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return self.norm.weight * (x * rstd) + rstd
+
+
+def test_a_chain_whose_intermediate_is_used_elsewhere_stays_inductors(block):
+    model, x, cards = block
+    calls: Counter = Counter()
+    chosen = backend(table_of([stages(cards)["norm"]], calls))
+    leaky = Leaky(model).eval()
+    with torch.no_grad():
+        got = torch.compile(leaky, backend=chosen)(x)
+        assert torch.allclose(got, leaky(x), rtol=1e-4, atol=1e-5)
+    assert calls == {} and chosen.report.nodes == 0
 
 
 def test_a_region_whose_chain_is_not_in_the_graph_says_so_once(block):
