@@ -245,13 +245,15 @@ def hand_back(result: E2eResult) -> None:
         if mode is None or not mode.kforge or mode.compile is None:
             continue
         alone = result.subject(mode.base)
-        if alone is None or alone.timing is None or measured.error:
+        if alone is None or alone.timing is None or measured.error or (
+                measured.timing is None and measured.ran != 0):
             continue
         judged = verdict(mode.label, alone.timing, measured.timing, measured.ran or 0)
         if judged.kept:
             continue
         measured.tried = measured.timing
         measured.timing, measured.host = alone.timing, alone.host
+        measured.difference = alone.difference
         measured.ran = 0
         measured.kernels = "no kernels (Inductor's own)"
         result.notes.append(judged.line)

@@ -282,8 +282,9 @@ def run_modes(loaded: LoadedModel, modes: list[Mode], *, patched: Patch,
               projected: float, reps: int = 20, warmup: int = 3) -> E2eResult:
     """Time the model in each of ``modes``, interleaved rep by rep, and compare each output with
     eager's. kforge's kernels come from ``patched`` run eagerly, ``graphed`` (default: patched)
-    in CUDA graphs, ``compiled`` (default: graphed; or one table per torch.compile mode) through
-    the compile backend."""
+    in CUDA graphs, ``compiled`` (default: graphed; or one table per torch.compile mode, where
+    an empty one leaves the ``+kforge`` mode untimed: it is torch.compile alone) through the
+    compile backend."""
     graphed = graphed or patched
     compiled = compiled or graphed
     reference, difference, report = _first_runs(loaded, patched)
@@ -296,6 +297,10 @@ def run_modes(loaded: LoadedModel, modes: list[Mode], *, patched: Patch,
             kernels = (KernelTable() if mode.control else
                        compiled.get(mode.compile, KernelTable()) if isinstance(compiled, dict)
                        else compiled) if mode.compile else graphed if mode.graphs else patched
+            if isinstance(compiled, dict) and mode.compile and not mode.control and not len(
+                    kernels.table if isinstance(kernels, Patch) else kernels):
+                measured.ran, measured.kernels = 0, "no kernels"  # torch.compile's own model
+                continue
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", KforgeWarning)
                 subject = _subject(loaded, mode, kernels, measured, reference, warmup)

@@ -107,6 +107,17 @@ def test_a_compiled_mode_where_kforge_is_not_faster_hands_back_inductors_result(
     assert e2e_rows(result)[5][9] == "no kernels (Inductor's own); with kforge's it ran 1.00 ms"
 
 
+def test_a_compiled_mode_with_no_kernel_chosen_is_torch_compiles_own_row():
+    result = E2eResult([measured("max-autotune", 500.0, difference=Difference(0.0, 1e-6)),
+                        measured("max-autotune+kforge", None, ran=0, kernels="no kernels")],
+                       Report([], {}), 1.0)
+    hand_back(result)
+    row = result.subject("max-autotune+kforge")
+    assert row.timing.median_us == 500.0 and row.tried is None and row.difference.rel == 1e-6
+    assert result.notes == ["max-autotune + kforge: no kforge kernel is in the compiled model: "
+                            "Inductor's own result is handed back"]
+
+
 def test_kforges_compiled_model_is_kept_only_beyond_noise_and_the_minimum_gain():
     assert verdict("compile", timing(1000.0), timing(800.0), 3).kept
     assert not verdict("compile", timing(1000.0), timing(990.0), 3).kept  # inside the noise
