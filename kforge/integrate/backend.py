@@ -49,6 +49,7 @@ from kforge.core.argspec import (
     encode_value,
     freeze,
     resolve_op,
+    torch_dtype,
     walk,
 )
 from kforge.errors import KforgeError
@@ -101,18 +102,12 @@ def tensor_paths(op: str, args: list | tuple, kwargs: dict) -> list[tuple[str, s
     return found
 
 
-def _tensors_at(op: str, args: tuple, kwargs: dict, paths: list[tuple[str, str]]) -> list:
-    bound = bind(op, list(args), dict(kwargs))
-    leaves = {(name, path): leaf for name, value in bound.items() for path, leaf in walk(value)}
-    return [leaves[p] for p in paths]
-
-
 class KernelOp:
-    """One kernel table entry registered as the custom op ``kforge::<name>``: its inputs are the
+    """One kernel table entry defined as the operator ``kforge::<name>``: its inputs are the
     tensors of the entry's op call (in schema order), its other arguments are fixed as the
     variant has them; it returns what the op returns. At run time the entry's kernel runs; where
     the entry declines (switched off after a failure, a tensor elsewhere, an unexpected storage
-    offset) the original op does."""
+    offset) the original op does. ``specs``: the variant's tensor arg specs, in input order."""
 
     def __init__(self, entry: Entry, name: str, library: torch.library.Library) -> None:
         self.entry = entry
@@ -163,7 +158,7 @@ class KernelOp:
         if device.type == "cuda" and not torch.cuda.is_available():
             device = torch.device("meta")
         return [torch.empty_strided(leaf["shape"], leaf["stride"], device=device,
-                                    dtype=getattr(torch, leaf["dtype"]))
+                                    dtype=torch_dtype(leaf["dtype"]))
                 for leaf in _leaves_at(self.entry, self.paths)]
 
     def run(self, *tensors: torch.Tensor) -> Any:
@@ -238,12 +233,6 @@ def kernel_op(entry: Entry) -> KernelOp:
 
 
 # ----- kernels in Inductor's graphs, through its pattern matcher -----
-
-
-def variant_key(op: str, args: Any, kwargs: Any) -> Any:
-    """The exact variant of one call (its arg specs), independent of how the arguments
-    were passed (by position, by keyword, or left at their defaults)."""
-    return freeze(bind(op, list(args), dict(kwargs)))
 
 
 def _symbolic(value: Any) -> bool:
