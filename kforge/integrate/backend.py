@@ -60,6 +60,9 @@ log = logging.getLogger("kforge")
 
 NAMESPACE = "kforge"
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+# Ops Inductor runs as library calls or autotuned templates rather than fusing them
+EXTERN_OPS = frozenset({"mm", "bmm", "addmm", "baddbmm", "addbmm", "convolution", "_int_mm",
+                        "_scaled_mm", "_convolution"})
 # Why a call that has the structure of a kernel's call keeps Inductor's code (CompileReport.kept)
 SYMBOLIC = "symbolic sizes (dynamic shapes)"
 OTHER_DEVICE = "its tensors are on another device than the kernel"
@@ -249,6 +252,10 @@ def inductor_fuses(op: str) -> bool:
     region = registered(op)
     if region is not None:
         return all(inductor_fuses(node["op"]) for node in region.nodes)
+    name = op.split(".")[1] if op.count(".") >= 1 else op
+    if name in EXTERN_OPS or "attention" in name:
+        return False  # Inductor calls a library kernel or a template (its decomposition of a
+        # matmul is only for tiny shapes)
     from torch._inductor.decomposition import select_decomp_table
 
     try:

@@ -20,6 +20,7 @@ from kforge.integrate.backend import (
     SYMBOLIC,
     KernelPass,
     KforgeWarning,
+    inductor_fuses,
     tensor_paths,
 )
 from kforge.integrate.decide import backend
@@ -289,3 +290,11 @@ class _Spy(CustomGraphPass):
 
     def uuid(self) -> str:
         return "spy"
+
+
+def test_ops_inductor_fuses_are_told_from_those_it_calls_as_they_are():
+    fused = ["aten._softmax.default", "aten.native_layer_norm.default", "aten.gelu.default",
+             "aten.mul.Tensor"]
+    called = ["aten.mm.default", "aten.addmm.default", "aten.convolution.default",
+              "aten._scaled_dot_product_flash_attention.default"]
+    assert [inductor_fuses(op) for op in fused + called] == [True] * 4 + [False] * 4
