@@ -114,6 +114,7 @@ class KernelOp:
 
     def __init__(self, entry: Entry, name: str, library: torch.library.Library) -> None:
         self.entry = entry
+        self.earlier: list[Entry] = []  # entries it ran before this one, kept loaded
         self.func = resolve_op(entry.op)
         self.paths = tensor_paths(entry.op, entry.args, entry.kwargs)
         positional = [a.name for a in self.func._schema.arguments]
@@ -222,7 +223,8 @@ def operator_name(entry: Entry) -> str:
 def kernel_op(entry: Entry) -> KernelOp:
     """The operator of ``entry``, defined once per process (compiled code may call it for as
     long as the process lives); an operator defined for an equal entry before now runs this
-    one's kernel."""
+    one's kernel. Every entry an operator has run stays loaded with it: CUDA graphs captured
+    while it ran may launch its kernel for as long as they live."""
     global _library
     name = operator_name(entry)
     with _lock:
@@ -231,7 +233,9 @@ def kernel_op(entry: Entry) -> KernelOp:
             if _library is None:
                 _library = torch.library.Library(NAMESPACE, "FRAGMENT")
             op = _registered[name] = KernelOp(entry, name, _library)
-        op.entry = entry
+        if op.entry is not entry:
+            op.earlier.append(op.entry)
+            op.entry = entry
         return op
 
 
