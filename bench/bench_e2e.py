@@ -1,18 +1,23 @@
 """Every mode a user would pick, per model, side by side: eager, eager + kforge, CUDA graphs +/-
-kforge, torch.compile default / reduce-overhead / max-autotune +/- kforge.
+kforge, torch.compile default / reduce-overhead / max-autotune +/- kforge, and (``--aa``) each
+compiled mode's A/A control (kforge's backend with no kernel).
 
     python bench/bench_e2e.py                              # every model, every mode
     python bench/bench_e2e.py --models unet,llama --modes eager,graphs,compile,reduce-overhead
     python bench/bench_e2e.py --reuse                      # keep each model's searched database
+    python bench/bench_e2e.py --aa-only --models unet      # A/A only: no profile, no search
     python bench/bench_e2e.py --summary bench-out/e2e/*.json   # the tables again, from results
 
 Per model: ``kforge profile``, a small offline search of its largest ops with the built-in kernel
 library (``kforge search --proposer library``), then in this process every mode timed interleaved
-(``kforge.integrate.measure.measure_session``, what ``kforge e2e`` runs): the kforge kernels of
-eager and CUDA graph modes chosen by measuring the model, those of compiled modes all of them
-through kforge's compile backend. Each model's result is written to ``<out>/<model>.json`` as
-soon as it is measured; the tables (latency, speedup over eager, what kforge gains per mode,
-compile and capture times) end with geometric means over the models.
+(``kforge.integrate.decide.measure_session``, what ``kforge e2e`` runs): the kforge kernels of
+eager and CUDA graph modes chosen by measuring the model; those of each compiled mode by a few
+whole-model compiles in that mode's kernel choice (``--trials``), then kforge's compiled model
+against torch.compile alone, Inductor's own result kept where kforge's is not faster. Latency is
+device time (the host released ahead of the GPU); host-inclusive time is a column of its own.
+Each model's result is written to ``<out>/<model>.json`` as soon as it is measured; the tables
+(latency, speedup over eager, what kforge gains per mode, compile and capture times) end with
+geometric means over the models.
 
 The models: kforge's built-in zoo (ResNet-50; SD3.5 with 2 MMDiT layers; Gemma 4 and Qwen3.5
 decode steps and a Gemma 4 prefill, with 4 layers), a UNet-style fp16 model (``build_unet``: two
@@ -160,7 +165,8 @@ def searched_db(name: str, args: argparse.Namespace) -> Path:
 
 
 def measure_model(name: str, args: argparse.Namespace) -> dict:
-    from kforge.integrate.measure import measure_session, parse_modes, rebuild_model
+    from kforge.integrate.decide import measure_session
+    from kforge.integrate.measure import parse_modes, rebuild_model
     from kforge.integrate.patching import build_patch
     from kforge.integrate.plan import read_plan
 
@@ -170,17 +176,43 @@ def measure_model(name: str, args: argparse.Namespace) -> dict:
     patch = build_patch(plan, device)
     loaded = rebuild_model(plan.session, device, trust_model=True)  # a session this bench made
     started = time.perf_counter()
-    result = measure_session(patch, loaded, parse_modes(args.modes), reps=args.reps,
-                             warmup=args.warmup)
+    result = measure_session(patch, loaded, parse_modes(args.modes, aa=args.aa), reps=args.reps,
+                             warmup=args.warmup, trials=args.trials)
     torch._dynamo.reset()  # the next model starts from empty compile caches
+    return summary(name, device, len(patch.table), result, started)
+
+
+def measure_aa(name: str, args: argparse.Namespace) -> dict:
+    """The A/A control alone: each compiled mode of ``--modes`` against kforge's backend with no
+    kernel, interleaved; no profile, no search."""
+    from kforge.capture import ModelOptions, load_model
+    from kforge.integrate.measure import parse_modes, run_modes
+    from kforge.runtime.guard import Patch
+    from kforge.runtime.table import KernelTable
+
+    device = torch.device("cuda", 0)
+    spec, _ = MODELS[name]
+    loaded = load_model(spec, ModelOptions(device=str(device)))
+    modes = [m for m in parse_modes(args.modes, aa=True) if not m.kforge or m.control]
+    started = time.perf_counter()
+    result = run_modes(loaded, modes, patched=Patch(KernelTable()), projected=1.0,
+                       reps=args.reps, warmup=args.warmup)
+    torch._dynamo.reset()
+    return summary(name, device, 0, result, started)
+
+
+def summary(name: str, device: torch.device, winners: int, result, started: float) -> dict:
+    def timing(t) -> dict:
+        return {"median_us": t.median_us if t else None, "p10_us": t.p10_us if t else None,
+                "p90_us": t.p90_us if t else None}
+
     return {
-        "model": name, "gpu": torch.cuda.get_device_name(device), "winners": len(patch.table),
+        "model": name, "gpu": torch.cuda.get_device_name(device), "winners": winners,
         "projected": result.projected, "measure_s": time.perf_counter() - started,
         "modes": {s.mode: {"label": s.name, "error": s.error, "setup_s": s.setup_s,
-                           "kernels": s.kernels,
-                           "median_us": s.timing.median_us if s.timing else None,
-                           "p10_us": s.timing.p10_us if s.timing else None,
-                           "p90_us": s.timing.p90_us if s.timing else None,
+                           "kernels": s.kernels, "ran": s.ran, **timing(s.timing),
+                           "host_us": s.host.median_us if s.host else None,
+                           "tried_us": s.tried.median_us if s.tried else None,
                            "rel_diff": s.difference.rel if s.difference else None}
                   for s in result.subjects},
         "notes": result.notes}
@@ -199,11 +231,13 @@ def fmt(value: float | None, unit: str = "", digits: int = 2) -> str:
 
 def tables(results: list[dict]) -> str:
     """Markdown: latency per mode, speedup over eager, kforge's gain per mode, setup times."""
-    from kforge.integrate.measure import BASES, KFORGE_SUFFIX, MODES
+    from kforge.integrate.measure import BASES, CONTROLS, KFORGE_SUFFIX, MODES
 
+    every = {**MODES, **CONTROLS}
     done = [r for r in results if "modes" in r]
-    modes = [m for m in MODES if any(m in r["modes"] for r in done)]
-    labels = [MODES[m].label for m in modes]
+    order = [m for base in BASES for m in (base, base + "+aa", base + KFORGE_SUFFIX)]
+    modes = [m for m in order if any(m in r["modes"] for r in done)]
+    labels = [every[m].label for m in modes]
     head = "| model | " + " | ".join(labels) + " |\n|---|" + "---:|" * len(labels)
 
     def median(r: dict, mode: str) -> float | None:
@@ -213,8 +247,15 @@ def tables(results: list[dict]) -> str:
         us = median(r, mode)
         return f"{us / 1000:.3f}" if us else (r["modes"].get(mode) or {}).get("error", "-")[:60]
 
-    lines = ["### Latency per forward (ms; median of interleaved reps)", "", head]
+    def host(r: dict, mode: str) -> str:
+        us = (r["modes"].get(mode) or {}).get("host_us")
+        return f"{us / 1000:.3f}" if us else "-"
+
+    lines = ["### Latency per forward (ms; device time, median of interleaved reps)", "", head]
     lines += [f"| {r['model']} | " + " | ".join(latency(r, m) for m in modes) + " |"
+              for r in done]
+    lines += ["", "### Host-inclusive latency (ms; the GPU idle before each call)", "", head]
+    lines += [f"| {r['model']} | " + " | ".join(host(r, m) for m in modes) + " |"
               for r in done]
     lines += ["", "### Speedup over eager", "", head]
     speedups: dict[str, list[float]] = {m: [] for m in modes}
@@ -229,7 +270,8 @@ def tables(results: list[dict]) -> str:
     lines.append("| **geomean** | " + " | ".join(fmt(geomean(speedups[m]), "x")
                                                 for m in modes) + " |")
     bases = [b for b in BASES if b in modes and b + KFORGE_SUFFIX in modes]
-    lines += ["", "### What kforge's kernels gain in each mode (mode / mode + kforge)", "",
+    lines += ["", "### What kforge's kernels gain in each mode (mode / mode + kforge; 'no kernels' "
+              "where none ran, Inductor's own result handed back)", "",
               "| model | winners | projected | " + " | ".join(MODES[b].label for b in bases) +
               " |", "|---|---:|---:|" + "---:|" * len(bases)]
     gains: dict[str, list[float]] = {b: [] for b in bases}
@@ -238,6 +280,12 @@ def tables(results: list[dict]) -> str:
         for b in bases:
             without, with_kforge = median(r, b), median(r, b + KFORGE_SUFFIX)
             value = without / with_kforge if without and with_kforge else None
+            ran = (r["modes"].get(b + KFORGE_SUFFIX) or {}).get("ran")
+            if value and ran == 0:
+                tried = (r["modes"].get(b + KFORGE_SUFFIX) or {}).get("tried_us")
+                cells.append("no kernels" + (f" (tried {without / tried:.3f}x)" if tried else ""))
+                gains[b].append(1.0)  # what the user gets: Inductor's own model
+                continue
             if value:
                 gains[b].append(value)
             cells.append(fmt(value, "x", 3))
@@ -260,6 +308,12 @@ def main() -> int:
     parser.add_argument("--models", default=",".join(MODELS),
                         help=f"comma-separated, of {', '.join(MODELS)} (default: all)")
     parser.add_argument("--modes", default="all", help="as `kforge e2e --modes` (default: all)")
+    parser.add_argument("--aa", action="store_true",
+                        help="also each compiled mode's A/A control (kforge's backend, no kernel)")
+    parser.add_argument("--aa-only", action="store_true",
+                        help="only torch.compile alone against the A/A control (no search)")
+    parser.add_argument("--trials", type=int, default=4,
+                        help="kernels tried per compiled mode's kernel choice (default 4)")
     parser.add_argument("--out", default="bench-out/e2e", help="folder for the result files")
     parser.add_argument("--work", default="/tmp/kforge-e2e", help="folder for the databases")
     parser.add_argument("--reuse", action="store_true",
@@ -287,7 +341,7 @@ def main() -> int:
     results = []
     for name in names:
         try:
-            result = measure_model(name, args)
+            result = measure_aa(name, args) if args.aa_only else measure_model(name, args)
         except Exception as exc:  # one model failing leaves the others' results standing
             result = {"model": name, "error": f"{type(exc).__name__}: {exc}"[:500]}
         (out / f"{name}.json").write_text(json.dumps(result, indent=1))

@@ -60,7 +60,7 @@ from kforge.core.fmt import fmt_us  # noqa: E402
 from kforge.core.gpu import GpuInfo  # noqa: E402
 from kforge.core.opcard import OpCard  # noqa: E402
 from kforge.errors import KforgeError  # noqa: E402
-from kforge.integrate.measure import Subject, output_tensors, time_forwards  # noqa: E402
+from kforge.integrate.measure import Subject, output_tensors, time_subjects  # noqa: E402
 from kforge.runtime.cubin import device_arch  # noqa: E402
 from kforge.runtime.guard import Patch  # noqa: E402
 from kforge.runtime.native import ENV_DISABLE  # noqa: E402
@@ -335,9 +335,10 @@ def bench(label: str, loaded: LoadedModel, reps: int, warmup: int, on_gpu: bool,
                   f"{'same output' if same else 'OUTPUT DIFFERS'}"
                   f"{f', A DECOY MATCHED {ran} CALLS' if ran else ''}")
             continue
-        timings = time_forwards(loaded, [Subject("unpatched", loaded.step),
-                                         Subject("patched", loaded.step, lambda p=patch: p)],
-                                reps, warmup)
+        # host-inclusive: the guard's cost is host time
+        timings = {name: host for name, (_, host) in time_subjects(
+            loaded, [Subject("unpatched", loaded.step),
+                     Subject("patched", loaded.step, lambda p=patch: p)], reps, warmup).items()}
         base, patched = timings["unpatched"], timings["patched"]
         print(f"{label:<18} {guard:<10} {len(guarded_ops):>4} {guarded_calls:>6} "
               f"{fmt_us(base.median_us):>10} {fmt_us(patched.median_us):>10} "

@@ -11,8 +11,9 @@
 #   bash bench/run_gpu.sh host           # the evaluator's turnaround, the launch path's host cost
 #   OLD=path/to/old/tree bash bench/run_gpu.sh library   # the library's kernels under this
 #                                        # evaluator and under the one in OLD, side by side
-#   bash bench/run_gpu.sh wholemodel     # every mode +/- kforge, against max-autotune: the
-#                                        # UNet-style model and the Llama-shaped prefill
+#   bash bench/run_gpu.sh wholemodel     # every mode +/- kforge and the compiled modes' A/A
+#                                        # controls, device time: the UNet-style model and the
+#                                        # Llama-shaped prefill (4 layers); ~8 min
 #   bash bench/run_gpu.sh regions        # region kernels one by one vs eager and compiled chains
 #   bash bench/run_gpu.sh integration    # GPU tests of the compile backend, regions, matmuls,
 #                                        # the new library families and the hardware counters
@@ -59,10 +60,14 @@ case $track in
     [ -n "${OLD:-}" ] && (cd "$OLD" && step 200 python3 bench/bench_library.py --no-compile --refine 1)
     ;;
   wholemodel)
-    step 280 python3 bench/bench_e2e.py --models unet --modes eager,graphs,compile,max-autotune \
+    # every mode with and without kforge, the A/A rows, compile times, interleaved per model;
+    # compiled kernel choices: 3 whole-model trials per mode family (reduce-overhead shares
+    # default's, max-autotune's run as max-autotune-no-cudagraphs and reuse its searches)
+    step 240 python3 bench/bench_e2e.py --models unet --modes all --aa --trials 3 \
         --top 4 --iterations 6 --reps 10 --out "$out/e2e" --work "$work/e2e"
-    step 280 python3 bench/bench_e2e.py --models llama --modes eager,graphs,compile,max-autotune \
+    step 240 python3 bench/bench_e2e.py --models llama --modes all --aa --trials 3 \
         --top 4 --iterations 6 --reps 10 --out "$out/e2e" --work "$work/e2e"
+    python3 bench/bench_e2e.py --summary "$out"/e2e/unet.json "$out"/e2e/llama.json >>"$log" 2>&1
     ;;
   regions)
     step 500 python3 bench/bench_regions.py --models llama,gemma4-decode --top 3 --iterations 6 \

@@ -7,8 +7,8 @@ modules that use them.
 __version__ = "0.1.0"
 
 
-_API = {"patch": "kforge.integrate.patching", "backend": "kforge.integrate.backend",
-        "compile": "kforge.integrate.backend", "accelerate": "kforge.integrate.accelerate"}
+_API = {"patch": "kforge.integrate.decide", "backend": "kforge.integrate.decide",
+        "compile": "kforge.integrate.decide", "accelerate": "kforge.integrate.accelerate"}
 
 
 def __getattr__(name: str):

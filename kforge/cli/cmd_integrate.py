@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     from kforge.capture.loader import LoadedModel
     from kforge.cli.main import Commands
-    from kforge.integrate.measure import E2eResult
+    from kforge.integrate.measure import E2eResult, Measured
     from kforge.integrate.patching import SessionPatch
     from kforge.integrate.plan import SessionPlan
     from kforge.runtime.table import Report
@@ -73,13 +73,16 @@ def register(sub: Commands) -> None:
 
     p = sub.add_parser(
         "e2e",
-        description="Rebuild the session's model and time whole forwards (CUDA events, median and "
-                    "p10-p90, all modes interleaved) eager, captured as a CUDA graph, and under "
-                    "torch.compile in its default, reduce-overhead and max-autotune modes, each "
-                    "without and with the session's kernels (through kforge's compile backend "
-                    "for the compiled modes); compare outputs with eager, show compile and capture "
-                    "times, and the measured speedups next to the one projected from the op "
-                    "cards.")
+        description="Rebuild the session's model and time whole forwards (device time: CUDA "
+                    "events with the host released ahead of the GPU; median and p10-p90, all "
+                    "modes interleaved; host-inclusive time beside it) eager, captured as a "
+                    "CUDA graph, and under torch.compile in its default, reduce-overhead and "
+                    "max-autotune modes, each without and with the session's kernels (through "
+                    "kforge's compile backend for the compiled modes, chosen by measurement in "
+                    "each mode; where kforge's compiled model is not faster than torch.compile "
+                    "alone, torch.compile's own is what kforge hands back, and its row says so); "
+                    "compare outputs with eager, show compile and capture times, and the measured "
+                    "speedups next to the one projected from the op cards.")
     p.add_argument("session", type=session_id)
     p.add_argument("--modes", metavar="LIST",
                    help="comma-separated modes: eager, graphs, compile, reduce-overhead, "
@@ -89,7 +92,12 @@ def register(sub: Commands) -> None:
     p.add_argument("--warmup", type=count, default=3, help="untimed forwards first (default 3)")
     p.add_argument("--no-select", dest="select", action="store_false",
                    help="do not choose the kernels by measuring the model: eager + kforge then "
-                        "uses those projected to pay for their guard, CUDA graphs + kforge all")
+                        "uses those projected to pay for their guard, CUDA graphs + kforge and "
+                        "the compiled modes all (and a compiled mode keeps them even where "
+                        "torch.compile alone is faster)")
+    p.add_argument("--aa", action="store_true",
+                   help="also measure each compiled mode's A/A control: kforge's backend with "
+                        "no kernel against torch.compile alone (what the backend itself costs)")
     p.add_argument("--device", help="cuda or cuda:N (default: the current GPU)")
     add_trust_model_option(p)
     add_db_option(p)
@@ -239,9 +247,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_e2e(args: argparse.Namespace) -> int:
-    from kforge.integrate.measure import measure_session, parse_modes, rebuild_model
+    from kforge.integrate.decide import measure_session
+    from kforge.integrate.measure import parse_modes, rebuild_model
 
-    modes = parse_modes(args.modes)
+    modes = parse_modes(args.modes, aa=args.aa)
     device, plan, patch = _prepare(args, "kforge e2e", graphs=True)  # every winner, to start
     if not plan.winners:
         raise KforgeError(f"session {plan.session.id} has no kernel to measure: no op card has a "
@@ -264,7 +273,9 @@ async def keep_e2e(store: Store, session_id: int, result: E2eResult) -> None:
 
 def model_measurement(result: E2eResult) -> ModelMeasured:
     """What a measurement says of the whole model, by mode id: each timed mode's speedup over
-    eager (none without an eager timing), what kforge gains in each +kforge mode."""
+    eager (none without an eager timing), what kforge gains in each +kforge mode that ran a
+    kforge kernel and whose noise allows a verdict, each mode's median device time and spread
+    (p90/p10), and the kforge kernels that ran in each +kforge mode."""
     from kforge.integrate.measure import BASES, KFORGE_SUFFIX
 
     eager = result.subject("eager")
@@ -273,26 +284,48 @@ def model_measurement(result: E2eResult) -> ModelMeasured:
                 if base and s.timing}
     gains = {mode + KFORGE_SUFFIX: gain for mode in BASES
              if (gain := result.gain(mode)) is not None}
-    return ModelMeasured(speedups=speedups, gains=gains, projected=result.projected)
+    return ModelMeasured(
+        speedups=speedups, gains=gains, projected=result.projected,
+        times_us={s.mode: s.timing.median_us for s in result.subjects if s.timing},
+        kernels={s.mode: s.ran for s in result.subjects if s.ran is not None},
+        spreads={s.mode: spread for s in result.subjects if (spread := s.spread) is not None})
+
+
+def gain_cell(result: E2eResult, measured: Measured) -> str:
+    """The kforge gain column: the gain, or why there is none."""
+    from kforge.integrate.measure import MODES
+
+    mode = MODES.get(measured.mode)
+    if mode is None or not mode.kforge:
+        return ""
+    if not measured.ran:
+        return "no kernels"
+    if result.undecidable(mode.base):
+        return "undecidable (noisy: see the CUDA-graph modes)"
+    gain = result.kforge_gain(measured)
+    return fmt_speedup(gain) if gain is not None else ""
 
 
 def e2e_rows(result: E2eResult) -> list[list[str]]:
-    """The e2e table's rows: mode, median, p10, p90, speedup over eager, what kforge gains over
-    the same mode without it, output vs eager, setup time, what kforge's kernels did."""
+    """The e2e table's rows: mode, median, p10, p90 (device time), host-inclusive median,
+    speedup over eager, what kforge gains over the same mode without it, output vs eager, setup
+    time, what kforge's kernels did."""
     eager = result.subject("eager")
     base = eager.timing.median_us if eager and eager.timing else None
     rows = []
     for s in result.subjects:
         if s.timing is None:
-            rows.append([s.name, "-", "-", "-", "-", "-", "-", "-", s.error or "not measured"])
+            rows.append([s.name, "-", "-", "-", "-", "-", "-", "-", "-", s.error or "not measured"])
             continue
         t = s.timing
-        gain = result.kforge_gain(s)
+        kernels = s.kernels
+        if s.tried is not None:
+            kernels += f"; with kforge's it ran {fmt_us(s.tried.median_us)}"
         rows.append([s.name, fmt_us(t.median_us), fmt_us(t.p10_us), fmt_us(t.p90_us),
-                     fmt_speedup(base / t.median_us if base else None),
-                     fmt_speedup(gain) if gain is not None else "",
+                     fmt_us(s.host.median_us) if s.host else "-",
+                     fmt_speedup(base / t.median_us if base else None), gain_cell(result, s),
                      str(s.difference) if s.difference else "-",
-                     f"{s.setup_s:.1f} s" if s.setup_s else "", s.kernels])
+                     f"{s.setup_s:.1f} s" if s.setup_s else "", kernels])
     return rows
 
 
@@ -303,9 +336,10 @@ def print_e2e(plan: SessionPlan, result: E2eResult) -> None:
                      if session.settings.get(k) is not None)
     out.print(f"session {session.id}  {session.model} ({shown})")
     table = Table(box=None, header_style="bold")
-    for name, right in (("mode", False), ("median", True), ("p10", True), ("p90", True),
-                        ("vs eager", True), ("kforge gain", True), ("output vs eager", False),
-                        ("compile/capture", True), ("kforge kernels", False)):
+    for name, right in (("mode", False), ("device", True), ("p10", True), ("p90", True),
+                        ("host-incl.", True), ("vs eager", True), ("kforge gain", True),
+                        ("output vs eager", False), ("compile/capture", True),
+                        ("kforge kernels", False)):
         table.add_column(name, justify="right" if right else "left")
     for row in e2e_rows(result):
         table.add_row(*row)
@@ -314,7 +348,7 @@ def print_e2e(plan: SessionPlan, result: E2eResult) -> None:
         out.print(f"note: {note}")
     gains = ", ".join(f"{mode} {fmt_speedup(gain)}" for mode, gain in result.gains().items())
     out.print(f"speedup from kforge's kernels: projected {result.projected:.3f}x (op cards, "
-              f"operator time); measured (whole forward) {gains or '-'}")
+              f"operator time); measured (whole forward, device time) {gains or '-'}")
 
 
 def e2e_summary(result: E2eResult) -> str:

@@ -14,14 +14,14 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "patch": "kforge.integrate.patching",
+    "patch": "kforge.integrate.decide",
     "SessionPatch": "kforge.integrate.patching",
     "export_session": "kforge.integrate.export",
     "read_plan": "kforge.integrate.plan",
     "run_e2e": "kforge.integrate.measure",
     "run_modes": "kforge.integrate.measure",
-    "backend": "kforge.integrate.backend",
-    "compile": "kforge.integrate.backend",
+    "backend": "kforge.integrate.decide",
+    "compile": "kforge.integrate.decide",
     "accelerate": "kforge.integrate.accelerate",
 }
 __all__ = list(_EXPORTS)

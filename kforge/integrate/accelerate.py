@@ -21,7 +21,8 @@ import torch
 
 from kforge.errors import KforgeError
 from kforge.integrate.graphs import StaticForward
-from kforge.integrate.measure import choose, loaded_forward, output_difference
+from kforge.integrate.decide import choose
+from kforge.integrate.measure import loaded_forward, output_difference
 from kforge.integrate.select import Selection
 from kforge.runtime.guard import Patch
 from kforge.runtime.table import Entry, KernelTable, Report
@@ -72,7 +73,8 @@ def accelerate(model: torch.nn.Module, example_inputs: Any, session: int | Kerne
 
 def _patch_of(session: int | KernelTable | Patch | None, db: str | os.PathLike[str] | None,
               device: str | torch.device, model: torch.nn.Module) -> Patch | None:
-    from kforge.integrate.patching import SessionPatch, patch
+    from kforge.integrate.decide import patch
+    from kforge.integrate.patching import SessionPatch
 
     if isinstance(session, SessionPatch):
         return session.for_model(model)  # its region kernels replace module forwards

@@ -1,36 +1,42 @@
-"""kforge as a ``torch.compile`` backend: Inductor compiles the model, and every op call whose
-exact variant has a verified kernel calls that kernel instead.
+"""kforge as a ``torch.compile`` backend: Inductor compiles the model, and where an op call (or a
+fusion region's chain of calls) has the exact variant a verified kernel won on, that call becomes
+the kernel.
 
-    compiled = kforge.compile(model, 3, mode="max-autotune")      # session 3's winners
-    compiled = torch.compile(model, backend=kforge.backend(3, mode="reduce-overhead"))
+    compiled = torch.compile(model, backend=kforge.backend(table, mode="reduce-overhead"))
 
-Each kernel becomes a ``torch.library`` custom op (``kforge::<op>_<n>``) whose inputs are the
-tensors of its op call and whose fake implementation is the original op, so Inductor treats it as
-an opaque call with known output shapes and strides, passes it inputs of exactly the traced
-strides (``needs_exact_strides``) and can capture it in its CUDA graphs (it never syncs with the
-host). The choice is made once, at compile time, while AOT autograd traces the graph: the
-backend's decomposition table holds, for each op with kernels, a function that emits the kernel's
-custom op where the call's variant (op, shapes, strides, storage offset, dtypes, scalar arguments,
-bound to the op's schema) is one a kernel was verified on, and otherwise decomposes the op as
-Inductor would (or leaves it to Inductor's lowering). Calls with symbolic sizes (dynamic shapes)
-or on another device, and graphs that need gradients, keep Inductor's code. Everything else is
-Inductor with the user's mode and options.
+This module puts a given kernel table into Inductor's graphs; which kernels are worth it in a
+model is decided elsewhere (``kforge.integrate.decide``), by measurement in the user's mode.
 
-Bad input never stops compilation: an empty or unloadable table, a session from another GPU
-architecture, kernels whose op cannot be a custom op, graphs on another device, failures inside
-kforge's part: the model compiles with Inductor alone and one warning per cause says why.
+Each kernel becomes an operator ``kforge::<op>_<digest>`` defined with ``torch.library``
+(``define`` + ``impl``: one dispatcher boundary per call, no Python custom-op wrapper), whose
+inputs are the tensors of its op call and whose fake implementation is the original op. Kernels
+enter through Inductor's pattern matcher (as vLLM's fusions do): for each kernel the op call, or
+the region's chain of aten calls, is traced the way Inductor's decompositions write it
+(``fwd_only``) and registered with ``register_replacement`` in a ``PatternMatcherPass`` that runs as
+Inductor's post-grad custom pass, after Inductor's own rewrites. Only a matched call or chain whose
+inputs have exactly the kernel's variant (shapes, strides, storage offset, dtypes, scalars,
+device) becomes the kernel; everything around it stays aten for Inductor to fuse. The pass is a
+``CustomGraphPass`` whose ``uuid()`` hashes the kernel table and this module, so Inductor's FX
+graph cache keeps working. The operators are tagged ``needs_exact_strides`` (Inductor hands them
+the traced strides) and never sync with the host, so CUDA graph trees capture them.
+
+Calls with symbolic sizes (dynamic shapes) or on another device, and graphs that need gradients,
+keep Inductor's code. Bad input never stops compilation: an empty or unloadable table, kernels
+whose op cannot be an operator, failures inside kforge's part: the model compiles with Inductor
+alone and one warning per cause says why.
 """
 
 from __future__ import annotations
 
-import functools
+import hashlib
+import inspect
 import logging
-import os
 import threading
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,13 +46,13 @@ from kforge.core.argspec import (
     ArgSpecError,
     bind,
     decode,
-    encode_call,
+    encode_value,
     freeze,
     resolve_op,
+    torch_dtype,
     walk,
 )
 from kforge.errors import KforgeError
-from kforge.runtime.guard import Patch
 from kforge.runtime.regions import region_function, registered
 from kforge.runtime.table import _MISS, Entry, KernelTable
 
@@ -54,7 +60,10 @@ log = logging.getLogger("kforge")
 
 NAMESPACE = "kforge"
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-# Why a call of an op with kernels keeps Inductor's code (keys of CompileReport.kept)...
+# Ops Inductor runs as library calls or autotuned templates rather than fusing them
+EXTERN_OPS = frozenset({"mm", "bmm", "addmm", "baddbmm", "addbmm", "convolution", "_int_mm",
+                        "_scaled_mm", "_convolution"})
+# Why a call that has the structure of a kernel's call keeps Inductor's code (CompileReport.kept)
 SYMBOLIC = "symbolic sizes (dynamic shapes)"
 OTHER_DEVICE = "its tensors are on another device than the kernel"
 OTHER_VARIANT = "no kernel for its exact variant"
@@ -96,21 +105,16 @@ def tensor_paths(op: str, args: list | tuple, kwargs: dict) -> list[tuple[str, s
     return found
 
 
-def _tensors_at(op: str, args: tuple, kwargs: dict, paths: list[tuple[str, str]]) -> list:
-    bound = bind(op, list(args), dict(kwargs))
-    leaves = {(name, path): leaf for name, value in bound.items() for path, leaf in walk(value)}
-    return [leaves[p] for p in paths]
-
-
 class KernelOp:
-    """One kernel table entry registered as the custom op ``kforge::<name>``: its inputs are the
+    """One kernel table entry defined as the operator ``kforge::<name>``: its inputs are the
     tensors of the entry's op call (in schema order), its other arguments are fixed as the
     variant has them; it returns what the op returns. At run time the entry's kernel runs; where
     the entry declines (switched off after a failure, a tensor elsewhere, an unexpected storage
-    offset) the original op does."""
+    offset) the original op does. ``specs``: the variant's tensor arg specs, in input order."""
 
     def __init__(self, entry: Entry, name: str, library: torch.library.Library) -> None:
         self.entry = entry
+        self.earlier: list[Entry] = []  # entries it ran before this one, kept loaded
         self.func = resolve_op(entry.op)
         self.paths = tensor_paths(entry.op, entry.args, entry.kwargs)
         positional = [a.name for a in self.func._schema.arguments]
@@ -130,6 +134,8 @@ class KernelOp:
         torch.library.register_fake(f"{NAMESPACE}::{name}", self.fake, lib=library)
         self.name = name
         self.overload: torch._ops.OpOverload = getattr(getattr(torch.ops, NAMESPACE), name).default
+        self.label = entry.label or entry.op
+        self.specs = tuple(freeze(leaf) for leaf in _leaves_at(entry, self.paths))
 
     @staticmethod
     def _template(name: str, spec: Any, slots: dict[tuple[str, str], _Slot]) -> Any:
@@ -140,6 +146,24 @@ class KernelOp:
     def call(self, tensors: tuple) -> tuple[list, dict]:
         """The entry's op call with ``tensors`` in its tensor slots."""
         return _fill(self.args, tensors), {k: _fill(v, tensors) for k, v in self.kwargs.items()}
+
+    def search(self) -> Callable[..., Any]:
+        """The kernel's op call (a region: its chain of aten calls) as a function of the
+        tensors, for the pattern matcher to trace."""
+        region = registered(self.entry.op)
+        if region is not None:
+            return region_function(region)
+        return self.fake
+
+    def example_inputs(self) -> list[torch.Tensor]:
+        """Tensors of the kernel's variant, to trace its call on: on the kernel's device (some
+        decompositions differ by device), or without data where that device is not here."""
+        device = self.entry.device
+        if device.type == "cuda" and not torch.cuda.is_available():
+            device = torch.device("meta")
+        return [torch.empty_strided(leaf["shape"], leaf["stride"], device=device,
+                                    dtype=torch_dtype(leaf["dtype"]))
+                for leaf in _leaves_at(self.entry, self.paths)]
 
     def run(self, *tensors: torch.Tensor) -> Any:
         args, kwargs = self.call(tensors)
@@ -176,46 +200,73 @@ def unsupported(entry: Entry) -> str | None:
     return None
 
 
+def _leaves_at(entry: Entry, paths: list[tuple[str, str]]) -> list[dict]:
+    bound = bind(entry.op, list(entry.args), dict(entry.kwargs))
+    leaves = {(name, path): leaf for name, value in bound.items() for path, leaf in walk(value)}
+    return [leaves[p] for p in paths]
+
+
 _lock = threading.Lock()
-_registered: dict[int, KernelOp] = {}  # id(entry) -> its op; entries stay alive with their op
+_registered: dict[str, KernelOp] = {}  # operator name -> its op, for the life of the process
 _library: torch.library.Library | None = None
 
 
+def operator_name(entry: Entry) -> str:
+    """The kernel's operator name: the same in every process for the same kernel variant, so
+    that graphs from Inductor's FX graph cache call the operator this process defines."""
+    short = entry.op.split(".")[1].strip("_") or "op"
+    what = repr((entry.op, freeze([entry.args, entry.kwargs]), str(entry.device), entry.key,
+                 entry.label))
+    return f"{short}_{hashlib.sha256(what.encode()).hexdigest()[:12]}"
+
+
 def kernel_op(entry: Entry) -> KernelOp:
-    """The custom op of ``entry``, registered once per process (compiled code may call it for as
-    long as the process lives)."""
+    """The operator of ``entry``, defined once per process (compiled code may call it for as
+    long as the process lives); an operator defined for an equal entry before now runs this
+    one's kernel. Every entry an operator has run stays loaded with it: CUDA graphs captured
+    while it ran may launch its kernel for as long as they live."""
     global _library
+    name = operator_name(entry)
     with _lock:
-        op = _registered.get(id(entry))
+        op = _registered.get(name)
         if op is None:
             if _library is None:
                 _library = torch.library.Library(NAMESPACE, "FRAGMENT")
-            short = entry.op.split(".")[1].strip("_") or "op"
-            op = _registered[id(entry)] = KernelOp(entry, f"{short}_{len(_registered)}",
-                                                   _library)
+            op = _registered[name] = KernelOp(entry, name, _library)
+        if op.entry is not entry:
+            op.earlier.append(op.entry)
+            op.entry = entry
         return op
 
 
-# ----- matching calls to kernels, at trace time -----
-
-
-def variant_key(op: str, args: Any, kwargs: Any) -> Any:
-    """The exact variant of one call (its arg specs), independent of how the arguments
-    were passed (by position, by keyword, or left at their defaults)."""
-    return freeze(bind(op, list(args), dict(kwargs)))
+# ----- kernels in Inductor's graphs, through its pattern matcher -----
 
 
 def _symbolic(value: Any) -> bool:
     if isinstance(value, torch.Tensor):
         return any(isinstance(s, torch.SymInt)
                    for s in (*value.shape, *value.stride(), value.storage_offset()))
-    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        return True
-    if isinstance(value, (list, tuple)):
-        return any(_symbolic(v) for v in value)
-    if isinstance(value, dict):
-        return any(_symbolic(v) for v in value.values())
-    return False
+    return isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
+def inductor_fuses(op: str) -> bool:
+    """Whether Inductor fuses ``op`` with its neighbours (a pointwise op, or one it decomposes:
+    norms, softmax, activations); a region, whether it fuses all of its ops. Such kernels stay
+    out of compiled graphs unless measurement in the model says they win there."""
+    region = registered(op)
+    if region is not None:
+        return all(inductor_fuses(node["op"]) for node in region.nodes)
+    name = op.split(".")[1] if op.count(".") >= 1 else op
+    if name in EXTERN_OPS or "attention" in name:
+        return False  # Inductor calls a library kernel or a template (its decomposition of a
+        # matmul is only for tiny shapes)
+    from torch._inductor.decomposition import select_decomp_table
+
+    try:
+        func = resolve_op(op)
+    except ArgSpecError:
+        return False
+    return torch.Tag.pointwise in func.tags or func in select_decomp_table()
 
 
 @dataclass
@@ -224,16 +275,16 @@ class GraphReport:
 
     replaced: Counter[str] = field(default_factory=Counter)  # kernel label -> nodes
     kept: Counter[str] = field(default_factory=Counter)  # reason -> calls on Inductor's code
-    unmatched_ops: Counter[str] = field(default_factory=Counter)  # op -> calls, no kernel's variant
-    regions: Counter[str] = field(default_factory=Counter)  # region op -> chains found
+    cached: bool = False  # Inductor's FX graph cache served it: kforge's pass did not run
 
 
 @dataclass
 class CompileReport:
-    """What the backend did over every graph it compiled: nodes replaced per kernel, calls of
-    ops with kernels left to Inductor and why, and notes (why kforge stood aside)."""
+    """What the backend did over every graph it compiled: nodes replaced per kernel, calls
+    shaped like a kernel's call left to Inductor and why, and notes (why kforge stood aside)."""
 
     graphs: int = 0
+    cached: int = 0  # graphs served by Inductor's FX graph cache (their nodes are not counted)
     replaced: Counter[str] = field(default_factory=Counter)
     kept: Counter[str] = field(default_factory=Counter)
     notes: list[str] = field(default_factory=list)
@@ -242,13 +293,20 @@ class CompileReport:
     def nodes(self) -> int:
         return sum(self.replaced.values())
 
+    def kernels(self) -> set[str]:
+        """The labels of the kernels that are in the compiled graphs."""
+        return {label for label, n in self.replaced.items() if n}
+
     def add(self, graph: GraphReport) -> None:
         self.graphs += 1
+        self.cached += graph.cached
         self.replaced.update(graph.replaced)
         self.kept.update(graph.kept)
 
     def __str__(self) -> str:
         head = f"kforge: {self.nodes} node(s) run a kforge kernel in {self.graphs} compiled graph(s)"
+        if self.cached:
+            head += f" ({self.cached} from Inductor's FX graph cache, not counted)"
         lines = [head]
         lines += [f"  {label}: {n} node(s)" for label, n in sorted(self.replaced.items())]
         lines += [f"  kept on Inductor's code: {n} call(s), {why}"
@@ -256,23 +314,145 @@ class CompileReport:
         return "\n".join([*lines, *(f"note: {n}" for n in self.notes)])
 
 
-class _CountKernels(CustomGraphPass):
-    """Post-grad pass that counts the kernel custom ops that reached Inductor's graph."""
+class _Group:
+    """Kernels whose calls have the same structure (one op and its fixed arguments, or one
+    region), registered as one replacement: the matched call becomes the kernel of its exact
+    variant, found by ``check``."""
 
-    def __init__(self, labels: dict[Any, str], graph: GraphReport) -> None:
-        self.labels = labels
-        self.graph = graph
+    def __init__(self, kernels: list[KernelOp], outputs: tuple[int, ...] | None) -> None:
+        self.kernels = kernels
+        self.outputs = outputs  # which results the pattern covers; None: the op's own result
+        self.chosen: KernelOp | None = None
+        self.rejected: dict[torch.fx.Node, str] = {}  # calls this graph keeps, and why
+
+    def search(self, *tensors: torch.Tensor) -> Any:
+        return self._pick(self.kernels[0].search()(*tensors))
+
+    def replace(self, *tensors: torch.Tensor) -> Any:
+        assert self.chosen is not None  # check() chose it for this very match
+        return self._pick(self.chosen.overload(*tensors))
+
+    def _pick(self, result: Any) -> Any:
+        if self.outputs is None:
+            return result
+        picked = tuple(result[i] for i in self.outputs)
+        return picked[0] if len(picked) == 1 else picked
+
+    def check(self, match: Any) -> bool:
+        """Whether the matched call has a kernel's exact variant; that kernel is then chosen."""
+        nodes = [match.kwargs.get(f"t{i}") for i in range(len(self.kernels[0].paths))]
+        values = [n.meta.get("val") if isinstance(n, torch.fx.Node) else None for n in nodes]
+        anchor = match.output_nodes()[0]
+        if any(not isinstance(v, torch.Tensor) for v in values):
+            return False
+        if any(_symbolic(v) for v in values):
+            self.rejected[anchor] = SYMBOLIC
+            return False
+        specs = tuple(freeze(encode_value(v)) for v in values)
+        same = [k for k in self.kernels if k.specs == specs]
+        self.chosen = next((k for k in same if all(v.device == k.entry.device for v in values)),
+                           None)
+        if self.chosen is None:
+            self.rejected[anchor] = OTHER_DEVICE if same else OTHER_VARIANT
+            return False
+        return True
+
+
+def _signature(count: int) -> inspect.Signature:
+    """``(t0, t1, ...)``: the pattern matcher names a pattern's inputs by its function's
+    parameters."""
+    return inspect.Signature([inspect.Parameter(f"t{i}", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+                              for i in range(count)])
+
+
+def _traced(group: _Group, method: Callable[..., Any]) -> Callable[..., Any]:
+    def call(*tensors: torch.Tensor) -> Any:
+        return method(*tensors)
+
+    call.__signature__ = _signature(len(group.kernels[0].paths))  # type: ignore[attr-defined]
+    return call
+
+
+def _trace(fn: Callable[..., Any], args: Any, **options: Any) -> torch.fx.GraphModule:
+    """``fn`` traced as Inductor's post-grad graph has it: its decompositions (``fwd_only``),
+    and views as reshapes (Inductor turns every view into a reshape before its passes)."""
+    from torch._inductor.fx_passes.post_grad import view_to_reshape
+    from torch._inductor.pattern_matcher import fwd_only
+
+    gm = fwd_only(fn, args, **options)
+    view_to_reshape(gm)
+    return gm
+
+
+def _groups(kernels: Iterable[KernelOp]) -> list[_Group]:
+    """The kernels grouped by the structure of their calls; an op or region of several results
+    gets a group for its first result alone and one for its last alone (inference graphs drop
+    the others: a norm's statistics), and one for all of them."""
+    by_structure: dict[str, list[KernelOp]] = {}
+    for kernel in kernels:
+        region = registered(kernel.entry.op)
+        structure = region.name if region is not None else repr(
+            (kernel.entry.op, kernel.args, kernel.kwargs))
+        by_structure.setdefault(structure, []).append(kernel)
+    groups = []
+    for same in by_structure.values():
+        results = len(same[0].func._schema.returns)
+        if results == 1:
+            groups.append(_Group(same, None))
+        else:
+            groups += [_Group(same, picked) for picked in
+                       dict.fromkeys([(0,), (results - 1,), tuple(range(results))])]
+    return groups
+
+
+class KernelPass(CustomGraphPass):
+    """Inductor's post-grad custom pass putting the table's kernels in: a ``PatternMatcherPass``
+    with one replacement per kernel call structure. ``uuid()`` hashes the kernels and kforge's
+    pass code, for Inductor's FX graph cache."""
+
+    def __init__(self, kernels: list[KernelOp]) -> None:
+        from torch._inductor.pattern_matcher import PatternMatcherPass, register_replacement
+
+        self.patterns = PatternMatcherPass()
+        self.groups = _groups(kernels)
+        self.labels = {k.overload: k.label for k in kernels}
+        self.user_pass: Any = None  # the user's own post-grad post pass, run after kforge's
+        self.report = GraphReport()
+        self.failed: list[str] = []
+        for group in self.groups:
+            try:
+                register_replacement(_traced(group, group.search), _traced(group, group.replace),
+                                     group.kernels[0].example_inputs(), _trace,
+                                     [self.patterns], extra_check=group.check)
+            except Exception as exc:  # a call the pattern matcher cannot trace: Inductor's code
+                self.failed += [f"{k.label}: its call cannot be traced as a pattern "
+                                f"({type(exc).__name__}: {_first_line(exc)})"
+                                for k in group.kernels]
+        self._key = repr((sorted(self.labels.values()), sorted(k.name for k in kernels),
+                          hashlib.sha256(Path(__file__).read_bytes()).hexdigest()))
 
     def __call__(self, graph: torch.fx.Graph) -> None:
+        for group in self.groups:
+            group.rejected.clear()
+        self.patterns.apply(graph)
+        alive = set(graph.nodes)
+        kept = {node: why for group in self.groups for node, why in group.rejected.items()
+                if node in alive}
+        self.report.kept.update(kept.values())
         for node in graph.nodes:
             label = self.labels.get(node.target) if node.op == "call_function" else None
             if label is not None:
-                self.graph.replaced[label] += 1
+                self.report.replaced[label] += 1
+        if self.user_pass is not None:
+            self.user_pass(graph)
 
-    def uuid(self) -> None:
-        # None keeps Inductor's caches out: a cached graph would skip the kernels' choice and
-        # call custom ops that only this process has registered.
-        return None
+    def uuid(self) -> Any:
+        user = self.user_pass
+        own = user.uuid() if isinstance(user, CustomGraphPass) else (
+            None if user is not None else "")
+        if own is None:  # a user pass without a uuid keeps Inductor's cache out
+            return None
+        return hashlib.sha256(repr((self._key, own)).encode()).hexdigest()
 
 
 def _inductor_wrapper(mode: str | None, options: dict | None, dynamic: bool | None) -> Any:
@@ -305,7 +485,7 @@ class Backend:
         self.table = table
         self.report = CompileReport(notes=list(notes))
         self._warned: set[str] = set()
-        self.kernels: dict[tuple[str, Any], list[KernelOp]] = {}
+        self.kernels: list[KernelOp] = []
         skipped = []
         for entry in table.entries:
             why = unsupported(entry)
@@ -316,15 +496,9 @@ class Backend:
             if op is None:
                 skipped.append(f"{entry.label or entry.op}: {why}")
                 continue
-            key = (entry.op, variant_key(entry.op, entry.args, entry.kwargs))
-            self.kernels.setdefault(key, []).append(op)
-        self.ops = {resolve_op(op): op for op, _ in self.kernels}
-        # fusion regions with kernels: their chains are found in each graph (kforge.integrate.
-        # fusion) and called as the region's operator, which a kernel then serves
-        self.regions = {op: region for op, _ in self.kernels
-                        if (region := registered(op)) is not None}
-        self.labels = {k.overload: k.entry.label or k.entry.op
-                       for ops in self.kernels.values() for k in ops}
+            self.kernels.append(op)
+        self.kernel_pass = KernelPass(self.kernels)
+        skipped += self.kernel_pass.failed
         if skipped:
             self.report.notes += skipped
             self.warn("unsupported", "kforge kernels that cannot be called from compiled code "
@@ -341,129 +515,66 @@ class Backend:
             warnings.warn(message, KforgeWarning, stacklevel=3)
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Any:
+        from torch._dynamo.utils import counters
         from torch._inductor.compile_fx import compile_fx
 
-        if not self.kernels:
-            return compile_fx(gm, example_inputs, config_patches=self.inductor.config)
         if torch.is_grad_enabled() and any(
                 isinstance(t, torch.Tensor) and t.requires_grad
                 for t in (*example_inputs, *gm.parameters())):
             # AOT autograd traces a joint forward and backward graph: no kernel has a backward
-            self.warn(GRADIENTS, f"kforge's kernels are not used in a compiled graph: {GRADIENTS} "
-                                 "(run the model under torch.no_grad() or "
-                                 "torch.inference_mode()); Inductor alone compiles it")
-            self.report.notes.append(f"a graph compiled without kforge: {GRADIENTS}")
+            if self.kernels:
+                self.warn(GRADIENTS, f"kforge's kernels are not used in a compiled graph: "
+                                     f"{GRADIENTS} (run the model under torch.no_grad() or "
+                                     "torch.inference_mode()); Inductor alone compiles it")
+                self.report.notes.append(f"a graph compiled without kforge: {GRADIENTS}")
             return compile_fx(gm, example_inputs, config_patches=self.inductor.config)
-        graph = GraphReport()
-        traced = self._with_regions(gm, example_inputs, graph) if self.regions else gm
-        patches = dict(self.inductor.config)
-        user_passes = patches.get("post_grad_custom_pre_pass")
-        counter = _CountKernels(self.labels, graph)
-        patches["post_grad_custom_pre_pass"] = (
-            [counter, *(user_passes if isinstance(user_passes, (list, tuple)) else [user_passes])]
-            if user_passes is not None else counter)
+        from torch._inductor import config
+
+        graph = self.kernel_pass.report = GraphReport()
+        if (user := self.inductor.config.get("post_grad_custom_post_pass",
+                                             config.post_grad_custom_post_pass)) \
+                is not self.kernel_pass:
+            self.kernel_pass.user_pass = user
+        patches = {**self.inductor.config, "post_grad_custom_post_pass": self.kernel_pass}
+        hits = counters["inductor"]["fxgraph_cache_hit"]
         try:
-            compiled = compile_fx(traced, example_inputs, config_patches=patches,
-                                  decompositions=self._decompositions(patches, graph))
-        except torch._dynamo.exc.TorchDynamoException:
-            raise  # Dynamo's own signals (restart the analysis, skip the frame) pass through
+            compiled = compile_fx(gm, example_inputs, config_patches=patches)
         except Exception as exc:  # kforge's part failed on this graph: Inductor takes it whole
+            if isinstance(exc, torch._dynamo.exc.TorchDynamoException) and not isinstance(
+                    exc, torch._dynamo.exc.BackendCompilerFailed):
+                raise  # Dynamo's own signals (restart the analysis, skip the frame) pass through
             self.warn("failed", f"kforge's kernels are left out of a graph that failed to compile "
                                 f"with them ({type(exc).__name__}: {_first_line(exc)}): Inductor "
                                 "alone compiles it")
             self.report.notes.append(f"a graph compiled without kforge: {_first_line(exc)}")
             return compile_fx(gm, example_inputs, config_patches=self.inductor.config)
+        graph.cached = counters["inductor"]["fxgraph_cache_hit"] > hits
         self.report.add(graph)
         self._explain(graph)
         log.info("kforge: graph %d: %s", self.report.graphs,
                  ", ".join(f"{label} x{n}" for label, n in graph.replaced.items()) or
-                 "no kernel applies")
+                 ("from Inductor's cache" if graph.cached else "no kernel applies"))
         return compiled
 
-    def _with_regions(self, gm: torch.fx.GraphModule, example_inputs: list,
-                      graph: GraphReport) -> torch.fx.GraphModule:
-        """``gm`` as aten calls with every chain of a region that has kernels called as the
-        region's operator; ``gm`` itself where none is found or it cannot be traced."""
-        from kforge.integrate.fusion import aten_graph, replace
-
-        if _symbolic(list(example_inputs)):
-            return gm
-        try:
-            traced = aten_graph(gm, example_inputs)
-            for op, region in self.regions.items():
-                variants = [k.entry.args for (name, _), kernels in self.kernels.items()
-                            if name == op for k in kernels]
-                graph.regions[op] += replace(traced, region, resolve_op(op), variants)
-        except Exception as exc:  # a graph make_fx cannot trace: the ops' own kernels still apply
-            self.warn("regions", f"kforge's region kernels are left out of a graph whose chains "
-                                 f"could not be found ({type(exc).__name__}: "
-                                 f"{_first_line(exc)})")
-            return gm
-        return traced if graph.regions.total() else gm
-
-    def _decompositions(self, patches: dict, graph: GraphReport) -> dict:
-        from torch._inductor import config
-        from torch._inductor.decomposition import select_decomp_table
-
-        with config.patch(patches):
-            table = dict(select_decomp_table())
-        for func, op in self.ops.items():
-            region = self.regions.get(op)
-            # a region call no kernel serves becomes its chain of aten calls again, for
-            # Inductor to fuse as it would have
-            otherwise = region_function(region) if region is not None else table.get(func)
-            table[func] = functools.partial(self._decompose, func, otherwise, graph)
-        return table
-
-    def _decompose(self, func: Any, inductor: Callable | None, graph: GraphReport, *args: Any,
-                   **kwargs: Any) -> Any:
-        """Emit a kernel for a call of ``func`` of a variant one was verified on; else what
-        Inductor does with the op (its decomposition, or its lowering after NotImplemented)."""
-        kernel = self._kernel_for(func, args, kwargs, graph)
-        if kernel is not None:
-            return kernel.overload(*_tensors_at(kernel.entry.op, args, kwargs, kernel.paths))
-        return NotImplemented if inductor is None else inductor(*args, **kwargs)
-
-    def _kernel_for(self, func: Any, args: tuple, kwargs: dict,
-                    graph: GraphReport) -> KernelOp | None:
-        op = self.ops[func]
-        if _symbolic((args, kwargs)):
-            graph.kept[SYMBOLIC] += 1
-            return None
-        candidates = self.kernels.get((op, variant_key(op, *encode_call(func, args, kwargs))))
-        if candidates is None:
-            graph.kept[OTHER_VARIANT] += 1
-            graph.unmatched_ops[op] += 1
-            return None
-        tensors = [v for _, v in walk([list(args), list(kwargs.values())])
-                   if isinstance(v, torch.Tensor)]
-        for kernel in candidates:
-            if all(t.device == kernel.entry.device for t in tensors):
-                return kernel
-        graph.kept[OTHER_DEVICE] += 1
-        return None
-
     def _explain(self, graph: GraphReport) -> None:
-        """Warn once per cause where a graph calls ops with kernels and none of them ran."""
-        if graph.replaced:
+        """Warn once per cause where a graph has calls shaped like a kernel's and none of them
+        became one."""
+        if graph.replaced or graph.cached or not self.kernels:
             return
-        for why in (SYMBOLIC, OTHER_DEVICE):
+        for why in (SYMBOLIC, OTHER_DEVICE, OTHER_VARIANT):
             if graph.kept[why]:
                 self.warn(why, f"kforge's kernels are not used in a compiled graph: "
-                               f"{graph.kept[why]} call(s) of ops with kernels: {why}; "
+                               f"{graph.kept[why]} call(s) shaped like a kernel's: {why}; "
+                               "Inductor's code runs for them (do the model and its inputs "
+                               "differ from the profiled ones?)" if why == OTHER_VARIANT else
+                               f"kforge's kernels are not used in a compiled graph: "
+                               f"{graph.kept[why]} call(s) shaped like a kernel's: {why}; "
                                "Inductor's code runs for them")
                 return
-        if graph.unmatched_ops:
-            calls = ", ".join(f"{op} x{n}" for op, n in sorted(graph.unmatched_ops.items()))
-            self.warn("variant", f"kforge's kernels are not used in a compiled graph: it calls "
-                                 f"{calls}, never with a variant a kernel was verified on (do the "
-                                 "model and its inputs differ from the profiled ones?)")
-        elif self.regions and not graph.regions.total():
-            self.warn("no regions", f"kforge's region kernels are not used in a compiled graph: "
-                                    f"none of the {len(self.regions)} region(s) with kernels has "
-                                    "its chain of calls there at a variant a kernel won on "
-                                    "(other shapes, code that differs from the profiled model, "
-                                    "or an intermediate result used elsewhere)")
+        self.warn("absent", f"kforge's kernels are not used in a compiled graph: none of the "
+                            f"{len(self.kernels)} kernel(s) has its op call or region chain "
+                            "there (other code than the profiled model, or an intermediate "
+                            "result used elsewhere)")
 
     def reset(self) -> None:
         self.inductor.reset()
@@ -475,63 +586,3 @@ class Backend:
 def _first_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     return lines[0][:300] if lines else type(exc).__name__
-
-
-def backend(source: int | KernelTable | Patch, *, mode: str | None = None,
-            options: dict | None = None, dynamic: bool | None = None,
-            db: str | os.PathLike[str] | None = None,
-            device: str | torch.device | None = None) -> Backend:
-    """A ``torch.compile`` backend running Inductor (``mode``, ``options`` as for
-    ``torch.compile``) with kforge's kernels: those of session ``source`` (loaded on ``device``
-    from database ``db``), or of a ``KernelTable`` or ``Patch``. A session that cannot be loaded
-    here (no GPU, another GPU architecture) leaves Inductor alone, with a warning."""
-    notes: list[str] = []
-    if isinstance(source, Patch):
-        table, notes = source.table, list(source.notes)
-    elif isinstance(source, KernelTable):
-        table = source
-    else:
-        from kforge.integrate.patching import patch
-
-        try:
-            # every winner: compiled code calls a kernel only for its exact variant, with no
-            # guard in front of the op's other calls
-            table = patch(source, db=db, device=device, cuda_graphs=True).table
-        except KforgeError as exc:
-            table, notes = KernelTable(), [str(exc)]
-    return Backend(table, mode=mode, options=options, dynamic=dynamic, notes=notes)
-
-
-def compile(model: Any, source: int | KernelTable | Patch, *, mode: str | None = None,
-            options: dict | None = None, dynamic: bool | None = None, fullgraph: bool = False,
-            db: str | os.PathLike[str] | None = None,
-            device: str | torch.device | None = None, example_inputs: Any = None,
-            example_kwargs: dict | None = None) -> Any:
-    """``torch.compile(model, backend=kforge.backend(source, ...))``; the backend, with its
-    ``report``, is the compiled model's ``kforge_backend`` attribute. With ``example_inputs`` (a
-    tensor or a tuple of arguments) and a session as ``source``, only the session's kernels that
-    make the compiled model faster on them are used, by measurement
-    (``kforge.integrate.measure.choose_compiled``)."""
-    if example_inputs is not None:
-        source = _measured_choice(model, source, example_inputs, example_kwargs, db, device)
-    chosen = backend(source, mode=mode, options=options, dynamic=dynamic, db=db, device=device)
-    compiled = torch.compile(model, backend=chosen, dynamic=dynamic, fullgraph=fullgraph)
-    compiled.kforge_backend = chosen
-    return compiled
-
-
-def _measured_choice(model: Any, source: int | KernelTable | Patch, example_inputs: Any,
-                     example_kwargs: dict | None, db: str | os.PathLike[str] | None,
-                     device: str | torch.device | None) -> KernelTable:
-    from kforge.integrate.measure import choose_compiled, loaded_forward
-    from kforge.integrate.patching import SessionPatch, patch
-
-    if isinstance(source, int):
-        source = patch(source, db=db, device=device, cuda_graphs=True)
-    if not isinstance(source, SessionPatch):
-        raise KforgeError("kforge.compile(..., example_inputs=...) chooses among a session's "
-                          "kernels: pass the session id (or its kforge.patch)")
-    args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
-    with torch.no_grad():
-        chosen, _ = choose_compiled(loaded_forward(model, args, example_kwargs), source)
-    return chosen

@@ -1,11 +1,15 @@
 """Run a model in every mode a user may pick, with and without kforge's kernels, and measure
-what the kernels change; and choose the kernels worth keeping by that measurement.
+what the kernels change. This module measures; which kernels go in is decided elsewhere
+(``kforge.integrate.decide``).
 
 The modes (``MODES``): eager; its forward captured and replayed as a CUDA graph; torch.compile in
 its default, reduce-overhead and max-autotune modes (kforge's kernels enter through the compile
-backend, ``kforge.integrate.backend``). Latency is GPU time per forward between CUDA events on the
-model's stream (median and p10..p90 over repetitions), with the subjects interleaved repetition by
-repetition (the order flipping each time) so that clock and thermal drift cancel between them.
+backend, ``kforge.integrate.backend``), and, on request, the A/A control of each compiled mode:
+kforge's backend with no kernel. Subjects are interleaved repetition by repetition (the order
+flipping each time) so that clock and thermal drift cancel between them. Each forward is timed
+twice: by device time, the span between CUDA events with the GPU held busy while the host enqueues
+the forward (so host work is out of the window, as in a CUDA graph replay), and host-inclusive,
+with the GPU idle before the call (what a caller waits for where the mode is not graphed).
 Per-step state is restored outside the timed span (``LoadedModel.prepare``). A CUDA graph subject
 is captured once (the guard, if any, active while capturing) and its replays are timed; a compiled
 one is compiled by its first forward, timed apart. Outputs are compared with eager's: the largest
@@ -15,12 +19,13 @@ absolute difference and the relative L2 error, worst over all output tensors.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import time
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -30,15 +35,11 @@ from kforge.core.candidate import KFORGE_SUFFIX, Timing
 from kforge.errors import KforgeError
 from kforge.eval.ops import flatten_tensors
 from kforge.eval.timing import summarize
-from kforge.integrate.backend import KforgeWarning
+from kforge.integrate.backend import Backend, KforgeWarning
 from kforge.integrate.graphs import capture, cuda_device_of
-from kforge.integrate.select import Selection, select
 from kforge.runtime.guard import Patch
-from kforge.runtime.table import Entry, KernelTable, Report
+from kforge.runtime.table import KernelTable, Report
 from kforge.store.records import Session
-
-if TYPE_CHECKING:
-    from kforge.integrate.patching import SessionPatch
 
 EAGER, PATCHED, COMPILED = "eager", "patched", "torch.compile"
 
@@ -86,19 +87,22 @@ def output_difference(reference: Any, value: Any) -> Difference:
 @dataclass(frozen=True)
 class Mode:
     """One way a user may run the model: eager, captured as a CUDA graph, or compiled with
-    torch.compile in one of its modes, each without or with kforge's kernels."""
+    torch.compile in one of its modes, each without or with kforge's kernels; or the A/A control
+    of a compiled mode (kforge's backend with no kernel)."""
 
     id: str  # as --modes names it: "reduce-overhead+kforge"
     label: str  # as tables show it
     kforge: bool
     graphs: bool = False  # the eager forward captured and replayed as a CUDA graph
     compile: str | None = None  # the torch.compile mode; None: not compiled
+    control: bool = False  # the A/A control: kforge's backend with an empty kernel table
 
     @property
     def base(self) -> str:
-        return self.id.removesuffix(KFORGE_SUFFIX)
+        return self.id.removesuffix(KFORGE_SUFFIX).removesuffix(AA_SUFFIX)
 
 
+AA_SUFFIX = "+aa"
 # (base id, label, captured as a CUDA graph, torch.compile mode), in table order
 _BASES = (("eager", "eager", False, None), ("graphs", "CUDA graphs", True, None),
           ("compile", "compile", False, "default"),
@@ -109,14 +113,28 @@ MODES: dict[str, Mode] = {
         Mode(base, label, False, graphs, compile_mode),
         Mode(base + KFORGE_SUFFIX, label + " + kforge", True, graphs, compile_mode))}
 BASES = tuple(base for base, *_ in _BASES)
+# the A/A controls: what kforge's backend costs with nothing to put in
+CONTROLS: dict[str, Mode] = {
+    base + AA_SUFFIX: Mode(base + AA_SUFFIX, label + " A/A (kforge, no kernels)", True,
+                           compile=compile_mode, control=True)
+    for base, label, _, compile_mode in _BASES if compile_mode is not None}
+# p90/p10 above which a mode's own timing noise hides any gain (a host-bound compiled forward)
+UNDECIDABLE_SPREAD = 1.5
 
 
-def parse_modes(text: str | None) -> list[Mode]:
+def parse_modes(text: str | None, *, aa: bool = False) -> list[Mode]:
     """``--modes``: comma-separated mode ids (``compile+kforge``) or bases (``compile``: with and
     without kforge), or ``all`` (the default); eager, the reference, is always measured. In table
-    order."""
+    order; with ``aa``, each compiled mode measured without kforge is followed by its A/A
+    control."""
     wanted = named_modes(text, list(MODES), BASES, "mode")
-    return [mode for mode in MODES.values() if mode.id in wanted]
+    modes = []
+    for mode in MODES.values():
+        if mode.id in wanted:
+            modes.append(mode)
+            if aa and mode.compile and not mode.kforge:
+                modes.append(CONTROLS[mode.id + AA_SUFFIX])
+    return modes
 
 
 def named_modes(text: str | None, ids: list[str], bases: Iterable[str], what: str) -> set[str]:
@@ -142,12 +160,22 @@ class Measured:
     """One way of running the model: its latency and how its output compares with eager's."""
 
     name: str
-    timing: Timing | None = None
+    timing: Timing | None = None  # device time per forward
     difference: Difference | None = None
     setup_s: float | None = None  # torch.compile's compile time, or a graph's capture time
     error: str = ""
     mode: str = ""  # the Mode id
     kernels: str = ""  # what kforge's kernels did: calls per forward, or compiled nodes
+    host: Timing | None = None  # host-inclusive time per forward (the GPU idle before the call)
+    ran: int | None = None  # distinct kforge kernels that ran (None: a mode without kforge)
+    # kforge's own version where it was not faster and torch.compile's result was handed back
+    tried: Timing | None = None
+
+    @property
+    def spread(self) -> float | None:
+        """p90/p10 of the device time."""
+        t = self.timing
+        return t.p90_us / t.p10_us if t is not None and t.p10_us > 0 else None
 
 
 @dataclass
@@ -162,11 +190,20 @@ class E2eResult:
         return next((s for s in self.subjects if s.name == name or s.mode == name), None)
 
     def gain(self, base: str) -> float | None:
-        """Mode ``base``'s latency over the same mode's with kforge's kernels (medians)."""
+        """Mode ``base``'s latency over the same mode's with kforge's kernels (medians); None
+        where no kforge kernel ran in it (nothing to gain: the difference is noise) or where the
+        mode's own noise makes any gain undecidable."""
         without, with_kforge = self.subject(base), self.subject(base + KFORGE_SUFFIX)
-        if without and with_kforge and without.timing and with_kforge.timing:
-            return without.timing.median_us / with_kforge.timing.median_us
-        return None
+        if not (without and with_kforge and without.timing and with_kforge.timing):
+            return None
+        if not with_kforge.ran or self.undecidable(base):
+            return None
+        return without.timing.median_us / with_kforge.timing.median_us
+
+    def undecidable(self, base: str) -> bool:
+        """Whether mode ``base``'s own timing spread (p90/p10) hides any gain."""
+        return any((s := self.subject(mode)) is not None and (s.spread or 0) > UNDECIDABLE_SPREAD
+                   for mode in (base, base + KFORGE_SUFFIX))
 
     def kforge_gain(self, measured: Measured) -> float | None:
         """For a mode with kforge's kernels, what they gain over the same mode without them."""
@@ -239,11 +276,14 @@ def _first_runs(loaded: LoadedModel, patch: Patch) -> tuple[Any, Difference, Rep
 
 
 def run_modes(loaded: LoadedModel, modes: list[Mode], *, patched: Patch,
-              graphed: Patch | None = None, compiled: KernelTable | Patch | None = None,
+              graphed: Patch | None = None,
+              compiled: KernelTable | Patch | dict[str, KernelTable] | None = None,
               projected: float, reps: int = 20, warmup: int = 3) -> E2eResult:
     """Time the model in each of ``modes``, interleaved rep by rep, and compare each output with
     eager's. kforge's kernels come from ``patched`` run eagerly, ``graphed`` (default: patched)
-    in CUDA graphs, ``compiled`` (default: graphed) through the compile backend."""
+    in CUDA graphs, ``compiled`` (default: graphed; or one table per torch.compile mode, where
+    an empty one leaves the ``+kforge`` mode untimed: it is torch.compile alone) through the
+    compile backend."""
     graphed = graphed or patched
     compiled = compiled or graphed
     reference, difference, report = _first_runs(loaded, patched)
@@ -253,20 +293,31 @@ def run_modes(loaded: LoadedModel, modes: list[Mode], *, patched: Patch,
     with torch._dynamo.config.patch(recompile_limit=64):  # one compile per compiled mode
         for mode in modes:
             measured = results[mode.id]
-            kernels = compiled if mode.compile else graphed if mode.graphs else patched
+            kernels = (KernelTable() if mode.control else
+                       compiled.get(mode.compile, KernelTable()) if isinstance(compiled, dict)
+                       else compiled) if mode.compile else graphed if mode.graphs else patched
+            if isinstance(compiled, dict) and mode.compile and not mode.control and not len(
+                    kernels.table if isinstance(kernels, Patch) else kernels):
+                measured.ran, measured.kernels = 0, "no kernels"  # torch.compile's own model
+                continue
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", KforgeWarning)
                 subject = _subject(loaded, mode, kernels, measured, reference, warmup)
             notes += [f"{mode.label}: {w.message}" for w in caught
-                      if issubclass(w.category, KforgeWarning)]
+                      if issubclass(w.category, KforgeWarning) and not mode.control]
             if mode.kforge and not mode.graphs and not mode.compile:
                 measured.difference = difference
                 measured.kernels = f"{report.hits} calls"
+                measured.ran = sum(1 for k in report.kernels if k.hits)
             if subject is not None:
                 subjects.append(subject)
-        timings = time_forwards(loaded, subjects, reps, warmup)
+        times = time_subjects(loaded, subjects, reps, warmup)
     for mode in modes:
-        results[mode.id].timing = timings.get(mode.label)
+        measured = results[mode.id]
+        if measured.name in times:
+            measured.timing, measured.host = times[measured.name]
+        if measured.ran == 0:
+            measured.kernels = "no kernels"
     return E2eResult([results[m.id] for m in modes], report, projected, notes=notes)
 
 
@@ -286,7 +337,9 @@ def _subject(loaded: LoadedModel, mode: Mode, kernels: KernelTable | Patch, meas
             patch.table.reset_counts()
         graphed = _graphed(loaded, subject, measured, reference)
         if mode.kforge:
-            measured.kernels = f"{patch.report().hits} captured"
+            captured = patch.report()
+            measured.kernels = f"{captured.hits} captured"
+            measured.ran = sum(1 for k in captured.kernels if k.hits)
         return graphed
     except Exception as exc:  # Dynamo, Inductor or graph capture gave up on this model
         what = "torch.compile" if mode.compile else "CUDA graph capture"
@@ -299,19 +352,18 @@ def _sync(loaded: LoadedModel) -> None:
         torch.cuda.synchronize(loaded.device)
 
 
-def _compiled(loaded: LoadedModel, mode: Mode, kernels: KernelTable | Patch, measured: Measured,
-              reference: Any, warmup: int) -> Subject:
-    """torch.compile of the model in ``mode`` (through kforge's backend for a kforge mode),
-    compiled by its first forward (timed apart)."""
+def compiled_step(loaded: LoadedModel, compile_mode: str,
+                  kernels: KernelTable | Patch | None) -> tuple[Callable[[], Any], Any]:
+    """One forward of the model under torch.compile in ``compile_mode``: through kforge's
+    backend with ``kernels`` (an empty table: the A/A control), or (None) torch.compile
+    alone; and the backend (None for torch.compile alone). Not compiled until first called."""
     from torch._inductor import list_mode_options
 
-    from kforge.integrate.backend import backend
-
-    assert mode.compile is not None
-    chosen = backend(kernels, mode=mode.compile) if mode.kforge else None
+    table = kernels.table if isinstance(kernels, Patch) else kernels
+    chosen = Backend(table, mode=compile_mode) if table is not None else None
     model = (torch.compile(loaded.model, backend=chosen) if chosen is not None
-             else torch.compile(loaded.model, mode=mode.compile))
-    replays = bool(list_mode_options(mode.compile).get("triton.cudagraphs"))
+             else torch.compile(loaded.model, mode=compile_mode))
+    replays = bool(list_mode_options(compile_mode).get("triton.cudagraphs"))
 
     def step() -> Any:
         if replays:  # each call is a new step: earlier outputs may be overwritten
@@ -319,6 +371,18 @@ def _compiled(loaded: LoadedModel, mode: Mode, kernels: KernelTable | Patch, mea
         with torch.no_grad():
             return model(*loaded.args, **loaded.kwargs)
 
+    return step, chosen
+
+
+def _compiled(loaded: LoadedModel, mode: Mode, kernels: KernelTable | Patch, measured: Measured,
+              reference: Any, warmup: int) -> Subject:
+    """torch.compile of the model in ``mode`` (through kforge's backend for a kforge mode),
+    compiled by its first forward (timed apart)."""
+    assert mode.compile is not None
+    table = kernels.table if isinstance(kernels, Patch) else kernels
+    if mode.kforge:
+        table.reset_counts()
+    step, chosen = compiled_step(loaded, mode.compile, table if mode.kforge else None)
     start = time.perf_counter()
     loaded.prepare()
     step()
@@ -332,8 +396,17 @@ def _compiled(loaded: LoadedModel, mode: Mode, kernels: KernelTable | Patch, mea
     if reference is not None:
         measured.difference = output_difference(reference, output)
     if chosen is not None:
-        measured.kernels = f"{chosen.report.nodes} nodes"
+        measured.ran = len(ran_kernels(chosen))
+        measured.kernels = (f"{chosen.report.nodes} nodes" if chosen.report.nodes
+                            else f"{measured.ran} kernels")
     return Subject(mode.label, step)
+
+
+def ran_kernels(chosen: Backend) -> set[str]:
+    """The kernels of a compiled model that are in its graphs (counted by kforge's pass) or, for
+    graphs from Inductor's FX graph cache, that ran."""
+    ran = {k.label or k.op for k in chosen.table.report().kernels if k.hits}
+    return chosen.report.kernels() | (ran if chosen.report.cached else set())
 
 
 def _graphed(loaded: LoadedModel, subject: Subject, measured: Measured,
@@ -349,51 +422,6 @@ def _graphed(loaded: LoadedModel, subject: Subject, measured: Measured,
     if reference is not None:  # for eager: is the graph faithful?
         measured.difference = output_difference(reference, captured.outputs)
     return Subject(subject.name, captured.graph.replay, prepare=False, keep=captured)
-
-
-def measure_session(patch: SessionPatch, loaded: LoadedModel, modes: list[Mode], *,
-                    select: bool = True, reps: int = 20, warmup: int = 3) -> E2eResult:
-    """Every mode of ``modes`` for a session's model, ``patch`` holding all its winners: eager +
-    kforge with the winners that make eager forwards faster by measurement (without ``select``:
-    those projected to pay for their guard), CUDA graphs + kforge with those that make replays
-    faster (without ``select``: all), the compiled modes with those that make the compiled
-    model faster (``choose_compiled``; without ``select``: all of them) through the backend.
-    Notes say which winners each kforge mode left out, and why."""
-    from kforge.integrate.patching import (
-        projected_patch,
-        select_measured,
-        unused_message,
-    )
-
-    patch = patch.for_model(loaded.model)  # region kernels replace module forwards in eager
-    # Every winner in place once, before minutes of timing: a forward that runs none of them is
-    # another model than the session's. (After selection none may run: that is a measured result.)
-    if message := unused_message(patch, compare_once(loaded, patch)[1]):
-        raise KforgeError(message)
-    ids = {m.id for m in modes}
-
-    def kernels(graphs: bool) -> SessionPatch:
-        if ("graphs+kforge" if graphs else "eager+kforge") not in ids:
-            return patch
-        if not select:
-            return patch if graphs else projected_patch(patch)
-        return select_measured(patch, loaded, cuda_graphs=graphs, reps=reps, warmup=warmup)
-
-    eager, graphed = kernels(False), kernels(True)
-    compiled, compile_notes = patch.table, []
-    if select and any(m.compile and m.kforge for m in modes):
-        compiled, selection = choose_compiled(loaded, patch, reps=reps, warmup=warmup)
-        compile_notes = [f"{t.winner.label or t.winner.op}: left to Inductor, {t.reason}"
-                         for t in selection.dropped]
-    result = run_modes(loaded, modes, patched=eager, graphed=graphed, compiled=compiled,
-                       projected=patch.projected, reps=reps, warmup=warmup)
-    result.notes[:0] = [*patch.notes,
-                        *(f"{MODES['eager+kforge'].label}: {n}" for n in eager.notes
-                          if n not in patch.notes),
-                        *(f"{MODES['graphs+kforge'].label}: {n}" for n in graphed.notes
-                          if n not in patch.notes),
-                        *(f"torch.compile + kforge: {n}" for n in compile_notes)]
-    return result
 
 
 def run_e2e(loaded: LoadedModel, patch: Patch, projected: float, *, reps: int = 20,
@@ -413,72 +441,6 @@ def run_e2e(loaded: LoadedModel, patch: Patch, projected: float, *, reps: int = 
     if cuda_graphs and compile:
         result.notes.append("torch.compile runs in its default mode (no CUDA graphs)")
     return result
-
-
-def choose(loaded: LoadedModel, patch: Patch, *, cuda_graphs: bool,
-           order: list[Entry] | None = None, reps: int = 20,
-           warmup: int = 3) -> tuple[KernelTable, Selection[Entry]]:
-    """The patch's kernels that make the whole forward faster beyond noise (``select``), run
-    eagerly or (``cuda_graphs``) as CUDA graph replays; tried in ``order`` (default: the
-    table's)."""
-    entries = order if order is not None else list(patch.table.entries)
-
-    def measure(subset: frozenset[Entry]) -> Timing:
-        trial = patch.subset([e for e in entries if e in subset])
-        subject = Subject("trial", loaded.step, lambda: trial)
-        if cuda_graphs:
-            subject = _graphed(loaded, subject, Measured("trial"), None)
-        return time_forwards(loaded, [subject], reps, warmup)["trial"]
-
-    selection = select(entries, measure)
-    patch.table.reset_counts()  # the trials ran the kernels; what counts is what runs next
-    return KernelTable(selection.kept), selection
-
-
-SELECT_MODE = "compile+kforge"  # compiled trials cost a compile each: the quickest mode
-MAX_COMPILED_TRIALS = 6
-
-
-def choose_compiled(loaded: LoadedModel, patch: SessionPatch, *, reps: int = 20,
-                    warmup: int = 3, trials: int = MAX_COMPILED_TRIALS
-                    ) -> tuple[KernelTable, Selection[Entry]]:
-    """The patch's kernels that make the *compiled* model faster beyond noise: a kernel takes
-    its op (or region) out of Inductor's fusions, so it must beat them in the model, not eager.
-    Candidates are the winners whose kernel beats the card's compiled baseline (or that have
-    none), the largest savings first, at most ``trials`` of them; each is tried by compiling the
-    model (torch.compile's default mode) with the kernels kept so far and it, against the model
-    compiled without them."""
-    candidates = by_compiled_saving(patch)[:trials]
-    mode = MODES[SELECT_MODE]
-
-    def measure(subset: frozenset[Entry]) -> Timing:
-        torch._dynamo.reset()  # each trial compiles afresh
-        trial = KernelTable([e for e in candidates if e in subset])
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", KforgeWarning)
-            subject = _compiled(loaded, mode, trial, Measured("trial"), None, warmup)
-        return time_forwards(loaded, [subject], reps, warmup)[subject.name]
-
-    selection = select(candidates, measure)
-    torch._dynamo.reset()
-    patch.table.reset_counts()
-    return KernelTable(selection.kept), selection
-
-
-def by_compiled_saving(patch: SessionPatch) -> list[Entry]:
-    """The patch's kernels that beat the card's compiled baseline (or whose card has none), by
-    the operator time they would save over Inductor's code, largest first."""
-    saving: dict[str, float] = {}
-    for d in patch.plan.winners:
-        card = d.card
-        if not d.speedup or not card.eager_us:
-            continue
-        kernel_us = card.eager_us / d.speedup
-        against = card.compiled_us or card.eager_us
-        if kernel_us < against:
-            saving[card.key] = card.calls * (against - kernel_us)
-    return sorted((e for e in patch.table.entries if e.key in saving),
-                  key=lambda e: -saving[e.key])
 
 
 def reachable_tensors(value: Any, depth: int = 6) -> list[torch.Tensor]:
@@ -502,22 +464,46 @@ def reachable_tensors(value: Any, depth: int = 6) -> list[torch.Tensor]:
 
 def time_forwards(loaded: LoadedModel, subjects: list[Subject], reps: int,
                   warmup: int) -> dict[str, Timing]:
-    """GPU time per forward of each subject, interleaved rep by rep (order flipped each rep)."""
+    """Device time per forward of each subject, interleaved rep by rep (order flipped each
+    rep): the GPU is held busy while the host enqueues the forward, so host work is out of
+    the window (on the CPU: wall time)."""
+    return {name: device for name, (device, _) in
+            time_subjects(loaded, subjects, reps, warmup, host=False).items()}
+
+
+def time_subjects(loaded: LoadedModel, subjects: list[Subject], reps: int, warmup: int, *,
+                  host: bool = True) -> dict[str, tuple[Timing, Timing | None]]:
+    """Per subject, device time per forward and (with ``host``) host-inclusive time (the GPU
+    idle before the call), interleaved rep by rep, the order flipped each rep."""
+    holds = {s.name: 0.0 for s in subjects}
     for _ in range(warmup):
         for subject in subjects:
-            _one(loaded, subject)
-    samples: dict[str, list[Callable[[], float]]] = {s.name: [] for s in subjects}
+            holds[subject.name] = max(holds[subject.name], _one(loaded, subject, None)[1])
+    device: dict[str, list[Callable[[], float]]] = {s.name: [] for s in subjects}
+    inclusive: dict[str, list[Callable[[], float]]] = {s.name: [] for s in subjects}
     for r in range(reps):
         for subject in subjects if r % 2 == 0 else reversed(subjects):
-            samples[subject.name].append(_one(loaded, subject))
+            # hold twice the slowest enqueue seen so far: the host is never the bottleneck
+            read, enqueue_us = _one(loaded, subject, 2 * holds[subject.name] + HOLD_MARGIN_US)
+            holds[subject.name] = max(holds[subject.name], enqueue_us)
+            device[subject.name].append(read)
+            if host:
+                inclusive[subject.name].append(_one(loaded, subject, None)[0])
     _sync(loaded)
-    return {name: summarize([elapsed_us() for elapsed_us in taken])
-            for name, taken in samples.items() if taken}
+    return {name: (summarize([read() for read in taken]),
+                   summarize([read() for read in inclusive[name]]) if inclusive[name] else None)
+            for name, taken in device.items() if taken}
 
 
-def _one(loaded: LoadedModel, subject: Subject) -> Callable[[], float]:
-    """Run one forward of ``subject``; its time in µs, read once the device is synchronized
-    (GPU time between CUDA events on the stream; on the CPU, wall time)."""
+HOLD_MARGIN_US = 50.0
+
+
+def _one(loaded: LoadedModel, subject: Subject,
+         hold_us: float | None) -> tuple[Callable[[], float], float]:
+    """Run one forward of ``subject``: its time in µs, read once the device is synchronized
+    (between CUDA events on the stream; on the CPU, wall time), and the host time it took to
+    enqueue. With ``hold_us`` the GPU spins that long first, so the host enqueues the forward
+    ahead of the GPU and the events time device work alone."""
     if subject.prepare:
         loaded.prepare()
     if loaded.device.type != "cuda":
@@ -525,10 +511,28 @@ def _one(loaded: LoadedModel, subject: Subject) -> Callable[[], float]:
             start = time.perf_counter()
             subject.step()
             seconds = time.perf_counter() - start
-        return lambda: seconds * 1e6
+        return (lambda: seconds * 1e6), seconds * 1e6
     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with subject.scope():
+        if hold_us is not None:
+            torch.cuda._sleep(int(hold_us * _spin_cycles_per_us(loaded.device)))
+        started = time.perf_counter()
         begin.record()
         subject.step()
         end.record()
-    return lambda: begin.elapsed_time(end) * 1e3
+        enqueue_us = (time.perf_counter() - started) * 1e6
+    return (lambda: begin.elapsed_time(end) * 1e3), enqueue_us
+
+
+@functools.cache
+def _spin_cycles_per_us(device: torch.device) -> float:
+    """How many ``torch.cuda._sleep`` cycles hold ``device`` for a microsecond."""
+    probe = 1_000_000
+    with torch.cuda.device(device):
+        torch.cuda._sleep(probe // 10)  # wake the clocks first
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        torch.cuda._sleep(probe)
+        end.record()
+        end.synchronize()
+    return probe / (begin.elapsed_time(end) * 1e3)

@@ -1,21 +1,20 @@
-"""Put a session's winning kernels into this process: ``with kforge.patch(session_id): model(x)``.
+"""A session's winning kernels loaded into this process as a patch
+(``with kforge.patch(session_id): model(x)``; ``kforge.integrate.decide`` chooses among them by
+measuring the model).
 
 The winners are compiled for this GPU with NVRTC (through kforge's cubin cache), loaded with
 cuda.core and handed to the runtime's guard, which runs each kernel for its exact op variant only.
-Which winners: given the model and example inputs, those that make its whole forward faster
-beyond noise, measured (``kforge.integrate.select``); otherwise those projected to pay for their
-guard (``worth_routing``), or all of them under CUDA graphs.
+Without a measurement the winners are those projected to pay for their guard
+(``worth_routing``), or all of them under CUDA graphs.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from typing import Any
 
 import torch
 
-from kforge.capture.loader import LoadedModel
 from kforge.core.opcard import OpCard
 from kforge.errors import KforgeError
 from kforge.integrate.plan import SessionPlan, read_plan
@@ -94,57 +93,17 @@ class SessionPatch(Patch):
         return projected_speedup(d for d in self.plan.winners if self.loaded(d))
 
 
-def patch(session_id: int, *, db: str | os.PathLike[str] | None = None,
-          device: str | torch.device | None = None, cuda_graphs: bool = False,
-          model: torch.nn.Module | None = None, example_inputs: Any = None,
-          example_kwargs: dict | None = None, reps: int = 20, warmup: int = 3) -> SessionPatch:
-    """The session's winning kernels, compiled and loaded on ``device`` (default: the current
-    CUDA device), as a context manager that patches them in while active::
-
-        with kforge.patch(3, model=model, example_inputs=(x,)) as p:
-            model(x)
-        print(p.report())
-
-    With ``model`` and ``example_inputs`` (a tensor or a tuple of arguments), each winner is
-    tried in whole forwards of the model on those inputs (``reps`` timed after ``warmup``) and
-    kept only where the forward gets faster beyond the timing noise, so the patched model is
-    never slower than eager by that measurement (``p.selection`` has every trial). Without them,
-    the winners are chosen by projection: every winner with ``cuda_graphs=True`` (the model is
-    captured and replayed as CUDA graphs), otherwise only those projected to save more than their
-    Python guard costs. ``cuda_graphs=True`` with a model measures CUDA graph replays. Kernels
-    of fusion regions run only in a patch that knows the model (``model=``, or
-    ``patch.for_model(model)``): they replace the forwards of the modules that are the region.
-    """
+def load_patch(session_id: int, *, db: str | os.PathLike[str] | None = None,
+               device: str | torch.device | None = None,
+               cuda_graphs: bool = False) -> SessionPatch:
+    """The session's winning kernels compiled and loaded on ``device`` (default: the current
+    CUDA device): with ``cuda_graphs`` every winner, else only those projected to pay for their
+    guard (``kforge.patch`` chooses them by measurement where it has the model)."""
     cuda = cuda_device(device, "kforge.patch")
-    if model is not None and example_inputs is None:
-        raise KforgeError("kforge.patch(model=...) needs example_inputs= too: the winners are "
-                          "chosen by timing forwards of the model on them")
     arch = device_arch(cuda)
-    plan = read_plan(db_path(db), session_id, runs_on=arch,
-                     graphs=cuda_graphs or model is not None)
+    plan = read_plan(db_path(db), session_id, runs_on=arch, graphs=cuda_graphs)
     check_arch(plan, cuda)
-    built = build_patch(plan, cuda)
-    if model is None:
-        return built
-    from kforge.integrate.measure import loaded_forward
-
-    args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
-    return select_measured(built, loaded_forward(model, args, example_kwargs),
-                           cuda_graphs=cuda_graphs, reps=reps, warmup=warmup)
-
-
-def select_measured(patch: SessionPatch, loaded: LoadedModel, *, cuda_graphs: bool,
-                    reps: int = 20, warmup: int = 3) -> SessionPatch:
-    """The patch with only the kernels that make ``loaded``'s whole forward faster beyond noise
-    (run eagerly, or as CUDA graph replays); a note for each one dropped, saying why."""
-    from kforge.integrate.measure import choose
-
-    bound = patch if patch.model is not None else patch.for_model(loaded.model)
-    table, selection = choose(loaded, bound, cuda_graphs=cuda_graphs, order=by_saving(patch),
-                              reps=reps, warmup=warmup)
-    notes = [*patch.notes, *(f"{t.winner.label or t.winner.op}: kept on eager, {t.reason}"
-                             for t in selection.dropped)]
-    return SessionPatch(patch.plan, table, notes, selection, patch.model or loaded.model)
+    return build_patch(plan, cuda)
 
 
 def projected_patch(patch: SessionPatch) -> SessionPatch:

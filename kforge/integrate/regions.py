@@ -5,7 +5,7 @@ front of that operator runs kforge's kernel for the exact variant it won on.
 A call with other arguments (keywords, another shape) still runs the region's operator, whose
 own implementation is the module's chain of aten calls: the same result as the module's forward.
 Compiled models need no swap: kforge's compile backend finds every region's chain in the graph
-itself (``kforge.integrate.fusion``), whole module forward or not.
+itself (Inductor's pattern matcher, ``kforge.integrate.backend``), whole module forward or not.
 """
 
 from __future__ import annotations

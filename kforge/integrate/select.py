@@ -42,6 +42,8 @@ class Trial(Generic[K]):
             return f"the model is {self.speedup:.3f}x faster with it (noise ±{self.spread:.1%})"
         if self.speedup < 1.0:
             return f"the model is slower with it ({self.speedup:.3f}x)"
+        if self.speedup > 1.0 + self.spread:
+            return f"the model is {self.speedup:.3f}x with it, below the minimum gain"
         return (f"the model is {self.speedup:.3f}x with it, inside the timing noise "
                 f"(±{self.spread:.1%})")
 
@@ -65,8 +67,11 @@ class Selection(Generic[K]):
         return tuple(t for t in self.trials if not t.kept)
 
 
-def select(winners: Sequence[K], measure: Callable[[frozenset[K]], Timing]) -> Selection[K]:
-    """Greedy forward selection of ``winners`` (tried in the given order) by whole-model time."""
+def select(winners: Sequence[K], measure: Callable[[frozenset[K]], Timing], *,
+           min_gain: float = 1.0) -> Selection[K]:
+    """Greedy forward selection of ``winners`` (tried in the given order) by whole-model time;
+    a winner is kept where it makes the model faster beyond noise and by at least
+    ``min_gain``."""
     kept: list[K] = []
     baseline = current = measure(frozenset())
     trials = []
@@ -74,7 +79,7 @@ def select(winners: Sequence[K], measure: Callable[[frozenset[K]], Timing]) -> S
         timing = measure(frozenset([*kept, winner]))
         speedup = current.median_us / timing.median_us if timing.median_us > 0 else 0.0
         spread = combined_spread(timing, current)
-        keep = significant_win(speedup, spread)
+        keep = significant_win(speedup, spread) and speedup >= min_gain
         trials.append(Trial(winner, timing, speedup, spread, keep))
         if keep:
             kept.append(winner)

@@ -22,7 +22,8 @@ from tests.doubles import sample_cards
 def measured(mode: str, median_us: float | None) -> Measured:
     timing = Timing(median_us=median_us, p10_us=median_us, p90_us=median_us, reps=20) \
         if median_us else None
-    return Measured(MODES[mode].label, timing, mode=mode)
+    return Measured(MODES[mode].label, timing, mode=mode,
+                    ran=2 if mode.endswith("+kforge") else None)
 
 
 @pytest.fixture
@@ -39,12 +40,18 @@ def test_a_measurement_keeps_each_modes_speedup_over_eager_and_kforges_gains(res
                                            "graphs+kforge": 2.5, "compile": 2000 / 900})
     assert kept.gains == pytest.approx({"eager+kforge": 1.25, "graphs+kforge": 1.25})
     assert kept.projected == 1.31
+    assert kept.times_us == {"eager": 2000.0, "eager+kforge": 1600.0, "graphs": 1000.0,
+                             "graphs+kforge": 800.0, "compile": 900.0}
+    assert kept.kernels == {"eager+kforge": 2, "graphs+kforge": 2, "compile+kforge": 2}
+    assert kept.spreads == {mode: 1.0 for mode in kept.times_us}
 
 
 def test_without_an_eager_timing_only_the_gains_are_kept():
     result = E2eResult([measured("eager", None), measured("graphs", 1000.0),
                         measured("graphs+kforge", 500.0)], Report([], {}), projected=1.2)
-    assert model_measurement(result) == ModelMeasured({}, {"graphs+kforge": 2.0}, 1.2)
+    assert model_measurement(result) == ModelMeasured(
+        {}, {"graphs+kforge": 2.0}, 1.2, times_us={"graphs": 1000.0, "graphs+kforge": 500.0},
+        kernels={"graphs+kforge": 2}, spreads={"graphs": 1.0, "graphs+kforge": 1.0})
 
 
 def test_e2e_stores_the_measurement_and_show_prints_it(tmp_path: Path, result, capsys):

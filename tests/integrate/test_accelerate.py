@@ -15,7 +15,7 @@ from kforge.capture import ModelOptions, load_model
 from kforge.cli.main import main
 from kforge.core.candidate import Timing
 from kforge.errors import KforgeError
-from kforge.integrate import measure, patching
+from kforge.integrate import decide, measure, patching
 from kforge.integrate.graphs import cuda_device_of
 from kforge.runtime import cubin as runtime
 from kforge.runtime.guard import Patch
@@ -73,11 +73,11 @@ def test_kernels_are_chosen_by_the_whole_forwards_they_time(monkeypatch):
         us = 1000.0 + sum(EFFECT_US[op] for op in calls)
         return {subject.name: Timing(us, us * 0.99, us * 1.01, reps)}
 
-    monkeypatch.setattr(measure, "time_forwards", fake_time_forwards)
+    monkeypatch.setattr(decide, "time_forwards", fake_time_forwards)
     by_op = {e.op: e for e in table.entries}
     order = [by_op[op] for op in ("aten.gelu.default", "aten._softmax.default",
                                   "aten.native_layer_norm.default")]
-    kept, selection = measure.choose(toy, Patch(table), cuda_graphs=False, order=order)
+    kept, selection = decide.choose(toy, Patch(table), cuda_graphs=False, order=order)
     assert {e.op for e in kept.entries} == {"aten._softmax.default",
                                             "aten.native_layer_norm.default"}
     assert [t.winner.op for t in selection.dropped] == ["aten.gelu.default"]
@@ -101,7 +101,7 @@ def test_patch_with_a_model_keeps_the_winners_its_forwards_favour(tmp_path, monk
         us = 1000.0 + sum(EFFECT_US[k.op] for k in trial.report().kernels if k.hits)
         return {subject.name: Timing(us, us * 0.99, us * 1.01, reps)}
 
-    monkeypatch.setattr(measure, "time_forwards", fake_time_forwards)
+    monkeypatch.setattr(decide, "time_forwards", fake_time_forwards)
     with pytest.raises(KforgeError, match=r"patch\(model=...\) needs example_inputs= too"):
         kforge.patch(sid, db=db, model=toy.model)
     chosen = kforge.patch(sid, db=db, model=toy.model, example_inputs=toy.args)
@@ -138,7 +138,9 @@ def cpu_as_gpu(monkeypatch):
             timed.append(subject.name)
         return timings
 
-    monkeypatch.setattr(measure, "time_forwards", fake_time_forwards)
+    monkeypatch.setattr(decide, "time_forwards", fake_time_forwards)
+    monkeypatch.setattr(measure, "time_subjects", lambda *a, **k: {
+        name: (timing, None) for name, timing in fake_time_forwards(*a[:4]).items()})
     return timed
 
 

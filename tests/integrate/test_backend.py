@@ -9,20 +9,21 @@ from collections import Counter
 
 import pytest
 import torch
+from torch._inductor.custom_graph_pass import CustomGraphPass
 
 import kforge
-from kforge.core.argspec import encode_call, resolve_op
 from kforge.errors import KforgeError
 from kforge.integrate.backend import (
     GRADIENTS,
     OTHER_DEVICE,
+    OTHER_VARIANT,
     SYMBOLIC,
-    KernelOp,
+    KernelPass,
     KforgeWarning,
-    backend,
+    inductor_fuses,
     tensor_paths,
-    variant_key,
 )
+from kforge.integrate.decide import backend
 from kforge.runtime.guard import Patch
 from kforge.runtime.table import Entry, KernelTable
 from tests.integrate.helpers import WINNING_OPS, profile_toy
@@ -47,9 +48,11 @@ def table_of(cards, calls: Counter, *, device: str = "cpu", fail: bool = False) 
 
 @pytest.fixture(autouse=True)
 def fresh_dynamo():
-    """Every test compiles the same model code: start each from empty Dynamo caches."""
+    """Every test compiles the same model code: start each from empty Dynamo caches, and
+    compile it (kforge's pass runs) rather than take Inductor's cached graph."""
     torch._dynamo.reset()
-    yield
+    with torch._inductor.config.patch(fx_graph_cache=False):
+        yield
     torch._dynamo.reset()
 
 
@@ -102,8 +105,8 @@ def test_calls_of_other_shapes_keep_inductors_code_and_warn_once(cards, toy):
     assert calls == {}
     assert chosen.report.graphs == 2 and chosen.report.nodes == 0
     (message,) = kforge_warnings(caught)
-    assert "never with a variant a kernel was verified on" in message
-    assert "aten._softmax.default x2" in message
+    assert f"call(s) shaped like a kernel's: {OTHER_VARIANT}" in message
+    assert chosen.report.kept[OTHER_VARIANT] == 2 * 3 * CALLS_PER_FORWARD
 
 
 def test_symbolic_sizes_keep_inductors_code(cards, toy):
@@ -180,10 +183,10 @@ def test_a_failure_in_kforges_part_compiles_with_inductor_alone(cards, toy, monk
     model, x = toy
     calls: Counter = Counter()
 
-    def broken(self, *tensors):
-        raise ValueError("no meta for this one")
+    def broken(self, graph):
+        raise ValueError("a pass that breaks")
 
-    monkeypatch.setattr(KernelOp, "fake", broken)
+    monkeypatch.setattr(KernelPass, "__call__", broken)
     chosen = backend(table_of(cards, calls))
     with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -206,7 +209,7 @@ def test_a_session_that_cannot_load_here_leaves_inductor_alone_with_one_warning(
     assert message.endswith("Inductor alone compiles the model")
     with torch.no_grad():
         assert close(compiled(x), model(x))
-    assert compiled.kforge_backend.report.graphs == 0
+    assert compiled.kforge_backend.report.nodes == 0
 
 
 def test_a_patch_with_notes_and_no_kernels_says_why():
@@ -230,19 +233,8 @@ def test_compile_modes_and_options_are_checked_when_the_backend_is_made():
     assert chosen.inductor.config["epilogue_fusion"] is False
 
 
-def test_a_variant_is_the_same_however_its_arguments_are_passed():
+def test_a_kernels_inputs_are_its_calls_tensors_in_schema_order():
     x, w = torch.randn(2, 3), torch.randn(3)
-
-    def key(op: str, args: list, kwargs: dict):
-        return variant_key(op, *encode_call(resolve_op(op), args, kwargs))
-
-    gelu = "aten.gelu.default"
-    assert key(gelu, [x], {"approximate": "none"}) == key(gelu, [x], {})
-    assert key(gelu, [x], {"approximate": "tanh"}) != key(gelu, [x], {})
-    softmax = "aten._softmax.default"
-    assert key(softmax, [x, -1, False], {}) != key(softmax, [x, 1, False], {})
-    assert key(softmax, [x, 1, False], {}) == key(softmax, [x], {"dim": 1, "half_to_float": False})
-    assert key(softmax, [x, 1, False], {}) != key(softmax, [x.t().contiguous().t(), 1, False], {})
     norm = "aten.native_layer_norm.default"
     assert tensor_paths(norm, [x, [3], w, None, 1e-5], {}) == [("input", ""), ("weight", "")]
     assert tensor_paths("aten.cat.default", [[x, x]], {"dim": 0}) == [("tensors", "[0]"),
@@ -253,3 +245,56 @@ def test_measured_choice_needs_a_session(toy):
     model, x = toy
     with pytest.raises(KforgeError, match="chooses among a session's kernels"):
         kforge.compile(model, KernelTable(), example_inputs=x)
+
+
+def test_inductors_fx_graph_cache_serves_the_kernels_graph_again(cards, toy, tmp_path,
+                                                                 monkeypatch):
+    model, x = toy
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    calls: Counter = Counter()
+    table = table_of(cards, calls)
+    with torch.no_grad(), torch._inductor.config.patch(fx_graph_cache=True):
+        first = backend(table)
+        torch.compile(model, backend=first)(x)
+        torch._dynamo.reset()  # (clears the counters too)
+        again = backend(table)
+        got = torch.compile(model, backend=again)(x)
+    assert torch._dynamo.utils.counters["inductor"]["fxgraph_cache_hit"] == 1
+    assert first.report.nodes == 3 * CALLS_PER_FORWARD and again.report.cached == 1
+    assert close(got, model(x)) and calls == {op: 2 * CALLS_PER_FORWARD for op in WINNING_OPS}
+
+
+def test_the_graph_holds_a_kforge_node_for_each_kernel_the_report_names_and_no_other(cards, toy):
+    model, x = toy
+    kept = [c for c in cards if c.op != "aten.gelu.default"]  # a selection left gelu out
+    chosen = backend(table_of(kept, Counter()))
+    graphs = []
+    with torch.no_grad(), torch._inductor.config.patch(
+            post_grad_custom_post_pass=_Spy(graphs)):
+        torch.compile(model, backend=chosen)(x)
+    (graph,) = graphs
+    in_graph = {str(n.target) for n in graph.nodes if str(n.target).startswith("kforge.")}
+    labels = {str(k.overload): k.label for k in chosen.kernels}
+    assert {labels[name] for name in in_graph} == chosen.report.kernels() == {
+        c.short_op for c in kept}
+
+
+class _Spy(CustomGraphPass):
+    """A user's own post-grad pass: it sees the graph after kforge's."""
+
+    def __init__(self, graphs: list) -> None:
+        self.graphs = graphs
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        self.graphs.append(graph)
+
+    def uuid(self) -> str:
+        return "spy"
+
+
+def test_ops_inductor_fuses_are_told_from_those_it_calls_as_they_are():
+    fused = ["aten._softmax.default", "aten.native_layer_norm.default", "aten.gelu.default",
+             "aten.mul.Tensor"]
+    called = ["aten.mm.default", "aten.addmm.default", "aten.convolution.default",
+              "aten._scaled_dot_product_flash_attention.default"]
+    assert [inductor_fuses(op) for op in fused + called] == [True] * 4 + [False] * 4

@@ -48,3 +48,13 @@ def test_the_tables_show_every_mode_and_geometric_means():
     assert "| **geomean** | | | 1.414x | 1.000x |" in text
     assert "| a | - | - | 2.0 | 2.0 6 nodes |" in text
     assert text.endswith("c failed: RuntimeError: kforge profile failed")
+
+
+def test_a_mode_handed_back_to_inductor_says_no_kernels_and_the_aa_control_has_a_column():
+    result = record("a", {"eager": 2000.0, "compile": 1000.0, "compile+aa": 1010.0,
+                          "compile+kforge": 1000.0})
+    result["modes"]["compile+kforge"].update(ran=0, tried_us=1250.0)
+    text = bench_e2e.tables([result])
+    assert "| model | eager | compile | compile A/A (kforge, no kernels) | compile + kforge |" in (
+        text)
+    assert "| a | 3 | 1.200x | no kernels (tried 0.800x) |" in text

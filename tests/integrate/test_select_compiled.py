@@ -8,9 +8,13 @@ import dataclasses
 import time
 from collections import Counter
 
+import pytest
 import torch
 
-from kforge.integrate.measure import by_compiled_saving, choose_compiled
+from kforge.core.candidate import Timing
+from kforge.integrate import decide, measure
+from kforge.integrate.backend import KforgeWarning
+from kforge.integrate.decide import by_compiled_saving, choose_compiled
 from kforge.integrate.patching import SessionPatch
 from kforge.integrate.plan import SessionPlan
 from kforge.integrate.winners import Decision
@@ -56,8 +60,41 @@ def test_a_kernel_that_slows_the_compiled_model_is_left_to_inductor():
     # 10: no compiled baseline), layer norm nothing (7.1 us against 5)
     assert [e.key for e in order] == [softmax.key, gelu.key]
     with torch.no_grad():
-        kept, selection = choose_compiled(loaded, patch, reps=3, warmup=1)
+        kept, selection = choose_compiled(loaded, patch, reps=5, warmup=2)
     assert len(selection.trials) == 2 and not kept.entries
-    assert all("slower" in t.reason for t in selection.trials)
+    assert all("slower" in t.reason for t in selection.trials), [t.reason for t in
+                                                                 selection.trials]
     assert norm.op not in calls  # never tried
     torch._dynamo.reset()
+
+
+def test_compile_hands_back_torch_compiles_own_model_where_kforges_is_slower(monkeypatch):
+    torch._dynamo.reset()
+    loaded, result = profile_toy("cpu")
+    card = next(c for c in result.cards if c.op == "aten._softmax.default")
+    calls: Counter = Counter()
+    table = KernelTable([Entry(card.op, card.args, card.kwargs, Counting(card.op, calls),
+                               torch.device("cpu"), label=card.short_op, key=card.key)])
+    session = Session(id=1, model="toy", gpu={}, settings={}, status="done", error="",
+                      created_at=0.0, updated_at=0.0)
+    patch = SessionPatch(SessionPlan(session, [Decision(card, True, "faster", speedup=2.0)]),
+                         table, [])
+    monkeypatch.setattr(measure, "cuda_device_of", lambda *a: torch.device("cpu"))
+    monkeypatch.setattr(decide, "choose_compiled", lambda *a, **k: (table, None))
+    monkeypatch.setattr(decide, "time_forwards", lambda loaded, subjects, reps, warmup: {
+        "alone": timing(1000.0), "kforge": timing(1100.0)})
+    with pytest.warns(KforgeWarning, match="0.909x of torch.compile alone .*Inductor's own "
+                                           "result is handed back"):
+        compiled = decide.compile(loaded.model, patch, example_inputs=loaded.args, reps=2,
+                                  warmup=1)
+    assert not compiled.kforge_verdict.kept and not hasattr(compiled, "kforge_backend")
+    assert calls[card.op] > 0  # kforge's version was compiled and run, then left out
+    calls.clear()
+    with torch.no_grad():
+        assert torch.allclose(compiled(*loaded.args), loaded.model(*loaded.args), atol=1e-5)
+    assert calls == {}
+    torch._dynamo.reset()
+
+
+def timing(median_us: float) -> Timing:
+    return Timing(median_us, 0.99 * median_us, 1.01 * median_us, 20)
