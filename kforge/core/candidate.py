@@ -68,12 +68,22 @@ class EvalStatus(StrEnum):
 
 @dataclass(frozen=True)
 class Timing:
-    """Per-call statistics of one timed subject, in microseconds."""
+    """One timed subject, in microseconds. ``median_us``, ``p10_us``, ``p90_us`` and ``reps``
+    are the distribution of its DEVICE time per call (GPU time with no host gaps; see
+    ``docs/evaluation.md``); ``host_us`` is the CPU time to issue one call and ``wall_us`` the
+    time per call of calls issued back to back (max of host and device), where measured. Rows
+    stored before those two figures existed load with None."""
 
     median_us: float
     p10_us: float
     p90_us: float
     reps: int
+    host_us: float | None = None
+    wall_us: float | None = None
+
+    @property
+    def device_us(self) -> float:
+        return self.median_us
 
     @property
     def spread(self) -> float:
@@ -115,7 +125,7 @@ class EvalOutcome:
     @classmethod
     def from_dict(cls, data: dict) -> EvalOutcome:
         def timing(value: Any) -> Timing | None:
-            return Timing(**value) if value else None
+            return timing_from(value) if value else None
 
         extra = dict(data.get("extra") or {})
         # Outcomes stored before ``restart`` was a field carried it in ``extra``.
@@ -136,9 +146,37 @@ class EvalOutcome:
         )
 
 
+def timing_from(data: dict) -> Timing:
+    """A stored Timing; keys it does not know (a later version's) are dropped."""
+    known = Timing.__dataclass_fields__
+    return Timing(**{k: v for k, v in data.items() if k in known})
+
+
+# How far eager's device time may sit from the profile's GPU time per call for the same variant
+# before the baseline is not trusted (a window holding host time, another variant, a cold cache).
+PROFILE_AGREEMENT = 0.20
+
+
+def profile_disagreement(device_us: float, profile_us: float | None) -> str:
+    """Why eager's ``device_us`` cannot stand beside the profile's ``profile_us``; "" where they
+    agree within ``PROFILE_AGREEMENT`` or there is no profile figure to check against."""
+    if profile_us is None or profile_us <= 0 or device_us <= 0:
+        return ""
+    ratio = device_us / profile_us
+    if abs(ratio - 1.0) <= PROFILE_AGREEMENT:
+        return ""
+    return (f"eager's device time {device_us:.1f} us is {ratio:.2f}x the profile's "
+            f"{profile_us:.1f} us per call (more than {PROFILE_AGREEMENT:.0%} apart): "
+            "no speedup is computed from this baseline until they agree")
+
+
 @dataclass(frozen=True)
 class Baseline:
-    """Eager and torch.compile times for a card, and its physical floor, measured once per card."""
+    """Eager and torch.compile times for a card, and its physical floor, measured once per card.
+
+    ``profile_us`` is the GPU time per call of the card's variant in the model's own profile;
+    ``profile_check`` is empty when eager's device time agrees with it (or there is nothing to
+    check), else the reason it does not: such a baseline gives no speedup until it agrees."""
 
     eager: Timing
     compiled: Timing | None = None
@@ -147,6 +185,18 @@ class Baseline:
     note: str = ""
     # The CUDA kernels one eager call launches, longest first: {"name", "us" (per call), "calls"}
     eager_kernels: list[dict] = field(default_factory=list)
+    profile_us: float | None = None
+    profile_check: str = ""
+
+    @property
+    def trusted(self) -> bool:
+        return not self.profile_check
+
+    def speedup(self, device_us: float | None) -> float | None:
+        """Eager's device time over ``device_us``; None where this baseline is not trusted."""
+        if not self.trusted or not device_us or device_us <= 0:
+            return None
+        return self.eager.device_us / device_us
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -154,9 +204,12 @@ class Baseline:
     @classmethod
     def from_dict(cls, data: dict) -> Baseline:
         compiled = data.get("compiled")
-        return cls(eager=Timing(**data["eager"]), compiled=Timing(**compiled) if compiled else None,
+        return cls(eager=timing_from(data["eager"]),
+                   compiled=timing_from(compiled) if compiled else None,
                    compile_s=data.get("compile_s"), floor_us=data.get("floor_us"),
-                   note=data.get("note", ""), eager_kernels=list(data.get("eager_kernels") or []))
+                   note=data.get("note", ""), eager_kernels=list(data.get("eager_kernels") or []),
+                   profile_us=data.get("profile_us"),
+                   profile_check=data.get("profile_check", ""))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,86 @@
+"""The held-stream timer on a real GPU: a host slow to issue a call is timed as its GPU time, a
+hold the host never releases gives up by itself, a call that synchronizes cannot hang the loop,
+and a multi-op eager chain's device time agrees with the kernel time torch.profiler sees."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from kforge.core.settings import TimingPlan
+from kforge.eval.baseline import eager_kernels
+from kforge.eval.local import device_context
+from kforge.eval.timing import time_interleaved
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+PLAN = TimingPlan(warmup=2, min_reps=24, max_reps=24, budget_s=0.01)
+
+
+def test_a_host_far_slower_than_its_kernel_is_timed_as_the_kernel():
+    runtime = device_context(0).runtime
+    with runtime.scope():
+        x = torch.ones(1024, device=runtime.device)
+
+        def slow_host(r: int) -> torch.Tensor:
+            time.sleep(0.002)  # 2 ms of Python before a kernel of a few us
+            return x + 1
+
+        timing = time_interleaved({"slow": slow_host}, runtime, PLAN).timings["slow"]
+    print(timing)
+    assert timing.device_us < 25, timing
+    assert timing.host_us > 1500 and timing.wall_us > 1500, timing
+
+
+def test_a_hold_never_released_gives_up_by_itself():
+    runtime = device_context(0).runtime
+    with runtime.scope():
+        x = torch.ones(1024, device=runtime.device)
+        runtime.hold(0.05)
+        y = x + 1
+        time.sleep(0.3)  # the host never releases within the timeout
+        start = time.perf_counter()
+        assert runtime.release() is False
+        assert time.perf_counter() - start < 1.0
+        assert float(y[0].item()) == 2.0  # the stream runs on after it
+        runtime.hold(1.0)
+        z = x + 2
+        assert runtime.release() is True and float(z[0].item()) == 3.0
+
+
+def test_a_call_that_waits_for_the_gpu_cannot_hang_the_loop():
+    runtime = device_context(0).runtime
+    with runtime.scope():
+        x = torch.ones(4096, device=runtime.device)
+        start = time.perf_counter()
+        run = time_interleaved({"syncs": lambda r: float((x * 2).sum().item())}, runtime,
+                               TimingPlan(warmup=1, min_reps=8, max_reps=8, budget_s=0.01))
+    print(run.notes, run.timings["syncs"])
+    assert time.perf_counter() - start < 10.0
+    assert any("without a hold" in note for note in run.notes)
+    assert run.timings["syncs"].reps == 8
+
+
+def test_an_eager_chain_times_as_the_kernels_the_profiler_sees():
+    """An RMSNorm written as eager ops (Llama's, bf16 [1, 512, 4096]): 7 kernels whose launches
+    take the host longer than the GPU takes to run them."""
+    runtime = device_context(0).runtime
+    with runtime.scope():
+        x = torch.randn(1, 512, 4096, device=runtime.device, dtype=torch.bfloat16)
+        w = torch.randn(4096, device=runtime.device, dtype=torch.bfloat16)
+
+        def rms_norm(r: int) -> torch.Tensor:
+            h = x.to(torch.float32)
+            var = h.pow(2).mean(-1, keepdim=True)
+            return w * (h * torch.rsqrt(var + 1e-6)).to(torch.bfloat16)
+
+        timing = time_interleaved({"eager": rms_norm}, runtime, PLAN).timings["eager"]
+        kernels = eager_kernels(lambda: rms_norm(0), runtime)
+    profiled = sum(k["us"] for k in kernels)
+    print(f"device {timing.device_us:.1f} us, host {timing.host_us:.1f} us, wall "
+          f"{timing.wall_us:.1f} us; profiler kernel sum {profiled:.1f} us over {len(kernels)}")
+    # The flush leaves L2 cold for the timed call, not for the profiled ones: allow for it.
+    assert 0.8 * profiled <= timing.device_us <= 1.35 * profiled + 5, (timing, kernels)
