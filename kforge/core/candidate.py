@@ -91,11 +91,26 @@ class Timing:
         return (self.p90_us - self.p10_us) / self.median_us if self.median_us > 0 else math.inf
 
 
+# A speedup above this over eager's device time is held: not crowned until re-timed on fresh
+# inputs in a fresh worker (the confirmation run; KernelBench flags the same bound).
+HELD_SPEEDUP = 10.0
+
+
+def held_reason(speedup: float | None) -> str:
+    """Why an outcome with ``speedup`` is held; "" where it is not."""
+    if speedup is None or speedup <= HELD_SPEEDUP:
+        return ""
+    return (f"{speedup:.1f}x eager's device time is above {HELD_SPEEDUP:.0f}x: held until "
+            "re-timed on fresh inputs in a fresh worker")
+
+
 @dataclass(frozen=True)
 class EvalOutcome:
     """The full verdict on one candidate: compile, correctness and timing.
 
-    ``speedup`` is eager median over candidate median, measured interleaved in the same run.
+    ``speedup`` is eager's median device time over the candidate's, measured interleaved in the
+    same run. ``extra["held"]`` (``held_reason``) marks a speedup too large to believe before it
+    is re-timed in a fresh worker; the confirmation run's outcome carries ``extra["confirmed"]``.
     ``restart`` says the evaluation left its process unfit for another (a dead GPU context,
     replaced timers, threads left running): the worker that ran it must be replaced.
     """
@@ -116,6 +131,11 @@ class EvalOutcome:
     @property
     def ok(self) -> bool:
         return self.status is EvalStatus.OK
+
+    @property
+    def held(self) -> bool:
+        """A speedup above ``HELD_SPEEDUP`` not yet re-timed by a confirmation run."""
+        return bool(self.extra.get("held")) and not self.extra.get("confirmed")
 
     def to_dict(self) -> dict:
         data = asdict(self)

@@ -34,12 +34,20 @@ from typing import Any, Protocol
 import torch
 
 from kforge.core.argspec import resolve_op
-from kforge.core.candidate import Candidate, EvalOutcome, EvalStatus, Timing
+from kforge.core.candidate import (
+    Candidate,
+    EvalOutcome,
+    EvalStatus,
+    Timing,
+    held_reason,
+    profile_disagreement,
+)
 from kforge.core.gpu import GpuInfo
 from kforge.core.launch_plan import PlanError, PlanNotApplicable
 from kforge.core.opcard import OpCard
 from kforge.core.settings import EvalSettings
 from kforge.errors import KforgeError
+from kforge.eval.baseline import profile_us_of
 from kforge.eval.compare import compare_values, tolerance_for
 from kforge.eval.counters import CounterReport, measure_counters
 from kforge.eval.device import Runtime
@@ -570,15 +578,20 @@ def evaluate_candidate(card: OpCard, candidate: Candidate, *, runtime: Runtime,
                                 restart=True)
         return outcome_from(EvalStatus.INFRA, f"evaluator error: {type(exc).__name__}: {exc}",
                             started, compiled, extra={"traceback": traceback.format_exc()[-4000:]})
-    speedup = eager.median_us / timing.median_us if timing.median_us > 0 else None
+    speedup = eager.device_us / timing.device_us if timing.device_us > 0 else None
     moved = work["read_bytes"] + work["write_bytes"]
     extra = {"launches": len(runner.plan.launches), "device": str(runtime.device), **work}
+    if held := held_reason(speedup):
+        extra["held"] = held
+    if runtime.device.type == "cuda" and (
+            check := profile_disagreement(eager.device_us, profile_us_of(card))):
+        extra["profile_check"] = check
     if work["flops"]:
         extra["tflops"] = work["flops"] / (timing.median_us * 1e6)
     floor = work["floor_us"]
     return outcome_from(
         EvalStatus.OK,
-        f"{speedup:.2f}x eager ({timing.median_us:.1f} us vs {eager.median_us:.1f} us)"
+        f"{speedup:.2f}x eager (device {timing.device_us:.1f} us vs {eager.device_us:.1f} us)"
         if speedup else "ok", started, compiled,
         correctness=correctness, timing=timing, eager=eager, speedup=speedup,
         bandwidth_gbs=moved / (timing.median_us * 1e3) if timing.median_us > 0 else None,
