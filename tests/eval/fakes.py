@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import re
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -653,3 +654,32 @@ def rms_norm_rows(k: Launch, x, w, out, cols, eps):
 def relu_off_by_one(k: Launch, x, out, n):
     n = int(n) + 1  # `i <= n`: one element past the input read, and past the output written
     elements(out, n).copy_(torch.relu(elements(x, n)))
+
+
+# ----- red team, deferred work across timed calls (tests.eval.redteam, issue 30 class 1) -----
+
+
+@standin("defer_step")
+def defer_step(k: Launch, out, honest, slow, deferred):
+    g = k.globals
+    c = g.get("defer_calls", 0)
+    g["defer_calls"] = c + 1
+    g["defer_fill"], g["defer_last"], g["defer_mode"] = g.get("defer_last"), None, 0
+    honest, slow, deferred = int(honest), int(slow), int(deferred)
+    if honest <= c < honest + slow:
+        g["defer_mode"] = 2
+    elif honest + slow <= c and c + 1 < honest + slow + deferred:
+        g["defer_mode"], g["defer_last"] = 1, out
+
+
+@standin("defer_softmax")
+def defer_softmax(k: Launch, x, out, cols):
+    g, count, cols = k.globals, k.grid[0], int(cols)
+    if g["defer_fill"] is not None:
+        softmax_rows(g["defer_stash"], g["defer_fill"], count, cols)
+    if g["defer_mode"] == 1:
+        g["defer_stash"] = rows(x, count, cols).clone()
+        return
+    if g["defer_mode"] == 2:
+        time.sleep(0.02)
+    softmax_rows(x, out, count, cols)
