@@ -16,6 +16,8 @@
 #   bash bench/run_gpu.sh regions        # region kernels one by one vs eager and compiled chains
 #   bash bench/run_gpu.sh integration    # GPU tests of the compile backend, regions, matmuls,
 #                                        # the new library families and the hardware counters
+#   bash bench/run_gpu.sh timing         # the held-stream timer's GPU tests; per searched card
+#                                        # of three models, profile vs eager device/host/wall time
 #   CUDA_VISIBLE_DEVICES=1 bash bench/run_gpu.sh models
 set -u
 track=${1:?name a track: tests or models}
@@ -74,6 +76,12 @@ case $track in
         tests/eval/test_counters.py
     step 250 python3 -m pytest -m gpu -q -p no:cacheprovider --timeout 120 -rf \
         tests/propose/test_matmul_gpu.py tests/propose/test_library_gpu.py
+    ;;
+  timing)
+    step 90 python3 -m pytest -m gpu -q -p no:cacheprovider --timeout 60 -rA -s \
+        tests/eval/test_timing_gpu.py
+    step 280 python3 bench/bench_timing.py --top 3 --iterations 3 --out "$out/timing" \
+        --work "$work/timing"
     ;;
   *) echo "unknown track $track" >&2; exit 2 ;;
 esac
