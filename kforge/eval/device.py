@@ -186,7 +186,7 @@ class CudaRuntime:
         flag, timed_out = flags.pointers()
         with torch.cuda.stream(self.stream):
             module.launch(HOLD_KERNEL, (1,), (1,), 0,
-                          [np.uint64(flag), np.uint64(timed_out), np.uint64(int(timeout_s * 1e9))])
+                          [flag, timed_out, np.uint64(int(timeout_s * 1e9))])
 
     def release(self) -> bool:
         """Let the held stream go and wait for it; False when the hold had already given up
