@@ -156,11 +156,16 @@ class _Loop:
         if held:
             low, high = HOLD_TIMEOUT_S
             self.runtime.hold(min(high, max(low, HOLD_MARGIN * queue_s * len(rounds))))
-        for r in rounds:
-            current = {}  # this round's results stay alive until the next round has run
-            for name in self.names if r % 2 == 0 else reversed(self.names):
-                current[name] = (r, self.call(name, r, timed=True, pending=pending))
-            last = current
+        try:
+            for r in rounds:
+                current = {}  # this round's results stay alive until the next round has run
+                for name in self.names if r % 2 == 0 else reversed(self.names):
+                    current[name] = (r, self.call(name, r, timed=True, pending=pending))
+                last = current
+        except BaseException:
+            if held:  # a call that failed leaves no stream held behind it
+                self.runtime.release()
+            raise
         clean = self.runtime.release() if held else True
         self.runtime.sync()
         if clean:

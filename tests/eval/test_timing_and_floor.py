@@ -242,3 +242,32 @@ def test_an_embedding_lookup_is_not_charged_for_the_rows_it_does_not_read(tmp_pa
     indices = R.TOKENS * 8
     assert outcome.extra["read_bytes"] == indices
     assert outcome.extra["write_bytes"] == R.TOKENS * R.EMBED_DIM * 4
+
+
+def test_a_call_that_fails_releases_the_hold_before_the_error_goes_on():
+    runtime = QueueRuntime()
+    releases: list[bool] = []
+    release = runtime.release
+    runtime.release = lambda: releases.append(True) or release()  # type: ignore[method-assign]
+
+    def fails_when_timed(r: int) -> None:
+        if r >= 1:
+            raise RuntimeError("launch refused")
+
+    with pytest.raises(RuntimeError, match="launch refused"):
+        time_interleaved({"x": fails_when_timed}, runtime,
+                         TimingPlan(warmup=1, min_reps=4, max_reps=4, budget_s=0.0))
+    assert runtime.holds == 1 and releases == [True] and runtime.queue is None
+
+
+def test_the_hold_kernel_compiles_with_nvrtc():
+    from kforge.eval.device import HOLD_KERNEL, HOLD_SOURCE
+    from kforge.runtime.nvrtc import Compiler, cuda_include_dirs
+
+    try:
+        cuda_include_dirs()
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    compiled = Compiler().compile(HOLD_SOURCE, "sm_90")
+    assert compiled.ok, compiled.log
+    assert list(compiled.resources) == [HOLD_KERNEL]
