@@ -105,8 +105,12 @@ def cmd_show(args: argparse.Namespace) -> int:
                         ("status", False)):
         table.add_column(name, justify="right" if right else "left", overflow="fold")
     hidden = 0
+    untrusted: list[str] = []
     for row, inside in folded(cards, attrgetter("card")):
         c = row.card
+        check = (row.baseline or {}).get("profile_check") or ""
+        if check:
+            untrusted.append(f"card {row.id}: {check}")
         if args.targets and not c.target:
             hidden += 1
             continue
@@ -115,7 +119,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         table.add_row(str(row.id), ("└ " if inside else "") + c.short_op, c.signature[:70],
                       *((c.range_text or "-",) if ranged else ()), str(c.calls),
                       f"{100 * c.share:.1f}%", c.library, fmt_us(c.eager_us),
-                      fmt_us(c.compiled_us), fmt_speedup(row.best_speedup), kernel, host,
+                      fmt_us(c.compiled_us),
+                      "- (profile)" if check else fmt_speedup(row.best_speedup), kernel, host,
                       str(row.spent), status, style=None if c.target and not inside else "dim")
     out.print(table)
     if any(inside for _, inside in folded(cards, attrgetter("card"))):
@@ -123,6 +128,8 @@ def cmd_show(args: argparse.Namespace) -> int:
                   "includes its ops')")
     if hidden:
         out.print(f"  ({hidden} views and copies hidden: they are never targets)")
+    for line in untrusted:  # docs/evaluation.md, "Baselines against the profile"
+        out.print(f"  no speedup shown for {line}")
     return 0
 
 
