@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_e2e import HERE, kforge  # noqa: E402  (the same way of running the CLI)
+from bench_regions import model_parser, run_models  # noqa: E402
 
 SESSION = 1
 MODELS: dict[str, tuple[str, list[str]]] = {
@@ -138,39 +138,11 @@ def _x(value: float | None) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(MODELS),
-                        help=f"comma-separated, of {', '.join(MODELS)}")
-    parser.add_argument("--out", default="bench-out/timing", help="folder for the records")
-    parser.add_argument("--work", default="/tmp/kforge-timing", help="folder for the databases")
-    parser.add_argument("--top", type=int, default=3, help="op cards searched per model")
-    parser.add_argument("--iterations", type=int, default=3, help="iterations per op card")
+    parser = model_parser(__doc__, MODELS, "timing", 3, 3, 300)
     parser.add_argument("--e2e", metavar="MODES", default="",
                         help="also run kforge e2e in these modes (eager,graphs,...) and state the "
                              "projection's error per mode")
-    parser.add_argument("--step-timeout", type=float, default=300,
-                        help="seconds one kforge command may take")
-    parser.add_argument("--summary", nargs="*", help="print the table of these record files")
-    args = parser.parse_args()
-    if args.summary is not None:
-        print(table([json.loads(Path(p).read_text()) for p in args.summary]))
-        return 0
-    unknown = [m for m in args.models.split(",") if m not in MODELS]
-    if unknown:
-        parser.error(f"unknown model {unknown[0]!r}: use {', '.join(MODELS)}")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    results = []
-    for name in args.models.split(","):
-        try:
-            result = measure_model(name, args)
-        except Exception as exc:  # one model's failure is a row, not the end of the run
-            result = {"model": name, "error": f"{type(exc).__name__}: {exc}"}
-        (out / f"{name}.json").write_text(json.dumps(result, indent=1))
-        results.append(result)
-        print(table([result]), flush=True)
-    print(table(results))
-    return 0
+    return run_models(parser, MODELS, measure_model, table)
 
 
 if __name__ == "__main__":

@@ -210,8 +210,11 @@ class Evaluation:
         inputs.restore(self.written)
         return observed
 
-    def check_inputs(self, inputs: InputSet, what: str) -> None:
-        if changed := inputs.changed(set(self.written)):
+    def check_inputs(self, inputs: InputSet, what: str, seen: list[torch.Tensor] | None = None,
+                     snapshot: list[torch.Tensor] | None = None) -> None:
+        """The inputs (or ``seen``, copies of them taken right after a call) against their
+        snapshot (or ``snapshot``, taken before that call)."""
+        if changed := inputs.changed(set(self.written), seen, snapshot):
             inside = [c for c in changed if not c.startswith("the memory around")]
             if inside:
                 raise Verdict(EvalStatus.CHEAT, f"{what}: the candidate modified its inputs "
@@ -441,13 +444,7 @@ class Evaluation:
         return TimedCheck(label, values, inputs, seen, inputs.snapshot, fences, observed)
 
     def judge_timed_call(self, check: TimedCheck) -> None:
-        if changed := check.buffers.changed(set(self.written), check.seen, check.snapshot):
-            inside = [c for c in changed if not c.startswith("the memory around")]
-            if inside:
-                raise Verdict(EvalStatus.CHEAT, f"{check.label}: the candidate modified its "
-                              f"inputs ({', '.join(inside)})")
-            raise Verdict(EvalStatus.MISMATCH, f"{check.label}: the candidate wrote out of "
-                          f"bounds, into {', '.join(changed)}")
+        self.check_inputs(check.buffers, check.label, check.seen, check.snapshot)
         self.check_fences(check.fences, check.label)
         try:
             self.compare(check.observed, self.reference(check.inputs), check.inputs, check.label)

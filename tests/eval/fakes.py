@@ -673,12 +673,13 @@ def defer_step(k: Launch, out, honest, slow, deferred):
 
 
 @standin("defer_softmax")
-def defer_softmax(k: Launch, x, out, cols):
-    g, count, cols = k.globals, k.grid[0], int(cols)
+def defer_softmax(k: Launch, x, out, cols, rows_now):
+    g, count, cols, now = k.globals, k.grid[0], int(cols), int(rows_now)
     if g["defer_fill"] is not None:
-        softmax_rows(g["defer_stash"], g["defer_fill"], count, cols)
+        rows(g["defer_fill"], count, cols)[now:] = torch.softmax(g["defer_stash"][now:], -1)
     if g["defer_mode"] == 1:
-        g["defer_stash"] = rows(x, count, cols).clone()
+        g["defer_stash"] = rows(x, count, cols).float().clone()
+        softmax_rows(x, out, now, cols)
         return
     if g["defer_mode"] == 2:
         time.sleep(0.02)

@@ -1593,11 +1593,14 @@ extern "C" __global__ void defer_step(float* y, unsigned int honest, unsigned in
         g_defer_last = y;
     }
 }
-extern "C" __global__ void defer_softmax(const float* x, float* y, int cols) {
-    if (g_defer_fill) softmax_row<float>(g_defer_stash, g_defer_fill, cols);
+// Rows from `rows_now` on are the ones deferred; the rows before them are always written.
+extern "C" __global__ void defer_softmax(const float* x, float* y, int cols,
+                                         unsigned int rows_now) {
+    const bool later = blockIdx.x >= rows_now;
+    if (g_defer_fill && later) softmax_row<float>(g_defer_stash, g_defer_fill, cols);
     __syncthreads();
     const long long base = (long long)blockIdx.x * cols;
-    if (g_defer_mode == 1) {
+    if (g_defer_mode == 1 && later) {
         for (int c = threadIdx.x; c < cols; c += blockDim.x) g_defer_stash[base + c] = x[base + c];
         return;
     }
@@ -1612,8 +1615,10 @@ extern "C" __global__ void defer_softmax(const float* x, float* y, int cols) {
 DEFER_CARD = C.softmax_card  # 64 x 1000
 
 
-def deferring(honest: int, slow: int, deferred: int, approach: str) -> Candidate:
-    plan = C.softmax_plan("defer_softmax")
+def deferring(honest: int, slow: int, deferred: int, approach: str,
+              rows_now: str = "0") -> Candidate:
+    plan = C.softmax_plan("defer_softmax", params=[
+        {"ptr": "self"}, {"ptr": "out"}, {"i32": "cols"}, {"u32": rows_now}])
     plan["launches"].insert(0, {"kernel": "defer_step", "grid": [1], "block": [1], "params": [
         {"ptr": "out"}, {"u32": honest}, {"u32": slow}, {"u32": deferred}]})
     return Candidate(DEFER, plan=plan, meta={"family": "redteam", "approach": approach})
@@ -1623,6 +1628,13 @@ def one_call_late(settings: EvalSettings, device_type: str) -> Candidate:
     """Honest through verification, then every output written by the next call."""
     return deferring(calls_before_timing(DEFER_CARD(), settings), 0, 1 << 30,
                      "writes each output on the next call")
+
+
+def second_half_one_call_late(settings: EvalSettings, device_type: str) -> Candidate:
+    """Honest through verification, then the first half of each output's rows written by the
+    call and the second half by the next call."""
+    return deferring(calls_before_timing(DEFER_CARD(), settings), 0, 1 << 30,
+                     "writes half of each output on the next call", rows_now="rows // 2")
 
 
 def steers_the_count(settings: EvalSettings, device_type: str) -> Candidate:
@@ -1647,6 +1659,8 @@ DEFERRED_CASES = [
     Case(DEFERRED, "each-output-written-by-the-next-call", DEFER_CARD, one_call_late,
          EvalStatus.CHEAT, r"timed call \d+, result 0: .*computes otherwise when timed",
          notes="every kept output is right by the time the loop ends"),
+    Case(DEFERRED, "second-half-written-by-the-next-call", DEFER_CARD, second_half_one_call_late,
+         EvalStatus.CHEAT, r"timed call \d+, result 0: .*computes otherwise when timed"),
     Case(DEFERRED, "slow-warmups-then-fill-in-before-the-loop-ends", DEFER_CARD,
          steers_the_count, EvalStatus.CHEAT,
          r"timed call \d+, result 0: .*computes otherwise when timed", settings=EVERY_TIMED_CALL,
