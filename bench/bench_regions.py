@@ -76,12 +76,17 @@ async def region_records(db: Path) -> list[dict]:
         return records
 
 
-def measure_model(name: str, args: argparse.Namespace) -> dict:
-    spec, extra = MODELS[name]
+def profiled_db(name: str, spec: str, extra: list[str], args: argparse.Namespace) -> Path:
+    """A fresh database under ``--work`` holding model ``name`` profiled as session 1."""
     db = Path(args.work) / name / "k.db"
     db.parent.mkdir(parents=True, exist_ok=True)
     db.unlink(missing_ok=True)
     kforge("profile", spec, "--db", str(db), "--samples", "2", *extra, timeout=args.step_timeout)
+    return db
+
+
+def measure_model(name: str, args: argparse.Namespace) -> dict:
+    db = profiled_db(name, *MODELS[name], args)
     regions = sorted(asyncio.run(region_records(db)), key=lambda r: -r["share"])
     for record in regions[:args.top]:
         kforge("search", "--session", str(SESSION), "--db", str(db), "--proposer", "library",

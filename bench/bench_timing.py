@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_e2e import HERE, kforge  # noqa: E402  (the same way of running the CLI)
-from bench_regions import model_parser, run_models  # noqa: E402
+from bench_regions import model_parser, profiled_db, run_models  # noqa: E402
 
 SESSION = 1
 MODELS: dict[str, tuple[str, list[str]]] = {
@@ -73,11 +73,7 @@ async def card_records(db: Path) -> tuple[list[dict], str | None]:
 
 
 def measure_model(name: str, args: argparse.Namespace) -> dict:
-    spec, extra = MODELS[name]
-    db = Path(args.work) / name / "k.db"
-    db.parent.mkdir(parents=True, exist_ok=True)
-    db.unlink(missing_ok=True)
-    kforge("profile", spec, "--db", str(db), "--samples", "2", *extra, timeout=args.step_timeout)
+    db = profiled_db(name, *MODELS[name], args)
     kforge("search", "--session", str(SESSION), "--db", str(db), "--proposer", "library",
            "--top", str(args.top), "--iterations", str(args.iterations), "--parallel", "2",
            "--quiet", timeout=args.step_timeout)
