@@ -33,3 +33,16 @@ def test_a_baseline_far_from_the_profile_gives_no_speedup_and_says_why():
     base = Baseline(eager=eager, profile_us=24.6, profile_check=reason)
     assert not base.trusted and base.speedup(6.3) is None
     assert Baseline(eager=eager, profile_us=250.0).speedup(25.49) == 10.0
+
+
+def test_a_speedup_above_ten_is_held_until_a_confirmation_run_retimes_it():
+    from kforge.core.candidate import held_reason
+
+    assert held_reason(9.9) == "" and held_reason(None) == ""
+    reason = held_reason(36.74)
+    assert "36.7x" in reason and "fresh worker" in reason
+    first = EvalOutcome(EvalStatus.OK, speedup=36.74, extra={"held": reason})
+    assert first.held
+    confirmed = EvalOutcome(EvalStatus.OK, speedup=35.0, extra={"held": reason,
+                                                                "confirmed": True})
+    assert not confirmed.held and not EvalOutcome(EvalStatus.OK, speedup=3.0).held
