@@ -17,8 +17,7 @@ cancel between them. The number of timed rounds follows the call time of the *pa
 only (eager, torch.compile: never a candidate, so slow warm-ups cannot steer it) and is drawn at
 random within a quarter below that, before any timed call. A subject may prepare each call (new
 input values, fresh outputs) and look at its result afterwards, both outside the timed window;
-``after`` may only queue GPU work (copies, checks), since the stream is held while it runs;
-``settle`` runs after each batch has finished, where the host may wait for the GPU. The results
+``after`` may only queue GPU work (copies), since the stream is held while it runs. The results
 of a round stay alive until the next round ends, so no call finds another's output in a recycled
 buffer.
 """
@@ -78,14 +77,12 @@ def drawn_reps(round_s: float, plan: TimingPlan, chance: random.Random) -> int:
 class Subject:
     """One timed subject. ``run(r)`` is the timed call of round ``r``; ``prepare(r)`` runs
     before it and ``after(r, result)`` after it, both outside the timed window (before the L2
-    flush and after the stop event); ``after`` only queues GPU work. ``settle()`` runs after
-    every batch of rounds has finished on the GPU. ``paces``: whether this subject's call time
-    sets the number of timed rounds (never for a candidate)."""
+    flush and after the stop event); ``after`` only queues GPU work. ``paces``: whether this
+    subject's call time sets the number of timed rounds (never for a candidate)."""
 
     run: Callable[[int], Any]
     prepare: Callable[[int], None] | None = None
     after: Callable[[int, Any], None] | None = None
-    settle: Callable[[], None] | None = None
     paces: bool = True
 
 
@@ -93,7 +90,6 @@ class Subject:
 class TimedRun:
     timings: dict[str, Timing]
     last: dict[str, tuple[int, Any]]  # per subject: the round and result of its last call
-    rounds: list[int] = field(default_factory=list)  # the timed rounds, decided before any ran
     notes: list[str] = field(default_factory=list)  # holds that timed out, unheld rounds
 
 
@@ -122,11 +118,6 @@ class _Loop:
             subject.after(r, result)
         return result
 
-    def settle(self) -> None:
-        for subject in self.named.values():
-            if subject.settle is not None:
-                subject.settle()
-
     def warmup(self) -> tuple[float, float]:
         """The warm-up rounds (which also fill the caching allocator, so no timed call waits on
         ``cudaMalloc``): the pacing subjects' time per round, and the host's time to queue one
@@ -143,7 +134,6 @@ class _Loop:
                 self.runtime.sync()
                 spent[name] += time.perf_counter() - start
         self.runtime.sync()
-        self.settle()
         rounds = max(self.plan.warmup, 1)
         # An unpaced subject (a candidate) is counted as costing what the pacing ones cost.
         per_subject = sum(spent[n] for n in paced) / len(paced) / rounds
@@ -172,7 +162,6 @@ class _Loop:
             for name, token, host_s in pending:
                 self.samples[name].append(self.runtime.elapsed_us(token))
                 self.host[name].append(host_s * 1e6)
-        self.settle()
         return clean, last
 
     def wall(self, name: str) -> float:
@@ -203,12 +192,11 @@ def time_interleaved(subjects: dict[str, Subject | Callable[[int], Any]], runtim
     loop = _Loop(named, runtime, plan)
     round_s, queue_s = loop.warmup()
     reps = drawn_reps(round_s, plan, chance)
-    rounds = list(range(plan.warmup, plan.warmup + reps))
+    todo = list(range(plan.warmup, plan.warmup + reps))  # decided before any timed call
     notes: list[str] = []
     size = plan.hold_rounds
     held = size > 0
     last: dict[str, tuple[int, Any]] = {}
-    todo = list(rounds)
     while todo:
         batch = todo[:size] if held else todo
         clean, got = loop.batch(batch, held, queue_s)
@@ -225,18 +213,7 @@ def time_interleaved(subjects: dict[str, Subject | Callable[[int], Any]], runtim
     if any(not values for values in loop.samples.values()):
         raise RuntimeError("no timing samples: " + "; ".join(notes))
     walls = {name: loop.wall(name) for name in loop.names} if plan.wall_calls > 0 else {}
-    loop.settle()
     timings = {name: summarize(loop.samples[name], loop.host[name], walls.get(name))
                for name in loop.names}
-    return TimedRun(timings, last, rounds, notes)
+    return TimedRun(timings, last, notes)
 
-
-def describe(timing: Timing) -> str:
-    """``device 12.3 us (p10 .., p90 ..), host 4.5 us, wall 13.0 us``: every figure, labelled."""
-    parts = [f"device {timing.device_us:.1f} us (p10 {timing.p10_us:.1f}, "
-             f"p90 {timing.p90_us:.1f}, {timing.reps} calls)"]
-    if timing.host_us is not None:
-        parts.append(f"host {timing.host_us:.1f} us")
-    if timing.wall_us is not None:
-        parts.append(f"wall {timing.wall_us:.1f} us")
-    return ", ".join(parts)
