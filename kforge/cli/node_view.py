@@ -23,7 +23,7 @@ from kforge.store.records import CardRow, NodeDetail, NodeRow
 # Keys of an outcome's ``extra`` that the evidence lines already tell in words.
 TOLD_EXTRA = frozenset({"registers", "spills", "counters", "mismatch", "sets_passed", "stderr",
                         "sanitizer", "host_us", "eager_host_us", "confirmed", "first_speedup",
-                        "held", "profile_check"})
+                        "held"})
 SUMMARY_SHOWN = 10_000  # a summary is shown whole here; this only guards the terminal
 
 
@@ -93,6 +93,8 @@ def _head(facts: NodeFacts) -> str:
                  f"{fmt_us(card.compiled_us)}, physical floor {fmt_us(card.floor_us)}; "
                  f"the card's best {fmt_speedup(facts.card.best_speedup)}"
                  + (f" (node {facts.card.best_node})" if facts.card.best_node else ""))
+    if check := (facts.card.baseline or {}).get("profile_check"):
+        lines.append(f"  profile   {check}")
     return "\n".join(lines)
 
 
@@ -147,8 +149,6 @@ def _outcome(row: NodeRow, outcome: EvalOutcome | None, facts: NodeFacts) -> str
         lines.append(f"held      {outcome.extra['held']}"
                      + ("; re-timed so: this is the confirmation run's figure"
                         if outcome.extra.get("confirmed") else ""))
-    if check := outcome.extra.get("profile_check"):
-        lines.append(f"profile   {check}")
     if outcome.bandwidth_gbs is not None:
         lines.append(f"bandwidth {outcome.bandwidth_gbs:.0f} GB/s")
     if outcome.floor_fraction is not None:

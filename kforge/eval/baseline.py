@@ -1,8 +1,8 @@
 """An op card's baseline: eager PyTorch and torch.compile timed interleaved on the card's inputs
 (device, host and wall time: ``kforge.eval.timing``), the memory floor of one call, the kernels
-eager launches (names and times, from torch.profiler), and whether eager's device time agrees with
-the model profile's GPU time per call for the variant. Measured once per card; candidates are
-timed against eager again in their own runs.
+eager launches (names and times, from torch.profiler), and whether the baseline agrees with the
+model profile's GPU time per call for the variant (``profile_disagreement``). Measured once per
+card; candidates are timed against eager again in their own runs.
 
 torch.compile is timed under ``torch.compiler.set_stance("fail_on_recompile")``: a recompile (a
 guard that fails) while timing is an error naming the guard, and the card keeps no compiled
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -87,12 +88,14 @@ def measure_baseline(card: OpCard, *, runtime: Runtime, gpu: GpuInfo,
             except Exception as exc:  # the profiler is informative only: eager's time stands
                 notes.append(f"eager's kernels could not be profiled: {exc}")
     profile_us = profile_us_of(card) if runtime.device.type == "cuda" else None
-    eager = timings["eager"]
-    return Baseline(eager=eager, compiled=timings.get("compiled"),
+    base = Baseline(eager=timings["eager"], compiled=timings.get("compiled"),
                     compile_s=round(compile_s, 3) if compile_s is not None else None,
                     floor_us=memory_floor_us(read, write, gpu.bandwidth_gbs),
-                    note="; ".join(notes), eager_kernels=kernels, profile_us=profile_us,
-                    profile_check=profile_disagreement(eager.device_us, profile_us))
+                    note="; ".join(notes), eager_kernels=kernels, profile_us=profile_us)
+    if runtime.device.type != "cuda":
+        return base
+    return replace(base, profile_check=profile_disagreement(
+        base.eager.device_us, profile_us, base.kernels_us, base.launches))
 
 
 def profile_us_of(card: OpCard) -> float | None:

@@ -40,14 +40,12 @@ from kforge.core.candidate import (
     EvalStatus,
     Timing,
     held_reason,
-    profile_disagreement,
 )
 from kforge.core.gpu import GpuInfo
 from kforge.core.launch_plan import PlanError, PlanNotApplicable
 from kforge.core.opcard import OpCard
 from kforge.core.settings import EvalSettings
 from kforge.errors import KforgeError
-from kforge.eval.baseline import profile_us_of
 from kforge.eval.compare import compare_values, tolerance_for
 from kforge.eval.counters import CounterReport, measure_counters
 from kforge.eval.device import Runtime
@@ -580,9 +578,6 @@ def evaluate_candidate(card: OpCard, candidate: Candidate, *, runtime: Runtime,
     extra = {"launches": len(runner.plan.launches), "device": str(runtime.device), **work}
     if held := held_reason(speedup):
         extra["held"] = held
-    if runtime.device.type == "cuda" and (
-            check := profile_disagreement(eager.device_us, profile_us_of(card))):
-        extra["profile_check"] = check
     if work["flops"]:
         extra["tflops"] = work["flops"] / (timing.median_us * 1e6)
     floor = work["floor_us"]

@@ -20,8 +20,11 @@ def test_every_figure_survives_a_round_trip():
     timing = Timing(10.0, 9.0, 11.0, 50, host_us=30.0, wall_us=31.0)
     outcome = EvalOutcome(EvalStatus.OK, timing=timing, eager=timing)
     assert EvalOutcome.from_dict(outcome.to_dict()).timing == timing
-    base = Baseline(eager=timing, profile_us=10.5, profile_check="")
+    base = Baseline(eager=timing, profile_us=10.5, profile_check="",
+                    eager_kernels=[{"name": "a", "us": 4.0, "calls": 1.0},
+                                   {"name": "b", "us": 5.0, "calls": 2.0}])
     assert Baseline.from_dict(base.to_dict()) == base
+    assert base.kernels_us == 9.0 and base.launches == 3.0
 
 
 def test_a_baseline_far_from_the_profile_gives_no_speedup_and_says_why():
@@ -29,6 +32,13 @@ def test_a_baseline_far_from_the_profile_gives_no_speedup_and_says_why():
     assert profile_disagreement(30.0, None) == ""
     reason = profile_disagreement(254.9, 24.6)
     assert "10.36x" in reason and "24.6 us" in reason
+    # Like with like: kernels against the profile, device time against kernels plus launch gaps
+    # (the RMSNorm chain on an H200: 52.1 us of device time over 37.5 us in 8 kernels).
+    assert profile_disagreement(52.1, 37.0, kernels_us=37.5, launches=8) == ""
+    other = profile_disagreement(52.1, 24.6, kernels_us=37.5, launches=8)
+    assert "kernels take 37.5 us per call here, 1.52x the profile's 24.6 us" in other
+    host = profile_disagreement(254.9, 24.6, kernels_us=24.0, launches=7)
+    assert "the window holds host time" in host and "7 launch gaps" in host
     eager = Timing(254.9, 250.0, 260.0, 100)
     base = Baseline(eager=eager, profile_us=24.6, profile_check=reason)
     assert not base.trusted and base.speedup(6.3) is None
