@@ -88,3 +88,27 @@ def test_an_eager_chain_times_as_the_kernels_the_profiler_sees():
     # Device time is the kernels plus the GPU's gap between dependent launches, never host time.
     assert 0.8 * profiled <= timing.device_us, (timing, kernels)
     assert profile_disagreement(timing.device_us, None, profiled, launches) == "", kernels
+
+
+def test_a_compiled_15_op_chain_is_timed_without_recompiling():
+    """A LayerNorm then an RMSNorm written out in 15 aten ops, as a fusion region's baseline:
+    torch.compile is timed under fail_on_recompile, so its figure holds no compile."""
+    from kforge.eval.local import baseline_local
+    from tests.eval import candidates as C
+    from tests.eval.redteam import ref, region_card
+
+    card = region_card(
+        [("aten.mean.dim", ref("x0"), [-1], True), ("aten.sub.Tensor", ref("x0"), ref("n0")),
+         ("aten.pow.Tensor_Scalar", ref("n1"), 2), ("aten.mean.dim", ref("n2"), [-1], True),
+         ("aten.add.Tensor", ref("n3"), 1e-5), ("aten.rsqrt.default", ref("n4")),
+         ("aten.mul.Tensor", ref("n1"), ref("n5")), ("aten.mul.Tensor", ref("n6"), ref("x1")),
+         ("aten.add.Tensor", ref("n7"), ref("x2")), ("aten.pow.Tensor_Scalar", ref("n8"), 2),
+         ("aten.mean.dim", ref("n9"), [-1], True), ("aten.add.Tensor", ref("n10"), 1e-6),
+         ("aten.rsqrt.default", ref("n11")), ("aten.mul.Tensor", ref("n8"), ref("n12")),
+         ("aten.mul.Tensor", ref("n13"), ref("x1"))],
+        [C.tensor([512, 4096]), C.tensor([4096]), C.tensor([4096])])
+    base = baseline_local(card)
+    print(f"eager {base.eager}\ncompiled {base.compiled}\nkernels {base.kernels_us} us over "
+          f"{base.launches:g} launches; note: {base.note}")
+    assert base.compiled is not None and "recompiled" not in base.note, base.note
+    assert base.compiled.device_us < base.eager.device_us, base
