@@ -78,7 +78,7 @@ case $track in
         tests/propose/test_matmul_gpu.py tests/propose/test_library_gpu.py
     ;;
   timing)
-    step 90 python3 -m pytest -m gpu -q -p no:cacheprovider --timeout 60 -rA -s \
+    step 150 python3 -m pytest -m gpu -q -p no:cacheprovider --timeout 120 -rA -s \
         tests/eval/test_timing_gpu.py
     step 280 python3 bench/bench_timing.py --top 3 --iterations 3 --out "$out/timing" \
         --work "$work/timing"
