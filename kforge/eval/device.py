@@ -90,7 +90,7 @@ class CpuRuntime:
 
 # The L2 flush writes at least this much, twice the L2 size where that is larger.
 MIN_FLUSH_BYTES = 64 << 20
-# The hold: polls its flag (mapped host memory) every HOLD_POLL_NS until the host sets it, or
+# The hold: polls its flag (mapped host memory) every 2 us until the host sets it, or
 # gives up after max_ns of the GPU's global timer and says so in timed_out.
 HOLD_SOURCE = r"""
 extern "C" __global__ void kforge_hold(volatile int* flag, volatile int* timed_out,
