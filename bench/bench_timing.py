@@ -5,20 +5,23 @@ eager's device, host and wall time, torch.compile's device time, the best kernel
 the speedup shown and the device-time ratio it must equal, and the baseline's agreement with the
 profile (``kforge.core.candidate.profile_disagreement``).
 
-    python bench/bench_timing.py                                   # all three, a small search
-    python bench/bench_timing.py --models llama --top 4 --iterations 4
-    python bench/bench_timing.py --e2e eager,graphs                 # and the projection's error
+    python bench/bench_timing.py                                   # UNet and Llama, a small search
+    python bench/bench_timing.py --models gemma4-decode --top 4 --iterations 4
+    python bench/bench_timing.py --reuse --work /tmp/kforge-bench/e2e --e2e-out bench-out/e2e
     python bench/bench_timing.py --summary bench-out/timing/*.json  # the table again
 
-Per model: ``kforge profile``, one ``kforge search --top N --iterations I`` with the library
-proposer, then (``--e2e``) ``kforge e2e`` in the given modes, whose stored measurement gives the
-projection's error per mode. Records go to ``<out>/<model>.json`` as each model ends.
+Per model: ``kforge profile`` and one ``kforge search --top N --iterations I`` with the library
+proposer, or, with ``--reuse``, the database ``bench/bench_e2e.py`` already searched under the same
+``--work``. The projection's error per mode comes from ``bench_e2e.py``'s record of the model in
+``--e2e-out``, else from a ``kforge e2e`` measurement stored in the database (``--e2e MODES`` runs
+one). Records go to ``<out>/<model>.json`` as each model ends.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 from pathlib import Path
 
@@ -32,6 +35,7 @@ MODELS: dict[str, tuple[str, list[str]]] = {
     "llama": (f"{HERE}:build_llama", []),
     "gemma4-decode": ("gemma4", ["--mode", "decode", "--layers", "2"]),
 }
+DEFAULT_MODELS = "unet,llama"
 AGREEMENT_GOAL = 0.95  # of cards whose baseline agrees with the profile
 
 
@@ -76,15 +80,39 @@ async def card_records(db: Path) -> tuple[list[dict], str | None]:
 
 
 def measure_model(name: str, args: argparse.Namespace) -> dict:
-    db = profiled_db(name, *MODELS[name], args)
-    kforge("search", "--session", str(SESSION), "--db", str(db), "--proposer", "library",
-           "--top", str(args.top), "--iterations", str(args.iterations), "--parallel", "2",
-           "--quiet", timeout=args.step_timeout)
+    db = Path(args.work) / name / "k.db"
+    if args.reuse and db.exists():
+        print(f"{name}: reusing {db}")
+    else:
+        db = profiled_db(name, *MODELS[name], args)
+        kforge("search", "--session", str(SESSION), "--db", str(db), "--proposer", "library",
+               "--top", str(args.top), "--iterations", str(args.iterations), "--parallel", "2",
+               "--quiet", timeout=args.step_timeout)
     if args.e2e:
         kforge("e2e", str(SESSION), "--db", str(db), "--modes", args.e2e, "--reps", "10",
                timeout=args.step_timeout)
     records, projection = asyncio.run(card_records(db))
+    measured = Path(args.e2e_out) / f"{name}.json" if args.e2e_out else None
+    if measured is not None and measured.exists():
+        projection = e2e_projection(json.loads(measured.read_text())) or projection
     return {"model": name, "cards": records, "projection": projection}
+
+
+def e2e_projection(record: dict) -> str | None:
+    """The projection line of a ``bench_e2e.py`` record: its projected speedup against what
+    kforge gained in each mode measured with and without it."""
+    from kforge.core.fmt import fmt_projection
+    from kforge.integrate.measure import KFORGE_SUFFIX
+
+    modes = record.get("modes") or {}
+    gains = {}
+    for mode, figures in modes.items():
+        with_kforge = modes.get(mode + KFORGE_SUFFIX) or {}
+        if figures.get("median_us") and with_kforge.get("median_us"):
+            gains[mode + KFORGE_SUFFIX] = figures["median_us"] / with_kforge["median_us"]
+    if record.get("projected") is None or not gains:
+        return None
+    return fmt_projection(record["projected"], gains) + " (bench_e2e)"
 
 
 def table(results: list[dict]) -> str:
@@ -141,6 +169,11 @@ def _x(value: float | None) -> str:
 
 def main() -> int:
     parser = model_parser(__doc__, MODELS, "timing", 3, 3, 300)
+    parser.set_defaults(models=DEFAULT_MODELS)
+    parser.add_argument("--reuse", action="store_true",
+                        help="use a model's database already under --work (bench_e2e.py's)")
+    parser.add_argument("--e2e-out", metavar="DIR",
+                        help="bench_e2e.py's records, for the projection's error per mode")
     parser.add_argument("--e2e", metavar="MODES", default="",
                         help="also run kforge e2e in these modes (eager,graphs,...) and state the "
                              "projection's error per mode")
