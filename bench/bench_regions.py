@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -75,12 +76,17 @@ async def region_records(db: Path) -> list[dict]:
         return records
 
 
-def measure_model(name: str, args: argparse.Namespace) -> dict:
-    spec, extra = MODELS[name]
+def profiled_db(name: str, spec: str, extra: list[str], args: argparse.Namespace) -> Path:
+    """A fresh database under ``--work`` holding model ``name`` profiled as session 1."""
     db = Path(args.work) / name / "k.db"
     db.parent.mkdir(parents=True, exist_ok=True)
     db.unlink(missing_ok=True)
     kforge("profile", spec, "--db", str(db), "--samples", "2", *extra, timeout=args.step_timeout)
+    return db
+
+
+def measure_model(name: str, args: argparse.Namespace) -> dict:
+    db = profiled_db(name, *MODELS[name], args)
     regions = sorted(asyncio.run(region_records(db)), key=lambda r: -r["share"])
     for record in regions[:args.top]:
         kforge("search", "--session", str(SESSION), "--db", str(db), "--proposer", "library",
@@ -129,30 +135,39 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.0f}%"
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(MODELS),
-                        help=f"comma-separated, of {', '.join(MODELS)}")
-    parser.add_argument("--out", default="bench-out/regions", help="folder for the records")
-    parser.add_argument("--work", default="/tmp/kforge-regions", help="folder for the databases")
-    parser.add_argument("--top", type=int, default=4, help="region cards searched per model")
-    parser.add_argument("--iterations", type=int, default=8, help="iterations per region card")
-    parser.add_argument("--step-timeout", type=float, default=900,
+def model_parser(doc: str, models: dict, name: str, top: int, iterations: int,
+                 step_timeout: float) -> argparse.ArgumentParser:
+    """The options every per-model bench of this kind takes; ``name`` names its folders."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--models", default=",".join(models),
+                        help=f"comma-separated, of {', '.join(models)}")
+    parser.add_argument("--out", default=f"bench-out/{name}", help="folder for the records")
+    parser.add_argument("--work", default=f"/tmp/kforge-{name}", help="folder for the databases")
+    parser.add_argument("--top", type=int, default=top, help="cards searched per model")
+    parser.add_argument("--iterations", type=int, default=iterations, help="iterations per card")
+    parser.add_argument("--step-timeout", type=float, default=step_timeout,
                         help="seconds one kforge command may take")
     parser.add_argument("--summary", nargs="*", help="print the table of these record files")
+    return parser
+
+
+def run_models(parser: argparse.ArgumentParser, models: dict,
+               measure: Callable[[str, argparse.Namespace], dict],
+               table: Callable[[list[dict]], str]) -> int:
+    """Measure each model (a failure is a row), keep its record, print the tables."""
     args = parser.parse_args()
     if args.summary is not None:
         print(table([json.loads(Path(p).read_text()) for p in args.summary]))
         return 0
-    unknown = [m for m in args.models.split(",") if m not in MODELS]
+    unknown = [m for m in args.models.split(",") if m not in models]
     if unknown:
-        parser.error(f"unknown model {unknown[0]!r}: use {', '.join(MODELS)}")
+        parser.error(f"unknown model {unknown[0]!r}: use {', '.join(models)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = []
     for name in args.models.split(","):
         try:
-            result = measure_model(name, args)
+            result = measure(name, args)
         except Exception as exc:  # one model's failure is a row, not the end of the run
             result = {"model": name, "error": f"{type(exc).__name__}: {exc}"}
         (out / f"{name}.json").write_text(json.dumps(result, indent=1))
@@ -160,6 +175,11 @@ def main() -> int:
         print(table([result]), flush=True)
     print(table(results))
     return 0
+
+
+def main() -> int:
+    return run_models(model_parser(__doc__, MODELS, "regions", 4, 8, 900), MODELS,
+                      measure_model, table)
 
 
 if __name__ == "__main__":

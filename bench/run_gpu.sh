@@ -17,6 +17,9 @@
 #   bash bench/run_gpu.sh regions        # region kernels one by one vs eager and compiled chains
 #   bash bench/run_gpu.sh integration    # GPU tests of the compile backend, regions, matmuls,
 #                                        # the new library families and the hardware counters
+#   bash bench/run_gpu.sh timing         # the held-stream timer's GPU tests; per searched card of
+#                                        # UNet and Llama, profile vs eager device/host/wall time
+#                                        # (after wholemodel: its databases and projections)
 #   CUDA_VISIBLE_DEVICES=1 bash bench/run_gpu.sh models
 set -u
 track=${1:?name a track: tests or models}
@@ -79,6 +82,13 @@ case $track in
         tests/eval/test_counters.py
     step 250 python3 -m pytest -m gpu -q -p no:cacheprovider --timeout 120 -rf \
         tests/propose/test_matmul_gpu.py tests/propose/test_library_gpu.py
+    ;;
+  timing)
+    step 150 python3 -m pytest -m gpu -q -p no:cacheprovider --timeout 120 -rA -s \
+        tests/eval/test_timing_gpu.py
+    # UNet and Llama; their databases (and projection errors) from the wholemodel track when it ran
+    step 150 python3 bench/bench_timing.py --top 3 --iterations 3 --out "$out/timing" \
+        --reuse --work "$work/e2e" --e2e-out "$out/e2e"
     ;;
   *) echo "unknown track $track" >&2; exit 2 ;;
 esac

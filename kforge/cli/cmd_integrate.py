@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, TypeVar
 from rich.table import Table
 
 from kforge.cli.common import add_db_option, count, err, out, session_id, with_store
-from kforge.core.fmt import fmt_speedup, fmt_us
+from kforge.core.fmt import fmt_projection, fmt_speedup, fmt_us
 from kforge.errors import KforgeError
 from kforge.store import Store
 from kforge.store.events import ModelMeasured
@@ -347,8 +347,8 @@ def print_e2e(plan: SessionPlan, result: E2eResult) -> None:
     for note in result.notes:
         out.print(f"note: {note}")
     gains = ", ".join(f"{mode} {fmt_speedup(gain)}" for mode, gain in result.gains().items())
-    out.print(f"speedup from kforge's kernels: projected {result.projected:.3f}x (op cards, "
-              f"operator time); measured (whole forward, device time) {gains or '-'}")
+    out.print(f"speedup from kforge's kernels: {fmt_projection(result.projected, result.gains())}"
+              f" from the op cards; measured (whole forward, device time) {gains or '-'}")
 
 
 def e2e_summary(result: E2eResult) -> str:

@@ -14,7 +14,7 @@ from rich.text import Text
 from kforge.cli.common import add_db_option, out, row_id, session_id, with_store
 from kforge.cli.node_view import cmd_show_node
 from kforge.core.candidate import EvalOutcome
-from kforge.core.fmt import fmt_age, fmt_speedup, fmt_us
+from kforge.core.fmt import fmt_age, fmt_projection, fmt_speedup, fmt_us
 from kforge.core.region import folded
 from kforge.core.settings import SessionSettings
 from kforge.errors import KforgeError
@@ -104,13 +104,18 @@ def cmd_show(args: argparse.Namespace) -> int:
     ranged = any(row.card.ranges is not None for row in cards)
     for name, right in (("card", True), ("op", False), ("arguments", False),
                         *((("range", False),) if ranged else ()), ("calls", True),
-                        ("share", True), ("kind", False), ("eager", True), ("compile", True),
-                        ("best", True), ("kernel", True), ("host", True), ("tries", True),
+                        ("share", True), ("kind", False), ("eager device", True),
+                        ("compile device", True), ("best", True), ("kernel device", True),
+                        ("host issue", True), ("tries", True),
                         ("status", False)):
         table.add_column(name, justify="right" if right else "left", overflow="fold")
     hidden = 0
+    untrusted: list[str] = []
     for row, inside in folded(cards, attrgetter("card")):
         c = row.card
+        check = (row.baseline or {}).get("profile_check") or ""
+        if check:
+            untrusted.append(f"card {row.id}: {check}")
         if args.targets and not c.target:
             hidden += 1
             continue
@@ -119,7 +124,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         table.add_row(str(row.id), ("└ " if inside else "") + c.short_op, c.signature[:70],
                       *((c.range_text or "-",) if ranged else ()), str(c.calls),
                       f"{100 * c.share:.1f}%", c.library, fmt_us(c.eager_us),
-                      fmt_us(c.compiled_us), fmt_speedup(row.best_speedup), kernel, host,
+                      fmt_us(c.compiled_us),
+                      "- (profile)" if check else fmt_speedup(row.best_speedup), kernel, host,
                       str(row.spent), status, style=None if c.target and not inside else "dim")
     out.print(table)
     if any(inside for _, inside in folded(cards, attrgetter("card"))):
@@ -127,6 +133,8 @@ def cmd_show(args: argparse.Namespace) -> int:
                   "includes its ops')")
     if hidden:
         out.print(f"  ({hidden} views and copies hidden: they are never targets)")
+    for line in untrusted:  # docs/evaluation.md, "Baselines against the profile"
+        out.print(f"  no speedup shown for {line}")
     return 0
 
 
@@ -138,12 +146,12 @@ def measured_line(measured: ModelMeasured, age_s: float) -> str:
     over_eager = f"; fastest {fmt_speedup(fastest[1])} over eager ({fastest[0]})" \
         if fastest else ""
     return (f"model measured {fmt_age(max(0.0, age_s))} (kforge e2e): kforge gains "
-            f"{gains or '-'}{over_eager}; projected {fmt_speedup(measured.projected)}")
+            f"{gains or '-'}{over_eager}; {fmt_projection(measured.projected, measured.gains)}")
 
 
 def kernel_times(outcome: EvalOutcome | None) -> tuple[str, str]:
-    """The best kernel's GPU time per call, and its launch path's host time per call next to
-    eager's dispatch ("-" where not measured)."""
+    """The best kernel's device time per call, and its launch path's host time to issue one
+    call next to eager's dispatch ("-" where not measured)."""
     if outcome is None or outcome.timing is None:
         return "-", "-"
     extra = outcome.extra

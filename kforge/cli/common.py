@@ -124,7 +124,9 @@ async def session_facts(store: Store, session_id: int) -> dict:
     return {"session": session.id, "model": session.model, "status": shown_status(session),
             "error": session.error or None, "cards": len(cards),
             "targets": sum(row.card.target for row in cards),
-            "best_speedup": max(speedups, default=None), "usd_spent": session.usd_spent}
+            "best_speedup": max(speedups, default=None),
+            "speedup_of": "device_us",  # eager's device time over the kernel's (docs/evaluation.md)
+            "usd_spent": session.usd_spent}
 
 
 def count_or_zero(text: str) -> int:

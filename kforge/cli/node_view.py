@@ -22,7 +22,8 @@ from kforge.store.records import CardRow, NodeDetail, NodeRow
 
 # Keys of an outcome's ``extra`` that the evidence lines already tell in words.
 TOLD_EXTRA = frozenset({"registers", "spills", "counters", "mismatch", "sets_passed", "stderr",
-                        "sanitizer", "host_us", "eager_host_us", "confirmed", "first_speedup"})
+                        "sanitizer", "host_us", "eager_host_us", "confirmed", "first_speedup",
+                        "held"})
 SUMMARY_SHOWN = 10_000  # a summary is shown whole here; this only guards the terminal
 
 
@@ -88,10 +89,12 @@ def _head(facts: NodeFacts) -> str:
              f"  call      {card.op}({card.signature})"]
     if card.range_text:
         lines.append(f"  range     {card.range_text}")
-    lines.append(f"  eager     {fmt_us(card.eager_us)} per call, torch.compile "
+    lines.append(f"  eager     device {fmt_us(card.eager_us)} per call, torch.compile device "
                  f"{fmt_us(card.compiled_us)}, physical floor {fmt_us(card.floor_us)}; "
                  f"the card's best {fmt_speedup(facts.card.best_speedup)}"
                  + (f" (node {facts.card.best_node})" if facts.card.best_node else ""))
+    if check := (facts.card.baseline or {}).get("profile_check"):
+        lines.append(f"  profile   {check}")
     return "\n".join(lines)
 
 
@@ -141,7 +144,11 @@ def _outcome(row: NodeRow, outcome: EvalOutcome | None, facts: NodeFacts) -> str
                      else "in flight: waiting for the proposer or the evaluator")
         return "\n".join(lines)
     lines += [_timing("time", outcome.timing), _timing("eager", outcome.eager),
-              f"speedup   {fmt_speedup(outcome.speedup)}"]
+              f"speedup   {fmt_speedup(outcome.speedup)} (eager's device time over the kernel's)"]
+    if outcome.extra.get("held"):
+        lines.append(f"held      {outcome.extra['held']}"
+                     + ("; re-timed so: this is the confirmation run's figure"
+                        if outcome.extra.get("confirmed") else ""))
     if outcome.bandwidth_gbs is not None:
         lines.append(f"bandwidth {outcome.bandwidth_gbs:.0f} GB/s")
     if outcome.floor_fraction is not None:
@@ -149,8 +156,9 @@ def _outcome(row: NodeRow, outcome: EvalOutcome | None, facts: NodeFacts) -> str
                      f"floor's speed")
     extra = outcome.extra
     if "host_us" in extra and "eager_host_us" in extra:
-        lines.append(f"host      {fmt_us(extra['host_us'])} per call for the launch path, "
-                     f"{fmt_us(extra['eager_host_us'])} for eager's dispatch")
+        lines.append(f"patched   host time to issue one call of the patched op: "
+                     f"{fmt_us(extra['host_us'])} through the launch path, "
+                     f"{fmt_us(extra['eager_host_us'])} through eager's dispatch")
     if extra.get("confirmed"):
         lines.append(f"confirmed on new inputs in a fresh worker (first timed at "
                      f"{fmt_speedup(extra.get('first_speedup'))})")
@@ -173,10 +181,16 @@ def _outcome(row: NodeRow, outcome: EvalOutcome | None, facts: NodeFacts) -> str
 
 
 def _timing(name: str, t: Timing | None) -> str:
+    """Every figure of a timing, each named: device time (its spread), host and wall time."""
     if t is None:
         return f"{name:<9} -"
-    return (f"{name:<9} median {fmt_us(t.median_us)}, p10 {fmt_us(t.p10_us)}, "
+    text = (f"{name:<9} device median {fmt_us(t.device_us)}, p10 {fmt_us(t.p10_us)}, "
             f"p90 {fmt_us(t.p90_us)} ({t.reps} reps)")
+    if t.host_us is not None:
+        text += f"; host {fmt_us(t.host_us)}"
+    if t.wall_us is not None:
+        text += f"; wall {fmt_us(t.wall_us)}"
+    return text
 
 
 def _calls(calls: list[dict], with_prompts: bool) -> str:

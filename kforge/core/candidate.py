@@ -68,12 +68,22 @@ class EvalStatus(StrEnum):
 
 @dataclass(frozen=True)
 class Timing:
-    """Per-call statistics of one timed subject, in microseconds."""
+    """One timed subject, in microseconds. ``median_us``, ``p10_us``, ``p90_us`` and ``reps``
+    are the distribution of its DEVICE time per call (GPU time with no host gaps; see
+    ``docs/evaluation.md``); ``host_us`` is the CPU time to issue one call and ``wall_us`` the
+    time per call of calls issued back to back (max of host and device), where measured. Rows
+    stored before those two figures existed load with None."""
 
     median_us: float
     p10_us: float
     p90_us: float
     reps: int
+    host_us: float | None = None
+    wall_us: float | None = None
+
+    @property
+    def device_us(self) -> float:
+        return self.median_us
 
     @property
     def spread(self) -> float:
@@ -81,11 +91,26 @@ class Timing:
         return (self.p90_us - self.p10_us) / self.median_us if self.median_us > 0 else math.inf
 
 
+# A speedup above this over eager's device time is held: not crowned until re-timed on fresh
+# inputs in a fresh worker (the confirmation run; KernelBench flags the same bound).
+HELD_SPEEDUP = 10.0
+
+
+def held_reason(speedup: float | None) -> str:
+    """Why an outcome with ``speedup`` is held; "" where it is not."""
+    if speedup is None or speedup <= HELD_SPEEDUP:
+        return ""
+    return (f"{speedup:.1f}x eager's device time is above {HELD_SPEEDUP:.0f}x: held until "
+            "re-timed on fresh inputs in a fresh worker")
+
+
 @dataclass(frozen=True)
 class EvalOutcome:
     """The full verdict on one candidate: compile, correctness and timing.
 
-    ``speedup`` is eager median over candidate median, measured interleaved in the same run.
+    ``speedup`` is eager's median device time over the candidate's, measured interleaved in the
+    same run. ``extra["held"]`` (``held_reason``) marks a speedup too large to believe before it
+    is re-timed in a fresh worker; the confirmation run's outcome carries ``extra["confirmed"]``.
     ``restart`` says the evaluation left its process unfit for another (a dead GPU context,
     replaced timers, threads left running): the worker that ran it must be replaced.
     """
@@ -107,6 +132,11 @@ class EvalOutcome:
     def ok(self) -> bool:
         return self.status is EvalStatus.OK
 
+    @property
+    def held(self) -> bool:
+        """A speedup above ``HELD_SPEEDUP`` not yet re-timed by a confirmation run."""
+        return bool(self.extra.get("held")) and not self.extra.get("confirmed")
+
     def to_dict(self) -> dict:
         data = asdict(self)
         data["status"] = self.status.value
@@ -115,7 +145,7 @@ class EvalOutcome:
     @classmethod
     def from_dict(cls, data: dict) -> EvalOutcome:
         def timing(value: Any) -> Timing | None:
-            return Timing(**value) if value else None
+            return timing_from(value) if value else None
 
         extra = dict(data.get("extra") or {})
         # Outcomes stored before ``restart`` was a field carried it in ``extra``.
@@ -136,9 +166,63 @@ class EvalOutcome:
         )
 
 
+def timing_from(data: dict) -> Timing:
+    """A stored Timing; keys it does not know (a later version's) are dropped."""
+    known = Timing.__dataclass_fields__
+    return Timing(**{k: v for k, v in data.items() if k in known})
+
+
+# How far two figures of one baseline may sit apart before it is not trusted.
+PROFILE_AGREEMENT = 0.20
+# GPU time between two dependent kernels launched back to back on one stream (queued behind the
+# timing hold): 1.8 us per kernel for an 8-kernel RMSNorm chain on an H200 (52.1 us of device
+# time over 37.5 us of kernel time). Part of eager's device time, never of its kernel time.
+LAUNCH_GAP_US = 2.0
+
+
+def profile_disagreement(device_us: float, profile_us: float | None,
+                         kernels_us: float | None = None, launches: float = 0.0) -> str:
+    """Why a baseline cannot be trusted beside the model's profile; "" where it can. Like is
+    compared with like, each within ``PROFILE_AGREEMENT``:
+
+    - the profile's GPU time per call (the sum of the variant's kernels in the model) against
+      eager's own kernel time per call here (``kernels_us``, torch.profiler on the card's inputs):
+      the same variant at the same cost;
+    - eager's device time against that kernel time plus one ``LAUNCH_GAP_US`` per launch: a
+      window that held host time (the old 254.9 us for a 24.6 us RMSNorm region) is far above.
+
+    Without a kernel time here, eager's device time is held against the profile directly."""
+    def apart(value: float, reference: float) -> bool:
+        return value > 0 and reference > 0 and abs(value / reference - 1.0) > PROFILE_AGREEMENT
+
+    if kernels_us is None:
+        if profile_us is not None and apart(device_us, profile_us):
+            return (f"eager's device time {device_us:.1f} us is {device_us / profile_us:.2f}x "
+                    f"the profile's {profile_us:.1f} us per call (more than "
+                    f"{PROFILE_AGREEMENT:.0%} apart): no speedup is computed from this baseline "
+                    "until they agree")
+        return ""
+    if profile_us is not None and apart(kernels_us, profile_us):
+        return (f"eager's kernels take {kernels_us:.1f} us per call here, "
+                f"{kernels_us / profile_us:.2f}x the profile's {profile_us:.1f} us (more than "
+                f"{PROFILE_AGREEMENT:.0%} apart: another variant, or other inputs): no speedup "
+                "is computed from this baseline until they agree")
+    expected = kernels_us + launches * LAUNCH_GAP_US
+    if device_us > (1.0 + PROFILE_AGREEMENT) * expected:
+        return (f"eager's device time {device_us:.1f} us is {device_us / expected:.2f}x its "
+                f"kernels' {kernels_us:.1f} us plus {launches:g} launch gaps (more than "
+                f"{PROFILE_AGREEMENT:.0%} above: the window holds host time): no speedup is "
+                "computed from this baseline until they agree")
+    return ""
+
+
 @dataclass(frozen=True)
 class Baseline:
-    """Eager and torch.compile times for a card, and its physical floor, measured once per card."""
+    """Eager and torch.compile times for a card, and its physical floor, measured once per card.
+
+    ``profile_us`` is the GPU time per call of the card's variant in the model's own profile;
+    ``profile_check`` is empty when the baseline agrees with it (``profile_disagreement``), else
+    the reason it does not: such a baseline gives no speedup until it agrees."""
 
     eager: Timing
     compiled: Timing | None = None
@@ -147,6 +231,28 @@ class Baseline:
     note: str = ""
     # The CUDA kernels one eager call launches, longest first: {"name", "us" (per call), "calls"}
     eager_kernels: list[dict] = field(default_factory=list)
+    profile_us: float | None = None
+    profile_check: str = ""
+
+    @property
+    def kernels_us(self) -> float | None:
+        """Eager's kernel time per call (torch.profiler: the kernels alone), where profiled."""
+        return sum(k["us"] for k in self.eager_kernels) if self.eager_kernels else None
+
+    @property
+    def launches(self) -> float:
+        """Kernels (and copies) one eager call launches, where profiled."""
+        return sum(k.get("calls", 1) for k in self.eager_kernels)
+
+    @property
+    def trusted(self) -> bool:
+        return not self.profile_check
+
+    def speedup(self, device_us: float | None) -> float | None:
+        """Eager's device time over ``device_us``; None where this baseline is not trusted."""
+        if not self.trusted or not device_us or device_us <= 0:
+            return None
+        return self.eager.device_us / device_us
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -154,9 +260,12 @@ class Baseline:
     @classmethod
     def from_dict(cls, data: dict) -> Baseline:
         compiled = data.get("compiled")
-        return cls(eager=Timing(**data["eager"]), compiled=Timing(**compiled) if compiled else None,
+        return cls(eager=timing_from(data["eager"]),
+                   compiled=timing_from(compiled) if compiled else None,
                    compile_s=data.get("compile_s"), floor_us=data.get("floor_us"),
-                   note=data.get("note", ""), eager_kernels=list(data.get("eager_kernels") or []))
+                   note=data.get("note", ""), eager_kernels=list(data.get("eager_kernels") or []),
+                   profile_us=data.get("profile_us"),
+                   profile_check=data.get("profile_check", ""))
 
 
 @dataclass(frozen=True)

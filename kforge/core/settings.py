@@ -271,9 +271,13 @@ class TimingPlan:
     min_reps: int = 20  # timed rounds at least...
     max_reps: int = 200  # ...and at most; in between, as many as fit the budget
     budget_s: float = 0.12  # wall time aimed at for all timed rounds together
+    hold_rounds: int = 8  # rounds queued behind one hold of the stream (0: no hold)
+    wall_calls: int = 20  # calls issued back to back for the wall time per call (0: none)
 
     def __post_init__(self) -> None:
         _at_least(self, "warmup", 0)
+        _at_least(self, "hold_rounds", 0)
+        _at_least(self, "wall_calls", 0)
         _at_least(self, "min_reps", 1)
         _at_least(self, "max_reps", 1)
         _finite(self, "budget_s")

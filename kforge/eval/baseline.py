@@ -1,19 +1,25 @@
-"""An op card's baseline: eager PyTorch and torch.compile timed interleaved on the card's inputs,
-the memory floor of one call, and the kernels eager launches (names and times, from
-torch.profiler). Measured once per card; candidates are timed against eager again in their own
-runs."""
+"""An op card's baseline: eager PyTorch and torch.compile timed interleaved on the card's inputs
+(device, host and wall time: ``kforge.eval.timing``), the memory floor of one call, the kernels
+eager launches (names and times, from torch.profiler), and whether the baseline agrees with the
+model profile's GPU time per call for the variant (``profile_disagreement``). Measured once per
+card; candidates are timed against eager again in their own runs.
+
+torch.compile is timed under ``torch.compiler.set_stance("fail_on_recompile")``: a recompile (a
+guard that fails) while timing is an error naming the guard, and the card keeps no compiled
+figure, rather than a figure that holds compile time."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from kforge.core.argspec import resolve_op
-from kforge.core.candidate import Baseline
+from kforge.core.candidate import Baseline, profile_disagreement
 from kforge.core.gpu import GpuInfo
 from kforge.core.opcard import OpCard
 from kforge.core.settings import EvalSettings
@@ -74,17 +80,47 @@ def measure_baseline(card: OpCard, *, runtime: Runtime, gpu: GpuInfo,
             except Exception as exc:  # Inductor cannot handle every op: eager still counts
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 notes.append(f"torch.compile failed: {first[:300]}")
-        timings = time_interleaved(subjects, runtime, settings.timing).timings
+        timings = time_subjects(subjects, runtime, settings, notes)
         kernels: list[dict] = []
         if runtime.device.type == "cuda":
             try:
                 kernels = eager_kernels(lambda: subjects["eager"](0), runtime)
             except Exception as exc:  # the profiler is informative only: eager's time stands
                 notes.append(f"eager's kernels could not be profiled: {exc}")
-    return Baseline(eager=timings["eager"], compiled=timings.get("compiled"),
+    profile_us = profile_us_of(card) if runtime.device.type == "cuda" else None
+    base = Baseline(eager=timings["eager"], compiled=timings.get("compiled"),
                     compile_s=round(compile_s, 3) if compile_s is not None else None,
                     floor_us=memory_floor_us(read, write, gpu.bandwidth_gbs),
-                    note="; ".join(notes), eager_kernels=kernels)
+                    note="; ".join(notes), eager_kernels=kernels, profile_us=profile_us)
+    if runtime.device.type != "cuda":
+        return base
+    return replace(base, profile_check=profile_disagreement(
+        base.eager.device_us, profile_us, base.kernels_us, base.launches))
+
+
+def profile_us_of(card: OpCard) -> float | None:
+    """The GPU time of one call of the card's variant in the model's own profile."""
+    if card.total_us <= 0 or card.calls <= 0:
+        return None
+    return card.total_us / card.calls
+
+
+def time_subjects(subjects: dict[str, Callable[[int], Any]], runtime: Runtime,
+                  settings: EvalSettings, notes: list[str]) -> dict:
+    """Time the subjects, torch.compile's under ``fail_on_recompile``; where it recompiles,
+    eager again alone, with the failing guard in ``notes``."""
+    if "compiled" not in subjects:
+        return time_interleaved(subjects, runtime, settings.timing).timings
+    try:
+        with torch.compiler.set_stance("fail_on_recompile"):
+            return time_interleaved(subjects, runtime, settings.timing).timings
+    except RuntimeError as exc:
+        if "recompile" not in str(exc):
+            raise
+        notes.append("torch.compile recompiled while timed, so it has no figure: "
+                     + " ".join(str(exc).split())[:400])
+    eager_only = {"eager": subjects["eager"]}
+    return time_interleaved(eager_only, runtime, settings.timing).timings
 
 
 def eager_kernels(call: Callable[[], Any], runtime: Runtime,

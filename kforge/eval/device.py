@@ -1,13 +1,21 @@
 """The device side of an evaluation: where tensors live, how to wait, flush L2 and time a call.
 
 ``CudaRuntime`` runs everything on a dedicated stream of one GPU and times with CUDA events after
-an L2 flush. ``CpuRuntime`` runs the same evaluation code on the CPU with a wall clock; the tests
-use it, with Python stand-ins for kernels, to exercise every check without a GPU.
+an L2 flush. To time the GPU and not the host, the timing loop puts a *hold* on the stream (a tiny
+NVRTC kernel polling a flag in mapped host memory), queues its timed calls behind it and then
+releases it: every window between two events then holds device time only, however slow the host
+is to issue a call (nvbench's blocking kernel, TritonBench's ``gpu_events``). The hold gives up by
+itself after a timeout (``%globaltimer``), so a host that cannot queue (a call that synchronizes,
+a full launch queue) never hangs the GPU; the loop then learns it from ``release``.
+
+``CpuRuntime`` runs the same evaluation code on the CPU with a wall clock; the tests use it, with
+Python stand-ins for kernels, to exercise every check without a GPU.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import time
 from collections.abc import Iterator
 from typing import Any, Protocol
@@ -31,6 +39,10 @@ class Runtime(Protocol):
     def stop(self, token: Any) -> Any: ...
 
     def elapsed_us(self, token: Any) -> float: ...
+
+    def hold(self, timeout_s: float) -> None: ...
+
+    def release(self) -> bool: ...
 
     def alive(self) -> bool: ...
 
@@ -63,6 +75,12 @@ class CpuRuntime:
     def elapsed_us(self, token: tuple[float, float]) -> float:
         return (token[1] - token[0]) * 1e6
 
+    def hold(self, timeout_s: float) -> None:
+        """Nothing to hold: on the CPU the host is the device."""
+
+    def release(self) -> bool:
+        return True
+
     def alive(self) -> bool:
         return True
 
@@ -72,10 +90,53 @@ class CpuRuntime:
 
 # The L2 flush writes at least this much, twice the L2 size where that is larger.
 MIN_FLUSH_BYTES = 64 << 20
-# How long the GPU is held busy before a timed call's start event: longer than the host takes to
-# enqueue the call (a Python op dispatch or a plan's launches, 10-30 us; a compiled graph's guards
-# and launches more), so the window never holds a host gap.
-HOLD_US = 100.0
+# The hold: polls its flag (mapped host memory) every 2 us until the host sets it, or
+# gives up after max_ns of the GPU's global timer and says so in timed_out.
+HOLD_SOURCE = r"""
+extern "C" __global__ void kforge_hold(volatile int* flag, volatile int* timed_out,
+                                       unsigned long long max_ns) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    while (*flag == 0) {
+        __nanosleep(2000);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+        if (now - start > max_ns) {
+            *timed_out = 1;
+            __threadfence_system();
+            return;
+        }
+    }
+}
+"""
+HOLD_KERNEL = "kforge_hold"
+
+
+class MappedFlags:
+    """Two int32 flags in page-locked host memory mapped into the GPU's address space: the
+    host writes ``flag`` and reads ``timed_out``, the hold kernel the other way round."""
+
+    def __init__(self) -> None:
+        from cuda.bindings import driver
+
+        flags = driver.CU_MEMHOSTALLOC_DEVICEMAP | driver.CU_MEMHOSTALLOC_PORTABLE
+        err, host = driver.cuMemHostAlloc(8, flags)
+        _check(err, "cuMemHostAlloc")
+        err, dev = driver.cuMemHostGetDevicePointer(host, 0)
+        _check(err, "cuMemHostGetDevicePointer")
+        self.host = int(host)
+        self.device = int(dev)
+        self.values = (ctypes.c_int32 * 2).from_address(self.host)
+        self.values[0] = self.values[1] = 0
+
+    def pointers(self) -> tuple[int, int]:
+        return self.device, self.device + 4
+
+
+def _check(err: Any, what: str) -> None:
+    from cuda.bindings import driver
+
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"{what} failed: {getattr(err, 'name', err)}")
 
 
 class CudaRuntime:
@@ -92,7 +153,7 @@ class CudaRuntime:
         flush_bytes = max(2 * self.l2_bytes, MIN_FLUSH_BYTES)
         self._flush = torch.empty(flush_bytes // 4, dtype=torch.int32, device=self.device)
         self._events: list[torch.cuda.Event] = []
-        self._hold_cycles = self._cycles_for(HOLD_US)
+        self._hold: Any = None  # (KernelModule, MappedFlags), made on the first hold
 
     @contextlib.contextmanager
     def scope(self) -> Iterator[None]:
@@ -114,25 +175,42 @@ class CudaRuntime:
     def _event(self) -> torch.cuda.Event:
         return self._events.pop() if self._events else torch.cuda.Event(enable_timing=True)
 
-    def _cycles_for(self, us: float) -> int:
-        """Spin cycles that hold this GPU for about ``us`` (measured once, at its current clock)."""
-        probe = 1_000_000
-        with self.scope():
-            torch.cuda._sleep(probe // 10)  # wake the clocks before measuring them
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record(self.stream)
-            torch.cuda._sleep(probe)
-            end.record(self.stream)
-            end.synchronize()
-        return max(1, int(probe * us / (start.elapsed_time(end) * 1e3)))
+    def hold(self, timeout_s: float) -> None:
+        """Hold the stream until ``release``: a one-thread kernel that polls a host flag, so
+        every call queued behind it starts back to back with the one before, not when the host
+        gets to it. It gives up after ``timeout_s`` by itself."""
+        import numpy as np
+
+        module, flags = self._hold_kernel()
+        flags.values[0] = flags.values[1] = 0
+        flag, timed_out = flags.pointers()
+        with torch.cuda.stream(self.stream):
+            module.launch(HOLD_KERNEL, (1,), (1,), 0,
+                          [flag, timed_out, np.uint64(int(timeout_s * 1e9))])
+
+    def release(self) -> bool:
+        """Let the held stream go and wait for it; False when the hold had already given up
+        (its timeout passed before the host released it): the windows queued behind it may
+        then hold host time."""
+        _module, flags = self._hold_kernel()
+        flags.values[0] = 1
+        self.sync()
+        return flags.values[1] == 0
+
+    def _hold_kernel(self) -> tuple[Any, MappedFlags]:
+        if self._hold is None:
+            from kforge.runtime.cache import cache_dir
+            from kforge.runtime.cubin import KernelModule, device_arch
+            from kforge.runtime.nvrtc import Compiler
+
+            compiled = Compiler(cache_dir() / "nvrtc").compile(HOLD_SOURCE, device_arch(self.index))
+            if not compiled.ok:
+                raise RuntimeError(f"the timing hold does not compile: {compiled.log}")
+            with torch.cuda.device(self.index):
+                self._hold = (KernelModule(compiled.cubin, self.index), MappedFlags())
+        return self._hold
 
     def start(self) -> torch.cuda.Event:
-        """Hold the stream busy, then record the start event: the host enqueues the timed call
-        while the GPU spins, so the call starts the moment the event fires. Without the hold a
-        host slower than the GPU (a Python dispatch after a short flush) is timed as GPU time:
-        eager's 65 us RMSNorm measured 76-89 us inside evaluations on an H200."""
-        with torch.cuda.stream(self.stream):
-            torch.cuda._sleep(self._hold_cycles)
         event = self._event()
         event.record(self.stream)
         return event

@@ -53,6 +53,12 @@ class Fences:
         return torch.empty(0, dtype=dtype, device=device).set_(
             raw.untyped_storage(), start // itemsize, shape, stride)
 
+    def copy(self) -> Fences:
+        """These fences as they are now (queued copies), to be judged later."""
+        copied = Fences()
+        copied.fences = [Fence(f.raw.clone(), f.span) for f in self.fences]
+        return copied
+
     def broken(self) -> list[int]:
         """Indices of the buffers whose fences were written (one device sync)."""
         if not self.fences:

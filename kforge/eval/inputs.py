@@ -331,14 +331,19 @@ class InputSet:
         for i in range(len(self.buffers)) if indices is None else indices:
             self.buffers[i].base.copy_(self.snapshot[i])
 
-    def changed(self, written: set[int]) -> list[str]:
+    def changed(self, written: set[int], seen: list[torch.Tensor] | None = None,
+                snapshot: list[torch.Tensor] | None = None) -> list[str]:
         """What differs from the snapshot, one line per tensor. For the tensors in ``written``
-        (arguments the op writes) only the canaries around the view count."""
+        (arguments the op writes) only the canaries around the view count. ``seen`` and
+        ``snapshot``: copies of the buffers taken right after a call and the snapshot taken
+        before it, to judge that call later; by default the buffers and snapshot now."""
+        seen = [b.base for b in self.buffers] if seen is None else seen
+        snapshot = self.snapshot if snapshot is None else snapshot
         problems = []
-        for i, (buf, snap) in enumerate(zip(self.buffers, self.snapshot)):
-            if i not in written and torch.equal(as_bytes(buf.base), as_bytes(snap)):
+        for i, (buf, now, snap) in enumerate(zip(self.buffers, seen, snapshot)):
+            if i not in written and torch.equal(as_bytes(now), as_bytes(snap)):
                 continue
-            differs = elements_differ(buf.base, snap)
+            differs = elements_differ(now, snap)
             inside = buf.view_mask()
             if bool((differs & ~inside).any()):
                 problems.append(f"the memory around tensor argument {i}")

@@ -38,7 +38,13 @@ from typing import Any, Protocol
 import torch
 
 from kforge.core.argspec import resolve_op
-from kforge.core.candidate import Candidate, EvalOutcome, EvalStatus, Timing
+from kforge.core.candidate import (
+    Candidate,
+    EvalOutcome,
+    EvalStatus,
+    Timing,
+    held_reason,
+)
 from kforge.core.gpu import GpuInfo
 from kforge.core.launch_plan import PlanError, PlanNotApplicable
 from kforge.core.opcard import OpCard
@@ -149,9 +155,17 @@ class CandidateCalls:
 
 @dataclass
 class TimedCheck:
-    """A timed call chosen for checking: its inputs' values, and what it returned."""
+    """A timed call chosen for checking, as it was the moment it returned: copies queued right
+    after its stop event, before any later call, of what it returned, of its input buffers (and
+    their canaries) and of its fences, with the values it was given. Judged after timing; a
+    kernel that fills a kept result in on a later call is judged on what it had written."""
 
-    inputs: InputSet
+    label: str
+    inputs: InputSet  # the values the call was given (the reference runs on these)
+    buffers: InputSet  # the input buffers it ran on (their geometry, for the canaries)
+    seen: list[torch.Tensor]  # those buffers right after the call
+    snapshot: list[torch.Tensor]  # and right before it
+    fences: Allocation
     observed: Observed
 
 
@@ -229,8 +243,11 @@ class Evaluation:
         inputs.restore(self.written)
         return observed
 
-    def check_inputs(self, inputs: InputSet, what: str) -> None:
-        if changed := inputs.changed(set(self.written)):
+    def check_inputs(self, inputs: InputSet, what: str, seen: list[torch.Tensor] | None = None,
+                     snapshot: list[torch.Tensor] | None = None) -> None:
+        """The inputs (or ``seen``, copies of them taken right after a call) against their
+        snapshot (or ``snapshot``, taken before that call)."""
+        if changed := inputs.changed(set(self.written), seen, snapshot):
             inside = [c for c in changed if not c.startswith("the memory around")]
             if inside:
                 raise Verdict(EvalStatus.CHEAT, f"{what}: the candidate modified its inputs "
@@ -409,13 +426,15 @@ class Evaluation:
 
     def time_against_eager(self, buffers: list[InputSet]
                            ) -> tuple[Timing, Timing, dict, set[torch.dtype]]:
-        """Candidate and eager timed interleaved, each call on new input values; then the
-        checked timed calls, the floor and the work done.
+        """Candidate and eager timed interleaved (``kforge.eval.timing``: device, host and wall
+        time), each call on new input values; then the checked timed calls, the floor and the
+        work done.
 
         Every timed call is prepared alike (new values, their snapshot, fresh poisoned memory),
         so nothing the candidate can see marks the calls that get checked. Which ones do is
-        drawn after each call, uniformly over all timed calls however many the budget allows
-        (reservoir sampling)."""
+        drawn after each call, uniformly over all timed calls however many there are (reservoir
+        sampling); a drawn call's results are copied right after its stop event. The number of
+        timed calls follows eager's time alone, drawn at random below it."""
         op, k = self.op, len(buffers)
         values_seed = self.chance.getrandbits(30)
         warmup, wanted = self.settings.timing.warmup, self.settings.checked_timed_calls
@@ -444,22 +463,16 @@ class Evaluation:
             slot = len(checks) if len(checks) < wanted else self.chance.randrange(timed)
             if slot >= wanted:
                 return
-            inputs = buffers[r % k]
-            self.check_inputs(inputs, f"timed call {r}")
-            self.check_fences(used, f"timed call {r}")
-            values = inputs.fresh_copy(f"timed call {r}")
-            values.take_snapshot()  # the reference runs on a copy of these
-            check = TimedCheck(values, observe(result, inputs, self.written, candidate=True))
-            checks[slot:slot + 1] = [check]
+            checks[slot:slot + 1] = [self.keep_timed_call(r, buffers[r % k], used, result)]
 
         def prepare_eager(r: int) -> None:
             self.factory.refill(buffers[r % k], values_seed + 2 * r + 1)
 
         run = time_interleaved(
-            {"candidate": Subject(run_candidate, prepare_candidate, after_candidate),
+            {"candidate": Subject(run_candidate, prepare_candidate, after_candidate, paces=False),
              "eager": Subject(lambda r: op(*buffers[r % k].args, **buffers[r % k].kwargs),
                               prepare_eager)},
-            self.runtime, self.settings.timing)
+            self.runtime, self.settings.timing, self.chance)
         self.wait("timing")
         work, out_dtypes = self.work(buffers[0])
         candidate, eager = run.timings["candidate"], run.timings["eager"]
@@ -468,14 +481,35 @@ class Evaluation:
                           f"physical floor of {work['hard_floor_us']:.1f} us for the bytes this op "
                           "must move: work done elsewhere or skipped when timed")
         for check in checks:
-            try:
-                self.judge(check.observed, self.reference(check.inputs), check.inputs,
-                           check.inputs.label)
-            except Verdict as v:
-                raise Verdict(EvalStatus.CHEAT, f"{v.summary}: the candidate computes otherwise "
-                              "when timed") from None
+            self.judge_timed_call(check)
         work["checked_timed_calls"] = len(checks)
+        if run.notes:
+            work["timing_notes"] = run.notes
         return candidate, eager, work, out_dtypes
+
+    def keep_timed_call(self, r: int, inputs: InputSet, used: Allocation,
+                        result: Any) -> TimedCheck:
+        """Copies of timed call ``r`` as it returned, queued on the stream right behind it (the
+        stream may be held: nothing here waits for the GPU)."""
+        label = f"timed call {r}"
+        values = inputs.fresh_copy(label)
+        values.take_snapshot()  # the reference runs on a copy of these
+        seen = [b.base.clone() for b in inputs.buffers]
+        fences = used
+        if isinstance(used, FencedAllocation):
+            fences = FencedAllocation(used.outputs, used.scratch, used.fences.copy(), used.labels)
+        observed = observe(result, inputs, self.written, candidate=True)
+        observed.tensors[:] = [t.clone() for t in observed.tensors]
+        return TimedCheck(label, values, inputs, seen, inputs.snapshot, fences, observed)
+
+    def judge_timed_call(self, check: TimedCheck) -> None:
+        self.check_inputs(check.buffers, check.label, check.seen, check.snapshot)
+        self.check_fences(check.fences, check.label)
+        try:
+            self.judge(check.observed, self.reference(check.inputs), check.inputs, check.label)
+        except Verdict as v:
+            raise Verdict(EvalStatus.CHEAT, f"{v.summary}: the candidate computes otherwise "
+                          "when timed") from None
 
     def timing_sets(self, sets: list[InputSet]) -> list[InputSet]:
         """A few sets to rotate while timing, as many as memory comfortably allows."""
@@ -600,15 +634,17 @@ def evaluate_candidate(card: OpCard, candidate: Candidate, *, runtime: Runtime,
                                 restart=True)
         return outcome_from(EvalStatus.INFRA, f"evaluator error: {type(exc).__name__}: {exc}",
                             started, compiled, extra={"traceback": traceback.format_exc()[-4000:]})
-    speedup = eager.median_us / timing.median_us if timing.median_us > 0 else None
+    speedup = eager.device_us / timing.device_us if timing.device_us > 0 else None
     moved = work["read_bytes"] + work["write_bytes"]
     extra = {"launches": len(runner.plan.launches), "device": str(runtime.device), **work}
+    if held := held_reason(speedup):
+        extra["held"] = held
     if work["flops"]:
         extra["tflops"] = work["flops"] / (timing.median_us * 1e6)
     floor = work["floor_us"]
     return outcome_from(
         EvalStatus.OK,
-        f"{speedup:.2f}x eager ({timing.median_us:.1f} us vs {eager.median_us:.1f} us)"
+        f"{speedup:.2f}x eager (device {timing.device_us:.1f} us vs {eager.device_us:.1f} us)"
         if speedup else "ok", started, compiled,
         correctness=correctness, timing=timing, eager=eager, speedup=speedup,
         bandwidth_gbs=moved / (timing.median_us * 1e3) if timing.median_us > 0 else None,

@@ -157,7 +157,9 @@ def worth_routing(decisions: list[Decision], miss_us: float = GUARD_MISS_US,
     """Outside CUDA graphs every call of a patched op passes through Python, matched or not. Keep
     an op's kernels only where the GPU time they save per forward exceeds that CPU cost, so a
     patched model is never slower than eager; under CUDA graphs (replays skip Python) every
-    winner pays off and this filter is not applied.
+    winner pays off and this filter is not applied. The eager-mode decision thus uses both
+    figures explicitly: the saving in *device* time (the card's eager device time and the
+    device-time speedup) against the extra *host* time of the launch path.
 
     Every call of the op pays the guard (``miss_us``); a call that runs a kernel pays its launch
     path instead of eager's own call: the measured difference where the outcome has one (a path

@@ -258,7 +258,7 @@ def test_search_json_is_one_object_on_stdout(tmp_path: Path, capsys):
     captured = capsys.readouterr()
     answer = json.loads(captured.out)
     assert answer.keys() == {"session", "model", "status", "error", "cards", "targets",
-                             "best_speedup", "usd_spent", "detached"}
+                             "best_speedup", "speedup_of", "usd_spent", "detached"}
     assert (answer["session"], answer["model"], answer["status"]) == (sid, "toy", "done")
     assert (answer["cards"], answer["targets"], answer["error"]) == (4, 3, None)
     assert answer["detached"] is False
@@ -423,3 +423,29 @@ def test_a_database_in_a_read_only_place_can_be_browsed(tmp_path: Path):
     finally:
         folder.chmod(0o755)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_show_gives_no_speedup_from_a_baseline_that_disagrees_with_the_profile(tmp_path: Path,
+                                                                                capsys):
+    from kforge.core.candidate import Baseline, Timing, profile_disagreement
+
+    db = tmp_path / "k.db"
+    softmax, add, relu, view = sample_cards()
+    check = profile_disagreement(254.9, 24.6)
+
+    async def go() -> int:
+        async with await Store.open(db) as store:
+            sid = await store.create_profiled_session(
+                "toy", {}, {"name": "Fake GPU", "arch": "sm_90"}, [softmax, add, relu, view])
+            card = (await store.list_cards(sid))[0]
+            base = Baseline(eager=Timing(254.9, 250.0, 260.0, 50), profile_us=24.6,
+                            profile_check=check)
+            await store.update_card(card.id, baseline=base.to_dict(), eager_us=254.9,
+                                    best_speedup=36.7)
+            return sid
+
+    sid = asyncio.run(go())
+    assert main(["show", str(sid), "--db", str(db)]) == 0
+    shown = capsys.readouterr().out
+    assert "36.70x" not in shown and "- (profile)" in shown
+    assert "no speedup shown for card" in shown and "10.36x the profile's 24.6 us" in shown

@@ -73,7 +73,8 @@ def test_e2e_stores_the_measurement_and_show_prints_it(tmp_path: Path, result, c
     assert any(re.fullmatch(
         r"model measured \d+s ago \(kforge e2e\): kforge gains 1\.25x in eager\+kforge, "
         r"1\.25x in graphs\+kforge; fastest 2\.50x over eager \(graphs\+kforge\); "
-        r"projected 1\.31x", line) for line in shown), shown
+        r"projected 1\.31x \(device time; error \+5% vs eager\+kforge's 1\.25x, \+5% vs "
+        r"graphs\+kforge's 1\.25x\)", line) for line in shown), shown
 
 
 def test_show_says_nothing_of_a_model_never_measured(tmp_path: Path, capsys):

@@ -29,7 +29,7 @@ def make_session(db: Path) -> tuple[int, int, int]:
             await store.set_candidate(parent, Candidate("// first", FAKE_PLAN,
                                                         {"approach": "one block per row"}))
             await store.finish_node(parent, EvalOutcome(
-                EvalStatus.OK, speedup=1.4, timing=Timing(40.0, 39.0, 41.0, 100),
+                EvalStatus.OK, speedup=1.4, timing=Timing(40.0, 39.0, 41.0, 100, host_us=6.0, wall_us=41.5),
                 eager=Timing(56.0, 55.0, 57.0, 100),
                 extra={"registers": {"k": 32}, "spills": False}), 0.3)
             node = await store.add_node(sid, card, parent, "refine")
@@ -72,7 +72,9 @@ def test_a_working_node_shows_its_timings_and_profile(tmp_path: Path, capsys):
     sid, parent, node = make_session(db)
     assert main(["show", str(sid), "--node", str(parent), "--db", str(db)]) == 0
     shown = capsys.readouterr().out
-    assert "time      median 40.0 us, p10 39.0 us, p90 41.0 us (100 reps)" in shown
+    assert ("time      device median 40.0 us, p10 39.0 us, p90 41.0 us (100 reps); "
+            "host 6.0 us; wall 41.5 us") in shown
+    assert "eager     device median 56.0 us, p10 55.0 us, p90 57.0 us (100 reps)" in shown
     assert "speedup   1.40x" in shown and "ptxas: k 32 registers/thread" in shown
     assert f"children  {node} (refine, compile_error)" in shown
     assert "none (the kernel library" in shown

@@ -20,6 +20,7 @@ import contextlib
 import ctypes
 import math
 import re
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -878,3 +879,33 @@ def softmax_split_unfenced(k: Launch, x, partial, out, cols):
     total = fresh[:, :1] + sums[:, 1:]
     rows(out, count, cols).copy_(e / total)
     sums.copy_(fresh)
+
+
+# ----- red team, deferred work across timed calls (tests.eval.redteam, issue 30 class 1) -----
+
+
+@standin("defer_step")
+def defer_step(k: Launch, out, honest, slow, deferred):
+    g = k.globals
+    c = g.get("defer_calls", 0)
+    g["defer_calls"] = c + 1
+    g["defer_fill"], g["defer_last"], g["defer_mode"] = g.get("defer_last"), None, 0
+    honest, slow, deferred = int(honest), int(slow), int(deferred)
+    if honest <= c < honest + slow:
+        g["defer_mode"] = 2
+    elif honest + slow <= c and c + 1 < honest + slow + deferred:
+        g["defer_mode"], g["defer_last"] = 1, out
+
+
+@standin("defer_softmax")
+def defer_softmax(k: Launch, x, out, cols, rows_now):
+    g, count, cols, now = k.globals, k.grid[0], int(cols), int(rows_now)
+    if g["defer_fill"] is not None:
+        rows(g["defer_fill"], count, cols)[now:] = torch.softmax(g["defer_stash"][now:], -1)
+    if g["defer_mode"] == 1:
+        g["defer_stash"] = rows(x, count, cols).float().clone()
+        softmax_rows(x, out, now, cols)
+        return
+    if g["defer_mode"] == 2:
+        time.sleep(0.02)
+    softmax_rows(x, out, count, cols)

@@ -2145,3 +2145,115 @@ CASES += (PLACEMENT_CASES + EVERY_CALL_CASES + SPECIAL_CASES + CONTENT_CASES
 CONTROLS += [Control(name, card, build, *sample) for name, card, build, *sample in (
     PLACEMENT_CONTROLS + EVERY_CALL_CONTROLS + SPECIAL_CONTROLS + CONTENT_CONTROLS
     + INTERMEDIATE_CONTROLS + RACE_CONTROLS)]
+
+
+# =============================================================================================
+# (issue 30, class 1) deferred work across timed calls
+# =============================================================================================
+# A timed call's results used to be kept as the tensors themselves and compared after the whole
+# timing loop, and the number of timed calls followed the candidate's own warm-up time. A kernel
+# could then leave a timed call's output unwritten and fill it in on a later call, and, by being
+# slow in its warm-ups, learn how many timed calls there would be and fill the last ones in
+# before the loop ended. Now a checked call is copied right after its stop event, and the count
+# follows eager alone, drawn at random.
+
+DEFERRED = "deferred"
+CLASSES[DEFERRED] = "deferred work across timed calls"
+
+DEFER = ROWS_KERNELS + r"""
+__device__ unsigned int g_defer_calls;
+__device__ unsigned int g_defer_mode;  // 0 honest, 1 deferred, 2 slow and honest
+__device__ float* g_defer_last;  // the output left unwritten by the last call
+__device__ float* g_defer_fill;  // the output this call fills in
+__device__ float g_defer_stash[1 << 20];  // the inputs of that call
+// Call `honest` and on: `slow` calls slow (a warm-up to steer the count of timed calls), then
+// `deferred` calls each leaving its output for the next call to write (the last of them writes
+// its own as well); honest after.
+extern "C" __global__ void defer_step(float* y, unsigned int honest, unsigned int slow,
+                                      unsigned int deferred) {
+    const unsigned int c = g_defer_calls++;
+    g_defer_fill = g_defer_last;
+    g_defer_last = 0;
+    g_defer_mode = 0;
+    if (c >= honest && c < honest + slow) {
+        g_defer_mode = 2;
+    } else if (c >= honest + slow && c + 1 < honest + slow + deferred) {
+        g_defer_mode = 1;
+        g_defer_last = y;
+    }
+}
+// Rows from `rows_now` on are the ones deferred; the rows before them are always written.
+extern "C" __global__ void defer_softmax(const float* x, float* y, int cols,
+                                         unsigned int rows_now) {
+    const bool later = blockIdx.x >= rows_now;
+    if (g_defer_fill && later) softmax_row<float>(g_defer_stash, g_defer_fill, cols);
+    __syncthreads();
+    const long long base = (long long)blockIdx.x * cols;
+    if (g_defer_mode == 1 && later) {
+        for (int c = threadIdx.x; c < cols; c += blockDim.x) g_defer_stash[base + c] = x[base + c];
+        return;
+    }
+    if (g_defer_mode == 2) {
+        const long long start = clock64();
+        while (clock64() - start < 40000000LL) {}  // about 20 ms
+    }
+    softmax_row<float>(x, y, cols);
+}
+"""
+# A deferring kernel's state holds one call's inputs: 1 << 20 floats.
+DEFER_CARD = C.softmax_card  # 64 x 1000
+
+
+def deferring(honest: int, slow: int, deferred: int, approach: str,
+              rows_now: str = "0") -> Candidate:
+    plan = C.softmax_plan("defer_softmax", params=[
+        {"ptr": "self"}, {"ptr": "out"}, {"i32": "cols"}, {"u32": rows_now}])
+    plan["launches"].insert(0, {"kernel": "defer_step", "grid": [1], "block": [1], "params": [
+        {"ptr": "out"}, {"u32": honest}, {"u32": slow}, {"u32": deferred}]})
+    return Candidate(DEFER, plan=plan, meta={"family": "redteam", "approach": approach})
+
+
+def one_call_late(settings: EvalSettings, device_type: str) -> Candidate:
+    """Honest through verification, then every output written by the next call."""
+    return deferring(calls_before_timing(DEFER_CARD(), settings), 0, 1 << 30,
+                     "writes each output on the next call")
+
+
+def second_half_one_call_late(settings: EvalSettings, device_type: str) -> Candidate:
+    """Honest through verification, then the first half of each output's rows written by the
+    call and the second half by the next call."""
+    return deferring(calls_before_timing(DEFER_CARD(), settings), 0, 1 << 30,
+                     "writes half of each output on the next call", rows_now="rows // 2")
+
+
+def steers_the_count(settings: EvalSettings, device_type: str) -> Candidate:
+    """Slow warm-ups (so that, paced by its own time, timing would run ``min_reps`` rounds),
+    then ``min_reps`` calls whose outputs are written one call late, the last of them filling
+    in its predecessor as well: every output is right by the end of the loop."""
+    return deferring(calls_before_timing(DEFER_CARD(), settings), settings.timing.warmup,
+                     settings.timing.min_reps, "fills in kept outputs before the loop ends")
+
+
+def slow_warmups_honest(device_type: str) -> Candidate:
+    """The same kernels, slow in the warm-ups and honest on every call."""
+    return Candidate(DEFER, plan=deferring(calls_before_timing(DEFER_CARD(), FAST),
+                                           FAST.timing.warmup, 0, "").plan,
+                     meta={"family": "control", "approach": "slow first calls, honest"})
+
+
+# Every timed call checked, so the verdict does not depend on which ones the draw picks.
+EVERY_TIMED_CALL = EvalSettings(timing=FAST.timing, compile_baseline=False, checked_timed_calls=64)
+
+DEFERRED_CASES = [
+    Case(DEFERRED, "each-output-written-by-the-next-call", DEFER_CARD, one_call_late,
+         EvalStatus.CHEAT, r"timed call \d+, result 0: .*computes otherwise when timed",
+         notes="every kept output is right by the time the loop ends"),
+    Case(DEFERRED, "second-half-written-by-the-next-call", DEFER_CARD, second_half_one_call_late,
+         EvalStatus.CHEAT, r"timed call \d+, result 0: .*computes otherwise when timed"),
+    Case(DEFERRED, "slow-warmups-then-fill-in-before-the-loop-ends", DEFER_CARD,
+         steers_the_count, EvalStatus.CHEAT,
+         r"timed call \d+, result 0: .*computes otherwise when timed", settings=EVERY_TIMED_CALL,
+         notes="right on every call after the last timed one it expects"),
+]
+CASES += DEFERRED_CASES
+CONTROLS += [Control("softmax-slow-warmups-keeps-state", DEFER_CARD, slow_warmups_honest)]

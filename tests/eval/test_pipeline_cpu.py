@@ -15,7 +15,7 @@ from kforge.core.candidate import Candidate, EvalOutcome, EvalStatus
 from kforge.errors import KforgeError
 from kforge.eval.baseline import measure_baseline
 from kforge.eval.device import CpuRuntime
-from kforge.eval.pipeline import evaluate_candidate
+from kforge.eval.pipeline import EvalSettings, evaluate_candidate
 from kforge.eval.timing import TimingPlan
 from kforge.runtime.plan import PlanRunner, resolve_for
 from tests.eval import candidates as C
@@ -129,3 +129,19 @@ def test_baseline_of_an_op_eager_cannot_run_is_a_clear_error():
     card = C.add_card([4, 4]).with_(args=[C.tensor([4, 4]), C.tensor([5, 4])], key="")
     with pytest.raises(KforgeError, match="eager aten.add.Tensor fails"):
         measure_baseline(card, runtime=CpuRuntime(), gpu=CPU_GPU, settings=FAST)
+
+
+def test_a_compiled_subject_that_recompiles_while_timed_leaves_eager_alone_with_the_guard():
+    from kforge.eval.baseline import time_subjects
+
+    def recompiles(r: int) -> None:
+        raise RuntimeError("Detected recompile when torch.compile stance is 'fail_on_recompile'. "
+                           "triggered by the following guard failure(s):\n - 0/0: tensor 'x' "
+                           "dtype mismatch. expected Float, actual Double")
+
+    notes: list[str] = []
+    settings = EvalSettings(timing=TimingPlan(warmup=1, min_reps=3, max_reps=3, wall_calls=2))
+    timings = time_subjects({"eager": lambda r: None, "compiled": recompiles}, CpuRuntime(),
+                            settings, notes)
+    assert set(timings) == {"eager"} and timings["eager"].reps == 3
+    assert "recompiled while timed" in notes[0] and "dtype mismatch" in notes[0]

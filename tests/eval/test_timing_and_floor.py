@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import random
+import time
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -17,8 +21,10 @@ from kforge.eval.ops import (
     unique_bytes,
 )
 from kforge.eval.timing import (
+    WALL_ROUND,
     Subject,
     TimingPlan,
+    drawn_reps,
     reps_for,
     summarize,
     time_interleaved,
@@ -46,7 +52,7 @@ def test_repetitions_follow_the_call_time_within_bounds():
 
 def test_subjects_are_interleaved_with_alternating_order():
     calls: list[tuple[str, int]] = []
-    plan = TimingPlan(warmup=1, min_reps=4, max_reps=4, budget_s=0.0)
+    plan = TimingPlan(warmup=1, min_reps=4, max_reps=4, budget_s=0.0, wall_calls=0)
     run = time_interleaved({"a": lambda r: calls.append(("a", r)) or f"a{r}",
                             "b": lambda r: calls.append(("b", r)) or f"b{r}"}, CpuRuntime(), plan)
     assert calls == [("a", 0), ("b", 0),  # warm-up
@@ -83,7 +89,109 @@ def test_preparing_and_looking_at_a_call_stay_outside_its_timed_window():
     run = time_interleaved({"x": subject}, runtime,
                            TimingPlan(warmup=2, min_reps=3, max_reps=3, budget_s=0.0))
     assert run.timings["x"].median_us == 1.0 and run.timings["x"].reps == 3
-    assert seen == [(r, r) for r in range(5)]
+    assert seen == [(r, r) for r in range(5)] + [(WALL_ROUND, WALL_ROUND)]
+
+
+class QueueRuntime(CpuRuntime):
+    """A model of a GPU stream on the CPU: work is queued and runs in order, starting no earlier
+    than the host queues it, except behind a hold, where it runs back to back once released.
+    ``kernel(us)`` queues ``us`` of device time; events read the device clock."""
+
+    def __init__(self, timeout_after: int = 0) -> None:
+        self.free_at = 0.0  # device clock (us of host time) when the stream runs dry
+        self.queue: list | None = None  # while held: what was queued behind the hold
+        self.holds = 0
+        self.timeouts_left = timeout_after  # holds that time out before their release
+
+    def host_now(self) -> float:
+        return time.perf_counter() * 1e6
+
+    def _do(self, item: list) -> None:
+        if self.queue is not None:
+            self.queue.append(item)
+            return
+        start = max(self.free_at, self.host_now()) if item[0] != "held" else self.free_at
+        if item[0] == "kernel":
+            self.free_at = start + item[1]
+        else:
+            item[1] = start if item[0] == "event" else None
+
+    def kernel(self, us: float) -> None:
+        self._do(["kernel", us])
+
+    def start(self) -> list:
+        event = ["event", None]
+        self._do(event)
+        return event
+
+    def stop(self, token: list) -> tuple[list, list]:
+        return token, self.start()
+
+    def elapsed_us(self, token: tuple[list, list]) -> float:
+        return token[1][1] - token[0][1]
+
+    def hold(self, timeout_s: float) -> None:
+        self.holds += 1
+        self.queue = []
+
+    def release(self) -> bool:
+        queued, self.queue = self.queue or [], None
+        timed_out = self.timeouts_left > 0
+        self.timeouts_left -= 1
+        clock = max(self.free_at, self.host_now())
+        for item in queued:  # back to back from the release
+            if item[0] == "kernel":
+                clock += item[1]
+            else:
+                item[1] = clock
+        self.free_at = clock
+        return not timed_out
+
+
+def test_the_held_stream_times_the_device_not_a_slow_host():
+    runtime = QueueRuntime()
+
+    def slow_host_call(r: int) -> None:
+        time.sleep(0.002)  # 2000 us to issue a 50 us kernel
+        runtime.kernel(50.0)
+
+    plan = TimingPlan(warmup=1, min_reps=6, max_reps=6, budget_s=0.0, hold_rounds=3,
+                      wall_calls=4)
+    timing = time_interleaved({"x": slow_host_call}, runtime, plan).timings["x"]
+    assert timing.device_us == pytest.approx(50.0)
+    assert timing.host_us >= 2000.0 and timing.wall_us >= 2000.0
+    assert runtime.holds == 2  # 6 rounds, 3 behind each hold
+    unheld = time_interleaved({"x": slow_host_call}, QueueRuntime(),
+                              replace(plan, hold_rounds=0)).timings["x"]
+    assert unheld.device_us >= 2000.0  # without the hold the window holds the host's time
+
+
+def test_a_hold_that_times_out_is_retried_with_fewer_rounds_then_dropped():
+    runtime = QueueRuntime(timeout_after=4)
+    plan = TimingPlan(warmup=0, min_reps=8, max_reps=8, budget_s=0.0, hold_rounds=8,
+                      wall_calls=0)
+    run = time_interleaved({"x": lambda r: runtime.kernel(5.0)}, runtime, plan)
+    assert run.timings["x"].reps == 8  # every round timed once, none from a timed-out batch
+    assert runtime.holds == 4  # 8, 4, 2 and 1 rounds timed out; the rest ran unheld
+    assert any("without a hold" in note for note in run.notes)
+
+
+def test_the_number_of_timed_calls_follows_the_pacing_subjects_alone():
+    plan = TimingPlan(warmup=2, min_reps=4, max_reps=40, budget_s=0.02, wall_calls=0)
+    counts: dict[str, int] = {"slow": 0}
+
+    def slow_in_warmup(r: int) -> None:  # a candidate dragging its warm-ups out
+        if r < plan.warmup:
+            time.sleep(0.02)
+        else:
+            counts["slow"] += 1
+
+    run = time_interleaved({"candidate": Subject(slow_in_warmup, paces=False),
+                            "eager": lambda r: None}, CpuRuntime(), plan)
+    assert counts["slow"] >= 30  # 40 rounds fit eager's budget, less up to a quarter
+    assert run.timings["candidate"].reps == counts["slow"]
+    drawn = {drawn_reps(0.0, plan, random.Random(seed)) for seed in range(40)}
+    assert min(drawn) >= 30 and len(drawn) > 1  # a count a subject cannot predict
 
 
 def test_floors():
@@ -134,3 +242,32 @@ def test_an_embedding_lookup_is_not_charged_for_the_rows_it_does_not_read(tmp_pa
     indices = R.TOKENS * 8
     assert outcome.extra["read_bytes"] == indices
     assert outcome.extra["write_bytes"] == R.TOKENS * R.EMBED_DIM * 4
+
+
+def test_a_call_that_fails_releases_the_hold_before_the_error_goes_on():
+    runtime = QueueRuntime()
+    releases: list[bool] = []
+    release = runtime.release
+    runtime.release = lambda: releases.append(True) or release()  # type: ignore[method-assign]
+
+    def fails_when_timed(r: int) -> None:
+        if r >= 1:
+            raise RuntimeError("launch refused")
+
+    with pytest.raises(RuntimeError, match="launch refused"):
+        time_interleaved({"x": fails_when_timed}, runtime,
+                         TimingPlan(warmup=1, min_reps=4, max_reps=4, budget_s=0.0))
+    assert runtime.holds == 1 and releases == [True] and runtime.queue is None
+
+
+def test_the_hold_kernel_compiles_with_nvrtc():
+    from kforge.eval.device import HOLD_KERNEL, HOLD_SOURCE
+    from kforge.runtime.nvrtc import Compiler, cuda_include_dirs
+
+    try:
+        cuda_include_dirs()
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    compiled = Compiler().compile(HOLD_SOURCE, "sm_90")
+    assert compiled.ok, compiled.log
+    assert list(compiled.resources) == [HOLD_KERNEL]
