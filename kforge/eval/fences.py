@@ -55,8 +55,8 @@ class Fences:
 
     def copy(self) -> Fences:
         """These fences as they are now (queued copies), to be judged later."""
-        copied = Fences()
-        copied.fences = [Fence(f.raw.clone(), f.span) for f in self.fences]
+        copied = Fences(self.shift)
+        copied.fences = [Fence(f.raw.clone(), f.start, f.span) for f in self.fences]
         return copied
 
     def broken(self) -> list[int]:
