@@ -53,6 +53,8 @@ _REPORT_START = (r"^=+\s+(?:Invalid|Uninitialized|Race|Barrier|Error|Warning|Pro
 # Calls of the candidate under each tool: as many as it is timed for, within these bounds, plus
 # a random few so that a kernel counting its calls cannot know which is the last.
 MIN_CALLS, MAX_CALLS, EXTRA_CALLS = 8, 256, 8
+# The child's line of step times (``run_job``).
+PHASES = "KFORGE-SANITIZE-PHASES"
 # Bump when what a verdict covers changes: cached verdicts of another policy are not reused.
 POLICY = 2
 # Source text that means a kernel may synchronize or share memory in ways the cubin's figures
@@ -340,27 +342,46 @@ class TailRunner(PlanRunner):
 def run_job(path: Path) -> None:
     """The child: compile (a cache hit, as a rule), resolve the plan, call the candidate the
     job's number of times on one input set, every tensor (inputs and outputs) ending where its
-    allocation ends."""
+    allocation ends. With ``phases`` in the job it prints, last, a line ``PHASES {json}``: when
+    it began (wall clock) and each step's seconds, to see where a tool's time goes."""
+    phases: dict[str, float] = {"entered_at": time.time()}
+    clock = time.perf_counter()
+
+    def step(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        phases[name] = round(now - clock, 3)
+        clock = now
+
     from kforge.eval.local import device_context
     from kforge.eval.pipeline import CandidateCalls, plan_runner
 
     job = json.loads(path.read_text())
     card, candidate = OpCard.from_dict(job["card"]), Candidate.from_dict(job["candidate"])
     register_cards([card])
+    step("imports")
     ctx = device_context(int(job["device"]))
+    step("device")
     compiled = ctx.loader.compile(candidate)
     if not compiled.ok:
         raise SystemExit(f"does not compile: {compiled.log[:500]}")
+    step("compile_cached" if compiled.cached else "compile")
     samples = Path(job["samples_dir"]) if job["samples_dir"] else None
     with ctx.runtime.scope():
         backend = ctx.loader.load(compiled)
+        step("module_load")
         plan = plan_runner(card, candidate, backend, compiled, ctx.runtime.device).plan
         calls = CandidateCalls(TailRunner(plan, card.op, backend, ctx.runtime.device),
                                ctx.runtime, fenced=False)
         inputs = exact(InputFactory(card, ctx.runtime.device, samples, 1).sets((1,))[0])
+        ctx.runtime.sync()
+        step("inputs")
         for _ in range(int(job.get("calls", MIN_CALLS))):
             calls.call(inputs)
         ctx.runtime.sync()
+        step("calls")
+    if job.get("phases"):
+        print(PHASES, json.dumps(phases), flush=True)
 
 
 if __name__ == "__main__":
