@@ -16,6 +16,10 @@
 #   bash bench/run_gpu.sh regions        # region kernels one by one vs eager and compiled chains
 #   bash bench/run_gpu.sh integration    # GPU tests of the compile backend, regions, matmuls,
 #                                        # the new library families and the hardware counters
+#   bash bench/run_gpu.sh sanitizer      # where a confirmation's compute-sanitizer time goes
+#   bash bench/run_gpu.sh throughput     # library searches of the Llama-shaped prefill and the
+#                                        # UNet-style model, 6 ops x 16 iterations: evaluations
+#                                        # a minute, confirmation latency, time to the last winner
 #   CUDA_VISIBLE_DEVICES=1 bash bench/run_gpu.sh models
 set -u
 track=${1:?name a track: tests or models}
@@ -74,6 +78,15 @@ case $track in
         tests/eval/test_counters.py
     step 250 python3 -m pytest -m gpu -q -p no:cacheprovider --timeout 120 -rf \
         tests/propose/test_matmul_gpu.py tests/propose/test_library_gpu.py
+    ;;
+  sanitizer)
+    step 150 python3 bench/bench_sanitizer.py --cases softmax,matmul --json "$out/sanitizer.json"
+    ;;
+  throughput)
+    step 220 python3 bench/bench_throughput.py --models llama --time 150s \
+        --out "$out/throughput" --work "$work/throughput"
+    step 160 python3 bench/bench_throughput.py --models unet --time 100s \
+        --out "$out/throughput" --work "$work/throughput"
     ;;
   *) echo "unknown track $track" >&2; exit 2 ;;
 esac
