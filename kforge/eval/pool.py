@@ -16,6 +16,7 @@ import contextlib
 import itertools
 import os
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -314,9 +315,11 @@ class GpuEvaluator:
         extra: dict = {"first_speedup": outcome.speedup}
         fresh = WorkerProcess(device, self.command(device))
         starting = asyncio.create_task(fresh.start(self.start_timeout_s))
+        stop = threading.Event()  # a confirmation cancelled (superseded) ends its sanitizer run
         try:
             if self.settings.get("sanitize", EvalSettings.sanitize):
-                report = await asyncio.to_thread(self._sanitize, card, candidate, outcome, device)
+                report = await asyncio.to_thread(self._sanitize, card, candidate, outcome, device,
+                                                 stop)
                 extra["sanitizer"] = report.to_dict()
                 if not report.ok:
                     return EvalOutcome(EvalStatus.MISMATCH, report.message,
@@ -333,6 +336,7 @@ class GpuEvaluator:
             return EvalOutcome(EvalStatus.INFRA, f"the confirmation run failed: {exc}",
                                extra={**outcome.extra, **extra})
         finally:
+            stop.set()
             starting.cancel()
             with contextlib.suppress(BaseException):
                 await starting
@@ -344,7 +348,7 @@ class GpuEvaluator:
         return replace(again, extra={**again.extra, **extra, "confirmed": True})
 
     def _sanitize(self, card: OpCard, candidate: Candidate, outcome: EvalOutcome,
-                  device: int) -> SanitizerReport:
+                  device: int, stop: threading.Event) -> SanitizerReport:
         """compute-sanitizer's verdict, from the cache where the same kernel was judged before.
         The cubin comes from the compile cache the worker filled."""
         from kforge.eval.kernel_loader import NvrtcLoader
@@ -358,7 +362,8 @@ class GpuEvaluator:
             cubin = None
         timed = outcome.timing.reps + TimingPlan().warmup if outcome.timing else None
         return sanitize_candidate(card, candidate, samples_dir=self.samples_dir, device=device,
-                                  cubin=cubin, timed_calls=timed, cache=VerdictCache())
+                                  cubin=cubin, timed_calls=timed, cache=VerdictCache(),
+                                  stop=stop)
 
     async def _acquire_on(self, device: int) -> WorkerProcess:
         """The worker of GPU ``device``, held (others taken meanwhile go back at once)."""

@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -216,12 +217,13 @@ def tool_command(binary: str, tool: str, kernels: list[str], job: Path) -> list[
 def sanitize_candidate(card: OpCard, candidate: Candidate, *, samples_dir: Path | None = None,
                        device: int = 0, tools: tuple[str, ...] | None = None,
                        cubin: bytes | None = None, timed_calls: int | None = None,
-                       cache: VerdictCache | None = None,
+                       cache: VerdictCache | None = None, stop: threading.Event | None = None,
                        timeout_s: float = 300.0) -> SanitizerReport:
     """Run the tools ``candidate`` needs (``tools``: these instead) at once, each in a process
     of its own; the first report rejects it and stops the others. ``cubin``: the compiled
     candidate, which chooses the tools and keys the cache; ``timed_calls``: how many calls its
-    timing made; ``cache``: where verdicts are looked up and kept (None: not cached)."""
+    timing made; ``cache``: where verdicts are looked up and kept (None: not cached); ``stop``:
+    set by another thread to end the run (its verdict is then none: ``ran`` False)."""
     started = time.perf_counter()
     binary = find_sanitizer()
     if binary is None:
@@ -237,14 +239,15 @@ def sanitize_candidate(card: OpCard, candidate: Candidate, *, samples_dir: Path 
         job.write_text(json.dumps({"card": card.to_dict(), "candidate": candidate.to_dict(),
                                    "samples_dir": str(samples_dir) if samples_dir else None,
                                    "device": device, "calls": calls_to_check(timed_calls)}))
-        report = _run_tools(binary, chosen, kernels, job, Path(folder), timeout_s, started)
+        report = _run_tools(binary, chosen, kernels, job, Path(folder), timeout_s, started,
+                            stop or threading.Event())
     if cache is not None and tools is None:
         cache.put(key, report)
     return report
 
 
 def _run_tools(binary: str, tools: tuple[str, ...], kernels: list[str], job: Path, folder: Path,
-               timeout_s: float, started: float) -> SanitizerReport:
+               timeout_s: float, started: float, stop: threading.Event) -> SanitizerReport:
     # Without PyTorch's caching allocator every tensor is an allocation of its own, so an access
     # past its end is outside any allocation, where memcheck sees it.
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
@@ -258,6 +261,9 @@ def _run_tools(binary: str, tools: tuple[str, ...], kernels: list[str], job: Pat
                                                   stdout=out, stderr=subprocess.STDOUT, env=env),
                                  log, time.perf_counter())
         while running:
+            if stop.is_set():
+                return SanitizerReport(True, ran=False, message="stopped before a verdict",
+                                       seconds=_since(started), tool_seconds=seconds)
             if time.perf_counter() - started > timeout_s:
                 tool = next(iter(running))
                 return SanitizerReport(False, tool, f"{tool} did not finish in {timeout_s:.0f} s "
@@ -271,7 +277,7 @@ def _run_tools(binary: str, tools: tuple[str, ...], kernels: list[str], job: Pat
                 seconds[tool] = time.perf_counter() - began
                 if (verdict := _verdict(tool, code, log.read_text(errors="replace"))) is not None:
                     return replace(verdict, seconds=_since(started), tool_seconds=dict(seconds))
-            time.sleep(0.05)
+            stop.wait(0.05)
     finally:
         for process, _, _ in running.values():
             process.kill()
