@@ -82,7 +82,8 @@ def run_case(name: str, device: int, binary: str | None) -> dict:
     import torch
 
     from kforge.core.launch_plan import parse_plan
-    from kforge.eval.local import device_context
+    from kforge.core.settings import TimingPlan
+    from kforge.eval.local import device_context, evaluate_local
     from kforge.runtime.nvrtc import Compiler
     from tests.eval import redteam as R
 
@@ -99,10 +100,13 @@ def run_case(name: str, device: int, binary: str | None) -> dict:
     device_context(device).loader.compile(candidate)
     cached_s = time.perf_counter() - started
     kernels = list(parse_plan(candidate.plan).kernel_names())
+    evaluated = evaluate_local(card, candidate, device=device)  # how many calls its timing makes
+    timed = (evaluated.timing.reps + TimingPlan().warmup) if evaluated.timing else None
     torch.cuda.synchronize()
     out: dict = {"case": name, "control": control.name, "kernels": kernels,
                  "nvrtc_cold_s": round(cold_s, 3), "nvrtc_cached_s": round(cached_s, 4),
-                 "ok": cold.ok and compiled.ok,
+                 "ok": cold.ok and compiled.ok, "evaluation": evaluated.status.value,
+                 "timed_calls": timed,
                  "needed_tools": list(S.needed_tools(candidate, compiled.cubin))}
     with tempfile.TemporaryDirectory() as folder:
         def job(calls: int) -> Path:
@@ -112,7 +116,7 @@ def run_case(name: str, device: int, binary: str | None) -> dict:
                                         "calls": calls, "phases": True}))
             return path
 
-        new_calls = S.calls_to_check(None)
+        new_calls = S.calls_to_check(timed)
         out["no_tool"] = child_run(binary, None, kernels, job(new_calls))
         if binary is None:
             return out
@@ -128,11 +132,11 @@ def run_case(name: str, device: int, binary: str | None) -> dict:
         cache = S.VerdictCache(Path(cache_dir))
         started = time.perf_counter()
         report = S.sanitize_candidate(card, candidate, device=device, cubin=compiled.cubin,
-                                      cache=cache)
+                                      timed_calls=timed, cache=cache)
         out["now"] = {**report.to_dict(), "wall_s": round(time.perf_counter() - started, 2)}
         started = time.perf_counter()
         again = S.sanitize_candidate(card, candidate, device=device, cubin=compiled.cubin,
-                                     cache=cache)
+                                     timed_calls=timed, cache=cache)
         out["cached"] = {"ok": again.ok, "cached": again.cached,
                          "wall_s": round(time.perf_counter() - started, 3)}
     return out
@@ -141,7 +145,8 @@ def run_case(name: str, device: int, binary: str | None) -> dict:
 def print_case(result: dict) -> None:
     print(f"\n== {result['case']} ({result['control']}), kernels {result['kernels']}, "
           f"tools needed: {result['needed_tools']}")
-    print(f"   NVRTC cold {result['nvrtc_cold_s']:.3f} s, cached {result['nvrtc_cached_s']:.4f} s")
+    print(f"   NVRTC cold {result['nvrtc_cold_s']:.3f} s, cached {result['nvrtc_cached_s']:.4f} s; "
+          f"evaluation {result['evaluation']}, timed calls {result['timed_calls']}")
     keys = ("seconds", "to_child", "imports", "device", "compile_cached", "compile",
             "module_load", "inputs", "calls")
     print("   " + "run".ljust(26) + "".join(k.rjust(15) for k in keys))

@@ -208,7 +208,10 @@ def tool_command(binary: str, tool: str, kernels: list[str], job: Path) -> list[
     candidate's; padding after every allocation puts an access past a tensor's end outside any
     allocation, where memcheck sees it."""
     padding = ["--padding", str(PADDING)] if tool == "memcheck" else []
-    only = ["--kernel-name", kernel_filter(kernels)] if kernels else []
+    # The filter matches the names the sanitizer prints; a C++-mangled symbol is printed
+    # demangled, so a plan naming one is checked with every kernel rather than with none.
+    named = kernels and not any(k.startswith("_Z") for k in kernels)
+    only = ["--kernel-name", kernel_filter(kernels)] if named else []
     return [binary, "--tool", tool, *padding, *only, "--error-exitcode", str(FOUND),
             "--report-api-errors", "no", "--print-limit", "20", sys.executable, "-m",
             "kforge.eval.sanitize", str(job)]

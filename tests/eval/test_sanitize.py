@@ -17,6 +17,7 @@ from kforge.eval.sanitize import (
     kernel_filter,
     needed_tools,
     reports,
+    tool_command,
     verdict_key,
 )
 
@@ -80,6 +81,14 @@ def test_the_childs_exit_is_not_a_report_about_a_kernel():
 def test_the_kernel_filter_selects_every_kernel_of_the_plan():
     value = kernel_filter(["softmax_f32", "stats.v2", "softmax_f32"])
     assert value == r"regex:softmax_f32|stats\.v2"
+
+
+def test_each_tool_checks_the_plans_kernels_and_a_mangled_name_checks_every_kernel(tmp_path):
+    command = tool_command("cs", "memcheck", ["softmax_f32"], tmp_path / "job.json")
+    assert command[command.index("--kernel-name") + 1] == "regex:softmax_f32"
+    assert "--padding" in command
+    command = tool_command("cs", "racecheck", ["_Z7softmaxPKfPfi"], tmp_path / "job.json")
+    assert "--kernel-name" not in command and "--padding" not in command
 
 
 def test_calls_cover_the_timed_calls_and_vary():
