@@ -123,13 +123,9 @@ def run_case(name: str, device: int, binary: str | None) -> dict:
         # before: every kernel checked, two calls, one tool after another
         out["before"] = {tool: child_run(binary, tool, [], job(OLD_CALLS)) for tool in S.TOOLS}
         out["before_total_s"] = round(sum(r["seconds"] for r in out["before"].values()), 2)
-        # now, each tool alone: the candidate's kernels only, the calls it is timed for
-        out["now_alone"] = {tool: child_run(binary, tool, kernels, job(new_calls))
-                            for tool in S.TOOLS}
-        out["now_calls"] = new_calls
-    # now, as a confirmation runs it: the tools it needs at once, then the same from the cache
-    with tempfile.TemporaryDirectory() as cache_dir:
-        cache = S.VerdictCache(Path(cache_dir))
+        print(f"   {name}: no tool {out['no_tool']}; before {out['before']}", flush=True)
+        # now, as a confirmation runs it: the tools it needs at once, then from the cache
+        cache = S.VerdictCache(Path(folder) / "verdicts")
         started = time.perf_counter()
         report = S.sanitize_candidate(card, candidate, device=device, cubin=compiled.cubin,
                                       timed_calls=timed, cache=cache)
@@ -139,6 +135,11 @@ def run_case(name: str, device: int, binary: str | None) -> dict:
                                      timed_calls=timed, cache=cache)
         out["cached"] = {"ok": again.ok, "cached": again.cached,
                          "wall_s": round(time.perf_counter() - started, 3)}
+        print(f"   {name}: now {out['now']}, cached {out['cached']}", flush=True)
+        # now, each tool alone: the candidate's kernels only, the calls it is timed for
+        out["now_calls"] = new_calls
+        out["now_alone"] = {tool: child_run(binary, tool, kernels, job(new_calls))
+                            for tool in S.TOOLS}
     return out
 
 

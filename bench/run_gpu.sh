@@ -80,7 +80,7 @@ case $track in
         tests/propose/test_matmul_gpu.py tests/propose/test_library_gpu.py
     ;;
   sanitizer)
-    step 150 python3 bench/bench_sanitizer.py --cases softmax,matmul --json "$out/sanitizer.json"
+    step 170 python3 bench/bench_sanitizer.py --cases softmax,matmul --json "$out/sanitizer.json"
     ;;
   throughput)
     step 220 python3 bench/bench_throughput.py --models llama --time 150s \
