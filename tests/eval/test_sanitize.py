@@ -197,3 +197,28 @@ def test_a_tensor_placed_at_the_end_of_its_allocation_keeps_layout_and_values():
     assert storage % ALLOCATION_GRAIN == 0
     span = 1 + 4 * 1 + 6 * 5  # shape (5, 7), strides (1, 5)
     assert (placed.storage_offset() + span) * placed.element_size() == storage
+
+
+@pytest.mark.gpu
+def test_an_honest_kernel_gets_the_tools_it_needs_and_its_verdict_is_kept(tmp_path):
+    """On a GPU: a plain elementwise kernel runs under memcheck and initcheck only (no shared
+    memory, no barriers), passes, and the same kernel again costs a cache lookup."""
+    import torch
+
+    from kforge.eval.local import device_context
+    from kforge.eval.sanitize import find_sanitizer, sanitize_candidate
+    from tests.eval import candidates as C
+
+    if not torch.cuda.is_available() or find_sanitizer() is None:
+        pytest.skip("needs a CUDA GPU and compute-sanitizer")
+    card = C.relu_card()
+    candidate = C.reference(card, "cuda")
+    compiled = device_context(0).loader.compile(candidate)
+    cache = VerdictCache(tmp_path)
+    report = sanitize_candidate(card, candidate, cubin=compiled.cubin, timed_calls=40,
+                                cache=cache)
+    assert report.ok, report.message
+    assert set(report.tool_seconds) == {"memcheck", "initcheck"} and not report.cached
+    again = sanitize_candidate(card, candidate, cubin=compiled.cubin, timed_calls=40,
+                               cache=cache)
+    assert again.ok and again.cached and again.tool_seconds == report.tool_seconds
