@@ -321,9 +321,9 @@ class GpuEvaluator:
                 report = await asyncio.to_thread(self._sanitize, card, candidate, outcome, device,
                                                  stop)
                 extra["sanitizer"] = report.to_dict()
-                if not report.ok:
-                    return EvalOutcome(EvalStatus.MISMATCH, report.message,
-                                       extra={**outcome.extra, **extra})
+                if not report.ok:  # a report rejects it; a sanitizer that could not run, not
+                    return EvalOutcome(EvalStatus.MISMATCH if report.ran else EvalStatus.INFRA,
+                                       report.message, extra={**outcome.extra, **extra})
             await starting
             request = Evaluate(card, candidate, self.samples_dir,
                                confirmation_settings(self.settings))

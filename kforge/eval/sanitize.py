@@ -62,6 +62,8 @@ POLICY = 2
 # could miss (inline PTX above all): the tools that check those run.
 _SYNC_TEXT = re.compile(r"__syncthreads|__syncwarp|bar\.|barrier|\.sync\(|grid_group|\basm\b")
 _SHARED_TEXT = re.compile(r"__shared__|\basm\b")
+# What a sanitizer says when it does not take the options it was given.
+_REFUSED = re.compile(r"ill-formed|[Uu]nrecognized option|[Uu]nknown option|invalid filter")
 # Blocks that are about the run, not about a kernel: the child's exit (its own log says why), a
 # runtime copy's source (the evaluator's own copies).
 _ABOUT_THE_RUN = re.compile(r"process didn't terminate|Program hit|not supported|"
@@ -158,10 +160,11 @@ def calls_to_check(timed_calls: int | None, rng: random.Random | None = None) ->
     return base + rng.randrange(EXTRA_CALLS)
 
 
-def kernel_filter(names: list[str]) -> str:
-    """The ``--kernel-name`` value that selects exactly the launches of ``names``' kernels
-    (any name containing one of them: never fewer)."""
-    return "regex:" + "|".join(re.escape(n) for n in sorted(set(names)))
+def kernel_filter(names: list[str]) -> list[str]:
+    """The options that select exactly the launches of ``names``' kernels: one
+    ``--kernel-name kne=NAME`` each (the sanitizer matches a kernel's full symbol, mangled or
+    not, and the options add up)."""
+    return [arg for name in sorted(set(names)) for arg in ("--kernel-name", f"kne={name}")]
 
 
 def verdict_key(card: OpCard, candidate: Candidate, cubin: bytes | None, version: str) -> str:
@@ -208,11 +211,7 @@ def tool_command(binary: str, tool: str, kernels: list[str], job: Path) -> list[
     candidate's; padding after every allocation puts an access past a tensor's end outside any
     allocation, where memcheck sees it."""
     padding = ["--padding", str(PADDING)] if tool == "memcheck" else []
-    # The filter matches the names the sanitizer prints; a C++-mangled symbol is printed
-    # demangled, so a plan naming one is checked with every kernel rather than with none.
-    named = kernels and not any(k.startswith("_Z") for k in kernels)
-    only = ["--kernel-name", kernel_filter(kernels)] if named else []
-    return [binary, "--tool", tool, *padding, *only, "--error-exitcode", str(FOUND),
+    return [binary, "--tool", tool, *padding, *kernel_filter(kernels), "--error-exitcode", str(FOUND),
             "--report-api-errors", "no", "--print-limit", "20", sys.executable, "-m",
             "kforge.eval.sanitize", str(job)]
 
@@ -297,6 +296,9 @@ def _verdict(tool: str, code: int, output: str) -> SanitizerReport | None:
         return None
     if "Device not supported" in output or "not supported" in output.lower():
         return SanitizerReport(True, tool, _last_lines(output), ran=False)
+    if _REFUSED.search(output):  # this sanitizer's options differ: nothing was checked
+        return SanitizerReport(False, tool, f"compute-sanitizer refused its options: "
+                               f"{_last_lines(output, 2)}", ran=False)
     if code == FOUND:
         return SanitizerReport(False, tool, f"compute-sanitizer {tool}: {_last_lines(output)}")
     return SanitizerReport(False, tool, f"{tool}: the candidate's run failed: "

@@ -78,17 +78,35 @@ def test_the_childs_exit_is_not_a_report_about_a_kernel():
     assert reports(out) == []
 
 
-def test_the_kernel_filter_selects_every_kernel_of_the_plan():
-    value = kernel_filter(["softmax_f32", "stats.v2", "softmax_f32"])
-    assert value == r"regex:softmax_f32|stats\.v2"
-
-
-def test_each_tool_checks_the_plans_kernels_and_a_mangled_name_checks_every_kernel(tmp_path):
-    command = tool_command("cs", "memcheck", ["softmax_f32"], tmp_path / "job.json")
-    assert command[command.index("--kernel-name") + 1] == "regex:softmax_f32"
-    assert "--padding" in command
+def test_each_tool_checks_exactly_the_plans_kernels_by_their_symbols(tmp_path):
+    command = tool_command("cs", "memcheck", ["softmax_f32", "stats", "softmax_f32"],
+                           tmp_path / "job.json")
+    assert command[1:9] == ["--tool", "memcheck", "--padding", "65536", "--kernel-name",
+                            "kne=softmax_f32", "--kernel-name", "kne=stats"]
     command = tool_command("cs", "racecheck", ["_Z7softmaxPKfPfi"], tmp_path / "job.json")
-    assert "--kernel-name" not in command and "--padding" not in command
+    assert "kne=_Z7softmaxPKfPfi" in command and "--padding" not in command
+
+
+def test_the_sanitizer_takes_the_kernel_filter():
+    """Where compute-sanitizer is installed (no GPU needed to parse its options)."""
+    import subprocess
+
+    from kforge.eval.sanitize import find_sanitizer
+
+    binary = find_sanitizer()
+    if binary is None:
+        pytest.skip("compute-sanitizer is not installed here")
+    done = subprocess.run([binary, *kernel_filter(["a_kernel", "_Z1kPf"]), "--tool", "memcheck",
+                           "true"], capture_output=True, text=True, timeout=60)
+    assert "ill-formed" not in done.stdout + done.stderr
+
+
+def test_options_the_sanitizer_refuses_are_no_verdict_on_the_kernel():
+    from kforge.eval.sanitize import _verdict
+
+    verdict = _verdict("memcheck", 1, "Filter ill-formed: invalid filter key \"regex:k\"")
+    assert verdict is not None and not verdict.ok and not verdict.ran
+    assert "refused its options" in verdict.message
 
 
 def test_calls_cover_the_timed_calls_and_vary():
