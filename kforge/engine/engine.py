@@ -94,6 +94,7 @@ class Provisional:
     first: EvalOutcome  # the evaluation that made it a would-be best
     queued_at: float  # time.monotonic()
     superseded: bool = False  # its confirmation was cancelled for a faster node's
+    judged: bool = False  # its confirmation has a verdict (being recorded): too late to cancel
 
     @property
     def speedup(self) -> float:
@@ -481,7 +482,7 @@ class Engine:
         for card_id, (running, task) in self._confirming.items():
             waiting = self._waiting.get(card_id)
             if waiting and max(p.speedup for p in waiting.values()) > running.speedup \
-                    and not running.superseded:
+                    and not running.superseded and not running.judged:
                 running.superseded = True
                 task.cancel()
         while len(self._confirming) < self.settings.confirmations:
@@ -506,12 +507,13 @@ class Engine:
         started = time.monotonic()
         try:
             outcome = await self._confirm(p)
+            p.judged = True
             outcome = replace(outcome, extra={**outcome.extra, "confirmation": {
                 "waited_s": round(started - p.queued_at, 2),
                 "ran_s": round(time.monotonic() - started, 2), "at": time.time()}})
             await _completed(self._settle(p, outcome))
         except asyncio.CancelledError:
-            if not p.superseded or self._closing:
+            if not p.superseded or p.judged or self._closing:
                 raise
             p.superseded = False
             self._waiting.setdefault(card_id, {})[p.node_id] = p
