@@ -62,6 +62,8 @@ POLICY = 2
 # could miss (inline PTX above all): the tools that check those run.
 _SYNC_TEXT = re.compile(r"__syncthreads|__syncwarp|bar\.|barrier|\.sync\(|grid_group|\basm\b")
 _SHARED_TEXT = re.compile(r"__shared__|\basm\b")
+# A block about a kernel names a device location: ``at NAME+0x..`` or ``at 0x.. in NAME``.
+_DEVICE_FRAME = re.compile(r"\+0x[0-9a-f]+|\bat 0x[0-9a-f]+ in \S")
 # What a sanitizer says when it does not take the options it was given.
 _REFUSED = re.compile(r"ill-formed|[Uu]nrecognized option|[Uu]nknown option|invalid filter")
 # Blocks that are about the run, not about a kernel: the child's exit (its own log says why), a
@@ -125,11 +127,13 @@ def sanitizer_version(binary: str) -> str:
 
 
 def reports(output: str) -> list[str]:
-    """The first line of each error block in a tool's output. Only the candidate's kernels are
-    checked, so each one is the candidate's, whichever function of its module it names."""
+    """The first line of each error block about a kernel (one naming a device location) in a
+    tool's output. Only the candidate's kernels are checked, so each one is the candidate's,
+    whichever function of its module it names."""
     found = []
     for block in re.split(f"(?m)(?={_REPORT_START})", output):
-        if re.match(_REPORT_START, block) and not _ABOUT_THE_RUN.search(block.split("\n")[0]):
+        if (re.match(_REPORT_START, block) and _DEVICE_FRAME.search(block)
+                and not _ABOUT_THE_RUN.search(block.split("\n")[0])):
             found.append(" ".join(" ".join(block.split("\n", 2)[:2]).replace("=", "").split()))
     return found
 

@@ -72,10 +72,13 @@ def test_a_clean_run_reports_nothing():
     assert reports("========= COMPUTE-SANITIZER\n========= ERROR SUMMARY: 0 errors\n") == []
 
 
-def test_the_childs_exit_is_not_a_report_about_a_kernel():
+def test_the_childs_exit_and_the_sanitizers_own_notes_are_not_reports_about_a_kernel():
     out = ("========= Error: process didn't terminate successfully\n"
-           "========= Target application returned an error\n")
+           "========= Target application returned an error\n"
+           "========= Warning: something about the device's mode\n")
     assert reports(out) == []
+    older = "========= Invalid __global__ write of size 4\n=========     at 0x00000090 in k\n"
+    assert len(reports(older)) == 1
 
 
 def test_each_tool_checks_exactly_the_plans_kernels_by_their_symbols(tmp_path):
