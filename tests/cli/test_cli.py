@@ -284,7 +284,8 @@ def test_search_json_is_one_object_on_stdout(tmp_path: Path, capsys):
     captured = capsys.readouterr()
     answer = json.loads(captured.out)
     assert answer.keys() == {"session", "model", "status", "error", "cards", "targets",
-                             "best_speedup", "usd_spent", "detached"}
+                             "best_speedup", "usd_spent", "confirming", "detached"}
+    assert answer["confirming"] == []  # the search ended with every winner confirmed
     assert (answer["session"], answer["model"], answer["status"]) == (sid, "toy", "done")
     assert (answer["cards"], answer["targets"], answer["error"]) == (4, 3, None)
     assert answer["detached"] is False
