@@ -199,8 +199,10 @@ class VerdictCache:
             return None
 
     def put(self, key: str, report: SanitizerReport) -> None:
-        if not report.ran:
-            return  # nothing was checked: nothing to remember
+        """Keep a verdict the tools reached: a pass, or a tool's report; not a run that checked
+        nothing or one cut short by the time limit."""
+        if not report.ran or not (report.ok or report.tool in report.tool_seconds):
+            return
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             tmp = self.folder / f"{key}.{os.getpid()}.tmp"

@@ -189,6 +189,9 @@ def test_a_verdict_is_cached_by_code_plan_variant_and_version(tmp_path):
     assert hit is not None and hit.cached and not hit.ok and hit.message == "race"
     cache.put("other", SanitizerReport(True, ran=False, message="not found"))
     assert cache.get("other") is None  # a run that checked nothing is not remembered
+    cache.put("hung", SanitizerReport(False, "racecheck", "did not finish in 300 s",
+                                      tool_seconds={"memcheck": 3.0}))
+    assert cache.get("hung") is None  # nor one cut short
 
 
 INITCHECK_MEMCPY = """\
