@@ -54,6 +54,8 @@ _REPORT_START = (r"^=+\s+(?:Invalid|Uninitialized|Race|Barrier|Error|Warning|Pro
 # Calls of the candidate under each tool: as many as it is timed for, within these bounds, plus
 # a random few so that a kernel counting its calls cannot know which is the last.
 MIN_CALLS, MAX_CALLS, EXTRA_CALLS = 8, 256, 8
+# A tool's verdict when the child failed without a report (a fault another tool may name).
+RUN_FAILED = "the candidate's run failed"
 # The child's line of step times (``run_job``).
 PHASES = "KFORGE-SANITIZE-PHASES"
 # Bump when what a verdict covers changes: cached verdicts of another policy are not reused.
@@ -217,7 +219,8 @@ def tool_command(binary: str, tool: str, kernels: list[str], job: Path) -> list[
     candidate's; padding after every allocation puts an access past a tensor's end outside any
     allocation, where memcheck sees it."""
     padding = ["--padding", str(PADDING)] if tool == "memcheck" else []
-    return [binary, "--tool", tool, *padding, *kernel_filter(kernels), "--error-exitcode", str(FOUND),
+    return [binary, "--tool", tool, *padding, *kernel_filter(kernels),
+            "--error-exitcode", str(FOUND),
             "--report-api-errors", "no", "--print-limit", "20", sys.executable, "-m",
             "kforge.eval.sanitize", str(job)]
 
@@ -261,6 +264,9 @@ def _run_tools(binary: str, tools: tuple[str, ...], kernels: list[str], job: Pat
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
     running: dict[str, tuple[subprocess.Popen, Path, float]] = {}
     seconds: dict[str, float] = {}
+    # A kernel that faults ends the child under every tool; the tool that checks for the fault
+    # says what it was, so a failed run without a report waits for the other tools' verdicts.
+    failed: SanitizerReport | None = None
     try:
         for tool in tools:
             log = folder / f"{tool}.log"
@@ -283,13 +289,18 @@ def _run_tools(binary: str, tools: tuple[str, ...], kernels: list[str], job: Pat
                     continue
                 del running[tool]
                 seconds[tool] = time.perf_counter() - began
-                if (verdict := _verdict(tool, code, log.read_text(errors="replace"))) is not None:
+                verdict = _verdict(tool, code, log.read_text(errors="replace"))
+                if verdict is not None and RUN_FAILED in verdict.message:
+                    failed = failed or verdict
+                elif verdict is not None:
                     return replace(verdict, seconds=_since(started), tool_seconds=dict(seconds))
             stop.wait(0.05)
     finally:
         for process, _, _ in running.values():
             process.kill()
             process.wait()
+    if failed is not None:
+        return replace(failed, seconds=_since(started), tool_seconds=dict(seconds))
     return SanitizerReport(True, ",".join(tools), seconds=_since(started), tool_seconds=seconds)
 
 
@@ -307,8 +318,7 @@ def _verdict(tool: str, code: int, output: str) -> SanitizerReport | None:
                                f"{_last_lines(output, 2)}", ran=False)
     if code == FOUND:
         return SanitizerReport(False, tool, f"compute-sanitizer {tool}: {_last_lines(output)}")
-    return SanitizerReport(False, tool, f"{tool}: the candidate's run failed: "
-                           f"{_last_lines(output)}")
+    return SanitizerReport(False, tool, f"{tool}: {RUN_FAILED}: {_last_lines(output)}")
 
 
 def _since(started: float) -> float:

@@ -112,6 +112,48 @@ def test_options_the_sanitizer_refuses_are_no_verdict_on_the_kernel():
     assert "refused its options" in verdict.message
 
 
+FAKE_SANITIZER = """#!/bin/sh
+# a stand-in for compute-sanitizer: its second argument is the tool
+case $2 in
+  synccheck) echo "========= Error: process didn't terminate successfully"; exit 1 ;;
+  memcheck) sleep {memcheck_s}; echo "========= Invalid __global__ read of size 16 bytes";
+            echo "=========     at relu_vec4+0x70"; exit 86 ;;
+  *) sleep {other_s}; exit 0 ;;
+esac
+"""
+
+
+def run_fake_tools(tmp_path, memcheck_s: float, other_s: float, tools: tuple[str, ...]):
+    import threading
+    import time
+
+    from kforge.eval.sanitize import _run_tools
+
+    binary = tmp_path / "compute-sanitizer"
+    binary.write_text(FAKE_SANITIZER.format(memcheck_s=memcheck_s, other_s=other_s))
+    binary.chmod(0o755)
+    job = tmp_path / "job.json"
+    job.write_text("{}")
+    started = time.perf_counter()
+    report = _run_tools(str(binary), tools, ["relu_vec4"], job, tmp_path, 60.0, started,
+                        threading.Event())
+    return report, time.perf_counter() - started
+
+
+def test_the_tools_run_at_once_and_the_first_report_ends_the_others(tmp_path):
+    report, wall = run_fake_tools(tmp_path, 0.3, 20.0, ("memcheck", "racecheck", "initcheck"))
+    assert not report.ok and report.tool == "memcheck"
+    assert "Invalid __global__ read" in report.message
+    assert wall < 10 and set(report.tool_seconds) == {"memcheck"}  # the others were ended
+
+
+def test_a_run_that_failed_without_a_report_waits_for_the_tool_that_names_the_fault(tmp_path):
+    report, _ = run_fake_tools(tmp_path, 0.5, 0.1, ("memcheck", "synccheck"))
+    assert report.tool == "memcheck" and "Invalid __global__ read" in report.message
+    report, _ = run_fake_tools(tmp_path, 0.5, 0.1, ("synccheck", "initcheck"))
+    assert not report.ok and report.tool == "synccheck" and "run failed" in report.message
+
+
 def test_calls_cover_the_timed_calls_and_vary():
     import random
 
