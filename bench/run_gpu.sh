@@ -20,6 +20,11 @@
 #   bash bench/run_gpu.sh timing         # the held-stream timer's GPU tests; per searched card of
 #                                        # UNet and Llama, profile vs eager device/host/wall time
 #                                        # (after wholemodel: its databases and projections)
+#   bash bench/run_gpu.sh sanitizer      # where a confirmation's compute-sanitizer time goes
+#   bash bench/run_gpu.sh throughput     # a library search of the Llama-shaped prefill (and the
+#                                        # UNet-style model with THROUGHPUT_MODELS=llama,unet), 6
+#                                        # ops x 16 iterations: evaluations a minute, confirmation
+#                                        # latency, time to the last confirmed winner
 #   CUDA_VISIBLE_DEVICES=1 bash bench/run_gpu.sh models
 set -u
 track=${1:?name a track: tests or models}
@@ -89,6 +94,14 @@ case $track in
     # UNet and Llama; their databases (and projection errors) from the wholemodel track when it ran
     step 150 python3 bench/bench_timing.py --top 3 --iterations 3 --out "$out/timing" \
         --reuse --work "$work/e2e" --e2e-out "$out/e2e"
+    ;;
+  sanitizer)
+    step 170 python3 bench/bench_sanitizer.py --cases softmax,matmul --json "$out/sanitizer.json"
+    ;;
+  throughput)  # the Llama-shaped prefill; both: THROUGHPUT_MODELS=llama,unet THROUGHPUT_LIMIT=400
+    step "${THROUGHPUT_LIMIT:-200}" python3 bench/bench_throughput.py \
+        --models "${THROUGHPUT_MODELS:-llama}" \
+        --time 120s --out "$out/throughput" --work "$work/throughput"
     ;;
   *) echo "unknown track $track" >&2; exit 2 ;;
 esac

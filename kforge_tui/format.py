@@ -32,6 +32,7 @@ ICON_OK = "✔"
 ICON_FAILED = "✗"
 ICON_PROPOSING = "…"
 ICON_EVALUATING = "◷"
+ICON_CONFIRMING = "◔"
 ICON_PRUNED = "✂"
 ICON_BEST = "★"
 # Eight heights for a sparkline, and a bar's last cell filled by eighths (index = eighths).
@@ -53,7 +54,7 @@ class NodeLabel:
 def node_tone(row: NodeRow, pruned: bool) -> str:
     if pruned:
         return "pruned"
-    if NodeStatus.in_flight(row.status):
+    if NodeStatus.in_flight(row.status) or row.confirming:
         return "flight"
     return "ok" if row.ok else "failed"
 
@@ -62,8 +63,10 @@ def node_label(row: NodeRow, visits: int, best: float | None, pruned: bool) -> N
     tone = node_tone(row, pruned)
     icon = (ICON_PRUNED if row.pruned else ICON_PROPOSING if row.status == NodeStatus.PROPOSING
             else ICON_EVALUATING if row.status == NodeStatus.EVALUATING
+            else ICON_CONFIRMING if row.confirming
             else ICON_OK if row.ok else ICON_FAILED)
-    result = fmt_speedup(row.speedup) if row.ok else row.status.replace("_", " ")
+    result = (f"{fmt_speedup(row.speedup)} confirming" if row.confirming
+              else fmt_speedup(row.speedup) if row.ok else row.status.replace("_", " "))
     figures = f" n={visits}"
     if best is not None and best != row.speedup:
         figures += f" ↳{fmt_speedup(best)}"

@@ -25,7 +25,7 @@ class NodeFilter(StrEnum):
         if self is NodeFilter.OK:
             return row.ok
         if self is NodeFilter.FAILED:
-            return not row.ok and not row.in_flight
+            return not row.ok and not row.in_flight and not row.confirming
         if self is NodeFilter.IN_FLIGHT:
             return row.in_flight
         if self is NodeFilter.PRUNED:

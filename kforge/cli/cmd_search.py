@@ -138,6 +138,9 @@ def _start(args: argparse.Namespace, sid: int) -> tuple[int, dict]:
     if not args.quiet:
         out.print(f"session {sid}: {status}; see `kforge show {sid}`")
     facts = with_store(args, lambda store: session_facts(store, sid))
+    if facts["confirming"]:  # the search ended before these confirmations did (its log says why)
+        err.print(f"session {sid}: node(s) {', '.join(map(str, facts['confirming']))} still "
+                  f"confirming, not used until confirmed: `kforge resume {sid}` confirms them")
     code = 0 if status in (SessionStatus.DONE, SessionStatus.STOPPED) else 1
     return code, {**facts, "detached": False}
 

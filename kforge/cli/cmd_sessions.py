@@ -81,10 +81,14 @@ def cmd_show(args: argparse.Namespace) -> int:
         cards = await store.list_cards(args.session)
         best = {row.id: (await store.get_node(row.best_node)).outcome for row in cards
                 if row.best_node is not None}
-        return (await store.get_session(args.session), cards, best,
+        confirming: dict[int, list] = {}
+        for node in await store.list_nodes(args.session):
+            if node.confirming:
+                confirming.setdefault(node.card_id, []).append(node)
+        return (await store.get_session(args.session), cards, best, confirming,
                 await store.latest_model_measurement(args.session))
 
-    session, cards, best, measured = with_store(args, work, reads_only=True)
+    session, cards, best, confirming, measured = with_store(args, work, reads_only=True)
     settings = session.settings
     search = SessionSettings.from_stored(settings).search
     out.print(Text.assemble((f"session {session.id}", "bold"), f"  {session.model}  on "
@@ -120,6 +124,8 @@ def cmd_show(args: argparse.Namespace) -> int:
             hidden += 1
             continue
         status = row.status + (f": {row.stop_reason}" if row.stop_reason else "")
+        status += "".join(f"; confirming node {n.id} ({fmt_speedup(n.speedup)})"
+                          for n in confirming.get(row.id, []))
         kernel, host = kernel_times(best.get(row.id))
         table.add_row(str(row.id), ("└ " if inside else "") + c.short_op, c.signature[:70],
                       *((c.range_text or "-",) if ranged else ()), str(c.calls),
@@ -135,6 +141,10 @@ def cmd_show(args: argparse.Namespace) -> int:
         out.print(f"  ({hidden} views and copies hidden: they are never targets)")
     for line in untrusted:  # docs/evaluation.md, "Baselines against the profile"
         out.print(f"  no speedup shown for {line}")
+    if confirming:
+        out.print("  (confirming: a would-be best under compute-sanitizer and re-timing; 'best' "
+                  "counts confirmed kernels only, and `kforge resume` finishes a confirmation "
+                  "a stop cut short)")
     return 0
 
 

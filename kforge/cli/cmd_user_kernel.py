@@ -187,6 +187,10 @@ def cmd_add_kernel(args: argparse.Namespace) -> int:
     result = (f"ok, {outcome.speedup:.2f}x over eager" if outcome is not None and outcome.ok
               and outcome.speedup is not None else row.status)
     summary = f": {row.summary}" if row.summary and not row.ok else ""
+    if row.ok:  # only a confirmed kernel is ever used
+        summary = (", confirmed" if row.confirmed else
+                   ", not confirmed (no faster than the card's baselines and best beyond the "
+                   "timing noise): never used")
     out.print(f"node {row.id} ({USER}, {row.action}) for card {row.card_id}: {result}{summary}")
     out.print(f"  details: kforge show {args.session} --node {row.id}")
     return 0

@@ -121,12 +121,13 @@ async def session_facts(store: Store, session_id: int) -> dict:
     session = await store.get_session(session_id)
     cards = await store.list_cards(session_id)
     speedups = [row.best_speedup for row in cards if row.best_speedup is not None]
+    confirming = [n.id for n in await store.list_nodes(session_id) if n.confirming]
     return {"session": session.id, "model": session.model, "status": shown_status(session),
             "error": session.error or None, "cards": len(cards),
             "targets": sum(row.card.target for row in cards),
             "best_speedup": max(speedups, default=None),
             "speedup_of": "device_us",  # eager's device time over the kernel's (docs/evaluation.md)
-            "usd_spent": session.usd_spent}
+            "usd_spent": session.usd_spent, "confirming": confirming}
 
 
 def count_or_zero(text: str) -> int:

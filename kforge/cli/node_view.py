@@ -131,7 +131,9 @@ def _action_meaning(action: str) -> str:
 
 
 def _outcome(row: NodeRow, outcome: EvalOutcome | None, facts: NodeFacts) -> str:
-    lines = ["── outcome ──", f"status    {row.status}"]
+    lines = ["── outcome ──", f"status    {row.status}" + (
+        ": a would-be best waiting for or under its confirmation (compute-sanitizer, then a "
+        "fresh worker's re-timing); never used before it passes" if row.confirming else "")]
     if row.summary:
         lines.append(f"summary   {row.summary[:SUMMARY_SHOWN]}")
     lines.append(f"made      {_clock(row.created_at)}"
@@ -161,7 +163,9 @@ def _outcome(row: NodeRow, outcome: EvalOutcome | None, facts: NodeFacts) -> str
                      f"{fmt_us(extra['eager_host_us'])} through eager's dispatch")
     if extra.get("confirmed"):
         lines.append(f"confirmed on new inputs in a fresh worker (first timed at "
-                     f"{fmt_speedup(extra.get('first_speedup'))})")
+                     f"{fmt_speedup(extra.get('first_speedup'))})"
+                     + ("" if row.confirmed else "; not used: it no longer beats every "
+                        "baseline beyond the timing noise"))
     lines.append(f"evaluated in {outcome.wall_s:.2f} s")
     source = facts.detail.candidate.source if facts.detail.candidate is not None else ""
     evidence = (profile_lines(outcome, facts.gpu) if outcome.ok

@@ -15,7 +15,8 @@ from kforge.engine.engine import Snapshot
 def render(snap: Snapshot, rows: int = 12) -> Group:
     head = Text(f"session {snap.session_id} [{snap.status}]  "
                 f"{snap.iterations}/{snap.total} iterations  {snap.inflight} in flight  "
-                f"${snap.usd:.2f}  {snap.elapsed_s / 60:.1f} min", style="bold")
+                + (f"{snap.confirming} confirming  " if snap.confirming else "")
+                + f"${snap.usd:.2f}  {snap.elapsed_s / 60:.1f} min", style="bold")
     table = Table(box=None, header_style="bold", pad_edge=False)
     for name, justify in (("op", "left"), ("arguments", "left"), ("tries", "right"),
                           ("best", "right"), ("", "left")):

@@ -88,6 +88,7 @@ class _Node:
     inflight: int = 0
     pruned: bool = False
     fail_chain: int = 0  # consecutive failed nodes ending here (0 for an OK node)
+    demoted: bool = False  # finished OK, then failed its confirmation
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,8 @@ class Tree:
         """Rebuild a tree from stored nodes (parents before children, as ids ascend)."""
         tree = cls(params, seed)
         for rec in sorted(records, key=lambda r: r.id):
-            tree.add(rec.id, rec.parent, rec.action)
+            # a node refined before its parent's confirmation failed keeps its action
+            tree._attach(rec.id, rec.parent, rec.action)
             if rec.state is not NodeState.IN_FLIGHT:
                 tree.complete(rec.id, rec.reward if rec.state is NodeState.OK else None,
                               repairable=rec.repairable)
@@ -135,6 +137,16 @@ class Tree:
 
     def add(self, node_id: int, parent: int, action: Action) -> None:
         """Record that ``node_id`` is now in flight as ``action`` applied to ``parent``."""
+        p = self._nodes.get(parent)
+        if p is not None and p.state is not NodeState.IN_FLIGHT:
+            expected = (Action.NEW if parent == ROOT
+                        else Action.REPAIR if p.state is NodeState.FAILED else Action.REFINE)
+            # a refinement chosen before its parent's confirmation failed is still taken
+            if action is not expected and not (p.demoted and action is Action.REFINE):
+                raise ValueError(f"node {parent} is expanded by {expected}, not {action}")
+        self._attach(node_id, parent, action)
+
+    def _attach(self, node_id: int, parent: int, action: Action) -> None:
         if node_id in self._nodes:
             raise ValueError(f"node {node_id} already exists")
         if parent not in self._nodes:
@@ -142,10 +154,6 @@ class Tree:
         p = self._nodes[parent]
         if p.state is NodeState.IN_FLIGHT:
             raise ValueError(f"parent {parent} is still in flight")
-        expected = (Action.NEW if parent == ROOT
-                    else Action.REPAIR if p.state is NodeState.FAILED else Action.REFINE)
-        if action is not expected:
-            raise ValueError(f"node {parent} is expanded by {expected}, not {action}")
         node = _Node(node_id, parent, action, NodeState.IN_FLIGHT, depth=p.depth + 1)
         self._nodes[node_id] = node
         p.children.append(node_id)
@@ -178,6 +186,22 @@ class Tree:
         self.completed += 1
         if reward is not None and not self.is_pruned(node_id):
             self._note_reward(reward)
+
+    def demote(self, node_id: int, repairable: bool = False) -> None:
+        """A node that finished OK failed after all (its confirmation rejected it): it counts as
+        a failure from now on; the nodes already built on it stay."""
+        node = self._node(node_id)
+        if node.state is not NodeState.OK or node.reward is None or node_id == ROOT:
+            raise ValueError(f"node {node_id} did not finish OK")
+        reward = node.reward
+        node.state, node.reward, node.repairable = NodeState.FAILED, None, repairable
+        node.demoted = True
+        parent = self._nodes[node.parent]
+        node.fail_chain = parent.fail_chain + 1 if parent.state is NodeState.FAILED else 1
+        for n in self._path(node_id):
+            n.ok_count -= 1
+            n.ok_sum -= reward
+        self._recompute_best()
 
     def discard(self, node_id: int) -> None:
         """Forget an in-flight leaf that never produced a result (its work will be redone)."""

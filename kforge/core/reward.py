@@ -14,6 +14,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kforge.core.candidate import Baseline, Timing
 
 # The value of a failed evaluation on the normalised scale: half the card's spread below the
 # lower of eager and the slowest kernel, so a line of work that keeps failing loses value but is
@@ -62,3 +66,23 @@ def significant_win(speedup: float, spread: float) -> bool:
     ``spread`` is the relative p10..p90 width of the measurement (candidate and eager combined).
     """
     return speedup > 1.0 + max(spread, 0.0)
+
+
+def short_of_baselines(kernel: Timing | None, eager: Timing | None,
+                       baseline: Baseline | None) -> str | None:
+    """Why a kernel timed at ``kernel`` could never be used, or None when it beats every
+    baseline by more than the timing noise: eager (``eager``, timed beside it, else the card's)
+    and torch.compile (the card's). A kernel that beats neither is never worth confirming."""
+    if kernel is None or kernel.median_us <= 0:
+        return "no timing"
+    bases = [("eager", eager or (baseline.eager if baseline else None)),
+             ("torch.compile", baseline.compiled if baseline else None)]
+    for name, base in bases:
+        if base is None:
+            continue
+        speedup = base.median_us / kernel.median_us
+        spread = math.hypot(kernel.spread, base.spread)
+        if not significant_win(speedup, spread):
+            return (f"{speedup:.2f}x {name} is not faster beyond the timing noise "
+                    f"(±{spread:.0%})")
+    return None

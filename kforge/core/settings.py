@@ -240,6 +240,9 @@ class SearchSettings(_Section):
     usd: float | None = None  # total LLM spend allowed for the session, in US dollars
     wall_s: float | None = None  # total engine run time allowed for the session, in seconds
     parallel: int = 2  # proposals in flight at once
+    # confirmations (compute-sanitizer, then a fresh worker's re-timing) in flight at once, beside
+    # the search's evaluations; never more than one per op
+    confirmations: int = 2
     patience: int = 12  # stop an op after this many iterations without improvement
     seed: int = 0  # random seed of the search
     focus: int | None = None  # only search this op card (an id `kforge show` lists)
@@ -248,7 +251,8 @@ class SearchSettings(_Section):
     mcts: MctsParams = field(default_factory=MctsParams)
 
     def __post_init__(self) -> None:
-        for key in ("iterations_per_op", "parallel", "patience", "focus", "top_ops"):
+        for key in ("iterations_per_op", "parallel", "confirmations", "patience", "focus",
+                    "top_ops"):
             _at_least(self, key, 1)
         _finite(self, "max_op_factor", above=True)
         _finite(self, "usd")

@@ -7,9 +7,18 @@ each step in its own transaction. Several proposals may be in flight; evaluation
 evaluator's capacity (one per GPU). Viewer commands (pause, resume, stop, prune, unprune, focus) are
 read from the store between steps.
 
+A would-be best is *provisional* (``confirming``) until the evaluator confirms it: its evaluation
+slot is released at once and the search goes on (it may refine the node), while confirmations run
+in their own queue, at most ``confirmations`` at once and one per op; a faster would-be best of the
+same op supersedes the one under way. A node that passes becomes the op's best; one that fails is
+demoted (the previous best stands) and its failure goes to the proposer like any other. Only
+kernels faster than every baseline beyond the timing noise are confirmed: no other could be used.
+At the end the search waits for the confirmations in flight (within its time budget).
+
 Crash safety: a node is stored before its work starts and finished in one transaction with its
 result. After a crash, finished nodes are kept as they are, nodes whose candidate was stored are
-evaluated again, and nodes still waiting on the proposer are dropped and re-proposed.
+evaluated again, confirming nodes are queued for confirmation again, and nodes still waiting on
+the proposer are dropped and re-proposed.
 """
 
 from __future__ import annotations
@@ -19,7 +28,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from kforge.core.argspec import ArgSpecError, resolve_op
@@ -27,6 +36,7 @@ from kforge.core.candidate import Baseline, Candidate, EvalOutcome, EvalStatus, 
 from kforge.core.mcts import ROOT, Action, Decision, Tree
 from kforge.core.opcard import OpCard
 from kforge.core.protocols import Evaluator, NodeView, ProposalRequest, Proposer
+from kforge.core.reward import short_of_baselines
 from kforge.core.schedule import (
     FAILURE_LINE_CHARS,
     Best,
@@ -71,6 +81,24 @@ class Snapshot:
     elapsed_s: float
     cards: list[CardProgress]  # the searched ops, largest time share first
     message: str = ""
+    confirming: int = 0  # would-be bests waiting for or under confirmation
+
+
+@dataclass(eq=False)
+class Provisional:
+    """A would-be best waiting for (or under) its confirmation."""
+
+    search: CardSearch
+    node_id: int
+    candidate: Candidate
+    first: EvalOutcome  # the evaluation that made it a would-be best
+    queued_at: float  # time.monotonic()
+    superseded: bool = False  # its confirmation was cancelled for a faster node's
+    judged: bool = False  # its confirmation has a verdict (being recorded): too late to cancel
+
+    @property
+    def speedup(self) -> float:
+        return self.first.speedup or 0.0
 
 
 class Engine:
@@ -98,6 +126,10 @@ class Engine:
         self._message = ""
         self._end_reason = ""  # why the search ended, for the ops it leaves unfinished
         self._workers_shown: list[dict] = []  # the evaluator's workers as last stored
+        self._waiting: dict[int, dict[int, Provisional]] = {}  # card id -> node id -> queued
+        self._confirming: dict[int, tuple[Provisional, asyncio.Task]] = {}  # card id -> running
+        self._confirm_tasks: set[asyncio.Task] = set()
+        self._closing = False  # the search is over: no confirmation starts any more
 
     # ----- the run -----
 
@@ -191,8 +223,10 @@ class Engine:
             await self._log(f"node {node_id} for {search.card.short_op}, given from outside "
                             f"the search ({decision.action}{under}): {candidate.approach}")
             await self._evaluate(search, node_id, candidate)
+            await self._drain_confirmations()
             return node_id
         finally:
+            await self._cancel_tasks()
             beat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await beat
@@ -205,6 +239,8 @@ class Engine:
         while True:
             await self._apply_commands()
             if self.stopping:
+                if self._unconfirmed():
+                    await self._still_confirming("the search was stopped")
                 return SessionStatus.STOPPED
             if not self.paused:
                 while len(self._tasks) < self.settings.parallel:
@@ -212,25 +248,37 @@ class Engine:
                     if not started:
                         break
             if not self._tasks and not self.paused:
-                return SessionStatus.DONE
+                if not self._unconfirmed():
+                    return SessionStatus.DONE
+                if (why := self._out_of_time()) is not None:
+                    await self._still_confirming(why)
+                    return SessionStatus.DONE
             await self._wait_for_work()
 
     async def _wait_for_work(self) -> None:
-        if self._tasks:
-            done, _ = await asyncio.wait(self._tasks, timeout=COMMAND_POLL_S,
+        tasks = self._tasks | self._confirm_tasks
+        if tasks:
+            done, _ = await asyncio.wait(tasks, timeout=COMMAND_POLL_S,
                                          return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 self._tasks.discard(task)
-                task.result()  # re-raise a plugin failure here, in the engine's own frame
+                self._confirm_tasks.discard(task)
+                if not task.cancelled():
+                    task.result()  # re-raise a plugin failure here, in the engine's own frame
         else:
             await asyncio.sleep(COMMAND_POLL_S)
 
     async def _cancel_tasks(self) -> None:
-        for task in self._tasks:
+        """End the search's work and the confirmations under way (a confirming node stays so in
+        the store: a resume confirms it)."""
+        self._closing = True
+        tasks = self._tasks | self._confirm_tasks
+        for task in tasks:
             task.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks.clear()
+        self._confirm_tasks.clear()
 
     # ----- loading and resuming -----
 
@@ -257,7 +305,7 @@ class Engine:
                                 done=row.status in (CardStatus.DONE, CardStatus.SKIPPED))
             for n in mine:
                 search.metas[n.id] = n.meta
-                if not n.ok and not n.in_flight:
+                if not n.ok and not n.in_flight and not n.confirming:
                     search.failed.append(failure_line(n.meta, n.status, n.summary))
             self.rows[row.id] = row
             searches.append(search)
@@ -333,6 +381,21 @@ class Engine:
                 assert detail.candidate is not None
                 await self._log(f"re-evaluating node {n.id}, in flight when the engine stopped")
                 self._spawn(self._evaluate(search, n.id, detail.candidate))
+        await self._requeue_confirming()
+
+    async def _requeue_confirming(self) -> None:
+        """Queue again the would-be bests whose confirmation had not ended when the engine
+        stopped."""
+        for n in await self.store.list_nodes(self.session_id):
+            if not n.confirming or n.card_id not in self.schedule.cards:
+                continue
+            detail = await self.store.get_node(n.id)
+            assert detail.candidate is not None and detail.outcome is not None
+            await self._log(f"confirming node {n.id} again, pending when the engine stopped")
+            self._waiting.setdefault(n.card_id, {})[n.id] = Provisional(
+                self.schedule.cards[n.card_id], n.id, detail.candidate, detail.outcome,
+                time.monotonic())
+        self._pump()
 
     # ----- scheduling -----
 
@@ -385,29 +448,155 @@ class Engine:
         for attempt in range(INFRA_RETRIES + 1):
             async with self._slots:
                 outcome = await self.evaluator.evaluate(search.card, candidate)
-                if outcome.ok and search.would_lead(outcome.speedup):
-                    outcome = await self._confirm(search, node_id, candidate, outcome)
             if outcome.status is not EvalStatus.INFRA:
                 break
             await self._log(f"evaluator problem on node {node_id} (try {attempt + 1}): "
                             f"{outcome.summary}", "warning")
+        if outcome.ok and search.would_lead(outcome.speedup):
+            why = self._short_of_baselines(search, outcome)
+            if why is None:
+                await self._log(f"node {node_id} would lead {search.card.op} at "
+                                f"{outcome.speedup:.2f}x: confirming it")
+                await self._record(search, node_id, outcome, None, confirming=True)
+                self._waiting.setdefault(search.card_id, {})[node_id] = Provisional(
+                    search, node_id, candidate, outcome, time.monotonic())
+                self._pump()
+                return
+            await self._log(f"node {node_id} ({outcome.speedup:.2f}x eager) is not confirmed: "
+                            f"{why}")
         await self._record(search, node_id, outcome, None)
 
-    async def _confirm(self, search: CardSearch, node_id: int, candidate: Candidate,
-                       first: EvalOutcome) -> EvalOutcome:
-        """A would-be best is confirmed before it counts; its confirmed speedup is the one kept."""
-        await self._log(f"node {node_id} would lead {search.card.op} at "
-                        f"{first.speedup:.2f}x: confirming it")
-        outcome = await self.evaluator.confirm(search.card, candidate, first)
+    def _short_of_baselines(self, search: CardSearch, outcome: EvalOutcome) -> str | None:
+        stored = self.rows[search.card_id].baseline
+        return short_of_baselines(outcome.timing, outcome.eager,
+                                  Baseline.from_dict(stored) if stored else None)
+
+    # ----- confirmations -----
+
+    def _pump(self) -> None:
+        """Start the confirmations the queue allows: per op its fastest would-be best, ops in the
+        order they queued, up to ``confirmations`` at once; a confirmation under way gives way
+        to a faster would-be best of its op."""
+        if self._closing or self.stopping:
+            return
+        for card_id, (running, task) in self._confirming.items():
+            waiting = self._waiting.get(card_id)
+            if waiting and max(p.speedup for p in waiting.values()) > running.speedup \
+                    and not running.superseded and not running.judged:
+                running.superseded = True
+                task.cancel()
+        while len(self._confirming) < self.settings.confirmations:
+            heads = [max(w.values(), key=lambda p: (p.speedup, -p.node_id))
+                     for card_id, w in self._waiting.items()
+                     if w and card_id not in self._confirming]
+            if not heads:
+                return
+            head = min(heads, key=lambda p: p.queued_at)
+            del self._waiting[head.search.card_id][head.node_id]
+            task = asyncio.create_task(self._run_confirmation(head))
+            self._confirming[head.search.card_id] = (head, task)
+            self._confirm_tasks.add(task)
+        self._notify()
+
+    def _unconfirmed(self) -> list[Provisional]:
+        return ([p for _, (p, _) in self._confirming.items()]
+                + [p for w in self._waiting.values() for p in w.values()])
+
+    async def _run_confirmation(self, p: Provisional) -> None:
+        card_id = p.search.card_id
+        started = time.monotonic()
+        try:
+            outcome = await self._confirm(p)
+            p.judged = True
+            outcome = replace(outcome, extra={**outcome.extra, "confirmation": {
+                "waited_s": round(started - p.queued_at, 2),
+                "ran_s": round(time.monotonic() - started, 2), "at": time.time()}})
+            await _completed(self._settle(p, outcome))
+        except asyncio.CancelledError:
+            if not p.superseded or p.judged or self._closing:
+                raise
+            p.superseded = False
+            self._waiting.setdefault(card_id, {})[p.node_id] = p
+            await self._log(f"node {p.node_id}'s confirmation gave way to a faster node of "
+                            f"{p.search.card.short_op}")
+        finally:
+            if self._confirming.get(card_id, (None, None))[0] is p:
+                del self._confirming[card_id]
+            self._pump()
+
+    async def _confirm(self, p: Provisional) -> EvalOutcome:
+        for attempt in range(INFRA_RETRIES + 1):
+            outcome = await self.evaluator.confirm(p.search.card, p.candidate, p.first)
+            if outcome.status is not EvalStatus.INFRA:
+                break
+            await self._log(f"evaluator problem confirming node {p.node_id} (try "
+                            f"{attempt + 1}): {outcome.summary}", "warning")
+        return outcome
+
+    async def _settle(self, p: Provisional, outcome: EvalOutcome) -> None:
+        """Record a confirmation's verdict: a pass makes the node its op's best (if it still
+        beats the baselines re-timed); a failure demotes it, the previous best standing, and
+        tells the proposer; an evaluator that could not confirm leaves it unconfirmed. Would-be
+        bests of the op that no longer lead are settled unconfirmed."""
+        search, node_id = p.search, p.node_id
+        meta = search.metas.get(node_id, p.candidate.meta)
         if outcome.ok:
-            await self._log(f"node {node_id} confirmed at {outcome.speedup:.2f}x on new inputs")
+            why = self._short_of_baselines(search, outcome)
+            if why is None:
+                await self._log(f"node {node_id} confirmed at {outcome.speedup:.2f}x on new "
+                                f"inputs")
+            else:
+                await self._log(f"node {node_id} re-timed at {outcome.speedup:.2f}x: {why}; "
+                                f"kept unconfirmed")
+            card = await self.store.finish_node(
+                node_id, outcome, _result(node_id, outcome, None, meta).reward,
+                confirmed=why is None)
+        elif outcome.status is EvalStatus.INFRA:
+            await self._log(f"node {node_id} could not be confirmed: {outcome.summary}; kept "
+                            f"unconfirmed", "warning")
+            kept = replace(p.first, extra={**p.first.extra, **outcome.extra,
+                                           "confirmation_error": outcome.summary})
+            card = await self.store.finish_node(node_id, kept,
+                                                _result(node_id, kept, None, meta).reward)
         else:
             await self._log(f"node {node_id} failed its confirmation: {outcome.summary}",
                             "warning")
-        return outcome
+            card = await self.store.finish_node(node_id, outcome, None)
+            search.tree.demote(node_id, repairable=outcome.status.repairable)
+            search.failed.append(_result(node_id, outcome, None, meta).failure)
+        self.rows[search.card_id] = card
+        search.best = Best(card.best_node, card.best_speedup)
+        for q in list(self._waiting.get(search.card_id, {}).values()):
+            if not search.would_lead(q.speedup):
+                del self._waiting[search.card_id][q.node_id]
+                card = await self.store.finish_node(
+                    q.node_id, q.first, _result(q.node_id, q.first, None, meta).reward)
+                self.rows[search.card_id] = card
+        if reason := self.schedule.conclude(search):
+            self._done_queue.append((search, reason))
+        await self._flush_card_done()
+        self._notify()
+
+    async def _drain_confirmations(self) -> None:
+        """Wait until every would-be best is confirmed or not."""
+        while self._unconfirmed():
+            await self._wait_for_work()
+
+    def _out_of_time(self) -> str | None:
+        """Why the search may not wait for its confirmations any longer (its time budget)."""
+        wall = self.settings.wall_s
+        if wall is not None and self._run_seconds() >= wall:
+            return f"time budget of {wall:.0f} s spent"
+        return None
+
+    async def _still_confirming(self, why: str) -> None:
+        for p in sorted(self._unconfirmed(), key=lambda p: p.node_id):
+            await self._log(f"node {p.node_id} ({p.search.card.short_op} at {p.speedup:.2f}x) "
+                            f"is still confirming: {why}; `kforge resume` confirms it",
+                            "warning")
 
     async def _record(self, search: CardSearch, node_id: int, outcome: EvalOutcome | None,
-                      proposal: Proposal | None) -> None:
+                      proposal: Proposal | None, confirming: bool = False) -> None:
         """Store the node's result with the card's new count and best in one transaction (the
         store derives them from the card's finished nodes, so parallel results never overwrite
         each other's), then take both into memory: a crash between the two replays the stored
@@ -419,7 +608,8 @@ class Engine:
             card = await _completed(self.store.fail_proposal(
                 node_id, proposal.error or "no candidate", proposal.calls))
         else:
-            card = await _completed(self.store.finish_node(node_id, outcome, result.reward))
+            card = await _completed(self.store.finish_node(node_id, outcome, result.reward,
+                                                           confirming=confirming))
         self.rows[search.card_id] = card
         search.finish(result, card.spent, Best(card.best_node, card.best_speedup))
         if reason := self.schedule.conclude(search):
@@ -561,7 +751,8 @@ class Engine:
             session_id=self.session_id, status=str(status),
             iterations=self.schedule.iterations(), total=self.schedule.total_iterations,
             inflight=self.schedule.in_flight(), usd=self._usd, elapsed_s=self._run_seconds(),
-            cards=self.schedule.progress(), message=self._message))
+            cards=self.schedule.progress(), message=self._message,
+            confirming=len(self._unconfirmed())))
 
 
 async def _completed(write: Awaitable[T]) -> T:

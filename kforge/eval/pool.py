@@ -5,8 +5,8 @@ outcome says what happened (TIMEOUT, CRASH), a fresh worker takes the GPU over i
 and the search goes on. A worker that has run a candidate can never weigh on the verdict of
 another: it is replaced after any crash or failure, and in any case after ``recycle_after``
 evaluations. A candidate about to become an op's best is confirmed before it counts
-(``confirm``): compute-sanitizer runs it, and a worker started for it alone times it again on new
-inputs.
+(``confirm``, which the engine runs beside the search): compute-sanitizer runs it, and a worker
+started for it alone times it again on new inputs.
 """
 
 from __future__ import annotations
@@ -16,17 +16,19 @@ import contextlib
 import itertools
 import os
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import kforge
 from kforge.core.candidate import Baseline, Candidate, EvalOutcome, EvalStatus
 from kforge.core.gpu import NO_GPU, GpuInfo
 from kforge.core.opcard import OpCard
-from kforge.core.settings import EvalSettings
+from kforge.core.settings import EvalSettings, TimingPlan
 from kforge.errors import KforgeError
 from kforge.eval.protocol import (
     BaselineMeasured,
@@ -44,6 +46,9 @@ from kforge.eval.protocol import (
     read_frame_async,
     worker_exits_after,
 )
+
+if TYPE_CHECKING:
+    from kforge.eval.sanitize import SanitizerReport
 
 DEFAULT_TIMEOUT_S = EvalSettings.timeout_s
 DEFAULT_BASELINE_TIMEOUT_S = EvalSettings.baseline_timeout_s
@@ -300,35 +305,74 @@ class GpuEvaluator:
                       outcome: EvalOutcome) -> EvalOutcome:
         """The outcome that counts for a candidate about to become ``card``'s best: rejected with
         compute-sanitizer's message if it reports anything, else the candidate's evaluation on
-        new inputs by a worker started for it alone (its speedup is the one reported)."""
-        from kforge.eval.sanitize import sanitize_candidate
+        new inputs by a worker started for it alone (its speedup is the one reported).
 
+        The sanitizer runs beside the search's evaluations and the fresh worker starts
+        meanwhile; only the timed run holds the GPU's own worker, so that no evaluation is timed
+        beside it."""
         where = str(outcome.extra.get("device", ""))
         device = int(where.split(":")[1]) if where.startswith("cuda:") else self.devices[0]
         extra: dict = {"first_speedup": outcome.speedup}
-        if self.settings.get("sanitize", EvalSettings.sanitize):
-            report = await asyncio.to_thread(sanitize_candidate, card, candidate,
-                                             samples_dir=self.samples_dir, device=device)
-            extra["sanitizer"] = {"ok": report.ok, "ran": report.ran, "tool": report.tool,
-                                  "message": report.message, "seconds": round(report.seconds, 1)}
-            if not report.ok:
-                return EvalOutcome(EvalStatus.MISMATCH, report.message,
-                                   extra={**outcome.extra, **extra})
         fresh = WorkerProcess(device, self.command(device))
+        starting = asyncio.create_task(fresh.start(self.start_timeout_s))
+        stop = threading.Event()  # a confirmation cancelled (superseded) ends its sanitizer run
         try:
-            await fresh.start(self.start_timeout_s)
-            request = Evaluate(card, candidate, self.samples_dir, confirmation_settings(self.settings))
-            reply = await fresh.request(request, self.timeout_s)
+            if self.settings.get("sanitize", EvalSettings.sanitize):
+                report = await asyncio.to_thread(self._sanitize, card, candidate, outcome, device,
+                                                 stop)
+                extra["sanitizer"] = report.to_dict()
+                if not report.ok:  # a report rejects it; a sanitizer that could not run, not
+                    return EvalOutcome(EvalStatus.MISMATCH if report.ran else EvalStatus.INFRA,
+                                       report.message, extra={**outcome.extra, **extra})
+            await starting
+            request = Evaluate(card, candidate, self.samples_dir,
+                               confirmation_settings(self.settings))
+            held = await self._acquire_on(device)
+            try:
+                reply = await fresh.request(request, self.timeout_s)
+            finally:
+                self._release(held)
         except (KforgeError, TimeoutError, WorkerGone) as exc:
             return EvalOutcome(EvalStatus.INFRA, f"the confirmation run failed: {exc}",
                                extra={**outcome.extra, **extra})
         finally:
+            stop.set()
+            starting.cancel()
+            with contextlib.suppress(BaseException):
+                await starting
             await fresh.kill()
         if not isinstance(reply, Evaluated):
             return EvalOutcome(EvalStatus.INFRA, f"the confirmation run answered {reply!r}",
                                extra={**outcome.extra, **extra})
         again = reply.outcome
         return replace(again, extra={**again.extra, **extra, "confirmed": True})
+
+    def _sanitize(self, card: OpCard, candidate: Candidate, outcome: EvalOutcome,
+                  device: int, stop: threading.Event) -> SanitizerReport:
+        """compute-sanitizer's verdict, from the cache where the same kernel was judged before.
+        The cubin comes from the compile cache the worker filled."""
+        from kforge.eval.kernel_loader import NvrtcLoader
+        from kforge.eval.sanitize import VerdictCache, sanitize_candidate
+
+        arch = self.gpus[device].arch if device in self.gpus else self.gpu.arch
+        try:
+            compiled = NvrtcLoader(device, arch).compile(candidate)
+            cubin = compiled.cubin if compiled.ok else None
+        except Exception:  # noqa: BLE001 - no NVRTC here: every tool runs, keyed by source
+            cubin = None
+        timed = outcome.timing.reps + TimingPlan().warmup if outcome.timing else None
+        return sanitize_candidate(card, candidate, samples_dir=self.samples_dir, device=device,
+                                  cubin=cubin, timed_calls=timed, cache=VerdictCache(),
+                                  stop=stop)
+
+    async def _acquire_on(self, device: int) -> WorkerProcess:
+        """The worker of GPU ``device``, held (others taken meanwhile go back at once)."""
+        while True:
+            worker = await self._acquire()
+            if worker.device == device or device not in self.devices:
+                return worker
+            self._release(worker)
+            await asyncio.sleep(0.05)
 
     async def baseline(self, card: OpCard) -> Baseline:
         request = MeasureBaseline(card, self.samples_dir, self.settings)

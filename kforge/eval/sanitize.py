@@ -1,31 +1,45 @@
-"""Run a candidate under NVIDIA's compute-sanitizer before it may win: memcheck, racecheck,
-synccheck and initcheck, each in a process of its own, on one input set.
+"""Run a candidate under NVIDIA's compute-sanitizer before it may win, and cache the verdict.
 
 A race, an out-of-bounds or misaligned access, a barrier misuse or a read of uninitialized memory
-can leave the result right on the inputs tried; the sanitizer sees it whatever the values. Any
-report about one of the candidate's own kernels rejects it with the tool's own message. The child
-process (``python -m kforge.eval.sanitize JOB``) compiles the candidate, resolves its launch plan
-and calls it twice through the same runner the evaluator uses.
+can leave the result right on the inputs tried; the sanitizer sees it whatever the values. The
+tools a kernel needs run at once, each in a process of its own, and the first report ends the
+others: memcheck and initcheck always, racecheck where a kernel uses shared memory, synccheck
+where it has barriers or warp-synchronous instructions (read from the cubin, with the source and
+the plan as a second opinion). Each tool checks only the candidate's own kernels
+(``--kernel-name``), so every report it makes is the candidate's, whichever function of its
+module faulted. The child process (``python -m kforge.eval.sanitize JOB``) loads the candidate's
+cubin from the compile cache, resolves its launch plan and calls it as many times as it is timed
+(a count it cannot know in advance) through the same runner the evaluator uses.
+
+Verdicts are kept in ``<cache>/sanitizer/`` by (cubin, launch plan, op variant, sanitizer
+version, checking policy): the same kernel found again costs nothing.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
+import random
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+import threading
+import time
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
 
 from kforge.core.argspec import storage_span
 from kforge.core.candidate import Candidate
+from kforge.core.launch_plan import parse_plan
 from kforge.core.opcard import OpCard
 from kforge.eval.inputs import Buffer, InputFactory, InputSet, build_set
+from kforge.runtime.cubin_elf import cubin_kernels
 from kforge.runtime.plan import Allocation, PlanRunner
 from kforge.runtime.regions import register_cards
 
@@ -34,22 +48,51 @@ TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 FOUND = 86
 # Bytes of padding memcheck puts after every allocation.
 PADDING = 65536
-_KERNEL = re.compile(r"\bat (?:0x[0-9a-f]+ in )?([A-Za-z_]\w*)\+0x")
 # The first line of each report block.
 _REPORT_START = (r"^=+\s+(?:Invalid|Uninitialized|Race|Barrier|Error|Warning|Program hit|"
                  r"Misaligned|Out of bounds)\b")
+# Calls of the candidate under each tool: as many as it is timed for, within these bounds, plus
+# a random few so that a kernel counting its calls cannot know which is the last.
+MIN_CALLS, MAX_CALLS, EXTRA_CALLS = 8, 256, 8
+# A tool's verdict when the child failed without a report (a fault another tool may name).
+RUN_FAILED = "the candidate's run failed"
+# The child's line of step times (``run_job``).
+PHASES = "KFORGE-SANITIZE-PHASES"
+# Bump when what a verdict covers changes: cached verdicts of another policy are not reused.
+POLICY = 2
+# Source text that means a kernel may synchronize or share memory in ways the cubin's figures
+# could miss (inline PTX above all): the tools that check those run.
+_SYNC_TEXT = re.compile(r"__syncthreads|__syncwarp|bar\.|barrier|\.sync\(|grid_group|\basm\b")
+_SHARED_TEXT = re.compile(r"__shared__|\basm\b")
+# A block about a kernel names a device location: ``at NAME+0x..`` or ``at 0x.. in NAME``.
+_DEVICE_FRAME = re.compile(r"\+0x[0-9a-f]+|\bat 0x[0-9a-f]+ in \S")
+# What a sanitizer says when it does not take the options it was given.
+_REFUSED = re.compile(r"ill-formed|[Uu]nrecognized option|[Uu]nknown option|invalid filter")
+# Blocks that are about the run, not about a kernel: the child's exit (its own log says why), a
+# runtime copy's source (the evaluator's own copies).
+_ABOUT_THE_RUN = re.compile(r"process didn't terminate|Program hit|not supported|"
+                            r"Target application|on access by cu")
 
 
 @dataclass(frozen=True)
 class SanitizerReport:
     """``ok`` when no tool reported anything about the candidate's kernels; ``tool`` and
-    ``message`` name the first report (or why the sanitizer could not run: ``ran`` False)."""
+    ``message`` name the first report (or why the sanitizer could not run: ``ran`` False).
+    ``tool_seconds``: each tool's wall time (a tool ended by another's report is left out);
+    ``cached``: the verdict was found in the cache."""
 
     ok: bool
     tool: str = ""
     message: str = ""
     ran: bool = True
     seconds: float = 0.0
+    tool_seconds: dict[str, float] = field(default_factory=dict)
+    cached: bool = False
+
+    def to_dict(self) -> dict:
+        return {"ok": self.ok, "ran": self.ran, "tool": self.tool, "message": self.message,
+                "seconds": round(self.seconds, 1), "cached": self.cached,
+                "tool_seconds": {k: round(v, 2) for k, v in self.tool_seconds.items()}}
 
 
 def find_sanitizer() -> str | None:
@@ -74,69 +117,212 @@ def find_sanitizer() -> str | None:
     return None
 
 
-def kernel_reports(output: str, kernels: set[str]) -> list[str]:
-    """The sanitizer's error blocks that concern ``kernels``: each block's first line. A block
-    that names none of them (PyTorch's own kernels, a runtime memcpy) is not the candidate's."""
+@functools.cache
+def sanitizer_version(binary: str) -> str:
+    """The sanitizer's version line (part of a cached verdict's key)."""
+    try:
+        done = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    lines = [ln.strip() for ln in done.stdout.splitlines() if "version" in ln.lower()]
+    return (lines or [done.stdout.strip()[-80:]])[-1]
+
+
+def reports(output: str) -> list[str]:
+    """The first line of each error block about a kernel (one naming a device location) in a
+    tool's output. Only the candidate's kernels are checked, so each one is the candidate's,
+    whichever function of its module it names."""
     found = []
     for block in re.split(f"(?m)(?={_REPORT_START})", output):
-        if not re.match(_REPORT_START, block):
-            continue
-        named = {m.group(1) for m in _KERNEL.finditer(block)}
-        if named & kernels:
-            found.append(" ".join(block.split("\n", 2)[:2]).replace("=", "").strip())
+        if (re.match(_REPORT_START, block) and _DEVICE_FRAME.search(block)
+                and not _ABOUT_THE_RUN.search(block.split("\n")[0])):
+            found.append(" ".join(" ".join(block.split("\n", 2)[:2]).replace("=", "").split()))
     return found
 
 
+def needed_tools(candidate: Candidate, cubin: bytes | None) -> tuple[str, ...]:
+    """The tools ``candidate`` needs: memcheck and initcheck always; racecheck where a kernel
+    of its plan uses shared memory (static in the cubin, dynamic in the plan) and synccheck
+    where one has barriers or warp-synchronous instructions. Without a readable cubin, or where
+    the source says so (inline PTX included), the tools the source may need run too."""
+    plan = parse_plan(candidate.plan)
+    names = set(plan.kernel_names())
+    kernels = {n: k for n, k in cubin_kernels(cubin or b"").items() if n in names}
+    known = bool(kernels) and set(kernels) == names
+    shared = (not known or any(k.shared_bytes for k in kernels.values())
+              or any(launch.shared_mem.canonical != "0" for launch in plan.launches)
+              or bool(_SHARED_TEXT.search(candidate.source)))
+    syncs = (not known or any(k.barriers or k.warp_syncs for k in kernels.values())
+             or bool(_SYNC_TEXT.search(candidate.source)))
+    return tuple(t for t in TOOLS if t in ("memcheck", "initcheck")
+                 or (t == "racecheck" and shared) or (t == "synccheck" and syncs))
+
+
+def calls_to_check(timed_calls: int | None, rng: random.Random | None = None) -> int:
+    """How many times the child calls the candidate: as many as it was timed for (bounded),
+    and a random few more."""
+    rng = rng or random.Random()
+    base = min(max(timed_calls or MIN_CALLS, MIN_CALLS), MAX_CALLS)
+    return base + rng.randrange(EXTRA_CALLS)
+
+
+def kernel_filter(names: list[str]) -> list[str]:
+    """The options that select exactly the launches of ``names``' kernels: one
+    ``--kernel-name kne=NAME`` each (the sanitizer matches a kernel's full symbol, mangled or
+    not, and the options add up)."""
+    return [arg for name in sorted(set(names)) for arg in ("--kernel-name", f"kne={name}")]
+
+
+def verdict_key(card: OpCard, candidate: Candidate, cubin: bytes | None, version: str) -> str:
+    """What a verdict depends on: the code (the cubin where there is one, else the source and
+    its options), the launch plan, the op variant, the sanitizer and the checking policy."""
+    code = (hashlib.sha256(cubin).hexdigest() if cubin
+            else hashlib.sha256((candidate.source + json.dumps(
+                candidate.meta.get("nvrtc_options") or [])).encode()).hexdigest())
+    text = json.dumps([code, candidate.plan, card.key, version, POLICY], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+class VerdictCache:
+    """Verdicts by key, one small JSON file each (``<cache>/sanitizer/<key>.json``)."""
+
+    def __init__(self, folder: Path | None = None) -> None:
+        if folder is None:
+            from kforge.runtime.cache import cache_dir
+
+            folder = cache_dir() / "sanitizer"
+        self.folder = folder
+
+    def get(self, key: str) -> SanitizerReport | None:
+        try:
+            data = json.loads((self.folder / f"{key}.json").read_text())
+            return SanitizerReport(**{**data, "cached": True})
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def put(self, key: str, report: SanitizerReport) -> None:
+        """Keep a verdict the tools reached: a pass, or a tool's report; not a run that checked
+        nothing or one cut short by the time limit."""
+        if not report.ran or not (report.ok or report.tool in report.tool_seconds):
+            return
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            tmp = self.folder / f"{key}.{os.getpid()}.tmp"
+            tmp.write_text(json.dumps({**asdict(report), "cached": False}))
+            tmp.replace(self.folder / f"{key}.json")
+        except OSError:
+            pass  # a cache that cannot be written costs time, never a verdict
+
+
+def tool_command(binary: str, tool: str, kernels: list[str], job: Path) -> list[str]:
+    """One tool's command line. Host API errors are the CUDA runtime's own probing, not the
+    candidate's; padding after every allocation puts an access past a tensor's end outside any
+    allocation, where memcheck sees it."""
+    padding = ["--padding", str(PADDING)] if tool == "memcheck" else []
+    return [binary, "--tool", tool, *padding, *kernel_filter(kernels),
+            "--error-exitcode", str(FOUND),
+            "--report-api-errors", "no", "--print-limit", "20", sys.executable, "-m",
+            "kforge.eval.sanitize", str(job)]
+
+
 def sanitize_candidate(card: OpCard, candidate: Candidate, *, samples_dir: Path | None = None,
-                       device: int = 0, tools: tuple[str, ...] = TOOLS,
+                       device: int = 0, tools: tuple[str, ...] | None = None,
+                       cubin: bytes | None = None, timed_calls: int | None = None,
+                       cache: VerdictCache | None = None, stop: threading.Event | None = None,
                        timeout_s: float = 300.0) -> SanitizerReport:
-    """Run each tool on the candidate in a process of its own; the first report rejects it."""
-    import time
-
-    from kforge.core.launch_plan import parse_plan
-
+    """Run the tools ``candidate`` needs (``tools``: these instead) at once, each in a process
+    of its own; the first report rejects it and stops the others. ``cubin``: the compiled
+    candidate, which chooses the tools and keys the cache; ``timed_calls``: how many calls its
+    timing made; ``cache``: where verdicts are looked up and kept (None: not cached); ``stop``:
+    set by another thread to end the run (its verdict is then none: ``ran`` False)."""
     started = time.perf_counter()
     binary = find_sanitizer()
     if binary is None:
         return SanitizerReport(True, ran=False, message="compute-sanitizer not found: install "
                                "the CUDA toolkit or pip install nvidia-cuda-sanitizer-api")
-    kernels = set(parse_plan(candidate.plan).kernel_names()) if candidate.plan else set()
+    key = verdict_key(card, candidate, cubin, sanitizer_version(binary))
+    if cache is not None and tools is None and (hit := cache.get(key)) is not None:
+        return hit
+    chosen = tools or needed_tools(candidate, cubin)
+    kernels = list(parse_plan(candidate.plan).kernel_names()) if candidate.plan else []
     with tempfile.TemporaryDirectory(prefix="kforge-sanitize-") as folder:
         job = Path(folder) / "job.json"
         job.write_text(json.dumps({"card": card.to_dict(), "candidate": candidate.to_dict(),
                                    "samples_dir": str(samples_dir) if samples_dir else None,
-                                   "device": device}))
+                                   "device": device, "calls": calls_to_check(timed_calls)}))
+        report = _run_tools(binary, chosen, kernels, job, Path(folder), timeout_s, started,
+                            stop or threading.Event())
+    if cache is not None and tools is None:
+        cache.put(key, report)
+    return report
+
+
+def _run_tools(binary: str, tools: tuple[str, ...], kernels: list[str], job: Path, folder: Path,
+               timeout_s: float, started: float, stop: threading.Event) -> SanitizerReport:
+    # Without PyTorch's caching allocator every tensor is an allocation of its own, so an access
+    # past its end is outside any allocation, where memcheck sees it.
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+    running: dict[str, tuple[subprocess.Popen, Path, float]] = {}
+    seconds: dict[str, float] = {}
+    # A kernel that faults ends the child under every tool; the tool that checks for the fault
+    # says what it was, so a failed run without a report waits for the other tools' verdicts.
+    failed: SanitizerReport | None = None
+    try:
         for tool in tools:
-            # Host API errors are the CUDA runtime's own probing, not the candidate's.
-            # Padding after every allocation puts an access past a tensor's end outside any
-            # allocation, where memcheck sees it.
-            padding = ["--padding", str(PADDING)] if tool == "memcheck" else []
-            command = [binary, "--tool", tool, *padding, "--error-exitcode", str(FOUND),
-                       "--report-api-errors", "no", "--print-limit", "20", sys.executable, "-m",
-                       "kforge.eval.sanitize", str(job)]
-            try:
-                # Without PyTorch's caching allocator every tensor is an allocation of its own,
-                # so an access past its end is outside any allocation, where memcheck sees it.
-                done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
-                                      env={**os.environ, "PYTHONUNBUFFERED": "1",
-                                           "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"})
-            except subprocess.TimeoutExpired:
+            log = folder / f"{tool}.log"
+            with open(log, "w") as out:
+                running[tool] = (subprocess.Popen(tool_command(binary, tool, kernels, job),
+                                                  stdout=out, stderr=subprocess.STDOUT, env=env),
+                                 log, time.perf_counter())
+        while running:
+            if stop.is_set():
+                return SanitizerReport(True, ran=False, message="stopped before a verdict",
+                                       seconds=_since(started), tool_seconds=seconds)
+            if time.perf_counter() - started > timeout_s:
+                tool = next(iter(running))
                 return SanitizerReport(False, tool, f"{tool} did not finish in {timeout_s:.0f} s "
-                                       "(a hang under the sanitizer)",
-                                       seconds=time.perf_counter() - started)
-            output = done.stdout + done.stderr
-            if done.returncode not in (0, FOUND):
-                if "Device not supported" in output or "not supported" in output.lower():
-                    return SanitizerReport(True, tool, _last_lines(output), ran=False,
-                                           seconds=time.perf_counter() - started)
-                return SanitizerReport(False, tool, f"{tool}: the candidate's run failed: "
-                                       f"{_last_lines(output)}",
-                                       seconds=time.perf_counter() - started)
-            if reports := kernel_reports(output, kernels):
-                return SanitizerReport(False, tool, f"compute-sanitizer {tool}: {reports[0]}"
-                                       + (f" (+{len(reports) - 1} more)" if len(reports) > 1
-                                          else ""), seconds=time.perf_counter() - started)
-    return SanitizerReport(True, ",".join(tools), seconds=time.perf_counter() - started)
+                                       "(a hang under the sanitizer)", seconds=_since(started),
+                                       tool_seconds=seconds)
+            for tool, (process, log, began) in list(running.items()):
+                code = process.poll()
+                if code is None:
+                    continue
+                del running[tool]
+                seconds[tool] = time.perf_counter() - began
+                verdict = _verdict(tool, code, log.read_text(errors="replace"))
+                if verdict is not None and RUN_FAILED in verdict.message:
+                    failed = failed or verdict
+                elif verdict is not None:
+                    return replace(verdict, seconds=_since(started), tool_seconds=dict(seconds))
+            stop.wait(0.05)
+    finally:
+        for process, _, _ in running.values():
+            process.kill()
+            process.wait()
+    if failed is not None:
+        return replace(failed, seconds=_since(started), tool_seconds=dict(seconds))
+    return SanitizerReport(True, ",".join(tools), seconds=_since(started), tool_seconds=seconds)
+
+
+def _verdict(tool: str, code: int, output: str) -> SanitizerReport | None:
+    """One finished tool's verdict, or None when it found nothing."""
+    if found := reports(output):
+        return SanitizerReport(False, tool, f"compute-sanitizer {tool}: {found[0]}"
+                               + (f" (+{len(found) - 1} more)" if len(found) > 1 else ""))
+    if code == 0:
+        return None
+    if "Device not supported" in output or "not supported" in output.lower():
+        return SanitizerReport(True, tool, _last_lines(output), ran=False)
+    if _REFUSED.search(output):  # this sanitizer's options differ: nothing was checked
+        return SanitizerReport(False, tool, f"compute-sanitizer refused its options: "
+                               f"{_last_lines(output, 2)}", ran=False)
+    if code == FOUND:
+        return SanitizerReport(False, tool, f"compute-sanitizer {tool}: {_last_lines(output)}")
+    return SanitizerReport(False, tool, f"{tool}: {RUN_FAILED}: {_last_lines(output)}")
+
+
+def _since(started: float) -> float:
+    return time.perf_counter() - started
 
 
 def _last_lines(text: str, n: int = 6) -> str:
@@ -181,28 +367,48 @@ class TailRunner(PlanRunner):
 
 
 def run_job(path: Path) -> None:
-    """The child: compile, resolve the plan, call the candidate twice on one input set, every
-    tensor (inputs and outputs) ending where its allocation ends."""
+    """The child: compile (a cache hit, as a rule), resolve the plan, call the candidate the
+    job's number of times on one input set, every tensor (inputs and outputs) ending where its
+    allocation ends. With ``phases`` in the job it prints, last, a line ``PHASES {json}``: when
+    it began (wall clock) and each step's seconds, to see where a tool's time goes."""
+    phases: dict[str, float] = {"entered_at": time.time()}
+    clock = time.perf_counter()
+
+    def step(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        phases[name] = round(now - clock, 3)
+        clock = now
+
     from kforge.eval.local import device_context
     from kforge.eval.pipeline import CandidateCalls, plan_runner
 
     job = json.loads(path.read_text())
     card, candidate = OpCard.from_dict(job["card"]), Candidate.from_dict(job["candidate"])
     register_cards([card])
+    step("imports")
     ctx = device_context(int(job["device"]))
+    step("device")
     compiled = ctx.loader.compile(candidate)
     if not compiled.ok:
         raise SystemExit(f"does not compile: {compiled.log[:500]}")
+    step("compile_cached" if compiled.cached else "compile")
     samples = Path(job["samples_dir"]) if job["samples_dir"] else None
     with ctx.runtime.scope():
         backend = ctx.loader.load(compiled)
+        step("module_load")
         plan = plan_runner(card, candidate, backend, compiled, ctx.runtime.device).plan
         calls = CandidateCalls(TailRunner(plan, card.op, backend, ctx.runtime.device),
                                ctx.runtime, fenced=False)
         inputs = exact(InputFactory(card, ctx.runtime.device, samples, 1).sets((1,))[0])
-        for _ in range(2):
+        ctx.runtime.sync()
+        step("inputs")
+        for _ in range(int(job.get("calls", MIN_CALLS))):
             calls.call(inputs)
         ctx.runtime.sync()
+        step("calls")
+    if job.get("phases"):
+        print(PHASES, json.dumps(phases), flush=True)
 
 
 if __name__ == "__main__":

@@ -60,8 +60,8 @@ def combined_spread(kernel: Timing | None, eager: Timing | None) -> float:
 
 
 def best_nodes(nodes: Iterable[NodeRow]) -> dict[int, NodeRow]:
-    """Per card id, its fastest verified node outside pruned subtrees (a user's prune says the
-    branch must not be used)."""
+    """Per card id, its fastest confirmed node outside pruned subtrees (a user's prune says the
+    branch must not be used); a kernel not (yet) confirmed is never used."""
     rows = {n.id: n for n in nodes}
 
     def pruned(node: NodeRow) -> bool:
@@ -76,7 +76,7 @@ def best_nodes(nodes: Iterable[NodeRow]) -> dict[int, NodeRow]:
 
     best: dict[int, NodeRow] = {}
     for node in rows.values():
-        if not node.ok or node.speedup is None or pruned(node):
+        if not node.ok or not node.confirmed or node.speedup is None or pruned(node):
             continue
         held = best.get(node.card_id)
         if held is None or node.speedup > held.speedup:  # type: ignore[operator]

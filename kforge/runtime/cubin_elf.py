@@ -1,5 +1,5 @@
 """What a cubin says about its kernels, read from its ELF sections with no driver: each entry
-point's name, registers and stack frame.
+point's name, registers, stack frame, static shared memory and named barriers.
 
 NVRTC's ptxas report says the same and more (spills), but it is not always there: on an H200
 (cuda.core 1.2.0) a second compile of one source in a process came back with an empty log, and
@@ -19,6 +19,10 @@ EIATTR_REGCOUNT = 0x2F
 EIFMT_SVAL = 0x04  # an attribute with a 16-bit size and that many bytes
 EIFMT_HVAL = 0x03  # a 16-bit value
 EIFMT_BVAL = 0x02  # a byte (and a pad byte)
+# In a kernel's own ``.nv.info.<name>`` section: how many named barriers it uses (a byte), and
+# where its warp-synchronous instructions are (``__syncwarp``, ``__shfl_sync``...; present or not).
+EIATTR_NUM_BARRIERS = 0x4C
+EIATTR_COOP_GROUP_INSTR_OFFSETS = 0x28
 
 
 @dataclass(frozen=True)
@@ -26,6 +30,9 @@ class CubinKernel:
     name: str
     registers: int
     frame_bytes: int
+    shared_bytes: int = 0  # static shared memory (``.nv.shared.<name>``; sm_90 adds 1 KiB)
+    barriers: int = 0  # named barriers (``__syncthreads`` uses one)
+    warp_syncs: bool = False  # warp-synchronous instructions
 
 
 @dataclass(frozen=True)
@@ -48,7 +55,12 @@ def cubin_kernels(cubin: bytes) -> dict[str, CubinKernel]:
         registers, frames = _attributes(cubin, sections)
     except (struct.error, ValueError, IndexError):  # truncated or not NVIDIA's layout
         return {}
-    return {name: CubinKernel(name, registers.get(index, 0), frames.get(index, 0))
+    shared = {s.name.removeprefix(".nv.shared."): s.size for s in sections
+              if s.name.startswith(".nv.shared.")}
+    syncs = {s.name.removeprefix(".nv.info."): _own_attributes(cubin, s) for s in sections
+             if s.name.startswith(".nv.info.")}
+    return {name: CubinKernel(name, registers.get(index, 0), frames.get(index, 0),
+                              shared.get(name, 0), *syncs.get(name, (0, False)))
             for index, name in entries.items()}
 
 
@@ -96,3 +108,22 @@ def _attributes(cubin: bytes, sections: list[_Section]) -> tuple[dict[int, int],
             elif fmt in (EIFMT_HVAL, EIFMT_BVAL):
                 at += 2
     return registers, frames
+
+
+def _own_attributes(cubin: bytes, info: _Section) -> tuple[int, bool]:
+    """Named barriers and whether warp-synchronous instructions are present, from a kernel's
+    own ``.nv.info.<name>`` section."""
+    barriers, warp_syncs = 0, False
+    at, end = info.offset, info.offset + info.size
+    while at + 2 <= end:
+        fmt, attribute = cubin[at], cubin[at + 1]
+        at += 2
+        if fmt == EIFMT_SVAL:
+            (size,) = struct.unpack_from("<H", cubin, at)
+            warp_syncs = warp_syncs or attribute == EIATTR_COOP_GROUP_INSTR_OFFSETS
+            at += 2 + size
+        elif fmt in (EIFMT_HVAL, EIFMT_BVAL):
+            if attribute == EIATTR_NUM_BARRIERS:
+                barriers = cubin[at]
+            at += 2
+    return barriers, warp_syncs

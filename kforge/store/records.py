@@ -33,11 +33,13 @@ class CardStatus(StrEnum):
 
 
 class NodeStatus(StrEnum):
-    """Lifecycle of a search node. The first two are in flight; the rest are final."""
+    """Lifecycle of a search node. The first two are in flight; a confirming node is evaluated
+    (the search builds on it) but not final; the rest are final."""
 
     PROPOSING = "proposing"  # asked the proposer; no candidate yet
     EVALUATING = "evaluating"  # candidate stored, evaluation pending or running
-    OK = "ok"
+    CONFIRMING = "confirming"  # a would-be best, queued for or under confirmation
+    OK = "ok"  # correct; ``confirmed`` says whether it passed a confirmation
     NO_CANDIDATE = "no_candidate"  # the proposer returned nothing usable
     # ... plus every failing EvalStatus value (compile_error, mismatch, cheat, ...)
 
@@ -203,6 +205,7 @@ class NodeRow:
     usd: float
     created_at: float
     finished_at: float | None
+    confirmed: bool = False  # passed its confirmation: the only kind a card's best may be
 
     @property
     def in_flight(self) -> bool:
@@ -212,10 +215,14 @@ class NodeRow:
     def ok(self) -> bool:
         return self.status == NodeStatus.OK
 
+    @property
+    def confirming(self) -> bool:
+        return self.status == NodeStatus.CONFIRMING
+
     def record(self) -> NodeRecord:
         """The node as the pure MCTS tree sees it (the root's children have parent 0)."""
         state = (NodeState.IN_FLIGHT if self.in_flight
-                 else NodeState.OK if self.ok else NodeState.FAILED)
+                 else NodeState.OK if self.ok or self.confirming else NodeState.FAILED)
         return NodeRecord(id=self.id, parent=self.parent_id or 0, action=Action(self.action),
                           state=state, reward=self.reward, repairable=self.repairable,
                           pruned=self.pruned)

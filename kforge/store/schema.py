@@ -115,6 +115,13 @@ MIGRATIONS: list[str] = [
     "ALTER TABLE op_cards ADD COLUMN region TEXT",
     # 4: a range card's symbols and affine laws (JSON, kforge.core.ranges); NULL for an exact card
     "ALTER TABLE op_cards ADD COLUMN ranges TEXT",
+    # 5: whether a node's kernel passed its confirmation (the only ones a card's best may be);
+    # every best so far had passed one
+    """
+    ALTER TABLE nodes ADD COLUMN confirmed INTEGER NOT NULL DEFAULT 0;
+    UPDATE nodes SET confirmed = 1 WHERE id IN (SELECT best_node FROM op_cards
+                                                WHERE best_node IS NOT NULL)
+    """,
 ]
 
 LATEST = len(MIGRATIONS)

@@ -93,7 +93,8 @@ LOCK_BACKOFF_S = (0.05, 1.0)  # first and longest pause between waits for anothe
 _CARD_FIELDS = ("status", "stop_reason", "spent", "best_node", "best_speedup", "eager_us",
                 "compiled_us", "floor_us", "baseline")
 _NODE_COLUMNS = ("id, session_id, card_id, parent_id, action, status, meta, reward, speedup, "
-                 "median_us, repairable, pruned, summary, usd, created_at, finished_at")
+                 "median_us, repairable, pruned, summary, usd, created_at, finished_at, "
+                 "confirmed")
 
 
 class _Redacting:
@@ -607,34 +608,41 @@ class Store:
                 node_id=node_id, card_id=row["card_id"], status=NodeStatus.NO_CANDIDATE))
             return card
 
-    async def finish_node(self, node_id: int, outcome: EvalOutcome,
-                          reward: float | None) -> CardRow:
+    async def finish_node(self, node_id: int, outcome: EvalOutcome, reward: float | None, *,
+                          confirming: bool = False, confirmed: bool = False) -> CardRow:
         """Record an evaluation and the card's new count and best in one transaction; returns
-        the card as it stands with the node counted (see ``_tally_card``)."""
+        the card as it stands with the node counted (see ``_tally_card``). ``confirming``: the
+        node is a would-be best waiting for its confirmation (never the card's best meanwhile);
+        ``confirmed``: it passed one. A confirmation's verdict on a confirming node is recorded
+        the same way, the node keeping the time its evaluation finished."""
+        status = NodeStatus.CONFIRMING if confirming else outcome.status.value
         async with self.transaction() as db:
             row = await self._node_owner(db, node_id)
             median = outcome.timing.median_us if outcome.timing else None
             await db.execute(
                 "UPDATE nodes SET status = ?, reward = ?, speedup = ?, median_us = ?, "
-                "repairable = ?, summary = ?, finished_at = ? WHERE id = ?",
-                (outcome.status.value, reward, outcome.speedup if outcome.ok else None, median,
-                 int(outcome.status.repairable), outcome.summary[:500], time.time(), node_id))
+                "repairable = ?, summary = ?, confirmed = ?, "
+                "finished_at = coalesce(finished_at, ?) WHERE id = ?",
+                (status, reward, outcome.speedup if outcome.ok else None, median,
+                 int(outcome.status.repairable), outcome.summary[:500], int(confirmed),
+                 time.time(), node_id))
             await db.execute("INSERT OR REPLACE INTO evaluations (node_id, outcome) VALUES (?, ?)",
                              (node_id, dumps(outcome.to_dict())))
             card = await self._tally_card(db, row["card_id"])
             await self._event(db, row["session_id"], NodeFinished(
-                node_id=node_id, card_id=row["card_id"], status=outcome.status.value,
+                node_id=node_id, card_id=row["card_id"], status=status,
                 speedup=outcome.speedup))
             return card
 
     async def _tally_card(self, db: aiosqlite.Connection, card_id: int) -> CardRow:
         """Set the card's count and best from its finished nodes as the database holds them,
         inside the caller's transaction: results finishing in parallel each count once, and the
-        best is the fastest correct node (the first to finish among equals)."""
+        best is the fastest confirmed node (the first to finish among equals)."""
         cur = await db.execute(
-            "WITH finished AS (SELECT id, speedup, finished_at FROM nodes "
+            "WITH finished AS (SELECT id, speedup, finished_at, status, confirmed FROM nodes "
             "                  WHERE card_id = :card AND finished_at IS NOT NULL), "
             "best AS (SELECT id, speedup FROM finished WHERE speedup IS NOT NULL "
+            "         AND status = 'ok' AND confirmed = 1 "
             "         ORDER BY speedup DESC, finished_at, id LIMIT 1) "
             "UPDATE op_cards SET spent = (SELECT count(*) FROM finished), "
             "best_node = (SELECT id FROM best), best_speedup = (SELECT speedup FROM best) "
@@ -933,7 +941,8 @@ def _node(r: aiosqlite.Row) -> NodeRow:
                        repairable=bool(column(r, "repairable", int)),
                        pruned=bool(column(r, "pruned", int)), summary=column(r, "summary", str),
                        usd=column(r, "usd", NUMBER), created_at=column(r, "created_at", NUMBER),
-                       finished_at=column(r, "finished_at", (*NUMBER, NOTHING)))
+                       finished_at=column(r, "finished_at", (*NUMBER, NOTHING)),
+                       confirmed=bool(column(r, "confirmed", int)))
 
 
 def _command(r: aiosqlite.Row) -> Command:

@@ -45,6 +45,7 @@ async def replay(db: Path) -> int:
                 await store.update_card(row.id, eager_us=card.eager_us,
                                         compiled_us=card.compiled_us, floor_us=card.floor_us)
         nodes: list[int] = []
+        best: dict[int, float] = {}  # per card, the fastest kernel confirmed so far
         for step in recording.STEPS:
             card = rows[step.card]
             parent = nodes[step.parent] if step.parent is not None else None
@@ -53,8 +54,13 @@ async def replay(db: Path) -> int:
             await store.set_candidate(node, Candidate(step.kernel, PLAN,
                                                       {"approach": step.approach}),
                                       [exchange(step, card.card.short_op)])
+            # as the engine does: a would-be best faster than eager is confirmed
+            confirmed = (step.speedup is not None and step.speedup > 1.0
+                         and step.speedup > best.get(step.card, 0.0))
+            if confirmed:
+                best[step.card] = step.speedup
             await store.finish_node(node, verdict(step, recording.CARDS[step.card]),
-                                    reward=step.speedup)
+                                    reward=step.speedup, confirmed=confirmed)
             if step.pruned:
                 await store.set_pruned(node, True)
         for index, status, reason in recording.CARD_ENDS:

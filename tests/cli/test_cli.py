@@ -73,6 +73,32 @@ def test_search_through_doubles_then_show_and_sessions(tmp_path: Path, capsys):
     assert "toy" in listed and "done" in listed and "Fake GPU (sm_90)" in listed
 
 
+def test_show_says_which_would_be_best_is_still_confirming(tmp_path: Path, capsys):
+    from kforge.core.candidate import Candidate, EvalOutcome, EvalStatus
+    from kforge.core.mcts import Action
+    from tests.doubles import FAKE_PLAN, timing
+
+    db = tmp_path / "k.db"
+    sid = make_db(db)
+
+    async def go() -> tuple[int, int]:
+        async with await Store.open(db) as store:
+            card = (await store.list_cards(sid))[0]
+            node = await store.add_node(sid, card.id, None, Action.NEW)
+            await store.set_candidate(node, Candidate("// k", plan=FAKE_PLAN))
+            await store.finish_node(node, EvalOutcome(EvalStatus.OK, timing=timing(50.0),
+                                                      eager=timing(100.0), speedup=2.0),
+                                    0.69, confirming=True)
+            return card.id, node
+
+    card_id, node = asyncio.run(go())
+    assert main(["show", str(sid), "--db", str(db)]) == 0
+    shown = capsys.readouterr().out
+    assert f"confirming node {node} (2.00x)" in shown
+    assert main(["show", str(sid), "--node", str(node), "--db", str(db)]) == 0
+    assert "confirming: a would-be best" in capsys.readouterr().out
+
+
 def test_show_folds_the_op_cards_of_a_region_under_it(tmp_path: Path, capsys):
     from kforge.core.opcard import OpCard
 
@@ -258,7 +284,9 @@ def test_search_json_is_one_object_on_stdout(tmp_path: Path, capsys):
     captured = capsys.readouterr()
     answer = json.loads(captured.out)
     assert answer.keys() == {"session", "model", "status", "error", "cards", "targets",
-                             "best_speedup", "speedup_of", "usd_spent", "detached"}
+                             "best_speedup", "speedup_of", "usd_spent", "confirming",
+                             "detached"}
+    assert answer["confirming"] == []  # the search ended with every winner confirmed
     assert (answer["session"], answer["model"], answer["status"]) == (sid, "toy", "done")
     assert (answer["cards"], answer["targets"], answer["error"]) == (4, 3, None)
     assert answer["detached"] is False

@@ -164,6 +164,31 @@ def test_rebuild_from_records_matches_live_tree():
     assert rebuilt.select() == live.select()
 
 
+def test_a_demoted_node_counts_as_failed_and_its_refinements_stay():
+    """A would-be best that fails its confirmation: the subtree's best and counts drop it, a
+    refinement chosen before it failed is still added, and a rebuild from storage agrees."""
+    tree = Tree()
+    tree.add(1, ROOT, Action.NEW)
+    tree.complete(1, math.log(1.2))
+    tree.add(2, ROOT, Action.NEW)
+    tree.complete(2, math.log(2.0))
+    assert tree.best() == 2
+    tree.demote(2, repairable=True)
+    assert tree.best() == 1 and tree.best_reward == pytest.approx(math.log(1.2))
+    assert tree.value(2) == tree.params.failure_reward
+    tree.add(3, 2, Action.REFINE)  # chosen while 2 was still OK
+    tree.complete(3, math.log(1.1))
+    with pytest.raises(ValueError):
+        tree.demote(2)  # already failed
+    records = [NodeRecord(1, ROOT, Action.NEW, NodeState.OK, math.log(1.2)),
+               NodeRecord(2, ROOT, Action.NEW, NodeState.FAILED, None, True),
+               NodeRecord(3, 2, Action.REFINE, NodeState.OK, math.log(1.1))]
+    rebuilt = Tree.from_records(records)
+    assert rebuilt.best() == tree.best() == 1
+    for i in range(4):  # (the live tree's value scale still spans the demoted reward)
+        assert rebuilt.visits(i) == tree.visits(i)
+
+
 def test_discard_forgets_in_flight_leaf():
     tree = Tree()
     tree.add(1, ROOT, Action.NEW)

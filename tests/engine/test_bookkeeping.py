@@ -62,7 +62,11 @@ async def search_once(db: Path, parallel: int, capacity: int, seed: int, empty_e
             mine = [n for n in nodes if n.card_id == row.id]
             finished = [n for n in mine if not n.in_flight]
             assert len(finished) == len(mine)  # the search ran to its end
-            fastest = max((n.speedup for n in finished if n.speedup is not None), default=None)
+            assert not any(n.confirming for n in mine)  # ...and its confirmations too
+            # the best is the fastest confirmed node, and no unconfirmed node is faster than it
+            fastest = max((n.speedup for n in finished if n.confirmed), default=None)
+            assert all(n.speedup <= fastest or n.speedup <= 1.0
+                       for n in finished if n.speedup is not None and fastest is not None)
             assert row.spent == len(finished)
             assert row.best_speedup == fastest
             if fastest is None:

@@ -49,10 +49,10 @@ async def test_search_spends_the_budget_by_time_share_and_records_everything(sto
     assert all(not n.in_flight for n in nodes)
     assert cards["_softmax"].spent > cards["add"].spent > cards["relu"].spent >= 2
     assert cards["view"].spent == 0 and cards["view"].status == CardStatus.SKIPPED
+    # a kernel slower than eager could never be used: none is confirmed or becomes a best
+    assert all(c.best_node is None for c in cards.values())
+    assert not evaluator.confirmed and not any(n.confirmed for n in nodes)
     softmax = cards["_softmax"]
-    best = max((n for n in nodes if n.card_id == softmax.id and n.ok),
-               key=lambda n: n.speedup)
-    assert softmax.best_node == best.id and softmax.best_speedup == best.speedup
     assert softmax.card.eager_us == 100.0 and softmax.card.floor_us == 25.0
     # eager is timed on its own once per target op (the profile's in-model time is replaced),
     # never for views

@@ -77,8 +77,12 @@ async def assert_search_whole(store: Store, sid: int, journal: Path,
     assert len(nodes) == ITERATIONS * TARGET_OPS  # the budget exactly: nothing lost or extra
     assert not any(n.in_flight for n in nodes)
     final = await finished_outcomes(store, sid)
+    assert not any(n.confirming for n in nodes)  # every would-be best has its verdict
     for node_id, outcome in done_before.items():
-        assert final[node_id] == outcome  # nothing lost
+        if outcome[0] == NodeStatus.CONFIRMING:  # evaluated, its confirmation's verdict since
+            assert final[node_id][2] == outcome[2]
+        else:
+            assert final[node_id] == outcome  # nothing lost
     after = journal_lines(journal)[journal_before:]
     for _, _, digest in done_before.values():
         if digest is not None:  # nothing repeated: a finished node is never evaluated again
@@ -95,7 +99,7 @@ async def assert_bookkeeping(store: Store, sid: int) -> None:
     for row in await store.list_cards(sid):
         finished = [n for n in nodes if n.card_id == row.id and not n.in_flight]
         assert row.spent == len(finished)
-        speeds = [n.speedup for n in finished if n.speedup is not None]
+        speeds = [n.speedup for n in finished if n.confirmed]
         assert row.best_speedup == (max(speeds) if speeds else None)
         if speeds:
             best = next(n for n in finished if n.id == row.best_node)

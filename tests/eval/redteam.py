@@ -2257,3 +2257,83 @@ DEFERRED_CASES = [
 ]
 CASES += DEFERRED_CASES
 CONTROLS += [Control("softmax-slow-warmups-keeps-state", DEFER_CARD, slow_warmups_honest)]
+
+
+# =============================================================================================
+# (g) what compute-sanitizer sees: misbehaviour that starts on a later call than the first few,
+# and faults inside a device function the kernel calls (reported in that function's name, not
+# the kernel's). Judged by the sanitizer alone (GPU only), which calls the candidate as often as
+# it is timed and counts every report from the candidate's own launches.
+# =============================================================================================
+
+RELU_LATE_OVERREAD = r"""
+// relu four elements at a time, in bounds for its first calls; from the fifth call on (counted
+// in device memory) the last group is loaded whole, past the end of the input. Lanes past the
+// end are dropped, so every result is right.
+__device__ unsigned int relu_late_calls;
+extern "C" __global__ void relu_late_overread(const float* x, float* y, long long n) {
+    const bool late = relu_late_calls >= 4;
+    const long long q = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (q * 4 < n) {
+        float lanes[4];
+        if (late) {
+            const float4 v = reinterpret_cast<const float4*>(x)[q];
+            lanes[0] = v.x; lanes[1] = v.y; lanes[2] = v.z; lanes[3] = v.w;
+        } else {
+            for (int j = 0; j < 4; ++j) lanes[j] = q * 4 + j < n ? x[q * 4 + j] : 0.f;
+        }
+        for (int j = 0; j < 4; ++j)
+            if (q * 4 + j < n) y[q * 4 + j] = lanes[j] != lanes[j] ? lanes[j] : fmaxf(lanes[j], 0.f);
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(&relu_late_calls, 1u);
+}
+"""
+
+RELU_THROUGH_A_HELPER = r"""
+// relu four elements at a time through a device function the compiler keeps (not inlined): a
+// fault inside it is reported at the function, not at the kernel.
+__device__ __noinline__ float4 load_group(const float* x, long long q, long long n, bool whole) {
+    if (whole) return reinterpret_cast<const float4*>(x)[q];  // past the end on the last group
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    float* lanes = &v.x;
+    for (int j = 0; j < 4; ++j) if (q * 4 + j < n) lanes[j] = x[q * 4 + j];
+    return v;
+}
+extern "C" __global__ void relu_helper_overread(const float* x, float* y, long long n) {
+    const long long q = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (q * 4 >= n) return;
+    const float4 v = load_group(x, q, n, true);
+    const float lanes[4] = {v.x, v.y, v.z, v.w};
+    for (int j = 0; j < 4; ++j)
+        if (q * 4 + j < n) y[q * 4 + j] = lanes[j] != lanes[j] ? lanes[j] : fmaxf(lanes[j], 0.f);
+}
+// The honest one: the same helper, loading only in bounds.
+extern "C" __global__ void relu_via_helper(const float* x, float* y, long long n) {
+    const long long q = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (q * 4 >= n) return;
+    const float4 v = load_group(x, q, n, false);
+    const float lanes[4] = {v.x, v.y, v.z, v.w};
+    for (int j = 0; j < 4; ++j)
+        if (q * 4 + j < n) y[q * 4 + j] = lanes[j] != lanes[j] ? lanes[j] : fmaxf(lanes[j], 0.f);
+}
+"""
+
+SANITIZER_REACH_CASES = [
+    Case(MEMORY, "read-past-the-end-from-the-fifth-call", lambda: C.relu_card(ODD),
+         fixed(cheat(RELU_LATE_OVERREAD, relu_vec4_plan("relu_late_overread"),
+                     "vector loads past the end, once warm")),
+         EvalStatus.MISMATCH, r"compute-sanitizer memcheck: .*Invalid __global__ read",
+         where="gpu", by="sanitizer",
+         notes="in bounds on the first four calls (a sanitizer calling it twice saw nothing)"),
+    Case(MEMORY, "read-past-the-end-in-a-device-function", lambda: C.relu_card(ODD),
+         fixed(cheat(RELU_THROUGH_A_HELPER, relu_vec4_plan("relu_helper_overread"),
+                     "vector loads past the end in a helper")),
+         EvalStatus.MISMATCH, r"compute-sanitizer memcheck: .*Invalid __global__ read",
+         where="gpu", by="sanitizer",
+         notes="the report names load_group, not a kernel of the plan"),
+]
+CASES += SANITIZER_REACH_CASES
+CONTROLS.append(Control("relu-through-a-device-function", lambda: C.relu_card(ODD),
+                        lambda device_type: Candidate(
+                            RELU_THROUGH_A_HELPER, plan=relu_vec4_plan("relu_via_helper"),
+                            meta={"family": "control", "approach": "loads in a helper"})))

@@ -235,7 +235,8 @@ def test_every_honest_control_passes_on_the_gpu(control, tmp_path):
 
 # One control per kind of kernel: the sanitizer takes tens of seconds a candidate.
 UNDER_SANITIZER = [c for c in R.CONTROLS if c.name in (
-    "softmax-two-launches-scratch", "layer-norm-bf16", "add-in-place", "relu-vectorized-unaligned")]
+    "softmax-two-launches-scratch", "layer-norm-bf16", "add-in-place", "relu-vectorized-unaligned",
+    "relu-through-a-device-function")]
 
 
 @pytest.mark.parametrize("control", UNDER_SANITIZER, ids=[c.name for c in UNDER_SANITIZER])

@@ -274,6 +274,35 @@ async def test_a_sanitizer_report_rejects_the_new_best(monkeypatch):
     assert outcome.status is EvalStatus.MISMATCH and "racecheck" in outcome.summary
 
 
+async def test_a_cancelled_confirmation_stops_its_sanitizer_run(monkeypatch):
+    """A confirmation superseded by a faster node's is cancelled: its sanitizer run (in a thread)
+    is told to stop, and its fresh worker goes."""
+    import threading
+
+    import kforge.eval.sanitize as sanitize
+
+    began, stopped = threading.Event(), threading.Event()
+
+    def slow(card, cand, stop, **kw):
+        began.set()
+        if stop.wait(30):
+            stopped.set()
+        return sanitize.SanitizerReport(True, ran=False)
+
+    monkeypatch.setattr(sanitize, "sanitize_candidate", slow)
+    evaluator = await started()
+    try:
+        first = await evaluator.evaluate(CARD, candidate())
+        task = asyncio.create_task(evaluator.confirm(CARD, candidate(), first))
+        await asyncio.to_thread(began.wait, 10)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert await asyncio.to_thread(stopped.wait, 5)
+    finally:
+        await evaluator.close()
+
+
 def test_confirmation_runs_use_other_seeds():
     from kforge.eval.pool import confirmation_settings
 

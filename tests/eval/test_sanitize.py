@@ -1,8 +1,25 @@
-"""The sanitizer's reports are read per kernel: only the candidate's own kernels count."""
+"""The sanitizer: its reports, the tools a kernel needs, how often it calls the candidate, its
+verdict cache."""
 
 from __future__ import annotations
 
-from kforge.eval.sanitize import kernel_reports
+import pytest
+
+from kforge.core.candidate import Candidate
+from kforge.eval.sanitize import (
+    EXTRA_CALLS,
+    MAX_CALLS,
+    MIN_CALLS,
+    TOOLS,
+    SanitizerReport,
+    VerdictCache,
+    calls_to_check,
+    kernel_filter,
+    needed_tools,
+    reports,
+    tool_command,
+    verdict_key,
+)
 
 MEMCHECK = """\
 ========= COMPUTE-SANITIZER
@@ -26,20 +43,197 @@ RACECHECK = """\
 """
 
 
-def test_reports_about_the_candidates_kernels_count_and_others_do_not():
-    found = kernel_reports(MEMCHECK, {"relu_f32"})
-    assert len(found) == 1 and "Invalid __global__ read" in found[0]
-    assert kernel_reports(MEMCHECK, {"other"}) == []
+def test_every_report_counts_whichever_function_of_the_module_it_names():
+    """Only the candidate's launches are checked (``--kernel-name``), so a fault in a device
+    function it calls, or in a kernel of its module by any name, is the candidate's."""
+    found = reports(MEMCHECK)
+    assert len(found) == 2 and "Invalid __global__ read" in found[0]
+    assert reports(DEVICE_FUNCTION) == ["Invalid __global__ read of size 4 bytes at "
+                                        "late_read(const float *, long long)+0x70"]
 
 
-def test_a_race_in_a_candidate_kernel_is_reported():
-    found = kernel_reports(RACECHECK, {"softmax_f32"})
+DEVICE_FUNCTION = """\
+========= COMPUTE-SANITIZER
+========= Invalid __global__ read of size 4 bytes
+=========     at late_read(const float *, long long)+0x70
+=========     by thread (3,0,0) in block (2,0,0)
+=========     Device Frame: relu_late+0x40
+=========
+========= ERROR SUMMARY: 1 error
+"""
+
+
+def test_a_race_is_reported():
+    found = reports(RACECHECK)
     assert len(found) == 1 and "Race reported" in found[0]
 
 
 def test_a_clean_run_reports_nothing():
-    assert kernel_reports("========= COMPUTE-SANITIZER\n========= ERROR SUMMARY: 0 errors\n",
-                          {"relu_f32"}) == []
+    assert reports("========= COMPUTE-SANITIZER\n========= ERROR SUMMARY: 0 errors\n") == []
+
+
+def test_the_childs_exit_and_the_sanitizers_own_notes_are_not_reports_about_a_kernel():
+    out = ("========= Error: process didn't terminate successfully\n"
+           "========= Target application returned an error\n"
+           "========= Warning: something about the device's mode\n")
+    assert reports(out) == []
+    older = "========= Invalid __global__ write of size 4\n=========     at 0x00000090 in k\n"
+    assert len(reports(older)) == 1
+
+
+def test_each_tool_checks_exactly_the_plans_kernels_by_their_symbols(tmp_path):
+    command = tool_command("cs", "memcheck", ["softmax_f32", "stats", "softmax_f32"],
+                           tmp_path / "job.json")
+    assert command[1:9] == ["--tool", "memcheck", "--padding", "65536", "--kernel-name",
+                            "kne=softmax_f32", "--kernel-name", "kne=stats"]
+    command = tool_command("cs", "racecheck", ["_Z7softmaxPKfPfi"], tmp_path / "job.json")
+    assert "kne=_Z7softmaxPKfPfi" in command and "--padding" not in command
+
+
+def test_the_sanitizer_takes_the_kernel_filter():
+    """Where compute-sanitizer is installed (no GPU needed to parse its options)."""
+    import subprocess
+
+    from kforge.eval.sanitize import find_sanitizer
+
+    binary = find_sanitizer()
+    if binary is None:
+        pytest.skip("compute-sanitizer is not installed here")
+    done = subprocess.run([binary, *kernel_filter(["a_kernel", "_Z1kPf"]), "--tool", "memcheck",
+                           "true"], capture_output=True, text=True, timeout=60)
+    assert "ill-formed" not in done.stdout + done.stderr
+
+
+def test_options_the_sanitizer_refuses_are_no_verdict_on_the_kernel():
+    from kforge.eval.sanitize import _verdict
+
+    verdict = _verdict("memcheck", 1, "Filter ill-formed: invalid filter key \"regex:k\"")
+    assert verdict is not None and not verdict.ok and not verdict.ran
+    assert "refused its options" in verdict.message
+
+
+FAKE_SANITIZER = """#!/bin/sh
+# a stand-in for compute-sanitizer: its second argument is the tool
+case $2 in
+  synccheck) echo "========= Error: process didn't terminate successfully"; exit 1 ;;
+  memcheck) sleep {memcheck_s}; echo "========= Invalid __global__ read of size 16 bytes";
+            echo "=========     at relu_vec4+0x70"; exit 86 ;;
+  *) sleep {other_s}; exit 0 ;;
+esac
+"""
+
+
+def run_fake_tools(tmp_path, memcheck_s: float, other_s: float, tools: tuple[str, ...]):
+    import threading
+    import time
+
+    from kforge.eval.sanitize import _run_tools
+
+    binary = tmp_path / "compute-sanitizer"
+    binary.write_text(FAKE_SANITIZER.format(memcheck_s=memcheck_s, other_s=other_s))
+    binary.chmod(0o755)
+    job = tmp_path / "job.json"
+    job.write_text("{}")
+    started = time.perf_counter()
+    report = _run_tools(str(binary), tools, ["relu_vec4"], job, tmp_path, 60.0, started,
+                        threading.Event())
+    return report, time.perf_counter() - started
+
+
+def test_the_tools_run_at_once_and_the_first_report_ends_the_others(tmp_path):
+    report, wall = run_fake_tools(tmp_path, 0.3, 20.0, ("memcheck", "racecheck", "initcheck"))
+    assert not report.ok and report.tool == "memcheck"
+    assert "Invalid __global__ read" in report.message
+    assert wall < 10 and set(report.tool_seconds) == {"memcheck"}  # the others were ended
+
+
+def test_a_run_that_failed_without_a_report_waits_for_the_tool_that_names_the_fault(tmp_path):
+    report, _ = run_fake_tools(tmp_path, 0.5, 0.1, ("memcheck", "synccheck"))
+    assert report.tool == "memcheck" and "Invalid __global__ read" in report.message
+    report, _ = run_fake_tools(tmp_path, 0.5, 0.1, ("synccheck", "initcheck"))
+    assert not report.ok and report.tool == "synccheck" and "run failed" in report.message
+
+
+def test_calls_cover_the_timed_calls_and_vary():
+    import random
+
+    counts = {calls_to_check(60, random.Random(seed)) for seed in range(40)}
+    assert min(counts) >= 60 and max(counts) < 60 + EXTRA_CALLS and len(counts) > 1
+    assert min(calls_to_check(None, random.Random(s)) for s in range(5)) >= MIN_CALLS
+    assert max(calls_to_check(10**6, random.Random(s)) for s in range(5)) < MAX_CALLS + EXTRA_CALLS
+
+
+PLAIN = r'''extern "C" __global__ void k(float* x) { x[threadIdx.x] += 1.f; }'''
+STAGED = r'''extern "C" __global__ void k(float* x) { __shared__ float s[64];
+    s[threadIdx.x] = x[threadIdx.x]; __syncthreads(); x[threadIdx.x] = s[63 - threadIdx.x]; }'''
+SHUFFLED = r'''extern "C" __global__ void k(float* x) { float v = x[threadIdx.x];
+    v += __shfl_xor_sync(0xffffffffu, v, 1); x[threadIdx.x] = v; }'''
+HIDDEN = r'''extern "C" __global__ void k(float* x) { asm volatile("bar" ".sync 0;");
+    x[threadIdx.x] += 1.f; }'''
+
+
+def plan(shared_mem: int = 0) -> dict:
+    from tests.eval.candidates import unary_plan
+
+    made = unary_plan("k")
+    if shared_mem:
+        made["launches"][0]["shared_mem"] = shared_mem
+    return made
+
+
+@pytest.fixture(scope="module")
+def compiler():
+    from kforge.runtime.nvrtc import Compiler
+
+    try:
+        return Compiler()
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"no NVRTC: {exc}")
+
+
+@pytest.mark.parametrize("source, shared_mem, tools", [
+    (PLAIN, 0, ("memcheck", "initcheck")),
+    (PLAIN, 256, ("memcheck", "racecheck", "initcheck")),  # dynamic shared memory in the plan
+    (STAGED, 0, TOOLS),
+    (SHUFFLED, 0, ("memcheck", "synccheck", "initcheck")),
+    (HIDDEN, 0, TOOLS),  # inline PTX: whatever it hides, every tool runs
+], ids=["plain", "dynamic-shared", "shared-and-barrier", "warp-sync", "inline-ptx"])
+def test_the_tools_follow_what_the_kernel_does(compiler, source, shared_mem, tools):
+    compiled = compiler.compile(source, "sm_90")
+    assert compiled.ok, compiled.log
+    assert needed_tools(Candidate(source, plan=plan(shared_mem)), compiled.cubin) == tools
+
+
+def test_without_a_cubin_every_tool_runs():
+    assert needed_tools(Candidate(PLAIN, plan=plan()), None) == TOOLS
+
+
+def test_a_verdict_is_cached_by_code_plan_variant_and_version(tmp_path):
+    from kforge.core.opcard import OpCard
+
+    card = OpCard(op="aten.relu.default", args=[{"t": "tensor", "shape": [64], "stride": [1],
+                                                 "dtype": "float32", "offset": 0}],
+                  calls=1, total_us=1.0, share=1.0)
+    other = OpCard(op="aten.relu.default", args=[{"t": "tensor", "shape": [65], "stride": [1],
+                                                  "dtype": "float32", "offset": 0}],
+                   calls=1, total_us=1.0, share=1.0)
+    candidate = Candidate(PLAIN, plan=plan())
+    key = verdict_key(card, candidate, b"cubin", "2026.4")
+    assert key == verdict_key(card, candidate, b"cubin", "2026.4")
+    assert len({key, verdict_key(other, candidate, b"cubin", "2026.4"),
+                verdict_key(card, candidate, b"other cubin", "2026.4"),
+                verdict_key(card, candidate, b"cubin", "2026.5"),
+                verdict_key(card, Candidate(PLAIN, plan=plan(128)), b"cubin", "2026.4")}) == 5
+    cache = VerdictCache(tmp_path)
+    assert cache.get(key) is None
+    cache.put(key, SanitizerReport(False, "racecheck", "race", tool_seconds={"racecheck": 1.5}))
+    hit = cache.get(key)
+    assert hit is not None and hit.cached and not hit.ok and hit.message == "race"
+    cache.put("other", SanitizerReport(True, ran=False, message="not found"))
+    assert cache.get("other") is None  # a run that checked nothing is not remembered
+    cache.put("hung", SanitizerReport(False, "racecheck", "did not finish in 300 s",
+                                      tool_seconds={"memcheck": 3.0}))
+    assert cache.get("hung") is None  # nor one cut short
 
 
 INITCHECK_MEMCPY = """\
@@ -52,8 +246,8 @@ INITCHECK_MEMCPY = """\
 """
 
 
-def test_a_report_that_names_no_candidate_kernel_is_not_the_candidates():
-    assert kernel_reports(INITCHECK_MEMCPY, {"relu_f32", "relu_f32_scalar"}) == []
+def test_a_runtime_copy_reading_uninitialized_memory_is_not_the_candidates():
+    assert reports(INITCHECK_MEMCPY) == []
 
 
 def test_a_tensor_placed_at_the_end_of_its_allocation_keeps_layout_and_values():
@@ -69,3 +263,28 @@ def test_a_tensor_placed_at_the_end_of_its_allocation_keeps_layout_and_values():
     assert storage % ALLOCATION_GRAIN == 0
     span = 1 + 4 * 1 + 6 * 5  # shape (5, 7), strides (1, 5)
     assert (placed.storage_offset() + span) * placed.element_size() == storage
+
+
+@pytest.mark.gpu
+def test_an_honest_kernel_gets_the_tools_it_needs_and_its_verdict_is_kept(tmp_path):
+    """On a GPU: a plain elementwise kernel runs under memcheck and initcheck only (no shared
+    memory, no barriers), passes, and the same kernel again costs a cache lookup."""
+    import torch
+
+    from kforge.eval.local import device_context
+    from kforge.eval.sanitize import find_sanitizer, sanitize_candidate
+    from tests.eval import candidates as C
+
+    if not torch.cuda.is_available() or find_sanitizer() is None:
+        pytest.skip("needs a CUDA GPU and compute-sanitizer")
+    card = C.relu_card()
+    candidate = C.reference(card, "cuda")
+    compiled = device_context(0).loader.compile(candidate)
+    cache = VerdictCache(tmp_path)
+    report = sanitize_candidate(card, candidate, cubin=compiled.cubin, timed_calls=40,
+                                cache=cache)
+    assert report.ok, report.message
+    assert set(report.tool_seconds) == {"memcheck", "initcheck"} and not report.cached
+    again = sanitize_candidate(card, candidate, cubin=compiled.cubin, timed_calls=40,
+                               cache=cache)
+    assert again.ok and again.cached and again.tool_seconds == report.tool_seconds

@@ -52,7 +52,8 @@ async def add_winner(store: Store, session: int, card_id: int, candidate: Candid
     outcome = EvalOutcome(status, summary="test", timing=timing(100.0 / speedup, spread),
                           eager=timing(100.0, spread), speedup=speedup if ok else None,
                           extra=dict(HOST_COSTS))
-    await store.finish_node(node, outcome, reward_from_speedup(speedup) if ok else None)
+    await store.finish_node(node, outcome, reward_from_speedup(speedup) if ok else None,
+                            confirmed=ok)
     return node
 
 

@@ -40,11 +40,11 @@ def row(card: OpCard = SOFTMAX, spent: int = 5) -> CardRow:
 
 
 def node(node_id: int = 10, card_id: int = 3, parent: int | None = None, status: str = "ok",
-         speedup: float | None = 1.5, pruned: bool = False) -> NodeRow:
+         speedup: float | None = 1.5, pruned: bool = False, confirmed: bool = True) -> NodeRow:
     return NodeRow(id=node_id, session_id=1, card_id=card_id, parent_id=parent, action="new",
                    status=status, meta={}, reward=None, speedup=speedup, median_us=None,
                    repairable=False, pruned=pruned, summary="", usd=0.0, created_at=0.0,
-                   finished_at=1.0)
+                   finished_at=1.0, confirmed=confirmed)
 
 
 def detail(speedup: float, spread: float = 0.02, status: EvalStatus = EvalStatus.OK,
@@ -94,6 +94,12 @@ def test_best_nodes_skips_failures_and_pruned_subtrees():
     best = best_nodes(nodes)
     assert best[3].id == 5  # 2 is pruned, and 3 lies below it
     assert best[7].id == 6
+
+
+def test_a_kernel_not_confirmed_is_never_a_best_node():
+    nodes = [node(1, speedup=1.2), node(2, speedup=3.0, confirmed=False),
+             node(3, speedup=4.0, status="confirming", confirmed=False)]
+    assert best_nodes(nodes)[3].id == 1
 
 
 def test_projected_speedup_is_amdahl_over_the_replaced_cards():

@@ -64,7 +64,7 @@ async def test_node_lifecycle_records_outcome_cost_and_events(store: Store):
     await store.set_candidate(node, Candidate("src", "def launch(k, *a): pass", {"a": 1}), [call])
     outcome = EvalOutcome(EvalStatus.OK, "1.50x", compile_log="ptxas info",
                           timing=Timing(10.0, 9.0, 11.0, 100), speedup=1.5)
-    await store.finish_node(node, outcome, 0.405)
+    await store.finish_node(node, outcome, 0.405, confirmed=True)
     detail = await store.get_node(node)
     assert detail.row.status == NodeStatus.OK and detail.row.speedup == 1.5
     assert detail.candidate.meta == {"a": 1}
@@ -271,3 +271,28 @@ async def test_a_read_cancelled_at_any_point_leaves_the_connection_on_fresh_data
             (summary,) = await viewer.list_sessions()
             assert summary.session.status == (SessionStatus.STOPPED if pause % 2
                                               else SessionStatus.RUNNING)
+
+
+async def test_the_bests_of_a_database_from_before_confirmation_flags_count_as_confirmed(
+        tmp_path: Path):
+    path = tmp_path / "old.db"
+    store = await Store.open(path)
+    try:
+        sid = await store.create_profiled_session("toy", {}, {}, sample_cards())
+        card = (await store.list_cards(sid))[0].id
+        best, other = [await store.add_node(sid, card, None, "new") for _ in range(2)]
+    finally:
+        await store.close()
+    con = sqlite3.connect(path)  # as an older kforge left it: a best, no confirmation flags
+    con.execute("UPDATE op_cards SET best_node = ?, best_speedup = 2.0 WHERE id = ?",
+                (best, card))
+    con.execute("ALTER TABLE nodes DROP COLUMN confirmed")
+    con.execute(f"PRAGMA user_version = {LATEST - 1}")
+    con.commit()
+    con.close()
+    store = await Store.open(path)
+    try:
+        nodes = {n.id: n for n in await store.list_nodes(sid)}
+    finally:
+        await store.close()
+    assert nodes[best].confirmed and not nodes[other].confirmed

@@ -76,7 +76,8 @@ async def build(db: Path, extra_nodes: int = 0) -> dict[str, int]:
                        if status is EvalStatus.OK else
                        EvalOutcome(status, summary="error: expected ';'",
                                    compile_log="kernel.cu(7): error: expected a \";\""))
-            await store.finish_node(node_id, outcome, 0.1)
+            await store.finish_node(node_id, outcome, 0.1,
+                                    confirmed=status is EvalStatus.OK)
             return node_id
 
         ids["a"] = await node(None, "new", 1.25)

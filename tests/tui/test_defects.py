@@ -405,7 +405,7 @@ async def two_ops_with_a_best_each(db: Path) -> dict[str, int]:
                 await store.set_candidate(node, Candidate(source, LAUNCHER, {}))
                 await store.finish_node(node, EvalOutcome(
                     EvalStatus.OK, timing=timing(100 / speed), eager=timing(100.0),
-                    speedup=speed), 0.1)
+                    speedup=speed), 0.1, confirmed=True)
                 parent = node
             ids[card.card.short_op] = parent
         return ids
@@ -442,7 +442,8 @@ async def test_the_kernel_pane_follows_a_best_node_found_after_opening(fixture_d
             node = await store.add_node(2, card.id, None, "new")
             await store.set_candidate(node, Candidate(KERNEL, LAUNCHER, {}))
             await store.finish_node(node, EvalOutcome(EvalStatus.OK, timing=timing(50.0),
-                                                      eager=timing(100.0), speedup=2.0), 0.1)
+                                                      eager=timing(100.0), speedup=2.0), 0.1,
+                                     confirmed=True)
         await until(pilot, lambda: screen.query_one(SearchTree).selected_id == node,
                     what="the tree to highlight the new best node")
         await until(pilot, lambda: "softmax_rows" in screen.query_one("#kernel", CodeView).text,

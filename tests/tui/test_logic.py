@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,15 @@ def test_model_filters_keep_the_path_to_each_match_and_pruning_covers_subtrees()
 
 def events(*records: EventRecord) -> list[Event]:
     return [Event(seq=seq, session_id=1, at=0.0, record=r) for seq, r in enumerate(records, 1)]
+
+
+def test_a_confirming_node_reads_as_confirming_and_is_not_a_failure():
+    from kforge_tui.format import ICON_CONFIRMING, node_label
+
+    confirming = replace(row(5, None, speedup=2.0), status="confirming", speedup=2.0)
+    label = node_label(confirming, visits=1, best=None, pruned=False)
+    assert label.icon == ICON_CONFIRMING and "2.00x confirming" in label.text
+    assert not NodeFilter.FAILED.matches(confirming)
 
 
 def test_fold_turns_events_into_the_reads_that_catch_up():

@@ -188,7 +188,8 @@ async def finish_node(db: Path, session_id: int, card_id: int, parent: int, spee
         node_id = await store.add_node(session_id, card_id, parent, "refine")
         await store.set_candidate(node_id, Candidate(f"// kernel {node_id}", "launch()"), [])
         await store.finish_node(node_id, EvalOutcome(EvalStatus.OK, timing=timing(100 / speed),
-                                                     eager=timing(100.0), speedup=speed), 0.1)
+                                                     eager=timing(100.0), speedup=speed), 0.1,
+                                confirmed=True)
         await store.update_card(card_id, best_node=node_id, best_speedup=speed, spent=7)
     return node_id
 

@@ -1,0 +1,204 @@
+"""Where a confirmation's compute-sanitizer time goes, in the design before and the one now.
+
+For each case (an honest kernel from the red-team controls): a Python start, a torch import, a
+CUDA context and kforge's imports on their own; NVRTC cold and cached; then the sanitizer's child
+without any tool, and under each tool the way confirmations ran it before (every kernel checked,
+two calls, the four tools one after another) and the way they run now (the candidate's kernels
+only, as many calls as it is timed for, each tool alone, then the tools it needs at once), each
+with the child's own step times (imports, device, compile, module load, inputs, calls) and the
+seconds from launch to the child's first line, which is the sanitizer's start and the
+interpreter's. Last, a verdict from the cache.
+
+Run on a GPU machine from the repository root (about 2 minutes for the two default cases):
+    python3 bench/bench_sanitizer.py [--cases softmax,matmul] [--device 0] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from kforge.eval import sanitize as S  # noqa: E402
+
+CASES = {  # name -> the red-team control it runs
+    "softmax": "softmax-two-launches-scratch",
+    "matmul": "matmul-f32",
+    "add": "add-in-place",
+    "layernorm": "layer-norm-bf16",
+}
+OLD_CALLS = 2
+
+
+def timed(command: list[str], env: dict | None = None, timeout: float = 300.0
+          ) -> tuple[float, int, str]:
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+    return time.perf_counter() - started, done.returncode, done.stdout + done.stderr
+
+
+def phases_of(output: str, launched_at: float) -> dict:
+    for line in output.splitlines():
+        if S.PHASES in line:
+            data = json.loads(line.split(S.PHASES, 1)[1])
+            data["to_child"] = round(data.pop("entered_at") - launched_at, 3)
+            return data
+    return {}
+
+
+def child_run(binary: str | None, tool: str | None, kernels: list[str], job: Path) -> dict:
+    """One child run (under ``tool``, or none) with its step times."""
+    command = ([sys.executable, "-m", "kforge.eval.sanitize", str(job)] if tool is None
+               else S.tool_command(binary or "", tool, kernels, job))
+    launched = time.time()
+    seconds, code, output = timed(command, {"PYTHONUNBUFFERED": "1",
+                                            "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"})
+    return {"seconds": round(seconds, 2), "rc": code, "reports": S.reports(output)[:2],
+            **phases_of(output, launched),
+            **({} if code in (0, S.FOUND) else {"tail": output.strip().splitlines()[-3:]})}
+
+
+def process_costs() -> dict:
+    probes = {
+        "python": "pass",
+        "import torch": "import torch",
+        "torch + CUDA context": "import torch; torch.zeros(1, device='cuda')",
+        "kforge child imports": "import kforge.eval.sanitize, kforge.eval.local, "
+                                "kforge.eval.pipeline",
+    }
+    return {name: round(timed([sys.executable, "-c", code])[0], 2)
+            for name, code in probes.items()}
+
+
+def run_case(name: str, device: int, binary: str | None) -> dict:
+    import torch
+
+    from kforge.core.launch_plan import parse_plan
+    from kforge.core.settings import TimingPlan
+    from kforge.eval.local import device_context, evaluate_local
+    from kforge.runtime.nvrtc import Compiler
+    from tests.eval import redteam as R
+
+    control = next(c for c in R.CONTROLS if c.name == CASES[name])
+    card = control.card()
+    candidate = control.candidate("cuda")
+    arch = device_context(device).gpu.arch
+    with tempfile.TemporaryDirectory() as cold_dir:
+        started = time.perf_counter()
+        cold = Compiler(Path(cold_dir)).compile(candidate.source, arch)
+        cold_s = time.perf_counter() - started
+    compiled = device_context(device).loader.compile(candidate)  # fills the shared cache
+    started = time.perf_counter()
+    device_context(device).loader.compile(candidate)
+    cached_s = time.perf_counter() - started
+    kernels = list(parse_plan(candidate.plan).kernel_names())
+    evaluated = evaluate_local(card, candidate, device=device)  # how many calls its timing makes
+    timed = (evaluated.timing.reps + TimingPlan().warmup) if evaluated.timing else None
+    torch.cuda.synchronize()
+    out: dict = {"case": name, "control": control.name, "kernels": kernels,
+                 "nvrtc_cold_s": round(cold_s, 3), "nvrtc_cached_s": round(cached_s, 4),
+                 "ok": cold.ok and compiled.ok, "evaluation": evaluated.status.value,
+                 "timed_calls": timed,
+                 "needed_tools": list(S.needed_tools(candidate, compiled.cubin))}
+    with tempfile.TemporaryDirectory() as folder:
+        def job(calls: int) -> Path:
+            path = Path(folder) / f"job-{calls}.json"
+            path.write_text(json.dumps({"card": card.to_dict(), "candidate": candidate.to_dict(),
+                                        "samples_dir": None, "device": device,
+                                        "calls": calls, "phases": True}))
+            return path
+
+        new_calls = S.calls_to_check(timed)
+        out["no_tool"] = child_run(binary, None, kernels, job(new_calls))
+        if binary is None:
+            return out
+        # before: every kernel checked, two calls, one tool after another
+        out["before"] = {tool: child_run(binary, tool, [], job(OLD_CALLS)) for tool in S.TOOLS}
+        out["before_total_s"] = round(sum(r["seconds"] for r in out["before"].values()), 2)
+        print(f"   {name}: no tool {out['no_tool']}; before {out['before']}", flush=True)
+        # now, as a confirmation runs it: the tools it needs at once, then from the cache
+        cache = S.VerdictCache(Path(folder) / "verdicts")
+        started = time.perf_counter()
+        report = S.sanitize_candidate(card, candidate, device=device, cubin=compiled.cubin,
+                                      timed_calls=timed, cache=cache)
+        out["now"] = {**report.to_dict(), "wall_s": round(time.perf_counter() - started, 2)}
+        started = time.perf_counter()
+        again = S.sanitize_candidate(card, candidate, device=device, cubin=compiled.cubin,
+                                     timed_calls=timed, cache=cache)
+        out["cached"] = {"ok": again.ok, "cached": again.cached,
+                         "wall_s": round(time.perf_counter() - started, 3)}
+        print(f"   {name}: now {out['now']}, cached {out['cached']}", flush=True)
+        # now, each tool alone: the candidate's kernels only, the calls it is timed for
+        out["now_calls"] = new_calls
+        out["now_alone"] = {tool: child_run(binary, tool, kernels, job(new_calls))
+                            for tool in S.TOOLS}
+    return out
+
+
+def print_case(result: dict) -> None:
+    print(f"\n== {result['case']} ({result['control']}), kernels {result['kernels']}, "
+          f"tools needed: {result['needed_tools']}")
+    print(f"   NVRTC cold {result['nvrtc_cold_s']:.3f} s, cached {result['nvrtc_cached_s']:.4f} s; "
+          f"evaluation {result['evaluation']}, timed calls {result['timed_calls']}")
+    keys = ("seconds", "to_child", "imports", "device", "compile_cached", "compile",
+            "module_load", "inputs", "calls")
+    print("   " + "run".ljust(26) + "".join(k.rjust(15) for k in keys))
+
+    def row(label: str, data: dict) -> None:
+        cells = "".join((f"{data[k]:.2f}" if isinstance(data.get(k), (int, float)) else "-")
+                        .rjust(15) for k in keys)
+        extra = f"  reports: {data['reports']}" if data.get("reports") else ""
+        extra += f"  FAILED rc={data['rc']}: {data.get('tail')}" if data.get("tail") else ""
+        print("   " + label.ljust(26) + cells + extra)
+
+    row("no tool", result["no_tool"])
+    for tool, data in result.get("before", {}).items():
+        row(f"before {tool} ({OLD_CALLS} calls)", data)
+    if "before_total_s" in result:
+        print(f"   before, four tools in a row: {result['before_total_s']:.1f} s")
+    for tool, data in result.get("now_alone", {}).items():
+        row(f"now {tool} ({result['now_calls']} calls)", data)
+    if "now" in result:
+        now = result["now"]
+        print(f"   now, needed tools at once: {now['wall_s']:.1f} s ok={now['ok']} "
+              f"per tool {now['tool_seconds']} {now['message'][:120]}")
+        print(f"   cached verdict: {result['cached']['wall_s'] * 1000:.1f} ms "
+              f"(cached={result['cached']['cached']})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--cases", default="softmax,matmul",
+                        help=f"comma-separated, of {', '.join(CASES)}")
+    parser.add_argument("--device", type=int, default=0)
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        print("bench_sanitizer: no CUDA GPU here; nothing to measure")
+        return
+    binary = S.find_sanitizer()
+    print(f"compute-sanitizer: {binary or 'not found'}"
+          + (f" ({S.sanitizer_version(binary)})" if binary else ""))
+    costs = process_costs()
+    print("process costs (s): " + ", ".join(f"{k} {v:.2f}" for k, v in costs.items()))
+    results = {"process": costs, "cases": []}
+    for name in args.cases.split(","):
+        result = run_case(name.strip(), args.device, binary)
+        results["cases"].append(result)
+        print_case(result)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""How many honest evaluations a search gets per minute, and how long its winners take to be
+confirmed: real library searches of the Llama-shaped prefill and the UNet-style model of
+``bench/bench_e2e.py``.
+
+Per model: ``kforge profile``, then ``kforge search --proposer library --top 6 --iterations 16``
+(within ``--time``), then from the session's database: evaluations per minute of search, the
+confirmations' latency (queued to verdict) p50/p90 and how many passed, failed or gave way, the
+sanitizer's seconds per tool (median; cached verdicts counted apart), the wall time from the
+first node to the last confirmed winner, and the would-be bests still confirming at the end.
+
+Run on a GPU machine from the repository root (about 3 minutes a model):
+    python3 bench/bench_throughput.py [--models llama,unet] [--time 140s] [--out DIR]
+    python3 bench/bench_throughput.py --summary path/to/k.db   # the figures of a searched database
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+HERE = Path(__file__).resolve().parent
+MODELS = {"llama": f"{HERE / 'bench_e2e.py'}:build_llama",
+          "unet": f"{HERE / 'bench_e2e.py'}:build_unet"}
+SESSION = 1
+
+
+def kforge(*args: str, timeout: float) -> float:
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "kforge", *args], cwd=REPO, text=True,
+                          capture_output=True, timeout=timeout, check=False)
+    seconds = time.perf_counter() - started
+    print(f"$ kforge {' '.join(args)}  ({seconds:.0f} s, rc {proc.returncode})", flush=True)
+    print(proc.stdout[-1500:] + proc.stderr[-1500:], flush=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"kforge {args[0]} failed")
+    return seconds
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def summarize(db: Path, session: int = SESSION) -> dict:
+    """The figures of one searched session, read from its database."""
+    con = sqlite3.connect(db)
+    con.row_factory = sqlite3.Row
+    run_s = con.execute("SELECT run_seconds FROM sessions WHERE id = ?", (session,)).fetchone()[0]
+    nodes = con.execute("SELECT n.id, n.status, n.confirmed, n.created_at, n.card_id, "
+                        "e.outcome FROM nodes n LEFT JOIN evaluations e ON e.node_id = n.id "
+                        "WHERE n.session_id = ? ORDER BY n.id", (session,)).fetchall()
+    cards = con.execute("SELECT id, best_node FROM op_cards WHERE session_id = ? AND "
+                        "status != 'skipped' AND spent > 0", (session,)).fetchall()
+    con.close()
+    evaluated = [n for n in nodes if n["outcome"] is not None]
+    latencies, tools, cached, verdicts, confirmed_at = [], {}, 0, {}, []
+    for n in evaluated:
+        extra = json.loads(n["outcome"]).get("extra") or {}
+        if "confirmation" in extra:
+            c = extra["confirmation"]
+            latencies.append(c["waited_s"] + c["ran_s"])
+            verdict = ("passed" if n["confirmed"] else "failed" if n["status"] != "ok"
+                       else "kept unconfirmed")
+            verdicts[verdict] = verdicts.get(verdict, 0) + 1
+            if n["confirmed"]:
+                confirmed_at.append(c["at"])
+        sanitizer = extra.get("sanitizer") or {}
+        if sanitizer.get("cached"):
+            cached += 1
+        for tool, seconds in (sanitizer.get("tool_seconds") or {}).items():
+            tools.setdefault(tool, []).append(seconds)
+    first = min((n["created_at"] for n in nodes), default=None)
+    winners = [c["best_node"] for c in cards if c["best_node"] is not None]
+    return {
+        "evaluations": len(evaluated), "search_s": round(run_s, 1),
+        "evaluations_per_min": round(60 * len(evaluated) / run_s, 1) if run_s else None,
+        "confirmations": len(latencies), "verdicts": verdicts,
+        "confirm_p50_s": percentile(latencies, 0.5), "confirm_p90_s": percentile(latencies, 0.9),
+        "sanitizer_tool_median_s": {t: round(statistics.median(v), 2) for t, v in tools.items()},
+        "sanitizer_cached": cached,
+        "to_last_confirmed_s": (round(max(confirmed_at) - first, 1)
+                                if confirmed_at and first is not None else None),
+        "cards": len(cards), "winners": len(winners),
+        "still_confirming": [n["id"] for n in nodes if n["status"] == "confirming"],
+    }
+
+
+def table(results: dict[str, dict]) -> str:
+    rows = [("model", "evals", "search s", "evals/min", "confirms", "p50 s", "p90 s",
+             "to last winner s", "winners", "confirming", "verdicts", "sanitizer s/tool")]
+    for name, r in results.items():
+        if "error" in r:
+            rows.append((name, r["error"][:80], *[""] * 10))
+            continue
+
+        def f(v):
+            return "-" if v is None else f"{v:.1f}" if isinstance(v, float) else str(v)
+
+        rows.append((name, str(r["evaluations"]), f(r["search_s"]), f(r["evaluations_per_min"]),
+                     str(r["confirmations"]), f(r["confirm_p50_s"]), f(r["confirm_p90_s"]),
+                     f(r["to_last_confirmed_s"]), f"{r['winners']}/{r['cards']}",
+                     str(len(r["still_confirming"])), json.dumps(r["verdicts"]),
+                     json.dumps(r["sanitizer_tool_median_s"])
+                     + (f" +{r['sanitizer_cached']} cached" if r["sanitizer_cached"] else "")))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="llama,unet")
+    parser.add_argument("--top", type=int, default=6)
+    parser.add_argument("--iterations", type=int, default=16)
+    parser.add_argument("--time", default="140s", help="each search's time budget")
+    parser.add_argument("--work", default="/tmp/kforge-throughput")
+    parser.add_argument("--out", default="bench-out/throughput")
+    parser.add_argument("--summary", nargs="*", type=Path, help="print the figures of these "
+                        "databases' session 1")
+    args = parser.parse_args()
+    if args.summary:
+        print(table({str(db): summarize(db) for db in args.summary}))
+        return 0
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, dict] = {}
+    for name in [m.strip() for m in args.models.split(",") if m.strip()]:
+        db = Path(args.work) / name / "k.db"
+        db.parent.mkdir(parents=True, exist_ok=True)
+        db.unlink(missing_ok=True)
+        try:
+            kforge("profile", MODELS[name], "--db", str(db), "--samples", "2", timeout=300)
+            search_s = kforge("search", "--session", str(SESSION), "--db", str(db),
+                              "--proposer", "library", "--top", str(args.top), "--iterations",
+                              str(args.iterations), "--parallel", "2", "--time", args.time,
+                              "--quiet", timeout=900)
+            results[name] = {**summarize(db), "command_s": round(search_s, 1)}
+        except Exception as exc:  # one model failing leaves the other's figures standing
+            results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        (out / f"{name}.json").write_text(json.dumps(results[name], indent=1))
+        print(table(results), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

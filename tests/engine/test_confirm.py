@@ -1,0 +1,227 @@
+"""Confirmation beside the search: a would-be best is provisional (``confirming``) while the search
+goes on; a faster one supersedes it; a failure demotes it and the previous best stands; a resume
+confirms what was pending; the search's end waits for confirmations within its time budget."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from kforge.core.candidate import Candidate, EvalOutcome, Proposal
+from kforge.core.opcard import OpCard
+from kforge.core.settings import SearchSettings
+from kforge.engine.engine import Engine
+from kforge.store import NodeStatus, SessionStatus, Store
+from kforge.store.events import LogLine
+from tests.doubles import FakeEvaluator, FakeProposer, sample_cards
+
+
+class ScriptedProposer(FakeProposer):
+    """Kernels at the given speeds, in order (the last one repeated); those in ``racy`` fail the
+    sanitizer."""
+
+    def __init__(self, speeds: list[float], racy: tuple[float, ...] = ()) -> None:
+        super().__init__()
+        self.script = list(speeds)
+        self.racy = set(racy)
+
+    async def propose(self, request):
+        proposal = await super().propose(request)
+        speed = self.script.pop(0) if len(self.script) > 1 else self.script[0]
+        return Proposal([replace(c, meta={**c.meta, "speed": speed, "racy": speed in self.racy})
+                         for c in proposal.candidates], proposal.calls, proposal.error)
+
+
+class GatedEvaluator(FakeEvaluator):
+    """A confirmation of the kernel at speed ``s`` waits until ``open(s)``; evaluations never
+    wait. Records which confirmations began and which were cancelled."""
+
+    def __init__(self, closed: tuple[float, ...] = ()) -> None:
+        super().__init__()
+        self.gates: dict[float, asyncio.Event] = {}
+        self.closed = set(closed)
+        self.began: list[float] = []
+        self.cancelled: list[float] = []
+
+    def open(self, speed: float) -> None:
+        self.closed.discard(speed)
+        self.gates.setdefault(speed, asyncio.Event()).set()
+
+    async def confirm(self, card: OpCard, candidate: Candidate,
+                      outcome: EvalOutcome) -> EvalOutcome:
+        speed = candidate.meta["speed"]
+        self.began.append(speed)
+        if speed in self.closed:
+            try:
+                await self.gates.setdefault(speed, asyncio.Event()).wait()
+            except asyncio.CancelledError:
+                self.cancelled.append(speed)
+                raise
+        return await super().confirm(card, candidate, outcome)
+
+
+@pytest.fixture
+async def store(tmp_path: Path):
+    s = await Store.open(tmp_path / "k.db")
+    yield s
+    await s.close()
+
+
+async def session(store: Store) -> int:
+    return await store.create_profiled_session("toy", {}, {"name": "Fake GPU", "arch": "sm_90"},
+                                               sample_cards())
+
+
+def engine(store: Store, sid: int, proposer, evaluator, **settings) -> Engine:
+    # one op (the largest share), one proposal at a time, one evaluation slot
+    defaults = {"iterations_per_op": 4, "parallel": 1, "patience": 100, "top_ops": 1}
+    return Engine(store, sid, proposer, evaluator,
+                  SearchSettings.from_dict({**defaults, **settings}))
+
+
+async def until(condition, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        await asyncio.sleep(0.01)
+
+
+async def by_speed(store: Store, sid: int) -> dict:
+    """The searched op's nodes by their kernel's speed (first of equals)."""
+    nodes = {}
+    for n in await store.list_nodes(sid):
+        if n.meta.get("speed") is not None:
+            nodes.setdefault(n.meta["speed"], n)
+    return nodes
+
+
+async def logs(store: Store, sid: int) -> list[str]:
+    return [e.record.message for e in await store.events_since(0, sid)
+            if isinstance(e.record, LogLine)]
+
+
+async def test_the_slot_is_released_while_a_would_be_best_is_confirmed(store: Store):
+    sid = await session(store)
+    evaluator = GatedEvaluator(closed=(1.5,))
+    run = asyncio.create_task(engine(store, sid, ScriptedProposer([1.5, 1.2, 1.3, 1.1]),
+                                     evaluator).run())
+
+    async def all_evaluated() -> bool:
+        return evaluator.started == 4
+
+    await until(all_evaluated)  # one slot, held by nobody while 1.5 is confirmed
+    nodes = await by_speed(store, sid)
+    assert nodes[1.5].status == NodeStatus.CONFIRMING and nodes[1.5].speedup == 1.5
+    card = await store.get_card(nodes[1.5].card_id)
+    assert card.best_node is None  # nothing is a best before it is confirmed
+    assert evaluator.began == [1.5]
+    assert not run.done()  # the search waits for its confirmation at the end
+    evaluator.open(1.5)
+    assert await run == SessionStatus.DONE
+    nodes = await by_speed(store, sid)
+    card = await store.get_card(nodes[1.5].card_id)
+    assert (card.best_node, card.best_speedup) == (nodes[1.5].id, 1.5)
+    assert nodes[1.5].confirmed and nodes[1.5].status == NodeStatus.OK
+    # the slower would-be bests queued behind it no longer lead: settled, never confirmed
+    assert evaluator.began == [1.5]
+    assert all(nodes[s].status == NodeStatus.OK and not nodes[s].confirmed
+               for s in (1.2, 1.3, 1.1))
+    detail = await store.get_node(nodes[1.5].id)
+    assert set(detail.outcome.extra["confirmation"]) == {"waited_s", "ran_s", "at"}
+
+
+async def test_a_faster_would_be_best_supersedes_the_one_being_confirmed(store: Store):
+    sid = await session(store)
+    evaluator = GatedEvaluator(closed=(1.5,))
+    status = await engine(store, sid, ScriptedProposer([1.5, 3.0, 1.1, 1.05]), evaluator).run()
+    assert status == SessionStatus.DONE
+    assert evaluator.cancelled == [1.5] and evaluator.began[:2] == [1.5, 3.0]
+    nodes = await by_speed(store, sid)
+    card = await store.get_card(nodes[3.0].card_id)
+    assert card.best_node == nodes[3.0].id and nodes[3.0].confirmed
+    assert nodes[1.5].status == NodeStatus.OK and not nodes[1.5].confirmed
+    assert any("gave way to a faster node" in m for m in await logs(store, sid))
+
+
+async def test_a_failed_confirmation_demotes_the_node_and_the_previous_best_stands(
+        store: Store):
+    sid = await session(store)
+    evaluator = GatedEvaluator(closed=(3.0,))
+    proposer = ScriptedProposer([1.5, 3.0, 1.1, 1.05, 1.02], racy=(3.0,))
+    eng = engine(store, sid, proposer, evaluator, iterations_per_op=5)
+    run = asyncio.create_task(eng.run())
+
+    async def best_confirmed_and_racy_waiting() -> bool:
+        nodes = await by_speed(store, sid)
+        return (1.5 in nodes and nodes[1.5].confirmed and 3.0 in nodes
+                and nodes[3.0].status == NodeStatus.CONFIRMING)
+
+    await until(best_confirmed_and_racy_waiting)
+    evaluator.open(3.0)
+    assert await run == SessionStatus.DONE
+    nodes = await by_speed(store, sid)
+    card = await store.get_card(nodes[1.5].card_id)
+    assert (card.best_node, card.best_speedup) == (nodes[1.5].id, 1.5)
+    assert nodes[3.0].status == "mismatch" and nodes[3.0].speedup is None
+    search = eng.schedule.cards[card.id]
+    assert any("compute-sanitizer racecheck" in line for line in search.failed)
+    assert search.tree.best() == nodes[1.5].id
+    assert any(f"node {nodes[3.0].id} failed its confirmation" in m
+               for m in await logs(store, sid))
+
+
+async def test_a_resume_confirms_what_was_confirming_when_the_engine_stopped(store: Store):
+    sid = await session(store)
+    evaluator = GatedEvaluator(closed=(1.5,))
+    first = engine(store, sid, ScriptedProposer([1.5, 1.2]), evaluator, iterations_per_op=2)
+    run = asyncio.create_task(first.run())
+
+    async def waiting() -> bool:
+        return evaluator.began == [1.5] and evaluator.started == 2
+
+    await until(waiting)
+    first.request_stop()
+    assert await run == SessionStatus.STOPPED
+    nodes = await by_speed(store, sid)
+    assert nodes[1.5].status == NodeStatus.CONFIRMING  # nothing lost
+    assert any("is still confirming: the search was stopped" in m
+               for m in await logs(store, sid))
+    again = FakeEvaluator()
+    assert await engine(store, sid, ScriptedProposer([1.1]), again,
+                        iterations_per_op=2).run() == SessionStatus.DONE
+    assert len(again.confirmed) == 1 and again.evaluated == []  # confirmed, not re-evaluated
+    nodes = await by_speed(store, sid)
+    card = await store.get_card(nodes[1.5].card_id)
+    assert card.best_node == nodes[1.5].id and nodes[1.5].confirmed
+
+
+async def test_the_search_ends_at_its_time_budget_saying_what_is_still_confirming(
+        store: Store):
+    sid = await session(store)
+    evaluator = GatedEvaluator(closed=(1.5,))
+    started = time.monotonic()
+    status = await engine(store, sid, ScriptedProposer([1.5, 1.2]), evaluator,
+                          iterations_per_op=2, wall_s=0.5).run()
+    assert status == SessionStatus.DONE and time.monotonic() - started < 5
+    nodes = await by_speed(store, sid)
+    assert nodes[1.5].status == NodeStatus.CONFIRMING
+    assert any(f"node {nodes[1.5].id} (_softmax at 1.50x) is still confirming: time budget"
+               in m for m in await logs(store, sid))
+
+
+async def test_only_kernels_faster_than_every_baseline_beyond_noise_are_confirmed(
+        store: Store):
+    sid = await session(store)
+    evaluator = FakeEvaluator()  # eager 100 us, compiled 110 us, spreads of 4%
+    status = await engine(store, sid, ScriptedProposer([1.03, 0.8, 1.2]), evaluator,
+                          iterations_per_op=3).run()
+    assert status == SessionStatus.DONE
+    nodes = await by_speed(store, sid)
+    assert len(evaluator.confirmed) == 1 and nodes[1.2].confirmed
+    assert nodes[1.03].status == NodeStatus.OK and not nodes[1.03].confirmed
+    assert any("is not confirmed: 1.03x eager is not faster beyond the timing noise" in m
+               for m in await logs(store, sid))
