@@ -311,7 +311,9 @@ def _verdict(tool: str, code: int, output: str) -> SanitizerReport | None:
                                + (f" (+{len(found) - 1} more)" if len(found) > 1 else ""))
     if code == 0:
         return None
-    if "Device not supported" in output or "not supported" in output.lower():
+    # Only the sanitizer's own lines count: a kernel's printf lands in the same output.
+    own = "\n".join(line for line in output.splitlines() if line.startswith("========="))
+    if "not supported" in own.lower():
         return SanitizerReport(True, tool, _last_lines(output), ran=False)
     if _REFUSED.search(output):  # this sanitizer's options differ: nothing was checked
         return SanitizerReport(False, tool, f"compute-sanitizer refused its options: "

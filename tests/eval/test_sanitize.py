@@ -112,6 +112,16 @@ def test_options_the_sanitizer_refuses_are_no_verdict_on_the_kernel():
     assert "refused its options" in verdict.message
 
 
+def test_a_kernels_own_words_cannot_excuse_it_from_the_sanitizer():
+    from kforge.eval.sanitize import _verdict
+
+    printed = "tool not supported on this device\n========= Error: process didn't terminate successfully"
+    verdict = _verdict("memcheck", 1, printed)  # the child failed; its kernel printed the words
+    assert verdict is not None and not verdict.ok
+    own = _verdict("memcheck", 1, "========= Error: Device not supported")
+    assert own is not None and own.ok and not own.ran
+
+
 FAKE_SANITIZER = """#!/bin/sh
 # a stand-in for compute-sanitizer: its second argument is the tool
 case $2 in
