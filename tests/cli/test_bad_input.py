@@ -40,7 +40,8 @@ def make_db(path: Path) -> None:
             node = await store.add_node(sid, card, None, "new")
             await store.set_candidate(node, Candidate("__global__ void k() {}", {"launches": []}))
             await store.finish_node(node, EvalOutcome(EvalStatus.OK, "ok", speedup=1.5,
-                                                      timing=timing(30.0)), 0.4)
+                                                      timing=timing(30.0)), 0.4,
+                                    confirmed=True)  # the card's best, as confirmation leaves it
             await store.add_model_measurement(sid, ModelMeasured({"eager": 1.0}, {}, 1.1))
 
     asyncio.run(go())
