@@ -81,7 +81,7 @@ def test_default_device_is_the_cpu_without_a_gpu():
 @pytest.mark.parametrize(("name", "library", "hint"), [
     ("sd35-tiny", "diffusers", "pip install 'kforge[models]'"),
     ("gemma4-tiny", "transformers", "pip install 'kforge[models]'"),
-    ("resnet50-tiny", "torchvision", "pip install torchvision"),
+    ("resnet50-tiny", "torchvision", "pip install 'kforge[models]'"),
 ])
 def test_a_missing_library_names_what_to_install(monkeypatch, name, library, hint):
     real = importlib.util.find_spec
