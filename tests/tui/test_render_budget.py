@@ -1,7 +1,7 @@
 """What the TUI sends to its terminal while nobody presses a key: nothing while nothing on screen
 changes, changed rows and lines alone when something does, no reads for a screen out of sight,
-and a live search within its budget of bytes a second (bench/bench_tui_output.py measures the
-same in tmux)."""
+and a live search within its budget of bytes a second, at a pace the test sets so that the
+rate does not depend on the machine (bench/bench_tui_output.py measures the same in tmux)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import asyncio
 import io
 import time
 from collections import Counter
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,17 +20,21 @@ from textual.screen import Screen
 from textual.widget import Widget
 
 from kforge.core.candidate import Candidate, EvalOutcome, EvalStatus
+from kforge.core.settings import SearchSettings
+from kforge.engine.engine import Engine
 from kforge.store import Store
 from kforge_tui.app import KforgeApp
 from kforge_tui.screens import sessions
+from kforge_tui.screens.backdrop import shown
 from kforge_tui.screens.session import SessionScreen
 from kforge_tui.screens.sessions import SessionsScreen
 from kforge_tui.widgets.search_tree import SearchTree
 from kforge_tui.widgets.status_bar import StatusBar
 from kforge_tui.widgets.tables import OpTable, VimTable
+from tests.doubles import FakeEvaluator, FakeProposer
 from tests.tui.conftest import make_app, until
 from tests.tui.fixtures import timing
-from tests.tui.test_control import live_session, start_engine
+from tests.tui.test_control import live_session
 
 LIVE_BUDGET_BYTES_S = 10_000  # a live search at 120x40
 IDLE_BUDGET_BYTES_S = 1_000  # nothing changing
@@ -233,25 +238,83 @@ async def test_a_finished_node_repaints_its_op_row_and_tree_lines_alone(fixture_
         assert 1 <= len(output.of(StatusBar)) <= 2  # the iteration count changed
 
 
-async def test_a_live_search_stays_within_its_output_budget(tmp_path, monkeypatch):
+# The pace of a live search: the app looks every POLL_S and finds NODES_PER_POLL evaluations
+# done (two in flight, 0.3 s each, as bench/bench_tui_output.py runs it).
+POLL_S = 0.5
+PARALLEL = 2
+NODES_PER_POLL = 3
+POLLS = 6
+
+
+class PacedEvaluator(FakeEvaluator):
+    """The evaluator double, each evaluation waiting for a go from the test: the test, not the
+    machine's speed, sets how much the search does between two looks of the screen."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = asyncio.Semaphore(0)
+        self.waiting = 0
+
+    async def evaluate(self, card, candidate):
+        self.waiting += 1
+        try:
+            await self.go.acquire()
+        finally:
+            self.waiting -= 1
+        return await super().evaluate(card, candidate)
+
+
+@asynccontextmanager
+async def paced_search(tmp_path: Path):
+    """A live session and the real engine over it, evaluating only when let."""
     db = tmp_path / "k.db"
     sid = await live_session(db)
-    engine_store, engine = await start_engine(db, sid, delay_s=0.3)
+    store = await Store.open(db)
+    evaluator = PacedEvaluator()
+    settings = SearchSettings.from_dict({"iterations_per_op": 30, "parallel": PARALLEL,
+                                         "patience": 1000})
+    engine = asyncio.create_task(Engine(store, sid, FakeProposer(), evaluator, settings).run())
     try:
-        app = make_app(db, session=sid, poll_s=0.5)  # the app's own pace
-        async with app.run_test(size=(120, 40)) as pilot:
-            screen = await session_open(pilot)
-            await until(pilot, lambda: len(screen.model.nodes) >= 3, what="nodes to arrive")
-            output = watch_output(app, monkeypatch)
-            seen, start = len(screen.model.nodes), time.monotonic()
-            await pilot.pause(4.0)
-            rate = output.written / (time.monotonic() - start)
-            assert len(screen.model.nodes) >= seen + 2  # the screen followed the search
-            assert rate < LIVE_BUDGET_BYTES_S, f"{rate:.0f} bytes/s"
+        yield db, sid, store, evaluator
     finally:
         engine.cancel()
         await asyncio.gather(engine, return_exceptions=True)
-        await engine_store.close()
+        await store.close()
+
+
+async def step(pilot, screen: SessionScreen, store: Store, sid: int,
+               evaluator: PacedEvaluator) -> None:
+    """Let NODES_PER_POLL evaluations finish, and wait until the screen has shown all the
+    search wrote meanwhile."""
+    for _ in range(NODES_PER_POLL):
+        evaluator.go.release()
+    await until(pilot, lambda: evaluator.waiting == evaluator.capacity, what="the search to wait again")
+    written = await store.list_nodes(sid)
+    await until(pilot, lambda: all(node.id in screen.model.nodes
+                                   and screen.model.nodes[node.id].row.status == node.status
+                                   for node in written), what="the screen to follow")
+    await settled(pilot, quiet_s=0.15)
+
+
+async def live_rate(pilot, monkeypatch, screen: SessionScreen, store: Store, sid: int,
+                    evaluator: PacedEvaluator) -> float:
+    """Bytes a second sent while the search goes on at its pace, POLLS looks of the screen."""
+    output = watch_output(pilot.app, monkeypatch)
+    seen = len(screen.model.nodes)
+    for _ in range(POLLS):
+        await step(pilot, screen, store, sid, evaluator)
+    assert len(screen.model.nodes) >= seen + POLLS * NODES_PER_POLL  # the screen followed
+    return output.written / (POLLS * POLL_S)
+
+
+async def test_a_live_search_stays_within_its_output_budget(tmp_path, monkeypatch):
+    async with paced_search(tmp_path) as (db, sid, store, evaluator):
+        app = make_app(db, session=sid, poll_s=0.05)  # each step shows in one look
+        async with app.run_test(size=(120, 40)) as pilot:
+            screen = await session_open(pilot)
+            await step(pilot, screen, store, sid, evaluator)
+            rate = await live_rate(pilot, monkeypatch, screen, store, sid, evaluator)
+            assert rate < LIVE_BUDGET_BYTES_S, f"{rate:.0f} bytes/s"
 
 
 DIALOGS = {"help": "question_mark", "palette": "ctrl+p"}
@@ -259,27 +322,26 @@ DIALOGS = {"help": "question_mark", "palette": "ctrl+p"}
 
 @pytest.mark.parametrize("dialog", list(DIALOGS))
 async def test_a_dialog_over_a_live_search_stays_within_the_budget(tmp_path, monkeypatch, dialog):
-    db = tmp_path / "k.db"
-    sid = await live_session(db)
-    engine_store, engine = await start_engine(db, sid, delay_s=0.3)
-    try:
-        app = make_app(db, session=sid, poll_s=0.5)
+    async with paced_search(tmp_path) as (db, sid, store, evaluator):
+        app = make_app(db, session=sid, poll_s=0.05)
         async with app.run_test(size=(120, 40)) as pilot:
             screen = await session_open(pilot)
-            await until(pilot, lambda: len(screen.model.nodes) >= 3, what="nodes to arrive")
+            await step(pilot, screen, store, sid, evaluator)
             await pilot.press(DIALOGS[dialog])
             await until(pilot, lambda: app.screen is not screen, what="the dialog")
-            await pilot.pause(0.5)
-            output = watch_output(app, monkeypatch)
-            seen, start = len(screen.model.nodes), time.monotonic()
-            await pilot.pause(4.0)
-            rate = output.written / (time.monotonic() - start)
-            assert len(screen.model.nodes) >= seen + 2  # the search went on under the dialog
+            await settled(pilot)
+            rate = await live_rate(pilot, monkeypatch, screen, store, sid, evaluator)
             assert rate < LIVE_BUDGET_BYTES_S, f"{rate:.0f} bytes/s"
-    finally:
-        engine.cancel()
-        await asyncio.gather(engine, return_exceptions=True)
-        await engine_store.close()
+
+
+def test_a_change_under_a_dialog_is_sent_only_where_it_shows():
+    box = Region(22, 0, 76, 40)  # help at 120x40
+    assert shown([Region(1, 17, 46, 21)], [box]) == [Region(1, 17, 21, 21)]
+    assert shown([Region(0, 0, 120, 1)], [box]) == [Region(0, 0, 22, 1), Region(98, 0, 22, 1)]
+    assert shown([Region(30, 5, 10, 1)], [box]) == []
+    assert shown([Region(0, 0, 10, 10)], [Region(5, 5, 10, 10)]) == [Region(0, 0, 10, 5),
+                                                                   Region(0, 5, 5, 5)]
+    assert shown([Region(0, 0, 10, 10)], []) == [Region(0, 0, 10, 10)]
 
 
 @pytest.mark.parametrize("dialog", [*DIALOGS, "form"])
