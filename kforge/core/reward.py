@@ -70,19 +70,22 @@ def significant_win(speedup: float, spread: float) -> bool:
 
 def short_of_baselines(kernel: Timing | None, eager: Timing | None,
                        baseline: Baseline | None) -> str | None:
-    """Why a kernel timed at ``kernel`` could never be used, or None when it beats every
-    baseline by more than the timing noise: eager (``eager``, timed beside it, else the card's)
-    and torch.compile (the card's). A kernel that beats neither is never worth confirming."""
+    """Why a kernel timed at ``kernel`` could never be used, or None when it beats a baseline
+    by more than the timing noise: eager (``eager``, timed beside it, else the card's), what the
+    eager and CUDA-graph integrations replace, or torch.compile (the card's), what the compiled
+    modes replace. A kernel that beats neither is never worth confirming."""
     if kernel is None or kernel.median_us <= 0:
         return "no timing"
     bases = [("eager", eager or (baseline.eager if baseline else None)),
              ("torch.compile", baseline.compiled if baseline else None)]
+    shortfalls = []
     for name, base in bases:
         if base is None:
             continue
         speedup = base.median_us / kernel.median_us
         spread = math.hypot(kernel.spread, base.spread)
-        if not significant_win(speedup, spread):
-            return (f"{speedup:.2f}x {name} is not faster beyond the timing noise "
-                    f"(±{spread:.0%})")
-    return None
+        if significant_win(speedup, spread):
+            return None
+        shortfalls.append(f"{speedup:.2f}x {name} is not faster beyond the timing noise "
+                          f"(±{spread:.0%})")
+    return "; ".join(shortfalls) or "no baseline"

@@ -84,6 +84,12 @@ class Snapshot:
     confirming: int = 0  # would-be bests waiting for or under confirmation
 
 
+# A would-be best cancels the confirmation under way of its op only when this much faster: a
+# confirmation takes 10-20 s and the library's refinements arrive every few seconds a few
+# percent apart, so any smaller step would cancel every confirmation and none would end.
+SUPERSEDE_MARGIN = 1.10
+
+
 @dataclass(eq=False)
 class Provisional:
     """A would-be best waiting for (or under) its confirmation."""
@@ -481,7 +487,8 @@ class Engine:
             return
         for card_id, (running, task) in self._confirming.items():
             waiting = self._waiting.get(card_id)
-            if waiting and max(p.speedup for p in waiting.values()) > running.speedup \
+            if waiting and max(p.speedup for p in waiting.values()) \
+                    > running.speedup * SUPERSEDE_MARGIN \
                     and not running.superseded and not running.judged:
                 running.superseded = True
                 task.cancel()
