@@ -53,7 +53,11 @@ _REPORT_START = (r"^=+\s+(?:Invalid|Uninitialized|Race|Barrier|Error|Warning|Pro
                  r"Misaligned|Out of bounds)\b")
 # Calls of the candidate under each tool: as many as it is timed for, within these bounds, plus
 # a random few so that a kernel counting its calls cannot know which is the last.
-MIN_CALLS, MAX_CALLS, EXTRA_CALLS = 8, 256, 8
+# Calls under the sanitizer: as many as the candidate is timed for, at most MAX_CALLS, plus a
+# random few, so no kernel can count on how many there are. Each instrumented call of a large
+# region kernel takes 0.1-1 s: 256 of them kept every confirmation of a Llama-sized search
+# running past the search's end on an H200.
+MIN_CALLS, MAX_CALLS, EXTRA_CALLS = 8, 24, 8
 # A tool's verdict when the child failed without a report (a fault another tool may name).
 RUN_FAILED = "the candidate's run failed"
 # The child's line of step times (``run_job``).
