@@ -8,6 +8,8 @@ the kernels it held went unlisted. The cubin itself always holds them.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import struct
 from dataclasses import dataclass
 
@@ -89,24 +91,32 @@ def _entries(cubin: bytes, sections: list[_Section]) -> dict[int, str]:
     return out
 
 
+def _records(cubin: bytes, info: _Section) -> Iterator[tuple[int, int, int, int]]:
+    """The attribute records of one ``.nv.info`` section: (format, attribute, offset of the
+    value, size of an SVAL's value, 2 for the short formats)."""
+    at, end = info.offset, info.offset + info.size
+    while at + 2 <= end:
+        fmt, attribute = cubin[at], cubin[at + 1]
+        at += 2
+        if fmt == EIFMT_SVAL:
+            (size,) = struct.unpack_from("<H", cubin, at)
+            yield fmt, attribute, at + 2, size
+            at += 2 + size
+        elif fmt in (EIFMT_HVAL, EIFMT_BVAL):
+            yield fmt, attribute, at, 2
+            at += 2
+
+
 def _attributes(cubin: bytes, sections: list[_Section]) -> tuple[dict[int, int], dict[int, int]]:
     """Registers and frame sizes by symbol index, from the ``.nv.info`` section."""
     registers: dict[int, int] = {}
     frames: dict[int, int] = {}
     for info in (s for s in sections if s.name == ".nv.info"):
-        at, end = info.offset, info.offset + info.size
-        while at + 2 <= end:
-            fmt, attribute = cubin[at], cubin[at + 1]
-            at += 2
-            if fmt == EIFMT_SVAL:
-                (size,) = struct.unpack_from("<H", cubin, at)
-                at += 2
-                if size == 8 and attribute in (EIATTR_REGCOUNT, EIATTR_FRAME_SIZE):
-                    symbol, value = struct.unpack_from("<II", cubin, at)
-                    (registers if attribute == EIATTR_REGCOUNT else frames)[symbol] = value
-                at += size
-            elif fmt in (EIFMT_HVAL, EIFMT_BVAL):
-                at += 2
+        for fmt, attribute, at, size in _records(cubin, info):
+            if fmt == EIFMT_SVAL and size == 8 and attribute in (EIATTR_REGCOUNT,
+                                                                  EIATTR_FRAME_SIZE):
+                symbol, value = struct.unpack_from("<II", cubin, at)
+                (registers if attribute == EIATTR_REGCOUNT else frames)[symbol] = value
     return registers, frames
 
 
@@ -114,16 +124,9 @@ def _own_attributes(cubin: bytes, info: _Section) -> tuple[int, bool]:
     """Named barriers and whether warp-synchronous instructions are present, from a kernel's
     own ``.nv.info.<name>`` section."""
     barriers, warp_syncs = 0, False
-    at, end = info.offset, info.offset + info.size
-    while at + 2 <= end:
-        fmt, attribute = cubin[at], cubin[at + 1]
-        at += 2
+    for fmt, attribute, at, _size in _records(cubin, info):
         if fmt == EIFMT_SVAL:
-            (size,) = struct.unpack_from("<H", cubin, at)
             warp_syncs = warp_syncs or attribute == EIATTR_COOP_GROUP_INSTR_OFFSETS
-            at += 2 + size
-        elif fmt in (EIFMT_HVAL, EIFMT_BVAL):
-            if attribute == EIATTR_NUM_BARRIERS:
-                barriers = cubin[at]
-            at += 2
+        elif attribute == EIATTR_NUM_BARRIERS:
+            barriers = cubin[at]
     return barriers, warp_syncs
