@@ -81,7 +81,7 @@ def test_default_device_is_the_cpu_without_a_gpu():
 @pytest.mark.parametrize(("name", "library", "hint"), [
     ("sd35-tiny", "diffusers", "pip install 'kforge[models]'"),
     ("gemma4-tiny", "transformers", "pip install 'kforge[models]'"),
-    ("resnet50-tiny", "torchvision", "pip install 'kforge[models]'"),
+    ("resnet50-tiny", "torchvision", "pip install 'kforge[vision]'"),
 ])
 def test_a_missing_library_names_what_to_install(monkeypatch, name, library, hint):
     real = importlib.util.find_spec
@@ -101,6 +101,22 @@ def test_a_built_in_model_that_fails_to_build_is_one_clear_error(monkeypatch):
     monkeypatch.setattr(language, "build_gemma4", explode)
     assert error("gemma4-tiny") == ("building gemma4-tiny on cpu in bfloat16 failed: "
                                     "RuntimeError: bad config")
+
+
+def test_a_torchvision_made_for_another_torch_is_named_as_the_fault(monkeypatch):
+    pytest.importorskip("transformers")
+    from kforge.capture.zoo import language
+
+    def transformers_importing_a_broken_torchvision(entry, resolved):
+        try:
+            raise RuntimeError("operator torchvision::nms does not exist")
+        except RuntimeError as exc:
+            raise ModuleNotFoundError("Could not import module 'LlamaConfig'") from exc
+
+    monkeypatch.setattr(language, "build_gemma4", transformers_importing_a_broken_torchvision)
+    message = error("gemma4-tiny")
+    assert "the installed torchvision does not work with this torch" in message
+    assert "operator torchvision::nms does not exist" in message and "newer" not in message
 
 
 def test_a_relative_model_file_is_named_by_its_absolute_path(monkeypatch):

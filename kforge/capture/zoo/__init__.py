@@ -23,7 +23,7 @@ LANGUAGE_MODES = ("prefill", "decode")
 
 # How to get each optional library: torchvision must be the build made for the installed torch.
 INSTALL_HINTS = {
-    "torchvision": "pip install 'kforge[models]', or torchvision from the index your torch "
+    "torchvision": "pip install 'kforge[vision]', or torchvision from the index your torch "
                    "came from",
     "diffusers": "pip install 'kforge[models]'",
     "transformers": "pip install 'kforge[models]'",
@@ -55,8 +55,26 @@ class ZooModel:
                 importlib.import_module(f"kforge.capture.zoo.{module_name}"), function)
             return builder(self, resolved)
         except ImportError as exc:
+            if (broken := broken_torchvision(exc)) is not None:
+                raise KforgeError(f"the {self.name} model cannot be built: the installed "
+                                  f"torchvision does not work with this torch ({broken}), and "
+                                  f"{self.requires} imports it; uninstall torchvision, or install "
+                                  f"the build made for your torch") from None
             raise KforgeError(f"the {self.name} model needs a newer {self.requires} ({exc}): "
                               f"{INSTALL_HINTS[self.requires]}") from None
+
+
+def broken_torchvision(exc: BaseException) -> str | None:
+    """What a torchvision made for another torch build said while ``exc`` was raised (its
+    operators are missing), or None where torchvision played no part."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if "torchvision::" in str(cause):
+            return str(cause)
+        cause = cause.__cause__ or cause.__context__
+    return None
 
 
 def _pair(name: str, description: str, builder: str, requires: str, *, dtype: str,
