@@ -254,6 +254,7 @@ class PacedEvaluator(FakeEvaluator):
         super().__init__()
         self.go = asyncio.Semaphore(0)
         self.waiting = 0
+        self.let_through = 0
 
     async def evaluate(self, card, candidate):
         self.waiting += 1
@@ -261,6 +262,7 @@ class PacedEvaluator(FakeEvaluator):
             await self.go.acquire()
         finally:
             self.waiting -= 1
+        self.let_through += 1
         return await super().evaluate(card, candidate)
 
 
@@ -286,13 +288,21 @@ async def step(pilot, screen: SessionScreen, store: Store, sid: int,
                evaluator: PacedEvaluator) -> None:
     """Let NODES_PER_POLL evaluations finish, and wait until the screen has shown all the
     search wrote meanwhile."""
+    # The evaluations let through are counted: a waiter woken by a release still counts as
+    # waiting until it runs, so waiting alone would be true before any of them had run.
+    target = evaluator.let_through + NODES_PER_POLL
     for _ in range(NODES_PER_POLL):
         evaluator.go.release()
-    await until(pilot, lambda: evaluator.waiting == evaluator.capacity, what="the search to wait again")
-    written = await store.list_nodes(sid)
-    await until(pilot, lambda: all(node.id in screen.model.nodes
-                                   and screen.model.nodes[node.id].row.status == node.status
-                                   for node in written), what="the screen to follow")
+    await until(pilot, lambda: evaluator.let_through >= target
+                and evaluator.waiting == evaluator.capacity, what="the search to wait again")
+    # Read the store afresh on each look: a node still on its way to an evaluation slot changes
+    # status after any one read of it.
+    deadline = time.monotonic() + 10.0
+    while not all(node.id in screen.model.nodes
+                  and screen.model.nodes[node.id].row.status == node.status
+                  for node in await store.list_nodes(sid)):
+        assert time.monotonic() < deadline, "timed out waiting for the screen to follow"
+        await pilot.pause(0.02)
     await settled(pilot, quiet_s=0.15)
 
 
