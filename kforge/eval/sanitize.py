@@ -51,8 +51,6 @@ PADDING = 65536
 # The first line of each report block.
 _REPORT_START = (r"^=+\s+(?:Invalid|Uninitialized|Race|Barrier|Error|Warning|Program hit|"
                  r"Misaligned|Out of bounds)\b")
-# Calls of the candidate under each tool: as many as it is timed for, within these bounds, plus
-# a random few so that a kernel counting its calls cannot know which is the last.
 # Calls under the sanitizer: as many as the candidate is timed for, at most MAX_CALLS, plus a
 # random few, so no kernel can count on how many there are. Each instrumented call of a large
 # region kernel takes 0.1-1 s: 256 of them kept every confirmation of a Llama-sized search
