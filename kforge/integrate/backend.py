@@ -109,8 +109,8 @@ class KernelOp:
     """One kernel table entry defined as the operator ``kforge::<name>``: its inputs are the
     tensors of the entry's op call (in schema order), its other arguments are fixed as the
     variant has them; it returns what the op returns. At run time the entry's kernel runs; where
-    the entry declines (switched off after a failure, a tensor elsewhere, an unexpected storage
-    offset) the original op does. ``specs``: the variant's tensor arg specs, in input order."""
+    the entry declines (switched off after a failure, a tensor elsewhere or of another shape,
+    dtype, stride or storage offset than the variant's) the original op does. ``specs``: the variant's tensor arg specs, in input order."""
 
     def __init__(self, entry: Entry, name: str, library: torch.library.Library) -> None:
         self.entry = entry
@@ -122,10 +122,7 @@ class KernelOp:
         self.args = [self._template(positional[i], spec, slots)
                      for i, spec in enumerate(entry.args)]
         self.kwargs = {key: self._template(key, spec, slots) for key, spec in entry.kwargs.items()}
-        offsets = {(name, path): leaf.get("offset", 0)
-                   for name, value in bind(entry.op, entry.args, entry.kwargs).items()
-                   for path, leaf in walk(value) if isinstance(leaf, dict)}
-        self.offsets = tuple(offsets[p] for p in self.paths)
+        self.layouts = tuple(_layout(leaf) for leaf in _leaves_at(entry, self.paths))
         returns = len(self.func._schema.returns)
         result = "Tensor" if returns == 1 else f"({', '.join(['Tensor'] * returns)})"
         inputs = ", ".join(f"Tensor t{i}" for i in range(len(self.paths)))
@@ -166,8 +163,12 @@ class KernelOp:
                 for leaf in _leaves_at(self.entry, self.paths)]
 
     def run(self, *tensors: torch.Tensor) -> Any:
+        """The kernel's result where every tensor has the variant's layout (the plan's constants
+        are that variant's: another shape, stride or offset would have it read and write out of
+        place), else the original op's. Inductor hands the traced layouts over
+        (``needs_exact_strides``); this holds should it not."""
         args, kwargs = self.call(tensors)
-        if all(t.storage_offset() == o for t, o in zip(tensors, self.offsets)):
+        if all(_has_layout(t, layout) for t, layout in zip(tensors, self.layouts)):
             result = self.entry.run(tuple(args), kwargs)
             if result is not _MISS:
                 return result
@@ -178,6 +179,26 @@ class KernelOp:
     def fake(self, *tensors: torch.Tensor) -> Any:
         args, kwargs = self.call(tensors)
         return self.func(*args, **kwargs)
+
+
+def _layout(spec: dict) -> tuple:
+    """What a call's tensor must match for a kernel made for ``spec``: shape, dtype, storage
+    offset and the strides of its dimensions longer than one (a stride along a dimension of size
+    one addresses nothing; Inductor does not keep it)."""
+    if "stride" not in spec:
+        raise ArgSpecError(f"a tensor of layout {spec.get('layout')} cannot be a kernel's input")
+    shape = tuple(spec["shape"])
+    strides = tuple((i, s) for i, (n, s) in enumerate(zip(shape, spec["stride"])) if n != 1)
+    return shape, torch_dtype(spec["dtype"]), int(spec.get("offset", 0)), strides
+
+
+def _has_layout(t: torch.Tensor, layout: tuple) -> bool:
+    shape, dtype, offset, strides = layout
+    if t.shape != shape or t.dtype != dtype or t.storage_offset() != offset \
+            or t.layout is not torch.strided:
+        return False
+    stride = t.stride()
+    return all(stride[i] == s for i, s in strides)
 
 
 def unsupported(entry: Entry) -> str | None:

@@ -298,3 +298,43 @@ def test_ops_inductor_fuses_are_told_from_those_it_calls_as_they_are():
     called = ["aten.mm.default", "aten.addmm.default", "aten.convolution.default",
               "aten._scaled_dot_product_flash_attention.default"]
     assert [inductor_fuses(op) for op in fused + called] == [True] * 4 + [False] * 4
+
+
+def test_a_kernel_operator_runs_its_kernel_only_for_its_variant_s_layout(cards):
+    # The kernel's launch plan holds the variant's sizes and strides as constants: called on any
+    # other layout it would read and write out of place, so the original op runs instead.
+    from kforge.core.argspec import encode_call
+    from kforge.integrate.backend import kernel_op
+
+    calls: Counter = Counter()
+    (entry,) = [e for e in table_of(cards, calls).entries if e.op == "aten.gelu.default"]
+    op = kernel_op(entry)
+    shape = tuple(entry.args[0]["shape"])  # (2, 32, 64), packed
+
+    def gelu(t: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten.gelu.default(t, approximate="tanh")
+
+    x = torch.randn(shape)
+    assert close(op.overload(x), gelu(x))
+    assert calls[entry.op] == 1 and entry.fallbacks == 0
+    others = {
+        "another shape": torch.randn(2, 32, 32),
+        "other strides": torch.randn(2, 64, 32).transpose(1, 2),
+        "a storage offset": torch.randn(2 * 32 * 64 + 64)[64:].view(shape),
+        "another dtype": torch.randn(shape, dtype=torch.float64),
+        "a padded row": torch.randn(2, 32, 80)[:, :, :64],
+    }
+    for why, t in others.items():
+        got = op.overload(t)
+        assert calls[entry.op] == 1, f"the kernel ran on {why}"
+        assert torch.equal(got, gelu(t)), why
+    assert entry.fallbacks == len(others)
+
+    # a stride along a dimension of size one addresses nothing: the variant still matches
+    row = torch.randn(2, 1, 64)
+    args, kwargs = encode_call(torch.ops.aten.gelu.default, [row], {"approximate": "tanh"})
+    single = Entry(op=entry.op, args=args, kwargs=kwargs, device=torch.device("cpu"),
+                   runner=Counting(entry.op, calls), label="gelu [2, 1, 64]", key="k1")
+    kernel_op(single).overload(torch.randn(2, 64).unsqueeze(1))  # strides (64, 1, 1)
+    kernel_op(single).overload(torch.randn(2, 64, 5)[:, :, 0].unsqueeze(1).contiguous())
+    assert row.stride() == (64, 64, 1) and calls[entry.op] == 3 and single.fallbacks == 0
