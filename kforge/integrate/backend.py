@@ -154,12 +154,15 @@ class KernelOp:
 
     def example_inputs(self) -> list[torch.Tensor]:
         """Tensors of the kernel's variant, to trace its call on: on the kernel's device (some
-        decompositions differ by device), or without data where that device is not here."""
+        decompositions differ by device), or without data where that device is not here. The
+        pattern matcher traces with real tensors, running the op on them: they hold zeros, so
+        that an index op (an embedding, a gather) reads in bounds, as it would not on
+        uninitialized memory."""
         device = self.entry.device
         if device.type == "cuda" and not torch.cuda.is_available():
             device = torch.device("meta")
         return [torch.empty_strided(leaf["shape"], leaf["stride"], device=device,
-                                    dtype=torch_dtype(leaf["dtype"]))
+                                    dtype=torch_dtype(leaf["dtype"])).zero_()
                 for leaf in _leaves_at(self.entry, self.paths)]
 
     def run(self, *tensors: torch.Tensor) -> Any:

@@ -338,3 +338,39 @@ def test_a_kernel_operator_runs_its_kernel_only_for_its_variant_s_layout(cards):
     kernel_op(single).overload(torch.randn(2, 64).unsqueeze(1))  # strides (64, 1, 1)
     kernel_op(single).overload(torch.randn(2, 64, 5)[:, :, 0].unsqueeze(1).contiguous())
     assert row.stride() == (64, 64, 1) and calls[entry.op] == 3 and single.fallbacks == 0
+
+
+class Lookup(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = torch.nn.Embedding(1000, 16)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.table(ids) * 2.0
+
+
+def test_an_index_op_s_kernel_is_traced_on_indices_in_bounds():
+    # The pattern matcher runs a kernel's call on the tensors it traces it with (on the GPU, the
+    # kernel's device): indices left uninitialized would read out of bounds there.
+    from kforge.core.argspec import encode_call
+    from kforge.integrate.backend import kernel_op
+
+    model = Lookup().eval()
+    ids = torch.randint(0, 1000, (4, 8))
+    op = "aten.embedding.default"
+    args, kwargs = encode_call(torch.ops.aten.embedding.default, [model.table.weight, ids], {})
+    calls: Counter = Counter()
+
+    def runner(call_args: tuple, call_kwargs: dict) -> torch.Tensor:
+        calls[op] += 1
+        return torch.ops.aten.embedding.default(*call_args, **call_kwargs)
+
+    entry = Entry(op=op, args=args, kwargs=kwargs, device=torch.device("cpu"), runner=runner,
+                  label="embedding", key="lookup")
+    assert all(not t.any() for t in kernel_op(entry).example_inputs())
+    chosen = backend(KernelTable([entry]))
+    assert not chosen.report.notes, chosen.report.notes
+    with torch.no_grad():
+        got = torch.compile(model, backend=chosen)(ids)
+        assert torch.equal(got, model(ids))
+    assert chosen.report.replaced["embedding"] == 1 and calls[op] == 1 and not entry.disabled
