@@ -224,6 +224,49 @@ def unsupported(entry: Entry) -> str | None:
     return None
 
 
+def output_mismatch(entry: Entry) -> str | None:
+    """Why the outputs the kernel's launch plan makes are not what compiled code takes its
+    operator to return, or None. Inductor plans every buffer after the operator's fake outputs
+    (the original op's shapes, dtypes and strides) and reuses or reinterprets them so; an output
+    laid out otherwise is read and written out of place, and an output that is one of the inputs
+    is an alias the operator's schema does not declare. A runner without a plan (a stand-in)
+    passes."""
+    plan = getattr(entry.runner, "plan", None)
+    outputs = getattr(plan, "outputs", None)
+    if outputs is None:
+        return None
+    if any(o.kind == "arg" for o in outputs):
+        return ("its launch plan returns one of the op's inputs, which an operator of compiled "
+                "code may not alias")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    def fake(leaf: dict) -> torch.Tensor:
+        return torch.empty_strided(leaf["shape"], leaf["stride"], device=entry.device,
+                                   dtype=torch_dtype(leaf["dtype"]))
+
+    try:
+        with FakeTensorMode():
+            args = [decode(spec, fake, make_list=list) for spec in entry.args]
+            kwargs = {k: decode(v, fake, make_list=list) for k, v in entry.kwargs.items()}
+            result = resolve_op(entry.op)(*args, **kwargs)
+    except Exception:  # the op cannot run on fake tensors here: Inductor's own trace will say
+        return None
+    results = list(result) if isinstance(result, (tuple, list)) else [result]
+    if len(results) != len(outputs):
+        return (f"its launch plan makes {len(outputs)} output(s) where the op returns "
+                f"{len(results)}")
+    for i, (made, fake) in enumerate(zip(outputs, results)):
+        mine = (tuple(made.shape), made.dtype,
+                [s for s, n in zip(made.stride, made.shape) if n != 1])
+        theirs = (tuple(fake.shape), str(fake.dtype).removeprefix("torch."),
+                  [s for s, n in zip(fake.stride(), fake.shape) if n != 1])
+        if mine != theirs:
+            return (f"its launch plan makes output {i} as {made.dtype}{list(made.shape)} with "
+                    f"strides {list(made.stride)}, where compiled code takes it to be "
+                    f"{theirs[1]}{list(fake.shape)} with strides {list(fake.stride())}")
+    return None
+
+
 def _leaves_at(entry: Entry, paths: list[tuple[str, str]]) -> list[dict]:
     bound = bind(entry.op, list(entry.args), dict(entry.kwargs))
     leaves = {(name, path): leaf for name, value in bound.items() for path, leaf in walk(value)}
@@ -512,7 +555,7 @@ class Backend:
         self.kernels: list[KernelOp] = []
         skipped = []
         for entry in table.entries:
-            why = unsupported(entry)
+            why = unsupported(entry) or output_mismatch(entry)
             try:
                 op = kernel_op(entry) if why is None else None
             except (ArgSpecError, RuntimeError) as exc:  # an argument that cannot be rebuilt

@@ -374,3 +374,66 @@ def test_an_index_op_s_kernel_is_traced_on_indices_in_bounds():
         got = torch.compile(model, backend=chosen)(ids)
         assert torch.equal(got, model(ids))
     assert chosen.report.replaced["embedding"] == 1 and calls[op] == 1 and not entry.disabled
+
+
+def test_a_kernel_whose_outputs_are_not_laid_out_as_the_op_s_stays_out(cards):
+    # Inductor plans buffers after the operator's fake outputs (the op's own layout) and reuses
+    # them so: a kernel writing another layout, or handing back an input, stays out of the graph.
+    from tests.integrate.standins import PyKernels
+    from tests.integrate.test_runtime import SOFTMAX, mark, plan_entry, spec_of
+
+    x = torch.randn(4, 8)
+    args, kwargs = spec_of(torch.ops.aten._softmax.default, x, -1, False)
+    launch = {"kernel": "mark", "grid": [1], "block": [32],
+              "params": [{"ptr": "out"}, {"ptr": "self"}, {"i64": 32}]}
+
+    def entry(output: dict, label: str) -> Entry:
+        plan = {"outputs": [{"name": "out", **output}], "launches": [launch]}
+        return plan_entry(SOFTMAX, args, kwargs, plan, PyKernels(mark=mark), label)
+
+    good = entry({"like": "self"}, "packed")
+    transposed = entry({"shape": [4, 8], "stride": [1, 4], "dtype": "float32"}, "transposed")
+    wider = entry({"shape": [4, 8], "stride": [8, 1], "dtype": "float64"}, "float64")
+    aliased = entry({"arg": "self"}, "aliased")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        chosen = backend(KernelTable([good]))
+        for bad in (transposed, wider, aliased):
+            refused = backend(KernelTable([bad]))
+            assert not refused.kernels, bad.label
+    notes = " ".join(kforge_warnings(caught))
+    assert [k.label for k in chosen.kernels] == ["packed"]
+    assert "transposed: its launch plan makes output 0 as float32[4, 8] with strides [1, 4], " \
+           "where compiled code takes it to be float32[4, 8] with strides [8, 1]" in notes
+    assert "float64: its launch plan makes output 0 as float64[4, 8]" in notes
+    assert "aliased: its launch plan returns one of the op's inputs" in notes
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_every_library_kernel_makes_the_outputs_compiled_code_plans_for(dtype):
+    # The fake outputs Inductor plans a kernel operator's buffers after (the op on fake CUDA
+    # tensors) against what each library kernel's launch plan allocates, for every example card
+    # and variant; in-place ops are not operators of compiled code at all.
+    from types import SimpleNamespace
+
+    from kforge.core.gpu import GpuInfo
+    from kforge.integrate.backend import output_mismatch, unsupported
+    from kforge.propose.library.examples import example_cards
+    from kforge.propose.library.proposer import build_candidate, make_plan
+    from kforge.runtime.plan import resolve_for
+
+    gpu = GpuInfo(name="H200", arch="sm_90", sm_count=132)
+    checked, refused = 0, {}
+    for name, card in example_cards(dtype).items():
+        plan = make_plan(card, gpu)
+        for variant in plan.available:
+            candidate = build_candidate(plan, variant, variant.space.default, gpu, card, "test")
+            resolved = resolve_for(candidate.plan, card.op, card.args, card.kwargs)
+            entry = Entry(op=card.op, args=card.args, kwargs=card.kwargs,
+                          runner=SimpleNamespace(plan=resolved), device=torch.device("cuda", 0))
+            if (why := unsupported(entry)) is not None:
+                refused[name] = why
+                continue
+            assert output_mismatch(entry) is None, (name, variant.approach)
+            checked += 1
+    assert checked > 50 and set(refused) == {"relu_", "add_"}
