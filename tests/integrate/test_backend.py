@@ -264,19 +264,32 @@ def test_inductors_fx_graph_cache_serves_the_kernels_graph_again(cards, toy, tmp
     assert close(got, model(x)) and calls == {op: 2 * CALLS_PER_FORWARD for op in WINNING_OPS}
 
 
-def test_the_graph_holds_a_kforge_node_for_each_kernel_the_report_names_and_no_other(cards, toy):
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead", "max-autotune-no-cudagraphs"])
+def test_the_graph_holds_a_kforge_node_for_each_kernel_the_report_names_and_no_other(cards, toy,
+                                                                                     mode):
+    from torch._inductor.utils import is_cudagraph_unsafe_fx_node
+
     model, x = toy
     kept = [c for c in cards if c.op != "aten.gelu.default"]  # a selection left gelu out
-    chosen = backend(table_of(kept, Counter()))
+    chosen = backend(table_of(kept, Counter()), mode=mode)
     graphs = []
     with torch.no_grad(), torch._inductor.config.patch(
             post_grad_custom_post_pass=_Spy(graphs)):
         torch.compile(model, backend=chosen)(x)
     (graph,) = graphs
-    in_graph = {str(n.target) for n in graph.nodes if str(n.target).startswith("kforge.")}
+    nodes = [n for n in graph.nodes if str(n.target).startswith("kforge.")]
     labels = {str(k.overload): k.label for k in chosen.kernels}
-    assert {labels[name] for name in in_graph} == chosen.report.kernels() == {
+    assert {labels[str(n.target)] for n in nodes} == chosen.report.kernels() == {
         c.short_op for c in kept}
+    # What CUDA graph capture needs of them (without a GPU): a torch.library operator with no
+    # aliasing or mutation in its schema, inputs at the traced strides, nothing Inductor counts
+    # as unsafe to capture (the GPU test checks no cudagraph_skips in reduce-overhead).
+    for node in nodes:
+        op = node.target
+        assert isinstance(op, torch._ops.OpOverload) and not op._schema.is_mutable
+        assert all(a.alias_info is None for a in (*op._schema.arguments, *op._schema.returns))
+        assert torch.Tag.needs_exact_strides in op.tags and not is_cudagraph_unsafe_fx_node(node)
+        assert op.name() not in torch._library.custom_ops.OPDEFS  # no custom_op wrapper
 
 
 class _Spy(CustomGraphPass):
