@@ -301,7 +301,8 @@ def kernel_op(entry: Entry) -> KernelOp:
                 _library = torch.library.Library(NAMESPACE, "FRAGMENT")
             op = _registered[name] = KernelOp(entry, name, _library)
         if op.entry is not entry:
-            op.earlier.append(op.entry)
+            if not any(e is op.entry for e in op.earlier):  # tables swapped back and forth
+                op.earlier.append(op.entry)
             op.entry = entry
         return op
 

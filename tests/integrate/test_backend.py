@@ -450,3 +450,16 @@ def test_every_library_kernel_makes_the_outputs_compiled_code_plans_for(dtype):
             assert output_mismatch(entry) is None, (name, variant.approach)
             checked += 1
     assert checked > 50 and set(refused) == {"relu_", "add_"}
+
+
+def test_an_operator_keeps_each_entry_it_ran_once_however_often_tables_alternate(cards):
+    # CUDA graphs captured while an entry served its operator may launch its kernel later: every
+    # such entry stays loaded, once, however often two tables take turns.
+    from kforge.integrate.backend import kernel_op
+
+    first, second = (table_of(cards, Counter()).entries[0] for _ in range(2))
+    for _ in range(5):
+        op = kernel_op(first)
+        op = kernel_op(second)
+    assert op.entry is second
+    assert sum(e is first for e in op.earlier) == 1 and sum(e is second for e in op.earlier) == 1
