@@ -53,6 +53,7 @@ from kforge.core.argspec import (
     walk,
 )
 from kforge.errors import KforgeError
+from kforge.runtime import regions as _regions
 from kforge.runtime.regions import region_function, registered
 from kforge.runtime.table import _MISS, Entry, KernelTable
 
@@ -496,8 +497,10 @@ class KernelPass(CustomGraphPass):
                 self.failed += [f"{k.label}: its call cannot be traced as a pattern "
                                 f"({type(exc).__name__}: {_first_line(exc)})"
                                 for k in group.kernels]
+        # the pass's code: this module and the region interpreter its patterns are traced from
+        code = hashlib.sha256(b"".join(Path(f).read_bytes() for f in (__file__, _regions.__file__)))
         self._key = repr((sorted(self.labels.values()), sorted(k.name for k in kernels),
-                          hashlib.sha256(Path(__file__).read_bytes()).hexdigest()))
+                          code.hexdigest()))
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         for group in self.groups:
