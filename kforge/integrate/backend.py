@@ -111,7 +111,8 @@ class KernelOp:
     tensors of the entry's op call (in schema order), its other arguments are fixed as the
     variant has them; it returns what the op returns. At run time the entry's kernel runs; where
     the entry declines (switched off after a failure, a tensor elsewhere or of another shape,
-    dtype, stride or storage offset than the variant's) the original op does. ``specs``: the variant's tensor arg specs, in input order."""
+    dtype, stride or storage offset than the variant's) the original op does. ``specs``: the
+    variant's tensor arg specs, in input order."""
 
     def __init__(self, entry: Entry, name: str, library: torch.library.Library) -> None:
         self.entry = entry
