@@ -82,13 +82,14 @@ def capture(step: Callable[[], Any], device: torch.device, *,
 def gc_paused():
     """Python's cyclic garbage collector run once now, then held off until the block ends.
 
-    Garbage can own CUDA resources whose finalizers call the driver: a compiled model dropped by
-    ``torch._dynamo.reset()`` unloads its Triton modules when collected (``cuModuleUnload``), a
-    dropped ``CUDAGraph`` destroys its executable, a dropped cubin unloads its library. Run in the
-    middle of a CUDA graph capture (torch >= 2.9 no longer collects before one), such a call is
-    not permitted while a stream captures and invalidates the capture; a capture that fails
-    part-way leaves the allocator serving memory from the failed graph's pool, and later kernels
-    fault on it (``unspecified launch failure``). So every capture kforge makes or sets off
+    Garbage can own CUDA resources whose finalizers call the driver: a Triton kernel Inductor let
+    go (an autotuner's losing configurations, dropped at a compiled model's first call) unloads
+    its module when collected (``cuModuleUnload``), a dropped ``CUDAGraph`` destroys its
+    executable, a dropped cubin unloads its library. Run in the middle of a CUDA graph capture
+    (torch >= 2.9 no longer collects before one), such a call is not permitted while a stream
+    captures and invalidates the capture; a capture that fails part-way leaves the allocator
+    serving memory from the failed graph's pool, and later kernels fault on it (``unspecified
+    launch failure``). So every capture kforge makes or sets off
     (``capture``; the first calls and timed calls of a compiled model whose mode records
     Inductor's CUDA graphs) runs with collection paused, after collecting what is garbage
     already. Nested uses collect once, at the outermost."""

@@ -422,8 +422,8 @@ def _graphed(loaded: LoadedModel, subject: Subject, measured: Measured,
     measured.setup_s = captured.setup_s
     if reference is not None:  # for eager: is the graph faithful?
         measured.difference = output_difference(reference, captured.outputs)
-    # The step stays alive with its graph: a compiled step owns the Triton modules the graph
-    # launches, which are unloaded when the compiled model is collected.
+    # The step stays alive with its graph: it owns what the graph launches (a compiled model's
+    # kernels, a kernel table's cubins), unloaded when collected.
     return Subject(subject.name, captured.graph.replay, prepare=False,
                    keep=(captured, subject.step))
 
