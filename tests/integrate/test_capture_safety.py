@@ -1,7 +1,8 @@
 """What keeps a CUDA graph capture whole, checked without a GPU: Python's cyclic garbage collector
-runs before each capture kforge makes or sets off and not during it (a collected compiled model
-unloads its Triton modules, a collected graph destroys itself: driver calls a capturing stream
-does not permit), and a captured graph keeps alive what owns the kernels it launches."""
+runs before each capture kforge makes or sets off and not during it (a Triton kernel Inductor
+let go unloads its module when collected, a collected graph destroys itself: driver calls a
+capturing stream does not permit), and a captured graph keeps alive what owns the kernels it
+launches."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ from kforge.runtime.table import KernelTable
 
 
 class Finalized:
-    """Garbage in a reference cycle whose finalizer says when it ran (as a dropped compiled model
-    unloads its Triton modules when the collector reaches it)."""
+    """Garbage in a reference cycle whose finalizer says when it ran (as a Triton kernel Inductor
+    let go unloads its module when the collector reaches it)."""
 
     def __init__(self, log: list[str], name: str) -> None:
         self.cycle = self
@@ -135,7 +136,7 @@ def test_a_graphed_subject_keeps_the_step_that_owns_its_kernels_alive(monkeypatc
     log = fake_cuda(monkeypatch)
 
     class CompiledForward:
-        """Stands for a compiled model: its Triton modules live as long as it does."""
+        """Stands for a compiled model: the kernels it owns live as long as it does."""
 
         def __call__(self) -> torch.Tensor:
             return torch.ones(2)
