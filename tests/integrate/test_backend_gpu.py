@@ -190,7 +190,7 @@ def test_a_capture_is_not_broken_by_garbage_the_collector_finds_inside_it(toy):
     def drop_one_while_capturing(*_):
         if torch.cuda.is_current_stream_capturing() and strays:
             _Cycle(strays.pop())  # now only a reference cycle holds it
-            [object() for _ in range(100)]
+            [[] for _ in range(100)]  # tracked allocations: the collector would run
 
     hook = toy.model.register_forward_pre_hook(drop_one_while_capturing)
     enabled, thresholds = gc.isenabled(), gc.get_threshold()
