@@ -53,6 +53,7 @@ from kforge.core.argspec import (
     walk,
 )
 from kforge.errors import KforgeError
+from kforge.runtime import regions as _regions
 from kforge.runtime.regions import region_function, registered
 from kforge.runtime.table import _MISS, Entry, KernelTable
 
@@ -109,8 +110,9 @@ class KernelOp:
     """One kernel table entry defined as the operator ``kforge::<name>``: its inputs are the
     tensors of the entry's op call (in schema order), its other arguments are fixed as the
     variant has them; it returns what the op returns. At run time the entry's kernel runs; where
-    the entry declines (switched off after a failure, a tensor elsewhere, an unexpected storage
-    offset) the original op does. ``specs``: the variant's tensor arg specs, in input order."""
+    the entry declines (switched off after a failure, a tensor elsewhere or of another shape,
+    dtype, stride or storage offset than the variant's) the original op does. ``specs``: the
+    variant's tensor arg specs, in input order."""
 
     def __init__(self, entry: Entry, name: str, library: torch.library.Library) -> None:
         self.entry = entry
@@ -122,10 +124,7 @@ class KernelOp:
         self.args = [self._template(positional[i], spec, slots)
                      for i, spec in enumerate(entry.args)]
         self.kwargs = {key: self._template(key, spec, slots) for key, spec in entry.kwargs.items()}
-        offsets = {(name, path): leaf.get("offset", 0)
-                   for name, value in bind(entry.op, entry.args, entry.kwargs).items()
-                   for path, leaf in walk(value) if isinstance(leaf, dict)}
-        self.offsets = tuple(offsets[p] for p in self.paths)
+        self.layouts = tuple(_layout(leaf) for leaf in _leaves_at(entry, self.paths))
         returns = len(self.func._schema.returns)
         result = "Tensor" if returns == 1 else f"({', '.join(['Tensor'] * returns)})"
         inputs = ", ".join(f"Tensor t{i}" for i in range(len(self.paths)))
@@ -157,17 +156,24 @@ class KernelOp:
 
     def example_inputs(self) -> list[torch.Tensor]:
         """Tensors of the kernel's variant, to trace its call on: on the kernel's device (some
-        decompositions differ by device), or without data where that device is not here."""
+        decompositions differ by device), or without data where that device is not here. The
+        pattern matcher traces with real tensors, running the op on them: they hold zeros, so
+        that an index op (an embedding, a gather) reads in bounds, as it would not on
+        uninitialized memory."""
         device = self.entry.device
         if device.type == "cuda" and not torch.cuda.is_available():
             device = torch.device("meta")
         return [torch.empty_strided(leaf["shape"], leaf["stride"], device=device,
-                                    dtype=torch_dtype(leaf["dtype"]))
+                                    dtype=torch_dtype(leaf["dtype"])).zero_()
                 for leaf in _leaves_at(self.entry, self.paths)]
 
     def run(self, *tensors: torch.Tensor) -> Any:
+        """The kernel's result where every tensor has the variant's layout (the plan's constants
+        are that variant's: another shape, stride or offset would have it read and write out of
+        place), else the original op's. Inductor hands the traced layouts over
+        (``needs_exact_strides``); this holds should it not."""
         args, kwargs = self.call(tensors)
-        if all(t.storage_offset() == o for t, o in zip(tensors, self.offsets)):
+        if all(_has_layout(t, layout) for t, layout in zip(tensors, self.layouts)):
             result = self.entry.run(tuple(args), kwargs)
             if result is not _MISS:
                 return result
@@ -178,6 +184,26 @@ class KernelOp:
     def fake(self, *tensors: torch.Tensor) -> Any:
         args, kwargs = self.call(tensors)
         return self.func(*args, **kwargs)
+
+
+def _layout(spec: dict) -> tuple:
+    """What a call's tensor must match for a kernel made for ``spec``: shape, dtype, storage
+    offset and the strides of its dimensions longer than one (a stride along a dimension of size
+    one addresses nothing; Inductor does not keep it)."""
+    if "stride" not in spec:
+        raise ArgSpecError(f"a tensor of layout {spec.get('layout')} cannot be a kernel's input")
+    shape = tuple(spec["shape"])
+    strides = tuple((i, s) for i, (n, s) in enumerate(zip(shape, spec["stride"])) if n != 1)
+    return shape, torch_dtype(spec["dtype"]), int(spec.get("offset", 0)), strides
+
+
+def _has_layout(t: torch.Tensor, layout: tuple) -> bool:
+    shape, dtype, offset, strides = layout
+    if t.shape != shape or t.dtype != dtype or t.storage_offset() != offset \
+            or t.layout is not torch.strided:
+        return False
+    stride = t.stride()
+    return all(stride[i] == s for i, s in strides)
 
 
 def unsupported(entry: Entry) -> str | None:
@@ -197,6 +223,49 @@ def unsupported(entry: Entry) -> str | None:
         return f"its arguments do not fit {entry.op} ({exc})"
     if not paths:
         return f"its call of {entry.op} has no tensor argument"
+    return None
+
+
+def output_mismatch(entry: Entry) -> str | None:
+    """Why the outputs the kernel's launch plan makes are not what compiled code takes its
+    operator to return, or None. Inductor plans every buffer after the operator's fake outputs
+    (the original op's shapes, dtypes and strides) and reuses or reinterprets them so; an output
+    laid out otherwise is read and written out of place, and an output that is one of the inputs
+    is an alias the operator's schema does not declare. A runner without a plan (a stand-in)
+    passes."""
+    plan = getattr(entry.runner, "plan", None)
+    outputs = getattr(plan, "outputs", None)
+    if outputs is None:
+        return None
+    if any(o.kind == "arg" for o in outputs):
+        return ("its launch plan returns one of the op's inputs, which an operator of compiled "
+                "code may not alias")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    def fake(leaf: dict) -> torch.Tensor:
+        return torch.empty_strided(leaf["shape"], leaf["stride"], device=entry.device,
+                                   dtype=torch_dtype(leaf["dtype"]))
+
+    try:
+        with FakeTensorMode():
+            args = [decode(spec, fake, make_list=list) for spec in entry.args]
+            kwargs = {k: decode(v, fake, make_list=list) for k, v in entry.kwargs.items()}
+            result = resolve_op(entry.op)(*args, **kwargs)
+    except Exception:  # the op cannot run on fake tensors here: Inductor's own trace will say
+        return None
+    results = list(result) if isinstance(result, (tuple, list)) else [result]
+    if len(results) != len(outputs):
+        return (f"its launch plan makes {len(outputs)} output(s) where the op returns "
+                f"{len(results)}")
+    for i, (made, fake) in enumerate(zip(outputs, results)):
+        mine = (tuple(made.shape), made.dtype,
+                [s for s, n in zip(made.stride, made.shape) if n != 1])
+        theirs = (tuple(fake.shape), str(fake.dtype).removeprefix("torch."),
+                  [s for s, n in zip(fake.stride(), fake.shape) if n != 1])
+        if mine != theirs:
+            return (f"its launch plan makes output {i} as {made.dtype}{list(made.shape)} with "
+                    f"strides {list(made.stride)}, where compiled code takes it to be "
+                    f"{theirs[1]}{list(fake.shape)} with strides {list(fake.stride())}")
     return None
 
 
@@ -234,7 +303,8 @@ def kernel_op(entry: Entry) -> KernelOp:
                 _library = torch.library.Library(NAMESPACE, "FRAGMENT")
             op = _registered[name] = KernelOp(entry, name, _library)
         if op.entry is not entry:
-            op.earlier.append(op.entry)
+            if not any(e is op.entry for e in op.earlier):  # tables swapped back and forth
+                op.earlier.append(op.entry)
             op.entry = entry
         return op
 
@@ -428,8 +498,10 @@ class KernelPass(CustomGraphPass):
                 self.failed += [f"{k.label}: its call cannot be traced as a pattern "
                                 f"({type(exc).__name__}: {_first_line(exc)})"
                                 for k in group.kernels]
+        # the pass's code: this module and the region interpreter its patterns are traced from
+        code = hashlib.sha256(b"".join(Path(f).read_bytes() for f in (__file__, _regions.__file__)))
         self._key = repr((sorted(self.labels.values()), sorted(k.name for k in kernels),
-                          hashlib.sha256(Path(__file__).read_bytes()).hexdigest()))
+                          code.hexdigest()))
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         for group in self.groups:
@@ -488,7 +560,7 @@ class Backend:
         self.kernels: list[KernelOp] = []
         skipped = []
         for entry in table.entries:
-            why = unsupported(entry)
+            why = unsupported(entry) or output_mismatch(entry)
             try:
                 op = kernel_op(entry) if why is None else None
             except (ArgSpecError, RuntimeError) as exc:  # an argument that cannot be rebuilt

@@ -31,6 +31,7 @@ from kforge.core.candidate import Timing
 from kforge.core.reward import significant_win
 from kforge.errors import KforgeError
 from kforge.integrate.backend import Backend, KforgeWarning, inductor_fuses
+from kforge.integrate.graphs import gc_paused
 from kforge.integrate.measure import (
     MODES,
     E2eResult,
@@ -165,7 +166,7 @@ def compiled_subject(loaded: LoadedModel, compile_mode: str, table: KernelTable 
     forward can be captured, else forwards with the host released ahead of the GPU."""
     from torch._inductor import list_mode_options
 
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), gc_paused():  # a mode with CUDA graphs records in its calls
         warnings.simplefilter("ignore", KforgeWarning)
         step, chosen = compiled_step(loaded, compile_mode, table)
         loaded.prepare()

@@ -11,6 +11,7 @@ other shapes or other fixed arguments than the captured ones.
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,7 +53,7 @@ def capture(step: Callable[[], Any], device: torch.device, *,
     start = time.perf_counter()
     side = torch.cuda.Stream(device)
     try:
-        with scope():
+        with gc_paused(), scope():
             for i in range(warmup):
                 prepare()
                 side.wait_stream(torch.cuda.current_stream(device))
@@ -75,6 +76,32 @@ def capture(step: Callable[[], Any], device: torch.device, *,
         raise KforgeError(f"the forward cannot be captured as a CUDA graph: "
                           f"{type(exc).__name__}: {first_line(exc)} ({HOST_SYNC_HINT})") from None
     return Captured(graph, outputs, keep, time.perf_counter() - start)
+
+
+@contextlib.contextmanager
+def gc_paused():
+    """Python's cyclic garbage collector run once now, then held off until the block ends.
+
+    Garbage can own CUDA resources whose finalizers call the driver: a Triton kernel Inductor let
+    go (an autotuner's losing configurations, dropped at a compiled model's first call) unloads
+    its module when collected (``cuModuleUnload``), a dropped ``CUDAGraph`` destroys its
+    executable, a dropped cubin unloads its library. Run in the middle of a CUDA graph capture
+    (torch >= 2.9 no longer collects before one), such a call is not permitted while a stream
+    captures and invalidates the capture; a capture that fails part-way leaves the allocator
+    serving memory from the failed graph's pool, and later kernels fault on it (``unspecified
+    launch failure``). So every capture kforge makes or sets off
+    (``capture``; the first calls and timed calls of a compiled model whose mode records
+    Inductor's CUDA graphs) runs with collection paused, after collecting what is garbage
+    already. Nested uses collect once, at the outermost."""
+    enabled = gc.isenabled()
+    if enabled:
+        gc.collect()
+        gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 @contextlib.contextmanager

@@ -36,7 +36,7 @@ from kforge.errors import KforgeError
 from kforge.eval.ops import flatten_tensors
 from kforge.eval.timing import summarize
 from kforge.integrate.backend import Backend, KforgeWarning
-from kforge.integrate.graphs import capture, cuda_device_of
+from kforge.integrate.graphs import capture, cuda_device_of, gc_paused
 from kforge.runtime.guard import Patch
 from kforge.runtime.table import KernelTable, Report
 from kforge.store.records import Session
@@ -290,7 +290,8 @@ def run_modes(loaded: LoadedModel, modes: list[Mode], *, patched: Patch,
     results = {m.id: Measured(m.label, mode=m.id) for m in modes}
     subjects: list[Subject] = []
     notes: list[str] = []
-    with torch._dynamo.config.patch(recompile_limit=64):  # one compile per compiled mode
+    # captures happen throughout (graphs, first and timed calls of modes with CUDA graphs)
+    with gc_paused(), torch._dynamo.config.patch(recompile_limit=64):  # one compile per mode
         for mode in modes:
             measured = results[mode.id]
             kernels = (KernelTable() if mode.control else
@@ -421,7 +422,10 @@ def _graphed(loaded: LoadedModel, subject: Subject, measured: Measured,
     measured.setup_s = captured.setup_s
     if reference is not None:  # for eager: is the graph faithful?
         measured.difference = output_difference(reference, captured.outputs)
-    return Subject(subject.name, captured.graph.replay, prepare=False, keep=captured)
+    # The step stays alive with its graph: it owns what the graph launches (a compiled model's
+    # kernels, a kernel table's cubins), unloaded when collected.
+    return Subject(subject.name, captured.graph.replay, prepare=False,
+                   keep=(captured, subject.step))
 
 
 def run_e2e(loaded: LoadedModel, patch: Patch, projected: float, *, reps: int = 20,
@@ -474,7 +478,15 @@ def time_forwards(loaded: LoadedModel, subjects: list[Subject], reps: int,
 def time_subjects(loaded: LoadedModel, subjects: list[Subject], reps: int, warmup: int, *,
                   host: bool = True) -> dict[str, tuple[Timing, Timing | None]]:
     """Per subject, device time per forward and (with ``host``) host-inclusive time (the GPU
-    idle before the call), interleaved rep by rep, the order flipped each rep."""
+    idle before the call), interleaved rep by rep, the order flipped each rep. Garbage
+    collection waits until the end: a compiled mode with CUDA graphs may record again in any
+    call (``gc_paused``), and a collection inside a timed forward is noise."""
+    with gc_paused():
+        return _time_subjects(loaded, subjects, reps, warmup, host)
+
+
+def _time_subjects(loaded: LoadedModel, subjects: list[Subject], reps: int, warmup: int,
+                   host: bool) -> dict[str, tuple[Timing, Timing | None]]:
     holds = {s.name: 0.0 for s in subjects}
     for _ in range(warmup):
         for subject in subjects:

@@ -144,7 +144,11 @@ class KernelModule:
         try:
             address = int(handle)  # cuLaunchKernel takes a CUkernel as well as a CUfunction
             if isinstance(handle, driver.CUkernel):
-                err, function = driver.cuKernelGetFunction(handle)
+                # A CUkernel's function is per context: the one of this module's GPU, whichever
+                # device the caller has current (a launch on another device's context would be
+                # refused, or run the kernel on the wrong GPU).
+                with torch.cuda.device(self.device_index):
+                    err, function = driver.cuKernelGetFunction(handle)
                 if err == driver.CUresult.CUDA_SUCCESS:
                     address = int(function)
         except (TypeError, ValueError, AttributeError):  # a handle of another kind

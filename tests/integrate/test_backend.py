@@ -264,19 +264,32 @@ def test_inductors_fx_graph_cache_serves_the_kernels_graph_again(cards, toy, tmp
     assert close(got, model(x)) and calls == {op: 2 * CALLS_PER_FORWARD for op in WINNING_OPS}
 
 
-def test_the_graph_holds_a_kforge_node_for_each_kernel_the_report_names_and_no_other(cards, toy):
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead", "max-autotune-no-cudagraphs"])
+def test_the_graph_holds_a_kforge_node_for_each_kernel_the_report_names_and_no_other(cards, toy,
+                                                                                     mode):
+    from torch._inductor.utils import is_cudagraph_unsafe_fx_node
+
     model, x = toy
     kept = [c for c in cards if c.op != "aten.gelu.default"]  # a selection left gelu out
-    chosen = backend(table_of(kept, Counter()))
+    chosen = backend(table_of(kept, Counter()), mode=mode)
     graphs = []
     with torch.no_grad(), torch._inductor.config.patch(
             post_grad_custom_post_pass=_Spy(graphs)):
         torch.compile(model, backend=chosen)(x)
     (graph,) = graphs
-    in_graph = {str(n.target) for n in graph.nodes if str(n.target).startswith("kforge.")}
+    nodes = [n for n in graph.nodes if str(n.target).startswith("kforge.")]
     labels = {str(k.overload): k.label for k in chosen.kernels}
-    assert {labels[name] for name in in_graph} == chosen.report.kernels() == {
+    assert {labels[str(n.target)] for n in nodes} == chosen.report.kernels() == {
         c.short_op for c in kept}
+    # What CUDA graph capture needs of them (without a GPU): a torch.library operator with no
+    # aliasing or mutation in its schema, inputs at the traced strides, nothing Inductor counts
+    # as unsafe to capture (the GPU test checks no cudagraph_skips in reduce-overhead).
+    for node in nodes:
+        op = node.target
+        assert isinstance(op, torch._ops.OpOverload) and not op._schema.is_mutable
+        assert all(a.alias_info is None for a in (*op._schema.arguments, *op._schema.returns))
+        assert torch.Tag.needs_exact_strides in op.tags and not is_cudagraph_unsafe_fx_node(node)
+        assert op.name() not in torch._library.custom_ops.OPDEFS  # no custom_op wrapper
 
 
 class _Spy(CustomGraphPass):
@@ -298,3 +311,155 @@ def test_ops_inductor_fuses_are_told_from_those_it_calls_as_they_are():
     called = ["aten.mm.default", "aten.addmm.default", "aten.convolution.default",
               "aten._scaled_dot_product_flash_attention.default"]
     assert [inductor_fuses(op) for op in fused + called] == [True] * 4 + [False] * 4
+
+
+def test_a_kernel_operator_runs_its_kernel_only_for_its_variant_s_layout(cards):
+    # The kernel's launch plan holds the variant's sizes and strides as constants: called on any
+    # other layout it would read and write out of place, so the original op runs instead.
+    from kforge.core.argspec import encode_call
+    from kforge.integrate.backend import kernel_op
+
+    calls: Counter = Counter()
+    (entry,) = [e for e in table_of(cards, calls).entries if e.op == "aten.gelu.default"]
+    op = kernel_op(entry)
+    shape = tuple(entry.args[0]["shape"])  # (2, 32, 64), packed
+
+    def gelu(t: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten.gelu.default(t, approximate="tanh")
+
+    x = torch.randn(shape)
+    assert close(op.overload(x), gelu(x))
+    assert calls[entry.op] == 1 and entry.fallbacks == 0
+    others = {
+        "another shape": torch.randn(2, 32, 32),
+        "other strides": torch.randn(2, 64, 32).transpose(1, 2),
+        "a storage offset": torch.randn(2 * 32 * 64 + 64)[64:].view(shape),
+        "another dtype": torch.randn(shape, dtype=torch.float64),
+        "a padded row": torch.randn(2, 32, 80)[:, :, :64],
+    }
+    for why, t in others.items():
+        got = op.overload(t)
+        assert calls[entry.op] == 1, f"the kernel ran on {why}"
+        assert torch.equal(got, gelu(t)), why
+    assert entry.fallbacks == len(others)
+
+    # a stride along a dimension of size one addresses nothing: the variant still matches
+    row = torch.randn(2, 1, 64)
+    args, kwargs = encode_call(torch.ops.aten.gelu.default, [row], {"approximate": "tanh"})
+    single = Entry(op=entry.op, args=args, kwargs=kwargs, device=torch.device("cpu"),
+                   runner=Counting(entry.op, calls), label="gelu [2, 1, 64]", key="k1")
+    kernel_op(single).overload(torch.randn(2, 64).unsqueeze(1))  # strides (64, 1, 1)
+    kernel_op(single).overload(torch.randn(2, 64, 5)[:, :, 0].unsqueeze(1).contiguous())
+    assert row.stride() == (64, 64, 1) and calls[entry.op] == 3 and single.fallbacks == 0
+
+
+class Lookup(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = torch.nn.Embedding(1000, 16)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.table(ids) * 2.0
+
+
+def test_an_index_op_s_kernel_is_traced_on_indices_in_bounds():
+    # The pattern matcher runs a kernel's call on the tensors it traces it with (on the GPU, the
+    # kernel's device): indices left uninitialized would read out of bounds there.
+    from kforge.core.argspec import encode_call
+    from kforge.integrate.backend import kernel_op
+
+    model = Lookup().eval()
+    ids = torch.randint(0, 1000, (4, 8))
+    op = "aten.embedding.default"
+    args, kwargs = encode_call(torch.ops.aten.embedding.default, [model.table.weight, ids], {})
+    calls: Counter = Counter()
+
+    def runner(call_args: tuple, call_kwargs: dict) -> torch.Tensor:
+        calls[op] += 1
+        return torch.ops.aten.embedding.default(*call_args, **call_kwargs)
+
+    entry = Entry(op=op, args=args, kwargs=kwargs, device=torch.device("cpu"), runner=runner,
+                  label="embedding", key="lookup")
+    assert all(not t.any() for t in kernel_op(entry).example_inputs())
+    chosen = backend(KernelTable([entry]))
+    assert not chosen.report.notes, chosen.report.notes
+    with torch.no_grad():
+        got = torch.compile(model, backend=chosen)(ids)
+        assert torch.equal(got, model(ids))
+    assert chosen.report.replaced["embedding"] == 1 and calls[op] == 1 and not entry.disabled
+
+
+def test_a_kernel_whose_outputs_are_not_laid_out_as_the_op_s_stays_out(cards):
+    # Inductor plans buffers after the operator's fake outputs (the op's own layout) and reuses
+    # them so: a kernel writing another layout, or handing back an input, stays out of the graph.
+    from tests.integrate.standins import PyKernels
+    from tests.integrate.test_runtime import SOFTMAX, mark, plan_entry, spec_of
+
+    x = torch.randn(4, 8)
+    args, kwargs = spec_of(torch.ops.aten._softmax.default, x, -1, False)
+    launch = {"kernel": "mark", "grid": [1], "block": [32],
+              "params": [{"ptr": "out"}, {"ptr": "self"}, {"i64": 32}]}
+
+    def entry(output: dict, label: str) -> Entry:
+        plan = {"outputs": [{"name": "out", **output}], "launches": [launch]}
+        return plan_entry(SOFTMAX, args, kwargs, plan, PyKernels(mark=mark), label)
+
+    good = entry({"like": "self"}, "packed")
+    transposed = entry({"shape": [4, 8], "stride": [1, 4], "dtype": "float32"}, "transposed")
+    wider = entry({"shape": [4, 8], "stride": [8, 1], "dtype": "float64"}, "float64")
+    aliased = entry({"arg": "self"}, "aliased")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        chosen = backend(KernelTable([good]))
+        for bad in (transposed, wider, aliased):
+            refused = backend(KernelTable([bad]))
+            assert not refused.kernels, bad.label
+    notes = " ".join(kforge_warnings(caught))
+    assert [k.label for k in chosen.kernels] == ["packed"]
+    assert "transposed: its launch plan makes output 0 as float32[4, 8] with strides [1, 4], " \
+           "where compiled code takes it to be float32[4, 8] with strides [8, 1]" in notes
+    assert "float64: its launch plan makes output 0 as float64[4, 8]" in notes
+    assert "aliased: its launch plan returns one of the op's inputs" in notes
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_every_library_kernel_makes_the_outputs_compiled_code_plans_for(dtype):
+    # The fake outputs Inductor plans a kernel operator's buffers after (the op on fake CUDA
+    # tensors) against what each library kernel's launch plan allocates, for every example card
+    # and variant; in-place ops are not operators of compiled code at all.
+    from types import SimpleNamespace
+
+    from kforge.core.gpu import GpuInfo
+    from kforge.integrate.backend import output_mismatch, unsupported
+    from kforge.propose.library.examples import example_cards
+    from kforge.propose.library.proposer import build_candidate, make_plan
+    from kforge.runtime.plan import resolve_for
+
+    gpu = GpuInfo(name="H200", arch="sm_90", sm_count=132)
+    checked, refused = 0, {}
+    for name, card in example_cards(dtype).items():
+        plan = make_plan(card, gpu)
+        for variant in plan.available:
+            candidate = build_candidate(plan, variant, variant.space.default, gpu, card, "test")
+            resolved = resolve_for(candidate.plan, card.op, card.args, card.kwargs)
+            entry = Entry(op=card.op, args=card.args, kwargs=card.kwargs,
+                          runner=SimpleNamespace(plan=resolved), device=torch.device("cuda", 0))
+            if (why := unsupported(entry)) is not None:
+                refused[name] = why
+                continue
+            assert output_mismatch(entry) is None, (name, variant.approach)
+            checked += 1
+    assert checked > 50 and set(refused) == {"relu_", "add_"}
+
+
+def test_an_operator_keeps_each_entry_it_ran_once_however_often_tables_alternate(cards):
+    # CUDA graphs captured while an entry served its operator may launch its kernel later: every
+    # such entry stays loaded, once, however often two tables take turns.
+    from kforge.integrate.backend import kernel_op
+
+    first, second = (table_of(cards, Counter()).entries[0] for _ in range(2))
+    for _ in range(5):
+        op = kernel_op(first)
+        op = kernel_op(second)
+    assert op.entry is second
+    assert sum(e is first for e in op.earlier) == 1 and sum(e is second for e in op.earlier) == 1

@@ -165,6 +165,51 @@ def test_a_refused_forward_leaves_later_graphs_sound(toy):
     torch.cuda.synchronize()
 
 
+class _Cycle:
+    def __init__(self, held) -> None:
+        self.held, self.me = held, self
+
+
+def test_a_capture_is_not_broken_by_garbage_the_collector_finds_inside_it(toy):
+    # Garbage owning a CUDA resource (a stray graph here; a Triton kernel Inductor let go, a
+    # dropped cubin) destroys it when collected; inside a capture that call is not permitted and
+    # breaks the capture (torch >= 2.9 no longer collects before one). The garbage appears during
+    # the captured forward, and the collector would run at the next allocation: kforge's capture
+    # pauses it.
+    import gc
+
+    x = toy.args[0]
+    strays = []
+    for _ in range(4):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            torch.zeros(1, device="cuda")
+        strays.append(graph)
+    del graph
+
+    def drop_one_while_capturing(*_):
+        if torch.cuda.is_current_stream_capturing() and strays:
+            _Cycle(strays.pop())  # now only a reference cycle holds it
+            [[] for _ in range(100)]  # tracked allocations: the collector would run
+
+    hook = toy.model.register_forward_pre_hook(drop_one_while_capturing)
+    enabled, thresholds = gc.isenabled(), gc.get_threshold()
+    gc.enable()
+    gc.set_threshold(1, 1, 1)
+    try:
+        fast = kforge.accelerate(toy.model, (x,))
+    finally:
+        gc.set_threshold(*thresholds)
+        (gc.enable if enabled else gc.disable)()
+        hook.remove()
+    assert len(strays) == 3  # one dropped inside the capture, collected after it
+    for _ in range(3):
+        new = torch.randn_like(x)
+        with torch.no_grad():
+            assert close(fast(new), toy.model(new))
+    torch.cuda.synchronize()
+
+
 def test_patch_with_the_model_keeps_only_what_measurably_helps(session, toy):
     db, sid = session
     x = toy.args[0]

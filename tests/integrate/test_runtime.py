@@ -407,3 +407,38 @@ def test_a_prepared_launch_that_is_refused_falls_back_to_the_generic_path():
                         kernels, x.device)
     assert is_marked(runner((x, -1, False), {}))  # refused, then launched the generic way
     assert [launch.kernel for launch in kernels.launches] == ["mark"]
+
+
+def test_a_kernel_s_function_is_taken_in_its_own_gpu_s_context(monkeypatch):
+    # A CUkernel's CUfunction belongs to the context current when it is asked for: a module
+    # loaded on cuda:1 asked from a caller on cuda:0 must still give cuda:1's function.
+    import contextlib
+    from types import SimpleNamespace
+
+    from cuda.bindings import driver
+
+    from kforge.runtime.cubin import KernelModule
+
+    current = [0]
+    seen = []
+
+    @contextlib.contextmanager
+    def device(index):
+        before, current[0] = current[0], index
+        try:
+            yield
+        finally:
+            current[0] = before
+
+    def get_function(handle):
+        seen.append(current[0])
+        return driver.CUresult.CUDA_SUCCESS, driver.CUfunction(init_value=1000 + current[0])
+
+    monkeypatch.setattr(torch.cuda, "device", device)
+    monkeypatch.setattr(driver, "cuKernelGetFunction", get_function)
+    module = object.__new__(KernelModule)
+    module.device_index = 1
+    module._kernels = {"k": SimpleNamespace(handle=driver.CUkernel(init_value=42))}
+    module._shared_allowed = {}
+    assert module.function_address("k") == 1001
+    assert seen == [1] and current == [0]

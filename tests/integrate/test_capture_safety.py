@@ -1,0 +1,189 @@
+"""What keeps a CUDA graph capture whole, checked without a GPU: Python's cyclic garbage collector
+runs before each capture kforge makes or sets off and not during it (a Triton kernel Inductor
+let go unloads its module when collected, a collected graph destroys itself: driver calls a
+capturing stream does not permit), and a captured graph keeps alive what owns the kernels it
+launches."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import weakref
+
+import pytest
+import torch
+
+from kforge.capture.loader import LoadedModel
+from kforge.integrate import graphs, measure
+from kforge.integrate.graphs import gc_paused
+from kforge.integrate.measure import Measured, Subject, parse_modes, run_modes, time_subjects
+from kforge.runtime.guard import Patch
+from kforge.runtime.table import KernelTable
+
+
+class Finalized:
+    """Garbage in a reference cycle whose finalizer says when it ran (as a Triton kernel Inductor
+    let go unloads its module when the collector reaches it)."""
+
+    def __init__(self, log: list[str], name: str) -> None:
+        self.cycle = self
+        self.log, self.name = log, name
+
+    def __del__(self) -> None:
+        self.log.append(f"{self.name} collected")
+
+
+@pytest.fixture
+def collector():
+    """The collector enabled, with thresholds that collect at nearly every allocation."""
+    enabled, thresholds = gc.isenabled(), gc.get_threshold()
+    gc.enable()
+    gc.set_threshold(1, 1, 1)
+    yield
+    gc.set_threshold(*thresholds)
+    (gc.enable if enabled else gc.disable)()
+
+
+def test_garbage_is_collected_before_the_block_and_none_inside_it(collector):
+    log: list[str] = []
+    Finalized(log, "before")
+    with gc_paused():
+        assert log == ["before collected"] and not gc.isenabled()
+        Finalized(log, "inside")
+        for _ in range(1000):
+            [object() for _ in range(10)]  # plenty of allocations that would set off a collection
+        assert log == ["before collected"]
+    assert gc.isenabled()
+    gc.collect()
+    assert log == ["before collected", "inside collected"]
+
+
+def test_nested_pauses_collect_once_and_a_caller_s_disabled_collector_stays_off(collector):
+    log: list[str] = []
+    with gc_paused():
+        Finalized(log, "inner garbage")
+        with gc_paused():
+            assert not log and not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    with gc_paused():
+        assert not gc.isenabled()
+    assert not gc.isenabled()
+    gc.enable()
+
+
+def test_the_collector_is_back_on_after_a_block_that_raises(collector):
+    with pytest.raises(RuntimeError), gc_paused():
+        raise RuntimeError("capture failed")
+    assert gc.isenabled()
+
+
+class FakeGraph:
+    def __init__(self) -> None:
+        self.replays = 0
+
+    def replay(self) -> None:
+        self.replays += 1
+
+
+def fake_cuda(monkeypatch) -> list[str]:
+    """torch.cuda's graph capture replaced by stand-ins that log what happens inside them."""
+    log: list[str] = []
+
+    class Stream:
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        def wait_stream(self, other) -> None:
+            pass
+
+    @contextlib.contextmanager
+    def graph(g, *args, **kwargs):
+        log.append("capture begins")
+        yield
+        log.append("capture ends")
+
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: Stream())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(graphs, "no_host_sync", contextlib.nullcontext)
+    return log
+
+
+def test_a_capture_collects_first_and_runs_its_warm_up_and_captured_calls_without_collection(
+        collector, monkeypatch):
+    log = fake_cuda(monkeypatch)
+    Finalized(log, "an earlier compiled model")
+    seen = []
+
+    def step() -> torch.Tensor:
+        seen.append(gc.isenabled())
+        Finalized(log, "garbage of the step")  # in a real capture: a driver call that breaks it
+        return torch.ones(2)
+
+    captured = graphs.capture(step, torch.device("cuda", 0))
+    assert seen == [False, False, False]  # two warm-up calls, then the captured one
+    # nothing collected from the first warm-up call to the end of the capture
+    assert log[:3] == ["an earlier compiled model collected", "capture begins", "capture ends"]
+    assert gc.isenabled() and captured.graph.replays == 1
+
+
+def test_a_graphed_subject_keeps_the_step_that_owns_its_kernels_alive(monkeypatch):
+    log = fake_cuda(monkeypatch)
+
+    class CompiledForward:
+        """Stands for a compiled model: the kernels it owns live as long as it does."""
+
+        def __call__(self) -> torch.Tensor:
+            return torch.ones(2)
+
+    forward = CompiledForward()
+    alive = weakref.ref(forward)
+    loaded = LoadedModel("m", torch.nn.Identity(), (torch.ones(2),), {}, torch.float32,
+                         torch.device("cuda", 0))
+    graphed = measure._graphed(loaded, Subject("compiled", forward), Measured("compiled"), None)
+    del forward
+    gc.collect()
+    assert alive() is not None, "the graph would launch kernels of a collected model"
+    assert "capture ends" in log
+    del graphed
+    gc.collect()
+    assert alive() is None
+
+
+def cpu_model() -> LoadedModel:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU()).eval()
+    return LoadedModel("m", model, (torch.randn(2, 8),), {}, torch.float32, torch.device("cpu"))
+
+
+def test_timed_forwards_run_without_collection(collector):
+    loaded = cpu_model()
+    seen = []
+
+    def step() -> None:
+        seen.append(gc.isenabled())
+        loaded.step()
+
+    time_subjects(loaded, [Subject("a", step), Subject("b", step)], reps=3, warmup=1)
+    assert seen and not any(seen)
+    assert gc.isenabled()
+
+
+def test_every_mode_is_set_up_and_timed_without_collection(collector):
+    loaded = cpu_model()
+    seen = []
+    loaded.model.register_forward_pre_hook(lambda *_: seen.append(gc.isenabled()))
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(fx_graph_cache=False):
+        result = run_modes(loaded, parse_modes("eager,compile"), patched=Patch(KernelTable()),
+                           projected=1.0, reps=2, warmup=1)
+    torch._dynamo.reset()
+    assert all(s.timing is not None for s in result.subjects), [s.error for s in result.subjects]
+    # eager forwards before the modes are set up are the reference; every later one is paused
+    assert seen[2:] and not any(seen[2:])
+    assert gc.isenabled()
