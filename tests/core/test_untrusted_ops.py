@@ -235,3 +235,16 @@ def test_a_namespace_is_allowed_once_capture_records_one_of_its_operators():
 def test_malformed_nodes_are_a_typed_error(bad):
     with pytest.raises(ArgSpecError):
         bad.check()
+
+
+def test_a_view_past_its_storage_is_refused_when_the_region_runs():
+    """``_reshape_alias`` takes any size and strides unchecked: as a region node it runs through
+    ``as_strided``, which refuses a view reaching past the input's memory."""
+    small = region(node("aten._reshape_alias.default", ref("x0"), [4], [1]),
+                   node("aten.relu.default", ref("n0")), outputs=("n1",))
+    past = region(node("aten._reshape_alias.default", ref("x0"), [1 << 20], [1]),
+                  node("aten.relu.default", ref("n0")), outputs=("n1",))
+    x = torch.randn(4)
+    torch.testing.assert_close(region_function(small)(x), torch.relu(x))
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        region_function(past)(x)
