@@ -1,5 +1,6 @@
 """The command palette's kforge commands: whatever the current screen offers, each shown with the
-keys that do the same there now (after the user's ``[keys]`` remap)."""
+keys that do the same there now (after the user's ``[keys]`` remap). A title may quote stored text
+(a session's model path): it is shown literally, never read as markup."""
 
 from __future__ import annotations
 
@@ -7,7 +8,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
+from textual.content import Content
+from textual.fuzzy import Matcher
 from textual.screen import Screen
+
+from kforge.core.inert import inert
 
 
 @dataclass(frozen=True)
@@ -34,16 +39,27 @@ class KforgeCommands(Provider):
     def _commands(self) -> list[tuple[str, str, Callable[[], object]]]:
         offer = getattr(self.screen, "palette_commands", None)
         commands: list[PaletteCommand] = offer() if offer else []
-        return [(c.title, keys_of(self.screen, c.binding) if c.binding else c.help, c.run)
+        return [(inert(c.title), keys_of(self.screen, c.binding) if c.binding else c.help, c.run)
                 for c in commands]
 
     async def discover(self) -> Hits:
         for title, help_text, run in self._commands():
-            yield DiscoveryHit(title, run, help=help_text)
+            yield DiscoveryHit(Content(title), run, text=title, help=help_text)
 
     async def search(self, query: str) -> Hits:
         matcher = self.matcher(query)
         for title, help_text, run in self._commands():
             score = matcher.match(title)
             if score > 0:
-                yield Hit(score, matcher.highlight(title), run, help=help_text)
+                yield Hit(score, highlighted(matcher, title), run, text=title, help=help_text)
+
+
+def highlighted(matcher: Matcher, title: str) -> Content:
+    """``title`` as written, its characters that match the query highlighted (``Matcher.highlight``
+    would read the title as markup)."""
+    content = Content(title)
+    _score, offsets = matcher.fuzzy_search.match(matcher.query, title)
+    for offset in offsets:
+        if not title[offset].isspace():
+            content = content.stylize(matcher.match_style, offset, offset + 1)
+    return content

@@ -70,11 +70,11 @@ def node_label(row: NodeRow, visits: int, best: float | None, pruned: bool) -> N
     figures = f" n={visits}"
     if best is not None and best != row.speedup:
         figures += f" ↳{fmt_speedup(best)}"
-    return NodeLabel(icon, tone, f"#{row.id} {row.action} {result}", figures)
+    return NodeLabel(icon, tone, inert(f"#{row.id} {row.action} {result}"), figures)
 
 
 def card_root_label(card: CardRow, nodes: int) -> str:
-    return f"{card.card.short_op}  eager  ({nodes} node{'' if nodes == 1 else 's'})"
+    return inert(f"{card.card.short_op}  eager  ({nodes} node{'' if nodes == 1 else 's'})")
 
 
 # dtypes as a narrow column shows them.

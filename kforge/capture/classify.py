@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from kforge.core.opcard import NATIVE, VIEW_OR_COPY
+from kforge.core.region import REGION_VIEW_OPS, may_join
 
 # Ops that only copy data or allocate/alter metadata; pure views are found from the schema instead
 # (an op whose first result aliases an input without writing it).
@@ -80,31 +81,16 @@ def op_library(op: str, view_or_copy: bool, kernel_us: Mapping[str, float]) -> s
     return max(sorted(by_library), key=lambda lib: by_library[lib])
 
 
-# Native ops that may join a fusion region besides pointwise ones (``torch.Tag.pointwise``):
-# reductions, norms, softmax, casts, and the ops that only move or reshape data.
-REGION_OPS = frozenset({
-    "sum", "mean", "amax", "amin", "max", "min", "var", "var_mean", "std", "std_mean", "prod",
-    "logsumexp", "linalg_vector_norm", "norm", "any", "all", "argmax", "argmin",
-    "native_layer_norm", "native_group_norm", "_fused_rms_norm", "rms_norm",
-    "_native_batch_norm_legit_no_training",
-    "_softmax", "_log_softmax", "_safe_softmax",
-    "_to_copy", "clone", "cat", "stack", "where", "masked_fill", "clamp", "clamp_min",
-    "clamp_max", "fill", "repeat", "flip", "roll", "tril", "triu",
-})
-# Views and metadata ops: they join a region but do no work of their own.
-REGION_VIEW_OPS = frozenset({"_unsafe_view", "_reshape_alias", "alias", "lift_fresh", "detach"})
-
-
 def is_fusible(op: str, *, pointwise: bool, aliases_input: bool, mutates: bool,
                returns_tensor: bool, reads_tensors: bool) -> bool:
-    """Whether a call may join a fusion region: a functional native op (no vendor library, no
-    in-place write) that reads tensors and returns them, and is pointwise, one of REGION_OPS, or a
-    view. Factory ops (nothing read) start no chain; their results enter as region inputs."""
+    """Whether a call may join a fusion region: one that ``kforge.core.region.may_join`` lets
+    into a region (a functional aten op that reads tensors and returns them: pointwise, one of
+    its ``REGION_OPS``, or a view) and runs no vendor library's kernel."""
     short = base_name(op)
-    if (mutates or not returns_tensor or not reads_tensors or short in BLAS_OPS
-            or short in CONV_OPS or not op.startswith("aten.")):
+    if short in BLAS_OPS or short in CONV_OPS:
         return False
-    return pointwise or aliases_input or short in REGION_OPS or short in REGION_VIEW_OPS
+    return may_join(op, pointwise=pointwise, aliases_input=aliases_input, mutates=mutates,
+                    returns_tensor=returns_tensor, reads_tensors=reads_tensors)
 
 
 def is_region_view(op: str, aliases_input: bool) -> bool:

@@ -17,7 +17,7 @@ from kforge.capture.recorder import SKIPPED_NAMESPACES, ModuleTracker
 from kforge.capture.samples import spread
 from kforge.core.argspec import encode_call, walk
 from kforge.core.opcard import NATIVE, OpCard, variant_key
-from kforge.core.region import RegionInstance, TraceCall, find_regions
+from kforge.core.region import RegionInstance, TraceCall, find_regions, operator_facts
 
 
 @dataclass
@@ -46,7 +46,7 @@ class TraceRecorder(TorchDispatchMode):
         self.forwards: dict[str, ForwardCall] = {}
         self._ids: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._next_id = 0  # never reused: a tensor freed and another at its address differ
-        self._facts: dict[Any, tuple[str, bool, bool, bool, bool]] = {}
+        self._facts: dict[Any, tuple[str, dict[str, bool]]] = {}
         self._scopes: list[str] = [""]
         self._handles: list[Any] = []
 
@@ -92,11 +92,9 @@ class TraceRecorder(TorchDispatchMode):
         kwargs = kwargs or {}
         facts = self._facts.get(func)
         if facts is None:
-            schema = func._schema
-            facts = self._facts[func] = (
-                str(func), torch.Tag.pointwise in func.tags, func.is_view, schema.is_mutable,
-                any("Tensor" in str(r.type) for r in schema.returns))
-        op, pointwise, aliases, mutates, returns_tensor = facts
+            facts = self._facts[func] = (str(func), operator_facts(func))
+        op, known = facts
+        aliases = known["aliases_input"]
         result = func(*args, **kwargs)
         if op.split(".", 1)[0] in SKIPPED_NAMESPACES:
             self.trace.append(TraceCall(op, [], {}, (), (), self.tracker.scope, False))
@@ -107,8 +105,7 @@ class TraceRecorder(TorchDispatchMode):
                                                      else [result])
                        if isinstance(v, torch.Tensor))
         args_spec, kwargs_spec = encode_call(func, args, kwargs)
-        fusible = is_fusible(op, pointwise=pointwise, aliases_input=aliases, mutates=mutates,
-                             returns_tensor=returns_tensor, reads_tensors=bool(reads))
+        fusible = is_fusible(op, reads_tensors=bool(reads), **known)
         self.trace.append(TraceCall(op, args_spec, kwargs_spec, reads, writes, self.tracker.scope,
                                     fusible, is_region_view(op, aliases),
                                     variant_key(op, args_spec, kwargs_spec)))

@@ -23,6 +23,7 @@ from kforge.cli.common import (
 from kforge.core.gpu import NO_GPU, GpuInfo
 from kforge.errors import KforgeError
 from kforge.store import Store
+from kforge.store.beside import own_folder
 
 if TYPE_CHECKING:
     from kforge.capture import Profile
@@ -140,8 +141,8 @@ async def _profile_into_store(args: argparse.Namespace, progress: ProgressLine
     from kforge.capture.staging import new_staging_dir, remove_abandoned
 
     db = resolve_db(args)
+    samples_root = own_folder(db.parent, "samples")  # where the store keeps them (no link)
     store = await Store.open(db, create=False) if db.exists() else None
-    samples_root = db.parent / "samples"  # where the store keeps samples (Store.samples_root)
     staging = None
     try:
         options = ModelOptions(dtype=args.dtype, device=args.device, batch=args.batch,

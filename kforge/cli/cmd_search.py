@@ -123,8 +123,8 @@ def _start(args: argparse.Namespace, sid: int) -> tuple[int, dict]:
     """Run the session's search here or detached; its exit code and ``--json`` facts."""
     db = resolve_db(args)
     given, config = _given(args), load_config()
-    consent = PluginConsent(frozenset(given[k] for k in ("proposer", "evaluator") if k in given),
-                            args.trust_plugins)
+    consent = PluginConsent(frozenset(given[k] for k in ("proposer", "evaluator", "cluster")
+                                      if given.get(k)), args.trust_plugins)
     with_store(args, lambda store: prepare_session(store, sid, given, config, consent))
     if args.detach:
         pid = spawn_detached(db, sid, consent)

@@ -15,6 +15,7 @@ from kforge.cli.common import add_db_option, out, row_id, session_id, with_store
 from kforge.cli.node_view import cmd_show_node
 from kforge.core.candidate import EvalOutcome
 from kforge.core.fmt import fmt_age, fmt_projection, fmt_speedup, fmt_us
+from kforge.core.inert import inert
 from kforge.core.region import folded
 from kforge.core.settings import SessionSettings
 from kforge.errors import KforgeError
@@ -180,8 +181,8 @@ def cmd_delete(args: argparse.Namespace) -> int:
             if not sys.stdin.isatty():
                 raise KforgeError(f"not deleting session {args.session} without a terminal to "
                                   f"confirm on: add --yes")
-            answer = input(f"delete session {args.session} ({session.model}) and all its "
-                           "kernels? [y/N] ")
+            answer = input(inert(f"delete session {args.session} ({session.model}) and all its "
+                                 "kernels? [y/N] "))
             if answer.strip().lower() not in ("y", "yes"):
                 raise KforgeError("nothing deleted")
         await store.delete_session(args.session)

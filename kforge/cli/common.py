@@ -75,9 +75,9 @@ async def open_store(path: Path, *, create: bool = False, reads_only: bool = Fal
 
 def add_trust_plugins_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     parser.add_argument("--trust-plugins", action="store_true",
-                        help="import the module:factory proposer or evaluator the session's "
-                             "database names (without this, give it again with --proposer or "
-                             "--evaluator)")
+                        help="import the module:factory proposer or evaluator, and use the "
+                             "Ray cluster, the session's database names (without this, give "
+                             "it again with --proposer, --evaluator or --cluster)")
 
 
 def add_json_option(parser: argparse.ArgumentParser) -> None:

@@ -200,6 +200,11 @@ def decode(spec: Any, make_tensor: Callable[[dict], Any], *,
 BUILTIN_NAMESPACES = frozenset({"aten", "prims", "kforge", "kforge_region"})
 _namespaces: set[str] = set(BUILTIN_NAMESPACES)
 _NAME_PART = re.compile(r"(?!__)[A-Za-z_][A-Za-z0-9_]*")
+# Operators of those namespaces whose effects reach past the tensors they are given and return:
+# ``from_file`` maps a host file (read it; shared, write it), ``_print`` writes to the terminal.
+# (TorchScript's builtins, such as ``aten::save``, ``aten::warn`` or string ops, are no dispatcher
+# operators, which kforge records and calls; ``resolve_op`` refuses them all.)
+HOST_EFFECTS = frozenset({"aten::from_file", "aten::_print"})
 
 
 def allow_namespace(namespace: str) -> None:
@@ -211,7 +216,8 @@ def allow_namespace(namespace: str) -> None:
 @cache
 def resolve_op(name: str) -> torch._ops.OpOverload:
     """``"aten._softmax.default"`` -> ``torch.ops.aten._softmax.default``: only ever an
-    ``OpOverload`` of an allowed namespace; any other name is an ``ArgSpecError``."""
+    ``OpOverload`` of an allowed namespace, a dispatcher operator (what capture records) with no
+    effect outside its tensors (``HOST_EFFECTS``); any other name is an ``ArgSpecError``."""
     import torch
 
     parts = name.split(".") if isinstance(name, str) else []
@@ -229,6 +235,15 @@ def resolve_op(name: str) -> torch._ops.OpOverload:
         found = None
     if not isinstance(found, torch._ops.OpOverload):
         raise ArgSpecError(f"PyTorch {torch.__version__} has no operator {name!r}")
+    schema = found._schema
+    if schema.name in HOST_EFFECTS:
+        raise ArgSpecError(f"{name!r} is not an operator kforge may call: it reaches outside the "
+                           "tensors it is given (host files or the terminal)")
+    try:
+        torch._C._dispatch_find_schema_or_throw(schema.name, schema.overload_name)
+    except RuntimeError:
+        raise ArgSpecError(f"{name!r} is not an operator kforge may call: a TorchScript builtin, "
+                           "no dispatcher operator") from None
     return found
 
 

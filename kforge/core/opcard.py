@@ -12,7 +12,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from kforge.core.argspec import decode, tensor_specs
@@ -29,6 +31,20 @@ DTYPE_BYTES = {
     "int16": 2, "int8": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
     "complex64": 8, "complex128": 16,
 }
+
+
+# A card key names folders (its captured samples, its exported kernel): letters, digits, - and _
+# only (kforge's own keys are hex digits), so that no key read from a database leads elsewhere.
+_FOLDER_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def key_folder(root: Path, key: str) -> Path:
+    """``root / key``, the folder of card ``key`` under ``root``; a ValueError for a key that
+    could name anything but a folder right there (``..``, a path, a NUL byte)."""
+    if not isinstance(key, str) or not _FOLDER_KEY.fullmatch(key):
+        raise ValueError(f"op card key {str(key)[:80]!r} cannot name a folder (kforge's keys are "
+                         "hex digits)")
+    return Path(root) / key
 
 
 def canonical_json(value: Any) -> str:

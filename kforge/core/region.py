@@ -24,6 +24,7 @@ from kforge.core.argspec import (
     list_items,
     resolve_op,
     tensor_specs,
+    walk,
 )
 from kforge.core.opcard import canonical_json, describe_args
 
@@ -33,6 +34,43 @@ MAX_OPS = 48
 MAX_INPUTS = 8
 MAX_OUTPUTS = 4
 T = TypeVar("T")
+
+# Native ops that may join a fusion region besides pointwise ones (``torch.Tag.pointwise``):
+# reductions, norms, softmax, casts, and the ops that only move or reshape data.
+REGION_OPS = frozenset({
+    "sum", "mean", "amax", "amin", "max", "min", "var", "var_mean", "std", "std_mean", "prod",
+    "logsumexp", "linalg_vector_norm", "norm", "any", "all", "argmax", "argmin",
+    "native_layer_norm", "native_group_norm", "_fused_rms_norm", "rms_norm",
+    "_native_batch_norm_legit_no_training",
+    "_softmax", "_log_softmax", "_safe_softmax",
+    "_to_copy", "clone", "cat", "stack", "where", "masked_fill", "clamp", "clamp_min",
+    "clamp_max", "fill", "repeat", "flip", "roll", "tril", "triu",
+})
+# Views and metadata ops: they join a region but do no work of their own.
+REGION_VIEW_OPS = frozenset({"_unsafe_view", "_reshape_alias", "alias", "lift_fresh", "detach"})
+
+
+def may_join(op: str, *, pointwise: bool, aliases_input: bool, mutates: bool,
+             returns_tensor: bool, reads_tensors: bool) -> bool:
+    """Whether a call of ``op`` may be a node of a region: a functional aten op (no in-place
+    write) that reads tensors and returns them, and is pointwise, one of REGION_OPS, or a view.
+    Capture builds regions of such calls only (``kforge.capture.classify.is_fusible``), and
+    ``Region.check`` holds every region read from data to the same rule: no factory (nothing
+    read: ``from_file`` maps a host file), no write, no op of another kind."""
+    if mutates or not returns_tensor or not reads_tensors or not op.startswith("aten."):
+        return False
+    short = op.split(".")[1]
+    return pointwise or aliases_input or short in REGION_OPS or short in REGION_VIEW_OPS
+
+
+def operator_facts(func: Any) -> dict[str, bool]:
+    """What ``may_join`` asks of an operator (an OpOverload), from its tags and schema."""
+    import torch
+
+    schema = func._schema
+    return {"pointwise": torch.Tag.pointwise in func.tags, "aliases_input": func.is_view,
+            "mutates": schema.is_mutable,
+            "returns_tensor": any("Tensor" in str(r.type) for r in schema.returns)}
 
 
 @dataclass(frozen=True)
@@ -110,10 +148,11 @@ class Region:
             raise ArgSpecError(f"{str(data)[:120]} is not a region") from None
 
     def check(self) -> None:
-        """Raise ArgSpecError unless every node calls an allowed operator (``resolve_op``) with
-        arguments that fit its schema (``check_call``), reading only the region's inputs and the
-        tensor results of earlier nodes, and every output is such a result. Regions are read
-        from databases, which may be crafted: this runs before any node is."""
+        """Raise ArgSpecError unless every node calls an allowed operator (``resolve_op``) that
+        may join a region (``may_join``: what capture builds regions of) with arguments that fit
+        its schema (``check_call``), reading only the region's inputs and the tensor results of
+        earlier nodes, and every output is such a result. Regions are read from databases, which
+        may be crafted: this runs before any node is."""
         if not all(is_tensor_spec(spec) for spec in self.inputs):
             raise ArgSpecError(f"region {self.name}: an input is not a tensor spec")
         readable = {f"x{i}" for i in range(len(self.inputs))}
@@ -136,7 +175,15 @@ class Region:
                     or not isinstance(node["op"], str)):
                 raise ArgSpecError(f"region {self.name}: node n{index} is not a call")
             check_call(node["op"], node["args"], node["kwargs"], is_tensor=reads(index))
-            returns = [str(r.type) for r in resolve_op(node["op"])._schema.returns]
+            func = resolve_op(node["op"])
+            reads_tensors = any(is_ref(leaf) for _, leaf in walk(
+                [node["args"], list(node["kwargs"].values())]))
+            if not may_join(node["op"], reads_tensors=reads_tensors, **operator_facts(func)):
+                raise ArgSpecError(
+                    f"region {self.name}: node n{index} calls {node['op']}, which no region "
+                    "holds (its nodes are functional aten ops that read tensors: pointwise ops, "
+                    "reductions, norms, softmax, casts and views)")
+            returns = [str(r.type) for r in func._schema.returns]
             name = node_name(index)
             if returns == ["Tensor"]:
                 readable.add(name)

@@ -38,25 +38,30 @@ def load_factory(spec: str) -> Any:
 
 @dataclass(frozen=True)
 class PluginConsent:
-    """The ``module:function`` plug-ins the user has confirmed: those named on the command line
-    (``specs``) or, with ``every`` (``--trust-plugins``), any the session stores."""
+    """The ``module:function`` plug-ins and the Ray cluster the user has confirmed: those named
+    on the command line (``specs``) or, with ``every`` (``--trust-plugins``), any the session
+    stores. (A Ray cluster's answers are unpickled: whoever runs it runs code here.)"""
 
     specs: frozenset[str] = frozenset()
     every: bool = False
 
     def check(self, search: SearchSettings, stored: Mapping[str, Any],
               configured: SearchSettings) -> None:
-        """Refuse the plug-ins of ``search`` that only the session's stored search settings
-        (``stored``) name: not confirmed, and not the user's own config file's
+        """Refuse the plug-ins and the cluster of ``search`` that only the session's stored search
+        settings (``stored``) name: not confirmed, and not the user's own config file's
         (``configured``)."""
-        for what in ("proposer", "evaluator"):
+        for what in ("proposer", "evaluator", "cluster"):
             spec = getattr(search, what)
-            if (":" in spec and stored.get(what) == spec and not self.every
+            named = ":" in spec if what != "cluster" else bool(spec)
+            if (named and stored.get(what) == spec and not self.every
                     and spec not in self.specs and spec != getattr(configured, what)):
                 raise KforgeError(
-                    f"the session names the {what} {spec!r}, code that kforge would import from "
-                    f"the database's say-so; to run it, give `--{what} {spec}` again or "
-                    "`--trust-plugins`")
+                    f"the session names the {what} {spec!r}, "
+                    + ("code that kforge would import" if what != "cluster" else
+                       "a Ray cluster kforge would send its work to and take answers (Python "
+                       "objects) from")
+                    + f" on the database's say-so; to use it, give `--{what} {spec}` again "
+                    "or `--trust-plugins`")
 
 
 BUILTIN_PROPOSERS = ("library", "llm", "both")

@@ -26,6 +26,7 @@ from kforge.engine.plugins import (
 )
 from kforge.errors import KforgeError
 from kforge.store import SessionStatus, Store
+from kforge.store.beside import open_log, own_folder
 from kforge.store.config import load_config
 from kforge.store.store import engine_alive
 
@@ -122,7 +123,8 @@ def _check_same_gpu(recorded: dict, gpu: GpuInfo, session_id: int) -> None:
 
 
 def log_path(db_path: Path, session_id: int) -> Path:
-    return db_path.parent / "logs" / f"session-{session_id}.log"
+    """``logs/session-N.log`` beside the database (``logs`` may be no link)."""
+    return own_folder(db_path.parent, "logs") / f"session-{session_id}.log"
 
 
 def spawn_detached(db_path: Path, session_id: int,
@@ -131,9 +133,7 @@ def spawn_detached(db_path: Path, session_id: int,
     terminal's hang-up) and return its pid. Output goes to the session's log file. Plug-ins
     that ``consent`` confirmed (``prepare_session`` saved them as the session's) are confirmed
     to it too."""
-    log_file = log_path(db_path, session_id)
-    log_file.parent.mkdir(parents=True, exist_ok=True)
-    with log_file.open("ab") as out:
+    with open_log(log_path(db_path, session_id)) as out:
         proc = subprocess.Popen(
             [*kforge_command(), "resume", str(session_id), "--db", str(db_path), "--quiet",
              *(["--trust-plugins"] if consent.every or consent.specs else [])],

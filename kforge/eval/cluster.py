@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import kforge
 from kforge.core.candidate import Baseline, Candidate, EvalOutcome, EvalStatus
 from kforge.core.gpu import NO_GPU, GpuInfo
-from kforge.core.opcard import OpCard
+from kforge.core.opcard import OpCard, key_folder
 from kforge.core.settings import EvalSettings
 from kforge.errors import KforgeError
 from kforge.eval.pool import EvaluatorLost
@@ -177,7 +177,10 @@ def connect(address: str) -> bool:
 
 def pack_samples(samples_dir: Path | None, card: OpCard) -> dict[str, bytes]:
     """The captured sample files of ``card``, by name (none where there are none)."""
-    folder = Path(samples_dir) / card.key if samples_dir else None
+    try:
+        folder = key_folder(Path(samples_dir), card.key) if samples_dir else None
+    except ValueError:  # a key from a damaged database names no samples
+        return {}
     if folder is None or not folder.is_dir():
         return {}
     return {path.name: path.read_bytes() for path in sorted(folder.glob("*.pt"))}
@@ -185,7 +188,10 @@ def pack_samples(samples_dir: Path | None, card: OpCard) -> dict[str, bytes]:
 
 def unpack_samples(root: Path, card_key: str, files: dict[str, bytes]) -> None:
     """Lay shipped samples out under ``root`` as capture did under the session's samples dir."""
-    folder = root / card_key
+    try:
+        folder = key_folder(root, card_key)
+    except ValueError as exc:
+        raise KforgeError(f"refusing the shipped samples: {exc}") from None
     folder.mkdir(parents=True, exist_ok=True)
     for name, data in files.items():
         if Path(name).name != name:  # only plain file names were packed

@@ -34,7 +34,7 @@ from kforge.core.argspec import (
     torch_value,
     walk,
 )
-from kforge.core.opcard import OpCard
+from kforge.core.opcard import OpCard, key_folder
 from kforge.errors import KforgeError
 from kforge.eval.placement import PRODUCTION, Shifts, fitted, placed
 
@@ -148,7 +148,10 @@ def load_samples(samples_dir: Path | None, card: OpCard, limit: int) -> list[tup
     cannot be read or whose tensors do not match the card are skipped."""
     if samples_dir is None or limit <= 0:
         return []
-    folder = Path(samples_dir) / card.key
+    try:
+        folder = key_folder(Path(samples_dir), card.key)
+    except ValueError:  # a key from a damaged database names no samples
+        return []
     if not folder.is_dir():
         return []
     files = sorted(folder.glob("*.pt"),

@@ -14,8 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import os
-import sys
 import threading
 import time
 from collections import deque
@@ -24,8 +22,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import kforge
 from kforge.core.candidate import Baseline, Candidate, EvalOutcome, EvalStatus
+from kforge.core.child import child_env, python_command
 from kforge.core.gpu import NO_GPU, GpuInfo
 from kforge.core.opcard import OpCard
 from kforge.core.settings import EvalSettings, TimingPlan
@@ -58,7 +56,7 @@ STDERR_LINES = 200
 
 
 def worker_command(device: int) -> list[str]:
-    return [sys.executable, "-m", "kforge.eval.worker", "--device", str(device)]
+    return python_command("kforge.eval.worker", "--device", str(device))
 
 
 class WorkerGone(Exception):
@@ -90,13 +88,11 @@ class WorkerProcess:
         self.served = 0  # evaluations answered
 
     async def start(self, timeout_s: float) -> GpuInfo:
-        env = dict(os.environ)
-        # The worker imports this same kforge, installed or not.
-        root = str(Path(kforge.__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        # The worker imports this same kforge, installed or not, and nothing from the folder
+        # it starts in.
         self.process = await asyncio.create_subprocess_exec(
             *self.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, env=env)
+            stderr=asyncio.subprocess.PIPE, env=child_env())
         self._pump = asyncio.create_task(self._read_stderr())
         try:
             hello = await asyncio.wait_for(self._read(), timeout_s)

@@ -36,6 +36,7 @@ import torch
 
 from kforge.core.argspec import storage_span
 from kforge.core.candidate import Candidate
+from kforge.core.child import child_env, python_command
 from kforge.core.launch_plan import parse_plan
 from kforge.core.opcard import OpCard
 from kforge.eval.inputs import Buffer, InputFactory, InputSet, build_set
@@ -223,8 +224,8 @@ def tool_command(binary: str, tool: str, kernels: list[str], job: Path) -> list[
     padding = ["--padding", str(PADDING)] if tool == "memcheck" else []
     return [binary, "--tool", tool, *padding, *kernel_filter(kernels),
             "--error-exitcode", str(FOUND),
-            "--report-api-errors", "no", "--print-limit", "20", sys.executable, "-m",
-            "kforge.eval.sanitize", str(job)]
+            "--report-api-errors", "no", "--print-limit", "20",
+            *python_command("kforge.eval.sanitize", str(job))]
 
 
 def sanitize_candidate(card: OpCard, candidate: Candidate, *, samples_dir: Path | None = None,
@@ -263,7 +264,7 @@ def _run_tools(binary: str, tools: tuple[str, ...], kernels: list[str], job: Pat
                timeout_s: float, started: float, stop: threading.Event) -> SanitizerReport:
     # Without PyTorch's caching allocator every tensor is an allocation of its own, so an access
     # past its end is outside any allocation, where memcheck sees it.
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+    env = child_env(PYTORCH_NO_CUDA_MEMORY_CACHING="1")
     running: dict[str, tuple[subprocess.Popen, Path, float]] = {}
     seconds: dict[str, float] = {}
     # A kernel that faults ends the child under every tool; the tool that checks for the fault

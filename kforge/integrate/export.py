@@ -19,6 +19,7 @@ from pathlib import Path
 
 from kforge import __version__
 from kforge.core.fmt import fmt_speedup
+from kforge.core.opcard import key_folder
 from kforge.errors import KforgeError
 from kforge.integrate.plan import SessionPlan
 from kforge.integrate.winners import Decision, card_label
@@ -27,9 +28,6 @@ from kforge.runtime.nvrtc import PRELUDE, Compiler, check_options
 FORMAT = 1
 PROFILE_SETTINGS = ("dtype", "batch", "seq_len", "mode", "layers")
 _ARCH = re.compile(r"^sm_\d{2,3}[af]?$")
-# A card key names its kernel's folder: letters, digits, - and _ only (kforge's keys are hex),
-# so that no key read from a database can lead outside the package.
-_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _HERE = Path(__file__).resolve().parent
 _KFORGE = _HERE.parent
 # What the exported package's runtime/ folder holds, and the kforge imports rewritten there.
@@ -139,10 +137,10 @@ def _write_kernel(root: Path, decision: Decision, archs: list[str], compiler: Co
                   problems: list[str]) -> dict:
     card, candidate = decision.card, decision.candidate
     assert candidate is not None  # a winner always carries its code
-    if not _KEY.fullmatch(card.key):
-        raise KforgeError(f"op card key {card.key[:80]!r} cannot name a folder of the package "
-                          "(kforge's keys are hex digits): the session's database is damaged")
-    folder = Path("kernels") / card.key
+    try:
+        folder = key_folder(Path("kernels"), card.key)
+    except ValueError as exc:
+        raise KforgeError(f"{exc} of the package: the session's database is damaged") from None
     (root / folder).mkdir(parents=True)
     (root / folder / "kernel.cu").write_text(candidate.source)
     (root / folder / "plan.json").write_text(json.dumps(candidate.plan, indent=1) + "\n")

@@ -6,9 +6,10 @@ The compile log keeps NVRTC's errors and warnings and ptxas' register, stack and
 
 Candidate source is untrusted text: it may include nothing from the host. Before NVRTC sees it,
 ``check_source`` reads its preprocessing directives as the preprocessor will (line splices,
-comments, raw strings, digraphs) and refuses every ``#include`` but the prelude's headers, every
-file probe (``__has_include``) and every ``#pragma`` outside a short list, as a compile error
-naming it.
+comments, raw strings, digraphs) and refuses every ``#include`` but the prelude's headers (in
+``<>``: a quoted name is looked for in the current folder first), every file probe
+(``__has_include``), every ``#pragma`` outside a short list and every ``_Pragma`` that is not a
+string literal, as a compile error naming it.
 """
 
 from __future__ import annotations
@@ -87,9 +88,12 @@ def check_source(source: str) -> None:
 def _directive_problem(line: str) -> str | None:
     if probe := _FILE_PROBES.search(line):
         return f"{probe.group(1)} is not allowed: kernels see no files"
-    pragma = re.search(r"\b_Pragma\s*\(\s*\"([^\"]*)\"", line)
-    if pragma and (problem := _pragma_problem(pragma.group(1))):
-        return problem
+    for operator in re.finditer(r"\b_Pragma\b", line):
+        pragma = re.compile(r"\s*\(\s*\"([^\"]*)\"\s*\)").match(line, operator.end())
+        if pragma is None:  # a pragma a macro makes (_Pragma(#x)): what it says is unknown
+            return "_Pragma is allowed only with a string literal, as in _Pragma(\"unroll\")"
+        if problem := _pragma_problem(pragma.group(1)):
+            return problem
     stripped = line.lstrip()
     for hash_sign in ("#", "%:"):
         if stripped.startswith(hash_sign):
@@ -104,7 +108,12 @@ def _directive_problem(line: str) -> str | None:
         header = re.fullmatch(r"<([^<>]+)>|\"([^\"]+)\"", operand)
         named = (header.group(1) or header.group(2)) if header else None
         if directive == "include" and named in HEADERS:
-            return None
+            if operand.startswith("<"):
+                return None
+            # NVRTC looks for a quoted header in the folder it runs in first: a cuda_fp16.h
+            # lying there (a link to any file) would be read
+            return (f"#include {operand} is looked for in the folder kforge runs in: write "
+                    f"#include <{named}>, or nothing (the prelude includes it already)")
         return (f"#{directive} {operand} is not available to kernels: they see only "
                 f"{' and '.join(HEADERS)}, which the prelude includes already")
     if directive == "pragma":

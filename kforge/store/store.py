@@ -37,6 +37,7 @@ from kforge.core.candidate import Candidate, EvalOutcome, LlmCall
 from kforge.core.opcard import OpCard
 from kforge.errors import KforgeError
 from kforge.core.settings import redact
+from kforge.store.beside import check_database_files, own_folder
 from kforge.store.config import configured_durability, configured_secrets
 from kforge.store.events import (
     CardsAdded,
@@ -151,6 +152,7 @@ class Store:
         commands change nothing on disk.
         """
         path = Path(path)
+        check_database_files(path)
         if not path.exists():
             if not create:
                 raise KforgeError(f"no kforge database at {path} (profile a model first, "
@@ -198,6 +200,7 @@ class Store:
         Where SQLite cannot create the shared-memory file a WAL database needs beside it, the
         file is read as immutable (as it stands, with no locking: nobody can write it there)."""
         path = Path(path)
+        check_database_files(path)
         if path.is_dir():
             raise KforgeError(f"{path} is a folder, not a kforge database file")
         if not path.exists():
@@ -382,10 +385,11 @@ class Store:
 
     @property
     def samples_root(self) -> Path:
-        return self.path.parent / "samples"
+        """``samples/`` beside the database; a KforgeError where it is a link."""
+        return own_folder(self.path.parent, "samples")
 
     def samples_dir(self, session_id: int) -> Path:
-        return self.samples_root / str(session_id)
+        return own_folder(self.path.parent, "samples", str(session_id))
 
     def new_staging_dir(self) -> Path:
         """A fresh folder to write a profile's samples into before its session exists."""
@@ -469,10 +473,11 @@ class Store:
 
     async def delete_session(self, session_id: int) -> None:
         await self.get_session(session_id)
+        samples = self.samples_dir(session_id)  # checked before anything is deleted
         async with self.transaction() as db:
             await db.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
             await self._event(db, session_id, SessionDeleted())
-        shutil.rmtree(self.samples_dir(session_id), ignore_errors=True)
+        shutil.rmtree(samples, ignore_errors=True)
 
     # ----- the engine lease -----
 

@@ -13,6 +13,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
+from kforge.core.inert import inert
 from kforge_tui.diffing import line_kind
 from kforge_tui.format import literal
 
@@ -40,7 +41,7 @@ class Dialog(ModalScreen):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Label(self.title_text, classes="title", markup=False)
+            yield Label(literal(self.title_text), classes="title")  # it may quote stored text
             yield from self.body()
 
     def body(self) -> ComposeResult:
@@ -176,7 +177,7 @@ class DiffView(Dialog):
         for line in self.lines:
             style = self.get_component_rich_style(f"diff--{line_kind(line)}", partial=True) \
                 if line_kind(line) != "context" else ""
-            text.append(line + "\n", style=style)
+            text.append(inert(line) + "\n", style=style)  # stored kernel source
         return text
 
     def action_scroll_down(self) -> None:

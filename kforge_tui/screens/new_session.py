@@ -15,6 +15,7 @@ from textual.suggester import SuggestFromList
 from textual.widgets import Button, Input, Label, Select
 
 from kforge.errors import KforgeError
+from kforge_tui.format import literal
 from kforge_tui.launch import (
     DTYPES,
     NEEDS_GPU,
@@ -122,7 +123,7 @@ class NewSessionScreen(ModalScreen[int | None]):
     def show_refusal(self) -> None:
         warning = self.query_one("#warning", Label)
         refusal = self.gpu_refusal()
-        warning.update(refusal or "")
+        warning.update(literal(refusal or ""))
         warning.display = refusal is not None
 
     def cluster(self) -> str:

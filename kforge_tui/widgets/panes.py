@@ -4,9 +4,12 @@ small one (80x24); the grid knows which pane is active and which widget takes th
 from __future__ import annotations
 
 from textual.containers import Container, Vertical
+from textual.content import Content
 from textual.events import DescendantFocus
 from textual.widget import Widget
 from textual.widgets import TabbedContent, TabPane
+
+from kforge.core.inert import inert
 
 PANES = ("ops", "tree", "code", "logs")
 PANE_TITLES = {"ops": "1 ops", "tree": "2 search tree", "code": "3 kernel", "logs": "4 logs"}
@@ -29,14 +32,16 @@ class Pane(Vertical):
     def __init__(self, name: str, *children: Widget) -> None:
         super().__init__(*children, id=f"pane-{name}")
         self.pane = name
-        self.border_title = PANE_TITLES[name]
+        self.border_title = self._title = PANE_TITLES[name]
 
     def title_with(self, detail: str | None) -> None:
-        """Show ``detail`` after the pane's own title (what it shows now); None: the title alone."""
+        """Show ``detail`` after the pane's own title (what it shows now); None: the title alone.
+        ``detail`` may quote typed text (a filter): it is shown literally, never as markup."""
         title = PANE_TITLES[self.pane]
-        text = f"{title} · {detail}" if detail else title
-        if text != self.border_title:  # setting a title repaints the whole pane
-            self.border_title = text
+        text = inert(f"{title} · {detail}" if detail else title)
+        if text != self._title:  # setting a title repaints the whole pane
+            self._title = text
+            self.border_title = Content(text)
 
     def focus_target(self) -> Widget:
         """The widget that takes the focus when the pane is chosen."""

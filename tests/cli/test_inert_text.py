@@ -17,8 +17,8 @@ from kforge.store import Store
 from tests.doubles import sample_cards
 
 OSC52 = "\x1b]52;c;cm0gLXJmIH4K\x07"
-PAYLOAD = f"{OSC52}\x1b]0;owned\x1b\\\x1b[2J\x9b2J\u202e"
-CONTROLS = ("\x1b", "\x07", "\x9b", "\u202e")
+PAYLOAD = f"{OSC52}\x1b]0;owned\x1b\\\x1b[2J\x9b2J\u202e\u061c"
+CONTROLS = ("\x1b", "\x07", "\x9b", "\u202e", "\u061c")
 
 
 def test_inert_keeps_text_and_drops_what_drives_a_terminal():
@@ -66,3 +66,15 @@ def test_an_error_line_quoting_data_is_inert(db, capsys):
     err = capsys.readouterr().err
     assert "kforge: model file not found" in err
     assert not [c for c in CONTROLS if c in err]
+
+
+def test_the_delete_prompt_quoting_the_model_is_inert(db, monkeypatch, capsys):
+    import sys
+
+    path, sid, _node = db
+    asked = []
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: True)
+    monkeypatch.setattr("builtins.input", lambda prompt: asked.append(prompt) or "n")
+    assert main(["delete", str(sid), "--db", str(path)]) == 1
+    assert len(asked) == 1 and "model" in asked[0]
+    assert not [c for c in CONTROLS if c in asked[0]]

@@ -49,6 +49,14 @@ def no_shell(monkeypatch):
     "builtins.eval.default",
     "",
     "aten..default",
+    # real overloads of aten whose effects reach past their tensors
+    "aten.from_file.default",  # maps a host file: reads it, and with shared=True writes it
+    "aten.from_file.out",
+    "aten._print.default",  # writes raw text to the terminal
+    # TorchScript builtins under torch.ops.aten, no dispatcher operators
+    "aten.save.default",
+    "aten.warn.default",
+    "aten.format.default",
 ])
 def test_an_operator_name_resolves_only_to_an_allowed_overload(name):
     with pytest.raises(ArgSpecError):
@@ -110,6 +118,51 @@ def test_a_crafted_region_is_refused_before_any_node_runs(bad, no_shell):
         region_function(bad)
 
 
+def from_file_region(path, *writes) -> Region:
+    """A host file mapped shared as a tensor, then written by in-place nodes: each call a real
+    aten overload whose arguments fit its schema."""
+    return region(node("aten.from_file.default", str(path), True, 5,
+                       dtype={"t": "dtype", "v": "uint8"}),
+                  *writes, node("aten.add.Tensor", ref("x0"), ref("x0")),
+                  outputs=(f"n{len(writes) + 1}",))
+
+
+@pytest.mark.parametrize("bad", [
+    lambda victim: from_file_region(victim, node("aten.fill_.Scalar", ref("n0"), 65)),
+    lambda victim: from_file_region(victim),
+    # nodes no region holds: in-place writes to an input, factories, another kind of op
+    lambda _: region(node("aten.fill_.Scalar", ref("x0"), 65), outputs=("n0",)),
+    lambda _: region(node("aten.copy_.default", ref("x0"), ref("x0"))),
+    lambda _: region(node("aten.empty.memory_format", [4])),
+    lambda _: region(node("aten.full.default", [4], 1.0)),
+    lambda _: region(node("aten.mm.default", ref("x0"), ref("x0"))),
+    lambda _: region(node("aten.index_put.default", ref("x0"), [ref("x0")], ref("x0"))),
+], ids=["from-file-write", "from-file-read", "in-place-input", "copy-into-input", "factory",
+        "full", "matmul", "index-put"])
+def test_a_region_node_must_be_one_capture_puts_in_a_region(bad, tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("hello world")
+    crafted = bad(victim)
+    with pytest.raises(ArgSpecError):
+        crafted.check()
+    with pytest.raises(ArgSpecError):
+        region_function(crafted)
+    assert victim.read_text() == "hello world"
+
+
+def test_the_library_proposer_runs_no_node_of_a_crafted_region(tmp_path):
+    """Matching a region to the library's families runs its nodes on meta tensors (a factory
+    with no device would run on the host): a crafted one is declined first."""
+    from kforge.propose.library.regions.match import Declined, region_outputs
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("hello world")
+    crafted = from_file_region(victim, node("aten.fill_.Scalar", ref("n0"), 65))
+    with pytest.raises(Declined, match="not an operator kforge may call"):
+        region_outputs(crafted)
+    assert victim.read_text() == "hello world"
+
+
 def test_a_region_from_a_dict_that_is_no_region_is_a_typed_error():
     with pytest.raises(ArgSpecError, match="not a region"):
         Region.from_dict({"nodes": 3})
@@ -136,9 +189,15 @@ async def test_the_engine_skips_a_crafted_card_with_the_reason_and_calls_nothing
     from tests.doubles import FakeEvaluator, FakeProposer, sample_cards
 
     chain = region(node("import_module.__call__.__call__", "os"), outputs=("n0",))
+    victim = tmp_path / "victim.txt"
+    victim.write_text("hello world")
+    writes = from_file_region(victim, node("aten.fill_.Scalar", ref("n0"), 65))
     cards = sample_cards()
     crafted = [replace(cards[2], op="kforge_region.r_0.default", region=chain.to_dict()),
-               replace(cards[1], op="__class__.__init__.__globals__")]
+               replace(cards[2], op=writes.op, region=writes.to_dict(), key="k-writes"),
+               replace(cards[1], op="__class__.__init__.__globals__"),
+               replace(cards[1], op="aten.from_file.default", key="k-file",
+                       args=[str(victim), True, 5])]
     store = await Store.open(tmp_path / "k.db")
     try:
         sid = await store.create_profiled_session("toy", {}, {"name": "Fake GPU"},
@@ -149,7 +208,7 @@ async def test_the_engine_skips_a_crafted_card_with_the_reason_and_calls_nothing
     finally:
         await store.close()
     skipped = [row for row in rows if row.status == CardStatus.SKIPPED]
-    assert len(skipped) == 2
+    assert len(skipped) == 4 and victim.read_text() == "hello world"
     assert all("not an operator kforge calls" in row.stop_reason for row in skipped)
     assert rows[0].status != CardStatus.SKIPPED
 
@@ -176,3 +235,16 @@ def test_a_namespace_is_allowed_once_capture_records_one_of_its_operators():
 def test_malformed_nodes_are_a_typed_error(bad):
     with pytest.raises(ArgSpecError):
         bad.check()
+
+
+def test_a_view_past_its_storage_is_refused_when_the_region_runs():
+    """``_reshape_alias`` takes any size and strides unchecked: as a region node it runs through
+    ``as_strided``, which refuses a view reaching past the input's memory."""
+    small = region(node("aten._reshape_alias.default", ref("x0"), [4], [1]),
+                   node("aten.relu.default", ref("n0")), outputs=("n1",))
+    past = region(node("aten._reshape_alias.default", ref("x0"), [1 << 20], [1]),
+                  node("aten.relu.default", ref("n0")), outputs=("n1",))
+    x = torch.randn(4)
+    torch.testing.assert_close(region_function(small)(x), torch.relu(x))
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        region_function(past)(x)

@@ -5,6 +5,7 @@ by kforge (the TUI's, a detached one) never import from the folder they were sta
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 from pathlib import Path
 
@@ -72,3 +73,43 @@ def test_an_engine_started_by_kforge_does_not_import_from_its_folder(tmp_path: P
     assert result.returncode == 1
     assert "cannot import 'evil'" in result.stderr
     assert not marker.exists()
+
+
+def test_no_child_kforge_starts_imports_from_its_folder(tmp_path: Path, monkeypatch):
+    """The GPU workers and the sanitizer's children are started as engines are: a module lying
+    in the folder they start in is not imported, even where PYTHONPATH has an empty entry."""
+    import sys
+
+    from kforge.core.child import child_env, python_command
+    from kforge.eval.pool import worker_command
+    from kforge.eval.sanitize import tool_command
+
+    prefix = [sys.executable, "-P", "-m"]
+    assert worker_command(0)[:3] == prefix
+    sanitized = tool_command("compute-sanitizer", "memcheck", ["k"], tmp_path / "job.json")
+    assert sanitized[sanitized.index(sys.executable):][:3] == prefix
+    marker = tmp_path / "ran"
+    (tmp_path / "shadow.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    monkeypatch.setenv("PYTHONPATH", f"{os.pathsep}{tmp_path / 'elsewhere'}{os.pathsep}")
+    assert "" not in child_env()["PYTHONPATH"].split(os.pathsep)
+    result = subprocess.run(python_command("shadow"), cwd=tmp_path, env=child_env(),
+                            capture_output=True, text=True, timeout=60)
+    assert "No module named shadow" in result.stderr and not marker.exists()
+
+
+def test_a_stored_ray_cluster_is_refused_until_confirmed(tmp_path: Path, capsys):
+    """A Ray cluster's answers are unpickled here: an address only the database names is as
+    much code as a plug-in."""
+    from kforge.core.settings import SearchSettings
+    from kforge.engine.plugins import PluginConsent
+
+    db = tmp_path / "k.db"
+    sid = make_db(db, {"cluster": "192.0.2.1:6379"})
+    assert main(["resume", str(sid), "--db", str(db), "--quiet"]) == 1
+    error = capsys.readouterr().err
+    assert "the session names the cluster '192.0.2.1:6379'" in error and "--cluster" in error
+    search, stored = SearchSettings(cluster="192.0.2.1:6379"), {"cluster": "192.0.2.1:6379"}
+    PluginConsent(frozenset({"192.0.2.1:6379"})).check(search, stored, SearchSettings())
+    PluginConsent(every=True).check(search, stored, SearchSettings())
+    PluginConsent().check(search, stored, SearchSettings(cluster="192.0.2.1:6379"))
+    PluginConsent().check(search, {}, SearchSettings())  # given now, not stored

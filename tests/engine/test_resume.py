@@ -89,3 +89,24 @@ async def test_sigkill_then_resume_loses_and_repeats_nothing(tmp_path: Path):
     session = await store.get_session(sid)
     assert session.status == SessionStatus.DONE and session.engine_pid is None
     await store.close()
+
+
+import pytest  # noqa: E402
+
+
+@pytest.mark.parametrize("link", ["logs", "logs/session-1.log"])
+def test_a_detached_engine_writes_its_log_through_no_link(tmp_path: Path, link):
+    """A shared database's folder with a ``logs`` link (or a link for the session's log) to a
+    file such as ~/.bashrc: the engine would append its lines, which quote stored text, there."""
+    from kforge.engine.runner import spawn_detached
+    from kforge.errors import KforgeError
+
+    victim = tmp_path / "outside" / "session-1.log"
+    victim.parent.mkdir()
+    victim.write_text("# mine\n")
+    shared = tmp_path / "shared"
+    (shared / "logs").mkdir(parents=True) if link != "logs" else shared.mkdir()
+    (shared / link).symlink_to(victim if link.endswith(".log") else victim.parent)
+    with pytest.raises(KforgeError, match="is a link"):
+        spawn_detached(shared / "k.db", 1)
+    assert victim.read_text() == "# mine\n"

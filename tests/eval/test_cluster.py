@@ -105,6 +105,20 @@ def test_samples_pack_and_unpack_as_capture_laid_them_out(tmp_path: Path):
         unpack_samples(tmp_path / "there", card.key, {"../evil.pt": b""})
 
 
+@pytest.mark.parametrize("key", ["../../escaped", "/tmp/kforge-escaped", "..", "a/../../b"])
+def test_a_crafted_card_key_ships_and_lays_out_no_samples_outside(tmp_path: Path, key):
+    from dataclasses import replace
+
+    outside = tmp_path / "escaped"
+    outside.mkdir()
+    (outside / "0.pt").write_bytes(b"not a sample of this session")
+    card = replace(sample_cards()[0], key=key)
+    assert pack_samples(tmp_path / "samples" / "1", card) == {}
+    with pytest.raises(KforgeError, match="cannot name a folder"):
+        unpack_samples(tmp_path / "there" / "1", key, {"0.pt": b"x"})
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["0.pt", "escaped"]
+
+
 def test_worker_reports_read_back_leniently():
     worker = WorkerStatus("gpu-host-1", 3, "H200", "sm_90", busy=True, done=7)
     stored = {"workers": [{**worker.to_dict(), "from_a_newer_kforge": 1}, "junk"]}

@@ -64,6 +64,23 @@ def test_samples_are_replayed_with_their_layout(tmp_path):
     assert sample.args[0].stride() == (1, 8) and sample.args[0].storage_offset() == 5
 
 
+@pytest.mark.parametrize("key", ["../outside", "/abs/outside", "..", "a/../../outside"])
+def test_a_crafted_card_key_reads_no_samples_outside_the_samples_folder(tmp_path, key):
+    from dataclasses import replace
+
+    spec = {"t": "tensor", "shape": [4], "stride": [1], "dtype": "float32", "offset": 0}
+    card = replace(OpCard("aten.relu.default", [spec]), key=key)
+    samples = tmp_path / "session" / "samples"
+    samples.mkdir(parents=True)
+    for folder in (tmp_path / "session" / "outside", tmp_path / "outside", samples.parent):
+        folder.mkdir(parents=True, exist_ok=True)
+        torch.save({"args": [torch.full((4,), 7.0)], "kwargs": {}}, folder / "0.pt")
+    if key.startswith("/"):
+        card = replace(card, key=str(tmp_path / "outside"))
+    factory = InputFactory(card, CPU, samples)
+    assert [s.label for s in factory.sets(seeds=(1,))] == ["seed 1"]
+
+
 def test_a_sample_that_kept_only_a_spec_gets_random_values(tmp_path):
     spec = tensor([8])
     card = OpCard("aten.add.Tensor", [spec, tensor([8])])

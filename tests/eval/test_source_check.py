@@ -28,6 +28,12 @@ REFUSED = {
     "after-raw-string": 'const char* s = R"x(a"/*)x";\n#include "/etc/passwd"\n// */\n',
     "after-char-quote": "char c = '\"';\n#include \"/etc/passwd\"\n",
     "after-digit-separator": "int a = 1'000; /* x */\n#include \"/etc/passwd\"\n",
+    # a prelude header by a quoted name: NVRTC looks in the current folder first
+    "quoted-prelude-header": '#include "cuda_fp16.h"\n',
+    "quoted-prelude-header-spliced": '#include "cuda_\\\nbf16.h"\n',
+    # a pragma a macro makes: what it says is not known before preprocessing
+    "pragma-from-a-macro": '#define P(x) _Pragma(#x)\nP(GCC dependency "/etc/passwd")\n',
+    "pragma-operator-second": '_Pragma("unroll") _Pragma("GCC dependency \\"/etc/passwd\\"")\n',
 }
 
 
@@ -43,7 +49,8 @@ def test_the_message_names_what_was_included():
 
 
 ALLOWED = {
-    "prelude-headers": "#include <cuda_fp16.h>\n#include \"cuda_bf16.h\"\n",
+    "prelude-headers": "#include <cuda_fp16.h>\n# include <cuda_bf16.h>\n",
+    "pragma-operator": '_Pragma("unroll") for (;;) {}\n',
     "in-comments": '// #include "/etc/passwd"\n/* #include </etc/passwd> */\n',
     "in-raw-string": 'const char* s = R"x(\n#include "/etc/passwd"\n)x";\n',
     "in-string": 'const char* s = "#include \\"/etc/passwd\\"";\n',
@@ -61,3 +68,24 @@ def test_every_test_candidate_passes():
     builds = [*C.REFERENCE.values(), *(build for _n, _c, build, _s in C.CHEATS)]
     for build in builds:
         check_source(build().source)
+
+
+def test_a_header_beside_the_compile_is_never_read(tmp_path, monkeypatch):
+    """A link named like a prelude header in the folder kforge compiles in (the one a shared
+    database lies in) is not read, whatever the candidate includes."""
+    pytest.importorskip("cuda.core")
+    from kforge.runtime.nvrtc import Compiler
+
+    secret = tmp_path / "config.toml"
+    secret.write_text('api_key = "sk-kforge-test-secret"\n')
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    for name in ("cuda_fp16.h", "cuda_bf16.h"):
+        (folder / name).symlink_to(secret)
+    monkeypatch.chdir(folder)
+    for include in ('"cuda_fp16.h"', '"cuda_bf16.h"', "<cuda_fp16.h>"):
+        result = Compiler().compile(f"#include {include}\n"
+                                    'extern "C" __global__ void k(float* x) { x[0] = 1.f; }\n',
+                                    "sm_90")
+        assert "sk-kforge-test-secret" not in result.log
+        assert result.ok == include.startswith("<"), result.log

@@ -177,7 +177,8 @@ def test_a_region_kernel_is_named_and_left_out(session, compiler, tmp_path):
     assert first.card.key not in {k["key"] for k in manifest["kernels"]}
 
 
-@pytest.mark.parametrize("key", ["../../escaped", "/tmp/kforge-escaped", "..", "a/b", "a\\b"])
+@pytest.mark.parametrize("key", ["../../escaped", "/tmp/kforge-escaped", "..", "a/b", "a\\b",
+                                 "a/../../b", "k\x00ey", "a" * 65, "k\n", "ké"])
 def test_a_crafted_card_key_writes_nothing_outside_the_package(session, compiler, tmp_path,
                                                                 key):
     import dataclasses

@@ -74,3 +74,28 @@ async def test_the_configured_key_reaches_neither_the_database_nor_a_request(con
     assert not [text for text in sent if KEY in text]
     database = b"".join(p.read_bytes() for p in tmp_path.glob("k.db*"))
     assert KEY.encode() not in database
+
+
+async def test_every_secret_the_store_redacts_is_redacted_from_requests(config, monkeypatch):
+    """The key a search uses and every other LLM secret in the config file or environment (an
+    OpenAI key beside a local server's): what the store keeps out, a request keeps out too."""
+    from kforge.propose.llm.settings import load_llm_settings
+    from kforge.store.config import configured_secrets, load_config
+
+    other = "sk-other-environment-key-9876543210"
+    monkeypatch.setenv("OPENAI_API_KEY", other)
+    with FakeOpenAIServer() as server:
+        server.add(chat_reply(reply(EXAMPLE_SOURCE, EXAMPLE_PLAN)))
+        monkeypatch.setenv("KFORGE_LLM_BASE_URL", server.base_url)
+        settings = load_llm_settings(load_config().llm, __import__("os").environ)
+        assert set(configured_secrets()) <= set(settings.secrets)
+        proposer = LlmProposer(settings, rng=random.Random(0))
+        outcome = EvalOutcome(EvalStatus.COMPILE_ERROR, summary=f"1 error {other}",
+                              compile_log=f"error: {KEY} {other}")
+        try:
+            await proposer.propose(request(Action.REPAIR, parent=node(3, Action.NEW, outcome)))
+        finally:
+            await proposer.close()
+        sent = [r.text for r in server.requests]
+    assert len(sent) == 1 and "[redacted]" in sent[0]
+    assert KEY not in sent[0] and other not in sent[0]

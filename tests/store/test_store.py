@@ -296,3 +296,51 @@ async def test_the_bests_of_a_database_from_before_confirmation_flags_count_as_c
     finally:
         await store.close()
     assert nodes[best].confirmed and not nodes[other].confirmed
+
+
+# ----- links beside a database -----
+
+
+@pytest.mark.parametrize("name", ["k.db-wal", "k.db-shm", "k.db-journal"])
+async def test_a_link_where_sqlite_keeps_its_files_is_refused(tmp_path: Path, name):
+    """A shared database's folder may hold a link where SQLite writes its log: it would write
+    into whatever the link names."""
+    victim = tmp_path / "victim"
+    victim.write_text("mine\n")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    async with await Store.open(shared / "k.db") as store:
+        await make_session(store)
+    (shared / name).unlink(missing_ok=True)
+    (shared / name).symlink_to(victim)
+    for opening in (Store.open, Store.open_read_only, Store.open_to_browse):
+        with pytest.raises(KforgeError, match="is a link"):
+            await opening(shared / "k.db")
+    assert victim.read_text() == "mine\n"
+
+
+async def test_a_samples_link_beside_the_database_leads_nowhere(tmp_path: Path):
+    """Neither a samples folder nor a session's folder in it that is a link is written into or
+    removed under."""
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "1").mkdir(parents=True)
+    (elsewhere / "1" / "keep.txt").write_text("mine")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "samples").symlink_to(elsewhere, target_is_directory=True)
+    async with await Store.open(shared / "k.db") as store:
+        sid = await make_session(store)
+        with pytest.raises(KforgeError, match="is a link"):
+            store.new_staging_dir()
+        with pytest.raises(KforgeError, match="is a link"):
+            await store.delete_session(sid)
+        assert (await store.get_session(sid)).id == sid  # nothing deleted
+        (shared / "samples").unlink()
+        (shared / "samples").mkdir()
+        (shared / "samples" / str(sid)).symlink_to(elsewhere / "1", target_is_directory=True)
+        with pytest.raises(KforgeError, match="is a link"):
+            store.samples_dir(sid)
+        with pytest.raises(KforgeError, match="is a link"):
+            await store.delete_session(sid)
+    assert (elsewhere / "1" / "keep.txt").read_text() == "mine"
+    assert sorted(p.name for p in elsewhere.rglob("*")) == ["1", "keep.txt"]

@@ -83,3 +83,69 @@ async def test_toasts_show_their_text_as_written(tmp_path: Path):
         assert [n.title for n in app._notifications][0] == "[b]kforge[/b]"
         assert not [n for n in app._notifications if n.markup]
         assert app.is_running
+
+
+async def test_the_palette_shows_stored_text_literally(tmp_path: Path):
+    """The sessions' palette entries quote their model paths: listed and matched, markup in them
+    is text (the palette's fuzzy highlight reads none either)."""
+    db = tmp_path / "k.db"
+    await make_db(db)
+    app = make_app(db)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, SessionsScreen)
+                    and app.screen.query_one(VimTable).row_count == 2, what="the sessions list")
+        await pilot.press("ctrl+p")
+        await until(pilot, lambda: "Open session 2" in screen_text(app), what="the palette")
+        assert "[@click=app.quit]net.py:build" in screen_text(app)
+        await pilot.press(*"open session")
+        await until(pilot, lambda: "[/final]" in screen_text(app), what="the palette's matches")
+        assert "\x1b" not in screen_text(app)
+        assert app.is_running
+
+
+async def make_session_db(db: Path) -> None:
+    """A session whose op name, node action and kernel carry markup and escapes."""
+    import sqlite3
+    from dataclasses import replace
+
+    async with await Store.open(db) as store:
+        cards = sample_cards()
+        cards[0] = replace(cards[0], op=f"aten.soft[/final]{ESCAPE}.default", key="")
+        sid = await store.create_profiled_session(f"m{ESCAPE}[/final].py:f", {},
+                                                  {"name": "g", "arch": "sm_90"}, cards)
+        card = (await store.list_cards(sid))[0]
+        node = await store.add_node(sid, card.id, None, "new")
+        await store.set_candidate(node, Candidate(f"// [/final]{ESCAPE}\n", plan={}, meta={}))
+        await store.finish_node(node, EvalOutcome(EvalStatus.COMPILE_ERROR, summary="s"), None)
+    with sqlite3.connect(db) as con:  # an action no kforge writes
+        con.execute("update nodes set action = ?", (f"new[@click=app.quit]{ESCAPE}",))
+
+
+async def test_the_session_screen_shows_stored_and_typed_text_literally(tmp_path: Path):
+    """The tree's op and node lines, a typed filter in a pane's title, the diff of a kernel and
+    a question quoting the model: markup shows as written, escapes never reach the screen."""
+    db = tmp_path / "k.db"
+    await make_session_db(db)
+    app = make_app(db)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, SessionsScreen)
+                    and app.screen.query_one(VimTable).row_count == 1, what="the sessions list")
+        await pilot.press("d")  # the delete question quotes the model
+        await until(pilot, lambda: "Delete session 1" in screen_text(app), what="the question")
+        assert "\x1b" not in screen_text(app) and "[/final].py:f" in screen_text(app)
+        await pilot.press("n")
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, SessionScreen)
+                    and app.screen.query_one(SearchTree).card is not None, what="the session")
+        await pilot.press("2", "j")
+        await until(pilot, lambda: "new[@click=app.quit]" in screen_text(app), what="the node")
+        assert "soft[/final]" in screen_text(app)
+        assert not [c for c in ("\x1b", "\x07", "\x9b") if c in screen_text(app)]
+        await pilot.press("d")
+        await until(pilot, lambda: "against its parent" in screen_text(app), what="the diff")
+        assert "// [/final]" in screen_text(app) and "\x1b" not in screen_text(app)
+        await pilot.press("escape", "1", "slash")
+        await pilot.pause(0.2)
+        await pilot.press(*"[/final]", "enter")
+        await until(pilot, lambda: 'filter "[/final]"' in screen_text(app), what="the filter")
+        assert app.is_running

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from kforge.core.settings import LlmSection, Price, redact
+from kforge.core.settings import LlmSection, Price, known_secrets, redact
 from kforge.errors import KforgeError
 
 # Sent as the key to servers that need none (vLLM, Ollama, llama.cpp): the SDK insists on one.
@@ -43,6 +43,9 @@ class LlmSettings:
     temperature: float | None = _DEFAULTS.temperature
     max_tokens: int = _DEFAULTS.max_tokens
     prices: dict[str, Price] = field(default_factory=dict)
+    # the other LLM secrets the config file and the environment hold (``known_secrets``): what
+    # the store redacts is redacted from what is sent too
+    other_secrets: tuple[str, ...] = field(default=(), repr=False)
 
     @property
     def openai_hosted(self) -> bool:
@@ -59,7 +62,7 @@ class LlmSettings:
         found = [self.api_key] if self.api_key and self.api_key != PLACEHOLDER_KEY else []
         if self.base_url and (password := urlsplit(self.base_url).password):
             found.append(password)
-        return found
+        return list(dict.fromkeys([*found, *self.other_secrets]))
 
     def redact(self, text: str) -> str:
         """``text`` with every secret replaced; applied to all text that is recorded, raised or
@@ -107,7 +110,7 @@ def load_llm_settings(section: LlmSection, env: Mapping[str, str], model: str | 
     return LlmSettings(model=model, base_url=base_url, api_key=api_key or PLACEHOLDER_KEY,
                        timeout_s=section.timeout_s, max_retries=section.max_retries,
                        temperature=section.temperature, max_tokens=section.max_tokens,
-                       prices=dict(section.prices))
+                       prices=dict(section.prices), other_secrets=known_secrets(section, env))
 
 
 def _first(*values: object) -> str | None:
