@@ -76,7 +76,7 @@ from kforge.eval.placement import Shifts, shifts_for
 from kforge.eval.poison import PoisonCycle
 from kforge.eval.precision import PrecisionReport, judge_precision, precision_reference
 from kforge.eval.stress import INDEX, card_family, exact_op
-from kforge.eval.timing import Subject, time_interleaved
+from kforge.eval.timing import WALL_ROUND, Subject, time_interleaved, timing_stage
 from kforge.runtime.guard import Patch
 from kforge.runtime.nvrtc import CompileResult
 from kforge.runtime.plan import (
@@ -446,17 +446,25 @@ class Evaluation:
             inputs = buffers[r % k]
             self.factory.refill(inputs, values_seed + 2 * r)
             inputs.take_snapshot()
-            memory[r] = self.calls.memory()
+            if r != WALL_ROUND:
+                memory[r] = self.calls.memory()
 
         def run_candidate(r: int) -> Any:
+            inputs = buffers[r % k]
             try:
-                return self.calls.run(buffers[r % k], memory[r])
+                if r == WALL_ROUND:
+                    # The wall-time calls run back to back after one prepare: each makes its own
+                    # memory as production's calls do, so a plan's zeroed scratch is zero at
+                    # every call (a ticket counter left by the call before sends blocks past
+                    # the end of their buffers).
+                    return self.calls.runner(inputs.args, inputs.kwargs)
+                return self.calls.run(inputs, memory[r])
             except Exception as exc:  # cuda.core refused a launch
                 raise self.launch_failed(exc, "timing") from None
 
         def after_candidate(r: int, result: Any) -> None:
             nonlocal timed
-            used = memory.pop(r)
+            used = memory.pop(r, None)
             if r < warmup:
                 return
             timed += 1
@@ -468,11 +476,20 @@ class Evaluation:
         def prepare_eager(r: int) -> None:
             self.factory.refill(buffers[r % k], values_seed + 2 * r + 1)
 
-        run = time_interleaved(
-            {"candidate": Subject(run_candidate, prepare_candidate, after_candidate, paces=False),
-             "eager": Subject(lambda r: op(*buffers[r % k].args, **buffers[r % k].kwargs),
-                              prepare_eager)},
-            self.runtime, self.settings.timing, self.chance)
+        try:
+            run = time_interleaved(
+                {"candidate": Subject(run_candidate, prepare_candidate, after_candidate,
+                                      paces=False),
+                 "eager": Subject(lambda r: op(*buffers[r % k].args, **buffers[r % k].kwargs),
+                                  prepare_eager)},
+                self.runtime, self.settings.timing, self.chance)
+        except Verdict:
+            raise
+        except Exception as exc:  # a fault surfacing where the loop waits for the GPU
+            if self.runtime.alive():
+                raise
+            raise Verdict(EvalStatus.CRASH, f"a kernel crashed during timing "
+                          f"({timing_stage(exc)}): {exc}", restart=True) from None
         self.wait("timing")
         work, out_dtypes = self.work(buffers[0])
         candidate, eager = run.timings["candidate"], run.timings["eager"]
