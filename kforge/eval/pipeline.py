@@ -31,7 +31,7 @@ import time
 import traceback
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -155,16 +155,16 @@ class CandidateCalls:
 
 @dataclass
 class TimedCheck:
-    """A timed call chosen for checking, as it was the moment it returned: copies queued right
-    after its stop event, before any later call, of what it returned, of its input buffers (and
-    their canaries) and of its fences, with the values it was given. Judged after timing; a
-    kernel that fills a kept result in on a later call is judged on what it had written."""
+    """A timed call chosen for checking, as it was the moment it returned: work queued right
+    after its stop event, before any later call, copying what it returned and its fences and
+    comparing its input buffers (and their canaries) with the values it was given. Judged after
+    timing; a kernel that fills a kept result in on a later call is judged on what it had
+    written. Nothing the size of the inputs is kept but the values given (an embedding's table
+    of gigabytes, kept for each of several checked calls, would not fit beside the sets)."""
 
     label: str
-    inputs: InputSet  # the values the call was given (the reference runs on these)
-    buffers: InputSet  # the input buffers it ran on (their geometry, for the canaries)
-    seen: list[torch.Tensor]  # those buffers right after the call
-    snapshot: list[torch.Tensor]  # and right before it
+    inputs: InputSet  # its input buffers, the values it was given as their snapshot
+    differences: list[tuple[torch.Tensor, torch.Tensor]]  # the buffers right after it, against those
     fences: Allocation
     observed: Observed
 
@@ -243,11 +243,10 @@ class Evaluation:
         inputs.restore(self.written)
         return observed
 
-    def check_inputs(self, inputs: InputSet, what: str, seen: list[torch.Tensor] | None = None,
-                     snapshot: list[torch.Tensor] | None = None) -> None:
-        """The inputs (or ``seen``, copies of them taken right after a call) against their
-        snapshot (or ``snapshot``, taken before that call)."""
-        if changed := inputs.changed(set(self.written), seen, snapshot):
+    def check_inputs(self, inputs: InputSet, what: str,
+                     differences: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> None:
+        """The inputs against their snapshot (or ``differences``, taken right after a call)."""
+        if changed := inputs.changed(set(self.written), differences):
             inside = [c for c in changed if not c.startswith("the memory around")]
             if inside:
                 raise Verdict(EvalStatus.CHEAT, f"{what}: the candidate modified its inputs "
@@ -509,18 +508,18 @@ class Evaluation:
         """Copies of timed call ``r`` as it returned, queued on the stream right behind it (the
         stream may be held: nothing here waits for the GPU)."""
         label = f"timed call {r}"
-        values = inputs.fresh_copy(label)
-        values.take_snapshot()  # the reference runs on a copy of these
-        seen = [b.base.clone() for b in inputs.buffers]
+        # The snapshot taken before the call: the next call's prepare takes a new one.
+        given = replace(inputs, label=label, snapshot=inputs.snapshot)
+        differences = inputs.differences()
         fences = used
         if isinstance(used, FencedAllocation):
-            fences = FencedAllocation(used.outputs, used.scratch, used.fences.copy(), used.labels)
+            fences = FencedAllocation([], [], used.fences.copy(), used.labels)
         observed = observe(result, inputs, self.written, candidate=True)
         observed.tensors[:] = [t.clone() for t in observed.tensors]
-        return TimedCheck(label, values, inputs, seen, inputs.snapshot, fences, observed)
+        return TimedCheck(label, given, differences, fences, observed)
 
     def judge_timed_call(self, check: TimedCheck) -> None:
-        self.check_inputs(check.buffers, check.label, check.seen, check.snapshot)
+        self.check_inputs(check.inputs, check.label, check.differences)
         self.check_fences(check.fences, check.label)
         try:
             self.judge(check.observed, self.reference(check.inputs), check.inputs, check.label)

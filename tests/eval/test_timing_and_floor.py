@@ -296,3 +296,26 @@ def test_the_wall_time_calls_follow_one_prepare():
     plan = TimingPlan(warmup=1, min_reps=2, max_reps=2, budget_s=0.0, wall_calls=5)
     time_interleaved({"a": Subject(ran.append, prepared.append)}, CpuRuntime(), plan)
     assert prepared.count(WALL_ROUND) == 1 and ran.count(WALL_ROUND) == 5
+
+
+def test_a_checked_timed_call_keeps_no_copy_of_its_inputs(tmp_path, monkeypatch):
+    """A checked timed call keeps the values it was given and what it returned: no copy of its
+    input buffers (an embedding's table can take gigabytes), nor of its outputs' memory beside
+    the returned values' own copies."""
+    from kforge.eval import pipeline
+
+    kept: list = []
+    keep = pipeline.Evaluation.keep_timed_call
+    monkeypatch.setattr(pipeline.Evaluation, "keep_timed_call",
+                        lambda self, *a: kept.append(keep(self, *a)) or kept[-1])
+    control = next(c for c in R.CONTROLS if c.name == "embedding")
+    outcome = evaluate(control.card(), control.candidate("cpu"), sample=control.sample,
+                       samples_dir=tmp_path)
+    assert outcome.ok, outcome.summary
+    assert kept
+    for check in kept:
+        assert all(flag.numel() == 1 for pair in check.differences for flag in pair)
+        assert all(f.raw.numel() <= 2048 for f in check.fences.fences.fences)
+        assert not check.fences.outputs and not check.fences.scratch
+        assert [s.numel() for s in check.inputs.snapshot] == [b.base.numel()
+                                                             for b in check.inputs.buffers]
