@@ -25,6 +25,10 @@ Shapes come from the models' published configurations:
   [B, C, H*W] activation read as [B, H*W, C] (SD 1.5 at 768x768: 320 channels at 96x96 / 4),
   decode-step embeddings (one token), rotary ``cos`` and ``cat``, and whole-tensor reductions.
 
+Each card is measured in a child process (``--in-process``: all in this one): a kernel that
+faults kills only its child's CUDA context, the card's line names the kernel, its point and the
+check it faulted in, and a new child goes on with the next card.
+
 Run on a GPU machine from the repository root (a few minutes on an H200):
     python3 bench/bench_library.py [--refine 3] [--only softmax] [--no-compile]
 """
@@ -32,9 +36,14 @@ Run on a GPU machine from the repository root (a few minutes on an H200):
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import queue
+import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -155,8 +164,15 @@ class Tried:
     lineage: list[NodeView]
 
 
-def search(card: OpCard, proposer: LibraryProposer, gpu, refine: int, settings: EvalSettings) -> list[Tried]:
-    """Every variant at its default point, then REFINE steps from the best so far."""
+class Crashed(Exception):
+    """An evaluation left this process's GPU context dead (or unfit): nothing more can run here."""
+
+
+def search(card: OpCard, proposer: LibraryProposer, gpu, refine: int, settings: EvalSettings,
+           emit: Callable[[dict], None] = lambda event: None) -> list[Tried]:
+    """Every variant at its default point, then REFINE steps from the best so far. ``emit`` is
+    told of each candidate before it is evaluated and of its outcome after; Crashed once an
+    outcome says the process is unfit for another."""
     done: list[Tried] = []
 
     def step(action: Action, parent: Tried | None) -> bool:
@@ -168,7 +184,15 @@ def search(card: OpCard, proposer: LibraryProposer, gpu, refine: int, settings: 
         if not proposal.candidates:
             return False
         candidate = proposal.candidates[0]
+        named = {"approach": candidate.meta["approach"], "params": candidate.meta.get("params", {})}
+        emit({"kind": "evaluating", **named})
         outcome = evaluate_local(card, candidate, settings=settings)
+        timing, eager = outcome.timing, outcome.eager
+        emit({"kind": "tried", **named, "status": outcome.status.value, "summary": outcome.summary,
+              "median_us": timing.median_us if timing else None,
+              "eager_us": eager.median_us if eager else None})
+        if outcome.restart:
+            raise Crashed(outcome.summary)
         view = NodeView(len(done) + 1, action, candidate, outcome)
         done.append(Tried(candidate, outcome, view, (parent.lineage if parent else []) + [view]))
         return True
@@ -186,6 +210,191 @@ def fmt(value: float | None, spec: str = ".1f", suffix: str = "") -> str:
     return "-" if value is None else f"{value:{spec}}{suffix}"
 
 
+def selected(only: str) -> list[int]:
+    """Indices in ``model_cards()`` of the cards whose op or model contains ``only``."""
+    return [i for i, (model, c) in enumerate(model_cards())
+            if not only or only in c.op or only in model]
+
+
+def run_cards(indices: list[int], refine: int, compile_baseline: bool,
+              emit: Callable[[dict], None]) -> int:
+    """Measure the cards at ``indices`` in this process, telling ``emit`` of every step
+    (``Table.take`` reads the events). 3 once an evaluation left the GPU context unfit."""
+    try:
+        gpu = device_context(0).gpu
+    except KforgeError as exc:
+        emit({"kind": "fatal", "error": str(exc)})
+        return 1
+    emit({"kind": "gpu", "label": gpu.label, "sm_count": gpu.sm_count,
+          "bandwidth_gbs": gpu.bandwidth_gbs})
+    proposer = LibraryProposer(gpu)
+    settings = EvalSettings(compile_baseline=compile_baseline)
+    cards = model_cards()
+    for i in indices:
+        model, c = cards[i]
+        emit({"kind": "card", "card": i})
+        if not supports(c):
+            emit({"kind": "skip", "reason": supports(c).reason})
+            continue
+        try:
+            base = baseline_local(c, settings=settings)
+        except KforgeError as exc:
+            emit({"kind": "skip", "reason": str(exc)})
+            continue
+        except Exception as exc:  # a context poisoned before, or eager's own fault
+            emit({"kind": "skip", "reason": f"baseline failed: {type(exc).__name__}: {exc}"})
+            if not device_context(0).runtime.alive():
+                return 3
+            continue
+        emit({"kind": "baseline", "eager_us": base.eager.median_us,
+              "compiled_us": base.compiled.median_us if base.compiled else None,
+              "floor_us": base.floor_us})
+        try:
+            search(c, proposer, gpu, refine, settings, emit)
+        except Crashed:
+            emit({"kind": "done"})
+            return 3
+        emit({"kind": "done"})
+    return 0
+
+
+class Table:
+    """The rows of the tables, built from ``run_cards``' events (in this process or a child's)."""
+
+    def __init__(self, show_tried: bool) -> None:
+        self.show_tried = show_tried
+        self.cards = model_cards()
+        self.rows: list[tuple] = []
+        self.card: int | None = None  # the card being measured
+        self.base: dict | None = None
+        self.tried: list[dict] = []
+        self.evaluating: dict | None = None  # a candidate sent and not yet answered
+        self.finished: set[int] = set()
+        self.fatal = False  # no GPU to measure on
+        self.started = time.perf_counter()
+
+    def take(self, event: dict) -> None:
+        kind = event["kind"]
+        if kind == "gpu":
+            print(f"# {event['label']}, {event['sm_count']} SMs, copy bandwidth "
+                  f"{fmt(event['bandwidth_gbs'], '.0f')} GB/s", file=sys.stderr)
+        elif kind == "fatal":
+            print(f"bench_library: {event['error']}", file=sys.stderr)
+            self.fatal = True
+        elif kind == "card":
+            self.card, self.base, self.tried, self.evaluating = event["card"], None, [], None
+        elif kind == "skip":
+            print(f"skip {self.label()}: {event['reason']}", file=sys.stderr)
+            self.finished.add(self.card)
+        elif kind == "baseline":
+            self.base = event
+        elif kind == "evaluating":
+            self.evaluating = event
+        elif kind == "tried":
+            self.evaluating = None
+            self.tried.append(event)
+            if self.show_tried:
+                print(f"  {event['approach']} {event['params']}: {event['status']}, "
+                      f"{fmt(event['median_us'])} us (eager in its run {fmt(event['eager_us'])} us)",
+                      file=sys.stderr)
+        elif kind == "done":
+            self.finish()
+
+    def lost(self, why: str, status: str = "crash") -> None:
+        """The process measuring the current card ended without finishing it (``why``): the
+        candidate in flight, if any, is that card's last, with ``status`` and the reason."""
+        if self.card is None or self.card in self.finished:
+            return
+        if self.evaluating is not None:
+            self.tried.append({**self.evaluating, "status": status, "summary": why,
+                               "median_us": None, "eager_us": None})
+            self.evaluating = None
+        if self.base is None:
+            print(f"skip {self.label()}: {why}", file=sys.stderr)
+            self.finished.add(self.card)
+            return
+        self.finish()
+
+    def label(self) -> str:
+        model, c = self.cards[self.card]
+        return f"{model} {c.short_op} {c.signature}"
+
+    def finish(self) -> None:
+        model, c = self.cards[self.card]
+        base = self.base
+        ok = [t for t in self.tried if t["status"] == "ok" and t["median_us"]]
+        best = min(ok, key=lambda t: t["median_us"]) if ok else None
+        best_us = best["median_us"] if best else None
+        failed = [f"{t['approach']}: {t['status']}" for t in self.tried if t["status"] != "ok"]
+        eager, compiled, floor = base["eager_us"], base["compiled_us"], base["floor_us"]
+        self.rows.append((model, supports(c).family, c.short_op, c.signature[:60], eager, compiled,
+                          best_us, best["approach"] if best else "-",
+                          eager / best_us if best_us else None,
+                          compiled / best_us if best_us and compiled else None,
+                          100 * floor / best_us if best_us and floor else None, len(self.tried)))
+        print(f"{self.label()}: eager {eager:.1f} us, best {fmt(best_us)} us "
+              f"({len(self.tried)} tried{'; failed ' + ', '.join(failed) if failed else ''}) "
+              f"[{time.perf_counter() - self.started:.0f} s]", file=sys.stderr)
+        for t in self.tried:  # what faulted, and where: the kernel, its point and the check
+            if t["status"] in ("crash", "timeout", "launch_error"):
+                print(f"  {t['status']}: {t['approach']} {t['params']}: {t['summary']}",
+                      file=sys.stderr)
+        self.finished.add(self.card)
+
+
+EVENT = "kforge-bench-event "  # a child's stdout line carrying one event, as JSON
+
+
+def child_command(left: list[int], args: argparse.Namespace) -> list[str]:
+    command = [sys.executable, str(Path(__file__).resolve()), "--child",
+               ",".join(map(str, left)), "--refine", str(args.refine)]
+    return command + (["--no-compile"] if args.no_compile else [])
+
+
+def run_isolated(indices: list[int], args: argparse.Namespace, table: Table,
+                 command: Callable[[list[int], argparse.Namespace], list[str]] = child_command
+                 ) -> None:
+    """The cards in child processes (``command(cards left, args)``), one after another: a child
+    that crashes (a kernel fault kills its CUDA context) or stops answering for ``args.timeout``
+    seconds ends only the card it was on; the next child goes on from the card after it."""
+    left = list(indices)
+    while left:
+        child = subprocess.Popen(command(left, args), stdout=subprocess.PIPE, text=True,
+                                 bufsize=1)
+        lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=lambda: [*map(lines.put, child.stdout), lines.put(None)],
+                         daemon=True).start()
+        why, status = None, "crash"
+        while True:
+            try:
+                line = lines.get(timeout=args.timeout)
+            except queue.Empty:
+                child.kill()
+                why = f"no answer within {args.timeout:.0f} s (a hang?): the child was killed"
+                status = "timeout"
+                break
+            if line is None:
+                break
+            if line.startswith(EVENT):
+                table.take(json.loads(line[len(EVENT):]))
+            else:
+                print(line, end="", file=sys.stderr)
+        code = child.wait()
+        if table.fatal:
+            return
+        if why is None and code not in (0, 3):
+            why = f"the process died with code {code}"
+        if why is None and code == 3:
+            why = "the evaluation left the GPU context unfit (a kernel fault)"
+        if why is not None:
+            table.lost(why, status)
+        before, left = len(left), [i for i in left if i not in table.finished]
+        if left and len(left) == before:  # a child that cannot even start: no use trying again
+            print(f"bench_library: the child process ended before measuring a card "
+                  f"({why or f'code {code}'}); {len(left)} cards left unmeasured", file=sys.stderr)
+            return
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--refine", type=int, default=3, help="REFINE steps after the NEW ones")
@@ -193,53 +402,31 @@ def main() -> int:
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     parser.add_argument("--show-tried", action="store_true",
                         help="print every candidate tried: variant, parameters, verdict, time")
+    parser.add_argument("--in-process", action="store_true",
+                        help="evaluate in this process (a kernel fault ends the whole run)")
+    parser.add_argument("--timeout", type=float, default=900.0,
+                        help="seconds a child may go without news before it is killed")
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # card indices, for run_isolated
     args = parser.parse_args()
 
-    try:
-        gpu = device_context(0).gpu
-    except KforgeError as exc:
-        print(f"bench_library: {exc}", file=sys.stderr)
+    if args.child is not None:
+        def emit(event: dict) -> None:
+            print(EVENT + json.dumps(event), flush=True)
+
+        return run_cards([int(i) for i in args.child.split(",") if i], args.refine,
+                         not args.no_compile, emit)
+
+    table = Table(args.show_tried)
+    indices = selected(args.only)
+    if args.in_process:
+        if run_cards(indices, args.refine, not args.no_compile, table.take) == 3:
+            table.lost("the GPU context died: the run ends here (without --in-process each card "
+                       "runs in a child process)")
+    else:
+        run_isolated(indices, args, table)
+    if table.fatal:
         return 1
-    print(f"# {gpu.label}, {gpu.sm_count} SMs, copy bandwidth {fmt(gpu.bandwidth_gbs, '.0f')} GB/s",
-          file=sys.stderr)
-    proposer = LibraryProposer(gpu)
-    settings = EvalSettings(compile_baseline=not args.no_compile)
-    rows = []
-    started = time.perf_counter()
-    for model, c in model_cards():
-        if args.only and args.only not in c.op and args.only not in model:
-            continue
-        label = f"{model} {c.short_op} {c.signature}"
-        if not supports(c):
-            print(f"skip {label}: {supports(c).reason}", file=sys.stderr)
-            continue
-        try:
-            base = baseline_local(c, settings=settings)
-        except KforgeError as exc:
-            print(f"skip {label}: {exc}", file=sys.stderr)
-            continue
-        tried = search(c, proposer, gpu, args.refine, settings)
-        ok = [d for d in tried if d.outcome.ok and d.outcome.timing]
-        best = min(ok, key=lambda d: d.outcome.timing.median_us) if ok else None
-        failed = [f"{d.candidate.meta['approach']}: {d.outcome.status.value}" for d in tried if not d.outcome.ok]
-        best_us = best.outcome.timing.median_us if best else None
-        rows.append((model, supports(c).family, c.short_op, c.signature[:60], base.eager.median_us,
-                     base.compiled.median_us if base.compiled else None, best_us,
-                     best.candidate.meta["approach"] if best else "-",
-                     base.eager.median_us / best_us if best_us else None,
-                     base.compiled.median_us / best_us if best_us and base.compiled else None,
-                     100 * base.floor_us / best_us if best_us and base.floor_us else None,
-                     len(tried)))
-        if args.show_tried:
-            for d in tried:
-                timing = d.outcome.timing
-                print(f"  {d.candidate.meta['approach']} {d.candidate.meta.get('params', '')}: "
-                      f"{d.outcome.status.value}, {fmt(timing.median_us if timing else None)} us "
-                      f"(eager in its run {fmt(d.outcome.eager.median_us if d.outcome.eager else None)}"
-                      f" us)", file=sys.stderr)
-        print(f"{label}: eager {base.eager.median_us:.1f} us, best {fmt(best_us)} us "
-              f"({len(tried)} tried{'; failed ' + ', '.join(failed) if failed else ''}) "
-              f"[{time.perf_counter() - started:.0f} s]", file=sys.stderr)
+    rows = table.rows
 
     header = ("model", "op", "args", "eager us", "compile us", "best us", "variant", "x eager",
               "x compile", "% floor", "tried")
@@ -252,7 +439,7 @@ def main() -> int:
     wins = sum(1 for r in rows if r[8] and r[8] > 1.0)
     floor = sum(1 for r in rows if r[10] and r[10] >= 85)
     print(f"\n{wins} of {len(rows)} cards beat eager, {floor} reach 85% of the copy floor; "
-          f"{time.perf_counter() - started:.0f} s in all.")
+          f"{time.perf_counter() - table.started:.0f} s in all.")
     return 0
 
 

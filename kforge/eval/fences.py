@@ -54,9 +54,11 @@ class Fences:
             raw.untyped_storage(), start // itemsize, shape, stride)
 
     def copy(self) -> Fences:
-        """These fences as they are now (queued copies), to be judged later."""
+        """These fences as they are now (queued copies of their bytes alone, not of the buffers
+        between them), to be judged later."""
         copied = Fences(self.shift)
-        copied.fences = [Fence(f.raw.clone(), f.start, f.span) for f in self.fences]
+        copied.fences = [Fence(torch.cat([f.raw[:f.start], f.raw[f.start + f.span:]]), f.start, 0)
+                         for f in self.fences]
         return copied
 
     def broken(self) -> list[int]:

@@ -334,23 +334,33 @@ class InputSet:
         for i in range(len(self.buffers)) if indices is None else indices:
             self.buffers[i].base.copy_(self.snapshot[i])
 
-    def changed(self, written: set[int], seen: list[torch.Tensor] | None = None,
-                snapshot: list[torch.Tensor] | None = None) -> list[str]:
+    def differences(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per buffer, whether its memory around the view and whether the view's elements
+        differ from the snapshot, byte for byte (so NaN equals the same NaN and -0.0 differs from
+        0.0): two 0-d bool tensors, queued on the device without waiting for it, so a call's
+        integrity can be taken right after it while the stream is held and read later."""
+        found = []
+        for buf, snap in zip(self.buffers, self.snapshot):
+            start = (buf.view.data_ptr() - buf.base.data_ptr()) // buf.base.element_size()
+            end = start + buf.geometry.span
+            found.append((differs_in(buf.base, snap, 0, start) | differs_in(buf.base, snap, end),
+                          differs_in(buf.base, snap, start, end)))
+        return found
+
+    def changed(self, written: set[int],
+                differences: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> list[str]:
         """What differs from the snapshot, one line per tensor. For the tensors in ``written``
-        (arguments the op writes) only the canaries around the view count. ``seen`` and
-        ``snapshot``: copies of the buffers taken right after a call and the snapshot taken
-        before it, to judge that call later; by default the buffers and snapshot now."""
-        seen = [b.base for b in self.buffers] if seen is None else seen
-        snapshot = self.snapshot if snapshot is None else snapshot
+        (arguments the op writes) only the memory around the view counts. ``differences``: as
+        ``differences()`` gave them right after a call, to judge that call later; by default the
+        buffers against the snapshot now."""
+        differences = self.differences() if differences is None else differences
+        flags = torch.stack([torch.stack(pair) for pair in differences]).tolist() \
+            if differences else []
         problems = []
-        for i, (buf, now, snap) in enumerate(zip(self.buffers, seen, snapshot)):
-            if i not in written and torch.equal(as_bytes(now), as_bytes(snap)):
-                continue
-            differs = elements_differ(now, snap)
-            inside = buf.view_mask()
-            if bool((differs & ~inside).any()):
+        for i, (around, inside) in enumerate(flags):
+            if around:
                 problems.append(f"the memory around tensor argument {i}")
-            elif i not in written and bool(differs.any()):
+            elif inside and i not in written:
                 problems.append(f"tensor argument {i}")
         return problems
 
@@ -386,6 +396,26 @@ def unravel(flat: torch.Tensor, shape: tuple[int, ...]) -> tuple[torch.Tensor, .
 
 def as_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8)
+
+
+# Elements compared per step by ``differs_in``: a huge table (an embedding's) is compared without
+# a temporary the size of its own.
+COMPARE_CHUNK = 1 << 26
+_SAME_SIZE_INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def differs_in(a: torch.Tensor, b: torch.Tensor, start: int = 0, end: int | None = None
+               ) -> torch.Tensor:
+    """Whether two 1-D tensors of one dtype differ anywhere in ``[start, end)``, byte for byte:
+    a 0-d bool tensor, computed on their device without waiting for it."""
+    end = a.numel() if end is None else min(end, a.numel())
+    found = torch.zeros((), dtype=torch.bool, device=a.device)
+    as_int = _SAME_SIZE_INTS.get(a.element_size())
+    for at in range(start, end, COMPARE_CHUNK):
+        x, y = a[at:min(end, at + COMPARE_CHUNK)], b[at:min(end, at + COMPARE_CHUNK)]
+        step = (x.view(as_int) != y.view(as_int)) if as_int else elements_differ(x, y)
+        found |= step.any()
+    return found
 
 
 def elements_differ(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -31,7 +31,7 @@ import time
 import traceback
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -76,7 +76,7 @@ from kforge.eval.placement import Shifts, shifts_for
 from kforge.eval.poison import PoisonCycle
 from kforge.eval.precision import PrecisionReport, judge_precision, precision_reference
 from kforge.eval.stress import INDEX, card_family, exact_op
-from kforge.eval.timing import Subject, time_interleaved
+from kforge.eval.timing import WALL_ROUND, Subject, time_interleaved, timing_stage
 from kforge.runtime.guard import Patch
 from kforge.runtime.nvrtc import CompileResult
 from kforge.runtime.plan import (
@@ -155,16 +155,16 @@ class CandidateCalls:
 
 @dataclass
 class TimedCheck:
-    """A timed call chosen for checking, as it was the moment it returned: copies queued right
-    after its stop event, before any later call, of what it returned, of its input buffers (and
-    their canaries) and of its fences, with the values it was given. Judged after timing; a
-    kernel that fills a kept result in on a later call is judged on what it had written."""
+    """A timed call chosen for checking, as it was the moment it returned: work queued right
+    after its stop event, before any later call, copying what it returned and its fences and
+    comparing its input buffers (and their canaries) with the values it was given. Judged after
+    timing; a kernel that fills a kept result in on a later call is judged on what it had
+    written. Nothing the size of the inputs is kept but the values given (an embedding's table
+    of gigabytes, kept for each of several checked calls, would not fit beside the sets)."""
 
     label: str
-    inputs: InputSet  # the values the call was given (the reference runs on these)
-    buffers: InputSet  # the input buffers it ran on (their geometry, for the canaries)
-    seen: list[torch.Tensor]  # those buffers right after the call
-    snapshot: list[torch.Tensor]  # and right before it
+    inputs: InputSet  # its input buffers, the values it was given as their snapshot
+    differences: list[tuple[torch.Tensor, torch.Tensor]]  # the buffers right after it, against those
     fences: Allocation
     observed: Observed
 
@@ -243,11 +243,10 @@ class Evaluation:
         inputs.restore(self.written)
         return observed
 
-    def check_inputs(self, inputs: InputSet, what: str, seen: list[torch.Tensor] | None = None,
-                     snapshot: list[torch.Tensor] | None = None) -> None:
-        """The inputs (or ``seen``, copies of them taken right after a call) against their
-        snapshot (or ``snapshot``, taken before that call)."""
-        if changed := inputs.changed(set(self.written), seen, snapshot):
+    def check_inputs(self, inputs: InputSet, what: str,
+                     differences: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> None:
+        """The inputs against their snapshot (or ``differences``, taken right after a call)."""
+        if changed := inputs.changed(set(self.written), differences):
             inside = [c for c in changed if not c.startswith("the memory around")]
             if inside:
                 raise Verdict(EvalStatus.CHEAT, f"{what}: the candidate modified its inputs "
@@ -446,17 +445,25 @@ class Evaluation:
             inputs = buffers[r % k]
             self.factory.refill(inputs, values_seed + 2 * r)
             inputs.take_snapshot()
-            memory[r] = self.calls.memory()
+            if r != WALL_ROUND:
+                memory[r] = self.calls.memory()
 
         def run_candidate(r: int) -> Any:
+            inputs = buffers[r % k]
             try:
-                return self.calls.run(buffers[r % k], memory[r])
+                if r == WALL_ROUND:
+                    # The wall-time calls run back to back after one prepare: each makes its own
+                    # memory as production's calls do, so a plan's zeroed scratch is zero at
+                    # every call (a ticket counter left by the call before sends blocks past
+                    # the end of their buffers).
+                    return self.calls.runner(inputs.args, inputs.kwargs)
+                return self.calls.run(inputs, memory[r])
             except Exception as exc:  # cuda.core refused a launch
                 raise self.launch_failed(exc, "timing") from None
 
         def after_candidate(r: int, result: Any) -> None:
             nonlocal timed
-            used = memory.pop(r)
+            used = memory.pop(r, None)
             if r < warmup:
                 return
             timed += 1
@@ -468,11 +475,20 @@ class Evaluation:
         def prepare_eager(r: int) -> None:
             self.factory.refill(buffers[r % k], values_seed + 2 * r + 1)
 
-        run = time_interleaved(
-            {"candidate": Subject(run_candidate, prepare_candidate, after_candidate, paces=False),
-             "eager": Subject(lambda r: op(*buffers[r % k].args, **buffers[r % k].kwargs),
-                              prepare_eager)},
-            self.runtime, self.settings.timing, self.chance)
+        try:
+            run = time_interleaved(
+                {"candidate": Subject(run_candidate, prepare_candidate, after_candidate,
+                                      paces=False),
+                 "eager": Subject(lambda r: op(*buffers[r % k].args, **buffers[r % k].kwargs),
+                                  prepare_eager)},
+                self.runtime, self.settings.timing, self.chance)
+        except Verdict:
+            raise
+        except Exception as exc:  # a fault surfacing where the loop waits for the GPU
+            if self.runtime.alive():
+                raise
+            raise Verdict(EvalStatus.CRASH, f"a kernel crashed during timing "
+                          f"({timing_stage(exc)}): {exc}", restart=True) from None
         self.wait("timing")
         work, out_dtypes = self.work(buffers[0])
         candidate, eager = run.timings["candidate"], run.timings["eager"]
@@ -492,18 +508,18 @@ class Evaluation:
         """Copies of timed call ``r`` as it returned, queued on the stream right behind it (the
         stream may be held: nothing here waits for the GPU)."""
         label = f"timed call {r}"
-        values = inputs.fresh_copy(label)
-        values.take_snapshot()  # the reference runs on a copy of these
-        seen = [b.base.clone() for b in inputs.buffers]
+        # The snapshot taken before the call: the next call's prepare takes a new one.
+        given = replace(inputs, label=label, snapshot=inputs.snapshot)
+        differences = inputs.differences()
         fences = used
         if isinstance(used, FencedAllocation):
-            fences = FencedAllocation(used.outputs, used.scratch, used.fences.copy(), used.labels)
+            fences = FencedAllocation([], [], used.fences.copy(), used.labels)
         observed = observe(result, inputs, self.written, candidate=True)
         observed.tensors[:] = [t.clone() for t in observed.tensors]
-        return TimedCheck(label, values, inputs, seen, inputs.snapshot, fences, observed)
+        return TimedCheck(label, given, differences, fences, observed)
 
     def judge_timed_call(self, check: TimedCheck) -> None:
-        self.check_inputs(check.buffers, check.label, check.seen, check.snapshot)
+        self.check_inputs(check.inputs, check.label, check.differences)
         self.check_fences(check.fences, check.label)
         try:
             self.judge(check.observed, self.reference(check.inputs), check.inputs, check.label)

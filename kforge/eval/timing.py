@@ -19,7 +19,10 @@ random within a quarter below that, before any timed call. A subject may prepare
 input values, fresh outputs) and look at its result afterwards, both outside the timed window;
 ``after`` may only queue GPU work (copies), since the stream is held while it runs. The results
 of a round stay alive until the next round ends, so no call finds another's output in a recycled
-buffer.
+buffer. The wall-time calls follow one ``prepare(WALL_ROUND)``: a subject whose call needs state
+made afresh each time (a launch plan's zeroed scratch) makes it inside ``run``. An error raised
+inside the loop carries the stage it surfaced in (``timing_stage``): a kernel fault shows at the
+next wait for the GPU, so the stage says which calls were in flight.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ from kforge.eval.device import Runtime
 
 # The round of the wall-time calls: below every plan's warm-up, so never a checked round.
 WALL_ROUND = -1
+# The note an error raised inside the timing loop carries, ahead of the stage's description.
+STAGE_NOTE = "kforge timing stage: "
 # The hold gives up after this many times the host's expected time to queue its batch...
 HOLD_MARGIN = 8.0
 # ...within these bounds (seconds): long enough for a slow host, short enough that a call that
@@ -101,6 +106,7 @@ class _Loop:
         self.plan = plan
         self.samples: dict[str, list[float]] = {name: [] for name in self.names}
         self.host: dict[str, list[float]] = {name: [] for name in self.names}
+        self.stage = "start"  # what the loop is doing, for the note on an error
 
     def call(self, name: str, r: int, timed: bool, pending: list | None = None) -> Any:
         subject = self.named[name]
@@ -127,6 +133,7 @@ class _Loop:
         queued = 0.0
         for r in range(self.plan.warmup):
             for name in self.names:
+                self.stage = f"warm-up round {r}, {name}"
                 self.runtime.sync()
                 start = time.perf_counter()
                 self.call(name, r, timed=False)
@@ -143,6 +150,8 @@ class _Loop:
         """Time ``rounds`` (held, or not); False where the hold gave up before its release."""
         pending: list[tuple[str, Any, float]] = []
         last: dict[str, tuple[int, Any]] = {}
+        self.stage = (f"timed rounds {rounds[0]}..{rounds[-1]}" if rounds else "timed rounds") + (
+            " behind a hold" if held else "")
         if held:
             low, high = HOLD_TIMEOUT_S
             self.runtime.hold(min(high, max(low, HOLD_MARGIN * queue_s * len(rounds))))
@@ -167,10 +176,11 @@ class _Loop:
     def wall(self, name: str) -> float:
         """Time per call of ``plan.wall_calls`` calls issued back to back, one sync."""
         subject = self.named[name]
+        calls = max(1, self.plan.wall_calls)
+        self.stage = f"{calls} wall-time calls of {name} back to back"
         if subject.prepare is not None:
             subject.prepare(WALL_ROUND)
         self.runtime.sync()
-        calls = max(1, self.plan.wall_calls)
         start = time.perf_counter()
         result = None
         for _ in range(calls):
@@ -190,6 +200,20 @@ def time_interleaved(subjects: dict[str, Subject | Callable[[int], Any]], runtim
     named = {name: s if isinstance(s, Subject) else Subject(s) for name, s in subjects.items()}
     chance = chance or random.Random(random.SystemRandom().getrandbits(64))
     loop = _Loop(named, runtime, plan)
+    try:
+        return _time(loop, plan, chance)
+    except Exception as exc:
+        exc.add_note(STAGE_NOTE + loop.stage)
+        raise
+
+
+def timing_stage(exc: BaseException) -> str:
+    """The stage of the timing loop ``exc`` surfaced in, or "timing" where it carries none."""
+    notes = [n for n in getattr(exc, "__notes__", ()) if n.startswith(STAGE_NOTE)]
+    return notes[-1].removeprefix(STAGE_NOTE) if notes else "timing"
+
+
+def _time(loop: _Loop, plan: TimingPlan, chance: random.Random) -> TimedRun:
     round_s, queue_s = loop.warmup()
     reps = drawn_reps(round_s, plan, chance)
     todo = list(range(plan.warmup, plan.warmup + reps))  # decided before any timed call

@@ -184,6 +184,30 @@ def softmax(dtype: str = "float32") -> Candidate:
                      meta={"family": "reference", "approach": "block per row"})
 
 
+
+# Softmax whose blocks take their rows from a ticket counter in zeroed scratch, in the order they
+# start (as the library's chained group norm takes its groups): the plan promises the counter is
+# zero at every call, and a counter left from an earlier call sends blocks past the last row.
+SOFTMAX_TICKETED = SOFTMAX_BODY.replace("softmax_row(const T* __restrict__ x, T* __restrict__ y, int cols) {",
+                                        "softmax_row(const T* __restrict__ x, T* __restrict__ y, int cols, long long r) {") \
+    .replace("(long long)blockIdx.x * cols", "r * cols") + r"""
+extern "C" __global__ void softmax_ticketed(const float* x, float* y, unsigned* tickets, int cols) {
+    __shared__ unsigned ticket;
+    if (threadIdx.x == 0) ticket = atomicAdd(tickets, 1u);
+    __syncthreads();
+    softmax_row<float>(x, y, cols, ticket);
+}
+"""
+
+
+def softmax_ticketed() -> Candidate:
+    """An honest softmax relying on its plan's zeroed scratch at every call."""
+    plan = softmax_plan("softmax_ticketed", params=[{"ptr": "self"}, {"ptr": "out"},
+                                                    {"ptr": "tickets"}, {"i32": "cols"}])
+    plan["scratch"] = [{"name": "tickets", "bytes": 4, "zero": True}]
+    return Candidate(CONVERT + REDUCE + SOFTMAX_TICKETED, plan=plan,
+                     meta={"family": "reference", "approach": "rows by ticket"})
+
 # Softmax with the row staged in dynamic shared memory: large rows need more than 48 KiB.
 SOFTMAX_SMEM = r"""
 extern "C" __global__ void softmax_smem(const float* __restrict__ x, float* __restrict__ y, int cols) {

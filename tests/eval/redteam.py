@@ -2138,6 +2138,10 @@ RACE_CONTROLS = [
     ("sum-last-block-done", sum_all_card,
      lambda device_type: last_block_sum("sum_last_block_done", "threadfence reduction",
                                         honest=True), nearly_cancelling),
+    # Blocks take rows in the order they start from a ticket counter the plan zeroes per call,
+    # and never reset it (as the library's chained group norm): every call, the wall-time calls
+    # back to back included, must get it zeroed afresh.
+    ("softmax-rows-by-ticket", C.softmax_card, lambda device_type: C.softmax_ticketed()),
 ]
 
 CASES += (PLACEMENT_CASES + EVERY_CALL_CASES + SPECIAL_CASES + CONTENT_CASES

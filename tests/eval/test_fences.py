@@ -44,3 +44,13 @@ def test_an_empty_buffer_is_fenced_too():
     fences = Fences()
     t = fences.empty((0, 3), (3, 1), dtype=torch.float32, device=torch.device("cpu"))
     assert t.numel() == 0 and fences.broken() == []
+
+
+def test_a_copy_keeps_the_fence_bytes_alone_as_they_were():
+    fences = Fences(16)
+    out = fences.empty((1000,), (1,), dtype=torch.float32, device=torch.device("cpu"))
+    out.as_strided((1001,), (1,)).fill_(2.0)  # one element past the end
+    copied = fences.copy()
+    assert all(f.raw.numel() == fences.fences[0].raw.numel() - 4000 for f in copied.fences)
+    fences.fences[0].raw[:].fill_(0xA5)  # repaired since: the copy still says what it saw
+    assert fences.broken() == [] and copied.broken() == [0]

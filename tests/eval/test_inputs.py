@@ -206,3 +206,33 @@ def test_a_partial_update_changes_a_few_elements_in_place():
     for old, new in zip(before, inputs.args):
         assert 1 <= int((old != new).sum()) <= 3
     assert inputs.changed(set()) == []  # the snapshot holds the new values
+
+
+def test_differences_taken_after_a_call_judge_it_later():
+    """A timed call's integrity is taken as it returns (on the device, no wait) and read once
+    timing is over, whatever the buffers hold by then."""
+    card = OpCard("aten.add.Tensor", [tensor([4, 8]), tensor([4, 8])])
+    inputs = InputFactory(card, CPU).random_set(0)
+    inputs.args[0][1, 1] += 1
+    buf = inputs.buffers[1]
+    start = (buf.view.data_ptr() - buf.base.data_ptr()) // 4
+    buf.base[start - 1] = 0.0  # just before the start
+    taken = inputs.differences()
+    assert all(flag.dim() == 0 for pair in taken for flag in pair)
+    inputs.restore()
+    assert inputs.changed(set()) == []
+    assert inputs.changed(set(), taken) == ["tensor argument 0",
+                                            "the memory around tensor argument 1"]
+    assert inputs.changed({0}, taken) == ["the memory around tensor argument 1"]
+
+
+def test_large_buffers_are_compared_in_chunks(monkeypatch):
+    from kforge.eval import inputs as I
+
+    monkeypatch.setattr(I, "COMPARE_CHUNK", 5)
+    a = torch.arange(23, dtype=torch.float16)
+    b = a.clone()
+    b[21] = float("nan")
+    assert bool(I.differs_in(a, b)) and bool(I.differs_in(a, b, 20, 22))
+    assert not bool(I.differs_in(a, b, 0, 21)) and not bool(I.differs_in(a, b, 22))
+    assert not bool(I.differs_in(a, b, 30))

@@ -145,3 +145,32 @@ def test_a_compiled_subject_that_recompiles_while_timed_leaves_eager_alone_with_
                             settings, notes)
     assert set(timings) == {"eager"} and timings["eager"].reps == 3
     assert "recompiled while timed" in notes[0] and "dtype mismatch" in notes[0]
+
+
+def test_every_call_gets_its_plans_zeroed_scratch_afresh():
+    """A plan's zeroed scratch is zero at each call, the wall-time calls back to back included:
+    an honest kernel that takes its rows from a ticket counter there passes."""
+    outcome = run(C.softmax_card(), C.softmax_ticketed())
+    assert outcome.status is EvalStatus.OK, outcome.summary
+    assert outcome.timing.wall_us is not None
+
+
+class FaultAtRelease(CpuRuntime):
+    """A runtime whose first held batch ends in a kernel fault that kills its context."""
+
+    dead = False
+
+    def release(self) -> bool:
+        self.dead = True
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    def alive(self) -> bool:
+        return not self.dead
+
+
+def test_a_fault_while_timed_is_a_crash_naming_the_calls_in_flight():
+    card = C.softmax_card()
+    outcome = evaluate_candidate(card, C.reference(card, "cpu"), runtime=FaultAtRelease(),
+                                 loader=PyLoader(), gpu=CPU_GPU, settings=FAST)
+    assert outcome.status is EvalStatus.CRASH and outcome.restart
+    assert "crashed during timing (timed rounds" in outcome.summary

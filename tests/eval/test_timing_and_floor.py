@@ -28,6 +28,7 @@ from kforge.eval.timing import (
     reps_for,
     summarize,
     time_interleaved,
+    timing_stage,
 )
 from tests.eval import redteam as R
 from tests.eval.test_redteam_cpu import evaluate
@@ -271,3 +272,50 @@ def test_the_hold_kernel_compiles_with_nvrtc():
     compiled = Compiler().compile(HOLD_SOURCE, "sm_90")
     assert compiled.ok, compiled.log
     assert list(compiled.resources) == [HOLD_KERNEL]
+
+
+@pytest.mark.parametrize("fails_at, stage", [
+    (0, "warm-up round 0, a"), (2, "timed rounds 1..4 behind a hold"),
+    (WALL_ROUND, "3 wall-time calls of a back to back")])
+def test_an_error_inside_the_loop_says_which_calls_were_in_flight(fails_at, stage):
+    plan = TimingPlan(warmup=1, min_reps=4, max_reps=4, budget_s=0.0, wall_calls=3)
+
+    def call(r: int) -> None:
+        if r == fails_at:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    with pytest.raises(RuntimeError) as caught:
+        time_interleaved({"a": call, "b": lambda r: None}, CpuRuntime(), plan)
+    assert timing_stage(caught.value) == stage
+    assert timing_stage(RuntimeError("elsewhere")) == "timing"
+
+
+def test_the_wall_time_calls_follow_one_prepare():
+    prepared: list[int] = []
+    ran: list[int] = []
+    plan = TimingPlan(warmup=1, min_reps=2, max_reps=2, budget_s=0.0, wall_calls=5)
+    time_interleaved({"a": Subject(ran.append, prepared.append)}, CpuRuntime(), plan)
+    assert prepared.count(WALL_ROUND) == 1 and ran.count(WALL_ROUND) == 5
+
+
+def test_a_checked_timed_call_keeps_no_copy_of_its_inputs(tmp_path, monkeypatch):
+    """A checked timed call keeps the values it was given and what it returned: no copy of its
+    input buffers (an embedding's table can take gigabytes), nor of its outputs' memory beside
+    the returned values' own copies."""
+    from kforge.eval import pipeline
+
+    kept: list = []
+    keep = pipeline.Evaluation.keep_timed_call
+    monkeypatch.setattr(pipeline.Evaluation, "keep_timed_call",
+                        lambda self, *a: kept.append(keep(self, *a)) or kept[-1])
+    control = next(c for c in R.CONTROLS if c.name == "embedding")
+    outcome = evaluate(control.card(), control.candidate("cpu"), sample=control.sample,
+                       samples_dir=tmp_path)
+    assert outcome.ok, outcome.summary
+    assert kept
+    for check in kept:
+        assert all(flag.numel() == 1 for pair in check.differences for flag in pair)
+        assert all(f.raw.numel() <= 2048 for f in check.fences.fences.fences)
+        assert not check.fences.outputs and not check.fences.scratch
+        assert [s.numel() for s in check.inputs.snapshot] == [b.base.numel()
+                                                             for b in check.inputs.buffers]

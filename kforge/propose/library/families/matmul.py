@@ -526,9 +526,20 @@ def problem_struct(problem: MatmulProblem, splits: int) -> str:
         "};\n")
 
 
+def pair_bytes(problem: MatmulProblem) -> int:
+    """Bytes of the two neighbouring outputs ``store2`` writes as one access where the output's
+    layout keeps every even column at an even element offset (0: it never does)."""
+    p, out = problem, problem.out
+    paired = len(p.shape) == len(out.stride) and out.stride[-1] == 1 and all(
+        size == 1 or stride % 2 == 0 for size, stride in zip(out.shape[:-1], out.stride[:-1]))
+    return 2 * out.itemsize if paired else 0
+
+
 def epilogue_struct(problem: MatmulProblem) -> str:
-    """``Epilogue``: the output pointer, the tensors and scalars the fused steps read, and
-    store/store2 of a float result at (b, m, n) of the product."""
+    """``Epilogue<PAIRED>``: the output pointer, the tensors and scalars the fused steps read,
+    and store/store2 of a float result at (b, m, n) of the product. ``store2`` writes its two
+    outputs as one access only where ``PAIRED`` (the output pointer aligned to the pair: a
+    kernel's scalar twin, for misaligned pointers, stores them one by one)."""
     p, ep, out = problem, problem.epilogue, problem.out
     coords = ["b", "m", "n"] if len(p.shape) == 3 else ["m", "n"]
     index = index_type(max_offset(out), *(max_offset(t.tensor) for t in ep.tensors))
@@ -539,19 +550,22 @@ def epilogue_struct(problem: MatmulProblem) -> str:
             lines.append(f"    v = {step.expr};")
         if step.rounds_to in ("bfloat16", "float16"):
             lines.append(f"    v = kf::round_through<{FLOAT_CTYPES[step.rounds_to]}>(v);")
-    paired = len(p.shape) == len(out.stride) and out.stride[-1] == 1 and all(
-        size == 1 or stride % 2 == 0 for size, stride in zip(out.shape[:-1], out.stride[:-1]))
+    paired = pair_bytes(problem) > 0
     store2 = ("    if (m >= Problem::M || n >= Problem::N) return;\n"
-              "    if (n + 1 < Problem::N) {\n"
+              "    if (PAIRED && n + 1 < Problem::N) {\n"
               f"      kf::Pack<{out.ctype}, 2> pack;\n"
               f"      pack.v[0] = kf::from_float<{out.ctype}>(apply(v0, b, m, n));\n"
               f"      pack.v[1] = kf::from_float<{out.ctype}>(apply(v1, b, m, n + 1));\n"
               f"      *reinterpret_cast<kf::Pack<{out.ctype}, 2>*>(out + offset(b, m, n)) = pack;\n"
+              "    } else if (n + 1 < Problem::N) {\n"
+              "      const Index at = offset(b, m, n);\n"
+              f"      out[at] = kf::from_float<{out.ctype}>(apply(v0, b, m, n));\n"
+              f"      out[at + 1] = kf::from_float<{out.ctype}>(apply(v1, b, m, n + 1));\n"
               "    } else {\n"
               "      store(b, m, n, v0);\n"
               "    }\n") if paired else "    store(b, m, n, v0);\n    store(b, m, n + 1, v1);\n"
     return (
-        "struct Epilogue {\n"
+        "template <bool PAIRED>\nstruct Epilogue {\n"
         f"  using Index = {index};\n"
         f"  {out.ctype}* __restrict__ out;\n"
         + "".join(f"  const {t.tensor.ctype}* __restrict__ t{j};\n" for j, t in enumerate(ep.tensors))
@@ -657,8 +671,12 @@ class Matmul(Family):
         operands = [f"const {t}* __restrict__ a", f"const {t}* __restrict__ b"]
         tensors_c = [f"const {e.tensor.ctype}* __restrict__ t{j}" for j, e in enumerate(ep.tensors)]
         scalars_c = [f"float p{i}" for i in range(len(ep.scalars))]
-        epilogue = "Epilogue{" + ", ".join(["out", *(f"t{j}" for j in range(len(ep.tensors))),
-                                            *(f"p{i}" for i in range(len(ep.scalars)))]) + "}"
+        members = ", ".join(["out", *(f"t{j}" for j in range(len(ep.tensors))),
+                             *(f"p{i}" for i in range(len(ep.scalars)))])
+
+        def epilogue(paired: bool) -> str:
+            return f"Epilogue<{cuda_bool(paired)}>{{{members}}}"
+
         tensor_params = [ptr(e.name) for e in ep.tensors]
         scalar_params = [f32(s.value) for s in ep.scalars]
         source = problem_struct(p, splits) + epilogue_struct(p)
@@ -667,10 +685,15 @@ class Matmul(Family):
         twin = 2 if spec.align else 1  # entry_points writes a scalar twin for widths above 1
         if splits == 1:
             params_c = [*operands, *tensors_c, f"{out.ctype}* __restrict__ out", *scalars_c]
+            # A kernel with a twin runs where every pointer is aligned to its copies and to
+            # store2's pairs, the twin elsewhere (pairs stored one by one); one without a twin
+            # sees production's placement, 16 bytes at least.
             source += entry_points("mm", twin, spec.block, params_c,
-                                   lambda width: spec.call(width > 1, epilogue))
+                                   lambda width: spec.call(width > 1,
+                                                           epilogue(width > 1 or not spec.align)))
             launches = [self._launch("mm", spec, [ptr(p.a_name), ptr(p.b_name), *tensor_params,
-                                                  ptr("out"), *scalar_params])]
+                                                  ptr("out"), *scalar_params],
+                                     max(spec.align, pair_bytes(p)) if spec.align else 0)]
             scratch = []
         else:
             partials = ("kf::mm::Partials<Problem>{ws + int64_t(blockIdx.y) * Problem::BATCH * "
@@ -681,7 +704,7 @@ class Matmul(Family):
             source += entry_points(
                 "mm_reduce", 1, REDUCE_BLOCK,
                 ["const float* __restrict__ ws", *tensors_c, f"{out.ctype}* __restrict__ out", *scalars_c],
-                lambda _: f"kf::mm::mm_reduce<Problem, {splits}>(ws, {epilogue})")
+                lambda _: f"kf::mm::mm_reduce<Problem, {splits}>(ws, {epilogue(False)})")
             launches = [self._launch("mm", spec, [ptr(p.a_name), ptr(p.b_name), ptr("partials")]),
                         launch("mm_reduce", ceil_div(total, REDUCE_BLOCK), REDUCE_BLOCK,
                                [ptr("partials"), *tensor_params, ptr("out"), *scalar_params])]
@@ -693,9 +716,12 @@ class Matmul(Family):
         return Kernel(source, plan, nvrtc_options=options)
 
     @staticmethod
-    def _launch(name: str, spec: Launch, params: list[dict]) -> dict:
+    def _launch(name: str, spec: Launch, params: list[dict], align: int | None = None) -> dict:
+        """The main kernel's launch, its twin taking pointers that miss ``align`` (by default
+        what its copies need; 0: no twin)."""
+        align = spec.align if align is None else align
         # launch() asks for the alignment as a vector width times an item size.
-        entry = launch(name, spec.grid, spec.block, params, 2 if spec.align else 1, spec.align // 2)
+        entry = launch(name, spec.grid, spec.block, params, 2 if align else 1, align // 2)
         if spec.shared:
             entry["shared_mem"] = spec.shared
         return entry
