@@ -241,7 +241,7 @@ class OpTable(VimTable):
 
     def _fill(self) -> None:
         rows = self._visible()
-        sources = {eager_source(row) for row, _ in rows}
+        sources = {eager_source(row) for row, _ in rows if row.card.eager_us is not None}
         self._mixed = len(sources) > 1
         label = "eager" if len(sources) != 1 else f"eager {next(iter(sources))}"
         widths = self._widths(rows, label)

@@ -105,6 +105,8 @@ async def mid_search(db: Path) -> int:
         for row in rows[:3]:
             await store.update_card(row.id, eager_us=254.9, compiled_us=300.0,
                                     baseline={"eager": {}})
+        for row in rows[3:]:  # the profile's GPU time per call
+            await store.update_card(row.id, eager_us=row.card.total_us / row.card.calls)
         node = await store.add_node(sid, rows[0].id, None, "new")
         await store.finish_node(node, EvalOutcome(EvalStatus.OK, timing=timing(200.0),
                                                   eager=timing(254.9), speedup=1.27),
@@ -127,7 +129,7 @@ async def test_mid_search_every_column_keeps_its_meaning_at_80x24(tmp_path: Path
         rows = lines[table.region.y + 1:table.region.y + 1 + len(llama_cards())]
         shown = "\n".join(rows)
         assert "bf16,i64" in shown and "f32,i64" in shown  # the dtypes whole
-        assert "254.9 eval" in shown and "- " in shown
+        assert "254.9 eval" in shown and "20.0 prof" in shown
         assert "◎ conf" in shown  # the focused op's would-be best is confirming
         assert "1.27x" not in shown  # and counts for nothing until confirmed
         names = [row.split("│")[1].split()[0] for row in rows]

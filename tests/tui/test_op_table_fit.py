@@ -199,3 +199,8 @@ async def test_the_eager_column_names_its_source_before_and_after_the_evaluator(
         await until(pilot, lambda: table.heading("eager") == "eager eval", what="all timed")
         await pilot.pause(0.1)
         assert table.get_row(str(ids["card"]))[4].plain == "120.0 us"
+        # An op without an eager time has no source: the others' heading stands.
+        async with await Store.open(db) as store:
+            await store.update_card(ids["add_card"], eager_us=None, baseline=None)
+        await until(pilot, lambda: cells()[str(ids["add_card"])] == "-", what="no time")
+        assert table.heading("eager") == "eager eval"
