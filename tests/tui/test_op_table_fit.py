@@ -106,9 +106,13 @@ def test_a_status_gives_up_its_reason_then_its_word():
     assert status_text(done, False) == "done: budget spent"
     assert status_text(done, False, 18) == "done: budget spent"
     assert status_text(done, False, 10) == "done: bud…"
+    assert status_text(done, False, 9) == "done"  # no reason at all rather than "done: …"
     assert status_text(done, False, 6) == "done"
     assert status_text(row, True, 11) == "◎ searching"
     assert status_text(row, True, 6) == "◎ run"
+    # While one of its kernels is confirming, that is the op's status, reason or not.
+    assert status_text(done, True, None, confirming=True) == "◎ confirming"
+    assert status_text(row, True, 6, confirming=True) == "◎ conf"
 
 
 @given(st.dictionaries(st.sampled_from(["op", "share", "status", "shapes"]),
