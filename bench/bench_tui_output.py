@@ -11,7 +11,11 @@ records everything it writes to the terminal (``tmux pipe-pane``) for a while. S
   while the other search writes to the database;
 - ``form-quiet``: the new-session form over the sessions list, nobody writing;
 - ``form-live``: the same while the other search writes (the list under it follows);
-- ``help-live``, ``palette-live``: a dialog open over the live search at 120x40.
+- ``help-live``, ``palette-live``: a dialog open over the live search at 120x40;
+- ``themes-quiet``: the theme picker over the finished session while the other search writes;
+- ``confirm-live``: the delete confirmation over the sessions list while the search writes;
+- ``live-80``, ``help-live-80``, ``themes-live-80``: the live search at 80x24, alone, under help
+  and under the theme picker.
 
 Prints one row per scenario: size, seconds recorded, the nodes the search added meanwhile, bytes,
 KB/s, the budget and whether it was met. Needs tmux; runs on a CPU machine (the searches use the
@@ -68,6 +72,7 @@ class Scenario:
 
 
 PALETTE = "Search for commands"
+THEMES = "Search for themes"
 SCENARIOS = (
     Scenario("quiet", (80, 24), None, False, "resnet50-tiny", 1.0),
     Scenario("other-writer", (80, 24), "finished", True, "#1 toy", 1.0),
@@ -78,6 +83,12 @@ SCENARIOS = (
     Scenario("form-live", (80, 24), None, True, "resnet50-tiny", 10.0, ("n",), "New session"),
     Scenario("help-live", (120, 40), "live", True, "engine live", 10.0, ("?",), "Keys here"),
     Scenario("palette-live", (120, 40), "live", True, "engine live", 10.0, ("C-p",), PALETTE),
+    Scenario("themes-quiet", (80, 24), "finished", True, "#1 toy", 1.0, ("C-t",), THEMES),
+    Scenario("confirm-live", (80, 24), None, True, "resnet50-tiny", 10.0, ("d",),
+             "Delete session"),
+    Scenario("live-80", (80, 24), "live", True, "#3 live", 10.0),
+    Scenario("help-live-80", (80, 24), "live", True, "#3 live", 10.0, ("?",), "Keys here"),
+    Scenario("themes-live-80", (80, 24), "live", True, "#3 live", 10.0, ("C-t",), THEMES),
 )
 
 

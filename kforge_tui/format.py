@@ -89,10 +89,47 @@ def dtype_of(card: CardRow) -> str:
     return ",".join(sorted(SHORT_DTYPES.get(d, d) for d in dtypes)) or "-"
 
 
+def over_compiled(card: CardRow) -> float | None:
+    """The card's best kernel's speedup over torch.compile of the op: both device times, as the
+    evaluator timed them (None before it timed the op, or where torch.compile was not timed)."""
+    c = card.card
+    if card.best_speedup is None or card.baseline is None or not c.compiled_us or not c.eager_us:
+        return None
+    return card.best_speedup * c.compiled_us / c.eager_us
+
+
+def best_beats(card: CardRow) -> str | None:
+    """What the card's best kernel is faster than: ``"eager"``, else ``"compile"`` (torch.compile
+    alone: the compiled modes may use it), else None. A kernel slower than both is no best (an
+    older database may hold one as its card's best)."""
+    if card.best_node is None:
+        return None
+    if (card.best_speedup or 0.0) > 1.0:
+        return "eager"
+    return "compile" if (over_compiled(card) or 0.0) > 1.0 else None
+
+
 def best_kernel(card: CardRow) -> int | None:
-    """The card's best node where it beats eager; a best kernel slower than eager is no best."""
-    faster = card.best_node is not None and (card.best_speedup or 0.0) > 1.0
-    return card.best_node if faster else None
+    """The card's best node where it beats eager or torch.compile; one slower than both is no
+    best."""
+    return card.best_node if best_beats(card) else None
+
+
+def best_cell(card: CardRow) -> str:
+    """The op table's ``×eager`` figure: the best kernel's speedup over eager, ``-`` without a
+    best."""
+    return fmt_speedup(card.best_speedup) if best_kernel(card) is not None else "-"
+
+
+def no_best_text(card: CardRow) -> str:
+    """Why ``b`` has no node to go to: no kernel of the op beats its baselines yet."""
+    timed = card.baseline is not None and card.card.compiled_us  # torch.compile, by the evaluator
+    bases = "eager or torch.compile" if timed else "eager"
+    text = f"this op has no kernel that beats {bases} yet"
+    if card.best_node is not None and card.best_speedup is not None:
+        text += (f" (the fastest so far, node #{card.best_node}: "
+                 f"{fmt_speedup(card.best_speedup)} eager)")
+    return text
 
 
 def eager_source(card: CardRow) -> str:
@@ -107,9 +144,14 @@ def shapes_of(card: CardRow) -> str:
                     for t in tensor_specs(card.card.args))
 
 
-def card_status(card: CardRow, focused: bool) -> str:
-    text = card.status
-    if card.stop_reason:
+CONFIRMING = "confirming"  # an op card's status word while one of its kernels is confirming
+
+
+def card_status(card: CardRow, focused: bool, confirming: bool = False) -> str:
+    """A card's status and stop reason, after the focus mark where the search is focused on it;
+    while one of its kernels is confirming (a would-be best, not yet its best), that alone."""
+    text = CONFIRMING if confirming else card.status
+    if card.stop_reason and not confirming:
         text += f": {card.stop_reason}"
     return f"◎ {text}" if focused else text
 
@@ -118,8 +160,14 @@ def session_cells(summary: SessionSummary, now: float, alive: bool) -> tuple[str
     s = summary.session
     status = f"{s.status} ●" if alive else s.status
     return (str(s.id), s.model, s.gpu.get("name", "?"), status, f"{summary.targets}",
-            f"{summary.nodes}", fmt_speedup(summary.best_speedup), f"${s.usd_spent:.2f}",
+            f"{summary.nodes}", best_over_eager(summary.best_speedup), f"${s.usd_spent:.2f}",
             fmt_age(max(0.0, now - summary.last_activity)))
+
+
+def best_over_eager(speedup: float | None) -> str:
+    """The sessions list's ``×eager``: its best op kernel's speedup over eager; ``-`` where none
+    beats eager."""
+    return fmt_speedup(speedup) if speedup is not None and speedup > 1.0 else "-"
 
 
 def focus_of(session: Session) -> int | None:
@@ -188,7 +236,8 @@ def eval_report(detail: NodeDetail) -> str:
               json.dumps(outcome.correctness, indent=2, sort_keys=True)
               if outcome.correctness else "(not checked)",
               "", "── timing ──", _timing("candidate", outcome.timing),
-              _timing("eager", outcome.eager), f"speedup    {fmt_speedup(outcome.speedup)}"]
+              _timing("eager", outcome.eager),
+              f"speedup    {fmt_speedup(outcome.speedup)} over eager (device time)"]
     if outcome.bandwidth_gbs is not None:
         lines.append(f"bandwidth  {outcome.bandwidth_gbs:.0f} GB/s")
     if outcome.floor_fraction is not None:

@@ -107,7 +107,7 @@ def session_header(session: Session, cards: list[CardRow], alive: bool, gpu: str
              Part(gpu, short_gpu(gpu.removeprefix("GPU: ")), keep=0)]
     parts[3:3] = model_parts(model_projection(cards), measured)
     if demo:
-        parts.insert(0, Part("demo (read-only)", "demo", keep=0))
+        parts.insert(0, Part("demo (read-only)", "demo", keep=1))  # nothing here is yours
     return fit(parts, width)
 
 
@@ -118,22 +118,29 @@ def model_parts(projected: float | None, measured: ModelMeasured | None) -> list
     headline = measured.headline() if measured is not None else None
     if headline is None:
         return [] if projected is None else [
-            Part(f"model ≤{projected:.2f}x over eager projected", f"model ≤{projected:.2f}x proj",
-                 keep=2)]
-    parts = [Part(*headline_text(headline), keep=2)]
+            Part(f"model ≤{projected:.2f}x over eager projected",
+                 f"model ≤{projected:.2f}x vs eager proj", keep=2)]
+    assert measured is not None
+    parts = [Part(*headline_text(headline, checked=bool(measured.kernels)), keep=2)]
     if projected is not None:
-        parts.append(Part(f"≤{projected:.2f}x over eager projected", f"≤{projected:.2f}x proj",
-                          keep=1))
+        parts.append(Part(f"≤{projected:.2f}x over eager projected",
+                          f"≤{projected:.2f}x vs eager proj", keep=1))
     return parts
 
 
-def headline_text(headline: Headline) -> tuple[str, str]:
+def headline_text(headline: Headline, checked: bool = True) -> tuple[str, str]:
     """A whole-model headline as (full, short) text: both say it is the e2e measurement and
-    what it is relative to."""
+    what it is relative to. ``checked``: the measurement counted the kernels each mode ran (one
+    stored before it did, holds neither those counts nor the modes' spreads: its figure is
+    said to be unchecked)."""
     base, mode = headline.baseline, headline.mode
     if headline.verdict == "no kernels" or headline.ratio is None:
         return "e2e: no kforge kernel ran in any mode", "e2e: no kernels"
     ratio = f"{headline.ratio:.2f}x"
+    if not checked:
+        return (f"e2e {mode} {ratio} vs {base} (best without kforge), unchecked: kernels run "
+                "and noise not recorded, run kforge e2e again",
+                f"e2e {ratio} vs {base} (unchecked)")
     if headline.verdict == "noise":
         spread = f", p90/p10 {headline.spread:.2f}" if headline.spread is not None else ""
         return (f"e2e {mode} ≈ {base} (best without kforge): {ratio}, within noise{spread}",

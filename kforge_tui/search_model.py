@@ -178,6 +178,10 @@ class SearchModel:
         """``best_trend`` of every card that has nodes."""
         return {card_id: self.best_trend(card_id) for card_id in self._by_card}
 
+    def confirming_cards(self) -> set[int]:
+        """The cards with a node under confirmation (a would-be best, not yet the card's best)."""
+        return {info.row.card_id for info in self.nodes.values() if info.row.confirming}
+
     def take_touched(self) -> set[int]:
         """The nodes whose tree line reads differently since the last call (a node that
         changed, the ancestors whose figures it changed, a pruned subtree), forgotten once

@@ -22,6 +22,7 @@ from kforge_tui.launch import (
     PROPOSERS,
     NewSession,
     builtin_models,
+    kforge_command,
     needs_gpu,
     run_kforge,
     search_argv,
@@ -166,7 +167,7 @@ class NewSessionScreen(ModalScreen[int | None]):
         self.query_one("#models").display = False  # room for the progress on 80x24
         log.display = True
         log.clear()
-        log.write_line("$ kforge " + " ".join(argv[3:]))
+        log.write_line("$ kforge " + " ".join(argv[len(kforge_command()):]))
         self.query_one("#start", Button).disabled = True
         try:
             answer = await run_kforge(argv, log.write_line)

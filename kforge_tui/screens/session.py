@@ -23,7 +23,7 @@ from kforge.store.records import CardRow, NodeDetail
 from kforge_tui.commands import PaletteCommand
 from kforge_tui.diffing import candidate_diff
 from kforge_tui.follow import follow_session, log_line, poll_wait
-from kforge_tui.format import best_kernel, focus_of
+from kforge_tui.format import best_kernel, focus_of, no_best_text
 from kforge_tui.header import session_header
 from kforge_tui.messages import (
     ErrorRaised,
@@ -186,7 +186,7 @@ class SessionScreen(Backdrop):
     def show_state(self, state: SessionState) -> None:
         self.state = state
         self.query_one(OpTable).show(state.cards, focus_of(state.session),
-                                     self.model.best_trends())
+                                     self.model.best_trends(), self.model.confirming_cards())
         tree = self.query_one(SearchTree)
         if tree.card is not None:
             tree.update_card(self.card(tree.card.id) or tree.card)
@@ -357,7 +357,7 @@ class SessionScreen(Backdrop):
         card = tree.card
         best = best_kernel(card) if card is not None else None
         if best is None:
-            self.app.report("this op has no kernel that beats eager yet")
+            self.app.report(no_best_text(card) if card is not None else "no op selected")
             return
         self.action_pane("tree")
         if not tree.select_id(best):

@@ -18,13 +18,21 @@ from textual.widgets import Tree
 from textual.widgets.tree import TreeNode
 
 from kforge.store.records import CardRow
-from kforge_tui.format import ICON_BEST, best_kernel, card_root_label, node_label
+from kforge_tui.format import (
+    ICON_BEST,
+    best_beats,
+    best_kernel,
+    card_root_label,
+    fmt_speedup,
+    node_label,
+    over_compiled,
+)
 from kforge_tui.search_model import NodeFilter, NodeInfo, SearchModel
 from kforge_tui.widgets.scrolling import SteadyScrollbars
 
 Line = TreeNode[NodeInfo | None]
-# Widest label: "▼ ✗ #123456 refine compile error n=12345 ↳12.34x ★best".
-LABEL_WIDTH = 56
+# Widest label: "▼ ✔ #123456 refine 0.99x n=12345 ↳12.34x ★best: 12.34x over compile".
+LABEL_WIDTH = 70
 
 
 class SearchTree(SteadyScrollbars, Tree[NodeInfo | None]):
@@ -87,7 +95,7 @@ class SearchTree(SteadyScrollbars, Tree[NodeInfo | None]):
 
     def update_card(self, card: CardRow) -> None:
         """The shown card as it is now: where its best kernel moved (or a best so far became one,
-        beating eager), the lines that lose and gain ``★best`` repaint."""
+        beating eager or torch.compile), the lines that lose and gain ``★best`` repaint."""
         before = best_kernel(self.card) if self.card is not None else None
         self.card = card
         after = best_kernel(card)
@@ -248,6 +256,9 @@ class SearchTree(SteadyScrollbars, Tree[NodeInfo | None]):
                  (label.figures, self.part_style("search-tree--figures"))]
         if best:
             parts.append((f" {ICON_BEST}best", self.part_style("search-tree--best")))
+            if best_beats(self.card) == "compile":  # slower than eager, faster than compile
+                parts.append((f": {fmt_speedup(over_compiled(self.card))} over compile",
+                              self.part_style("search-tree--figures")))
         return Text.assemble(*parts)
 
     def part_style(self, part: str) -> Style:

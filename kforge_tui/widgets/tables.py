@@ -4,7 +4,7 @@ nothing to the terminal."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence, Set
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from operator import attrgetter
@@ -22,10 +22,12 @@ from kforge.core.region import folded
 from kforge.store import CardStatus
 from kforge.store.records import CardRow
 from kforge_tui.format import (
+    CONFIRMING,
+    best_cell,
+    best_kernel,
     card_status,
     dtype_of,
     eager_source,
-    fmt_speedup,
     fmt_us,
     literal,
     shapes_of,
@@ -142,7 +144,8 @@ class SortKey:
 
     def value(self, row: CardRow):
         c = row.card
-        return {"share": c.share, "best": row.best_speedup or 0.0, "eager": c.eager_us or 0.0,
+        best = row.best_speedup if best_kernel(row) is not None else None
+        return {"share": c.share, "best": best or 0.0, "eager": c.eager_us or 0.0,
                 "calls": c.calls, "op": c.short_op, "status": row.status}[self.label]
 
 
@@ -156,10 +159,12 @@ class OpTable(VimTable):
     needed; what still does not fit scrolls sideways.
 
     Headings say what a figure is relative to and where it came from: ``×eager`` (the best
-    kernel's speedup over eager, both timed by the evaluator) and ``eager`` with its source
-    (``prof``: the profile's GPU time per call in the model run, before the evaluator has
-    timed the op; ``eval``: the evaluator's device time per call, op alone; a table that
-    holds both marks each cell)."""
+    kernel's speedup over eager, both timed by the evaluator; ``-`` where no kernel beats eager
+    or torch.compile) and ``eager`` with its source (``prof``: the profile's GPU time per call in
+    the model run, before the evaluator has timed the op; ``eval``: the evaluator's device time
+    per call, op alone; a table that holds both marks each cell). ``share`` is the op's share of
+    the profiled model's time. An op with a would-be best under confirmation says
+    ``confirming``; its figure counts only once confirmed."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("s", "next_sort", "sort", id="sort"),
@@ -173,13 +178,15 @@ class OpTable(VimTable):
     BAR_WIDTH = 3
     TREND_WIDTH = 6
     PERCENT_WIDTH = 6  # "100.0%", after the share bar
-    # What gives way, in this order, as far as the columns need: the shapes (down to their
-    # heading), the status's stop reason, a long op name (down to OP_SHORT cells), the share bar
-    # (down to one cell), the status words (down to SHORT_STATUS), the share bar and the trend
-    # (down to their figures and heading), the op name (down to OP_SHORTEST), the dtypes (down
-    # to their heading).
+    # What gives way, in this order, as far as the columns need: the eager times of a table of
+    # both sources (their unit moves to the heading: "eager us", "254.9 eval"), the shapes (down
+    # to their heading), the status's stop reason, a long op name (down to OP_SHORT cells), the
+    # share bar (down to one cell), the status words (down to SHORT_STATUS), the share bar and
+    # the trend (down to their figures and heading), the op name (down to OP_SHORTEST), the
+    # dtypes (down to their heading).
     OP_SHORT = 12
     OP_SHORTEST = 8
+    EAGER_UNIT_HEADING = "eager us"
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -188,6 +195,7 @@ class OpTable(VimTable):
         self._cards: list[CardRow] = []
         self._focus: int | None = None
         self._trends: Mapping[int, Sequence[float]] = {}
+        self._confirming: Set[int] = frozenset()
         self._mixed = False  # eager figures of both sources: each cell names its own
 
     def on_mount(self) -> None:
@@ -198,10 +206,13 @@ class OpTable(VimTable):
         self._fill()
 
     def show(self, cards: list[CardRow], focus: int | None,
-             trends: Mapping[int, Sequence[float]] | None = None) -> None:
-        """Show the cards; ``trends`` holds each card's best speedup after each iteration."""
+             trends: Mapping[int, Sequence[float]] | None = None,
+             confirming: Set[int] = frozenset()) -> None:
+        """Show the cards; ``trends`` holds each card's best speedup after each iteration,
+        ``confirming`` the cards with a kernel under confirmation."""
         self._cards, self._focus = cards, focus
         self._trends = trends if trends is not None else {}
+        self._confirming = confirming
         self._fill()
 
     def action_next_sort(self) -> None:
@@ -230,17 +241,20 @@ class OpTable(VimTable):
 
     def _fill(self) -> None:
         rows = self._visible()
-        relabelled = self._label_eager({eager_source(row) for row, _ in rows})
-        widths = self._widths(rows)
+        sources = {eager_source(row) for row, _ in rows if row.card.eager_us is not None}
+        self._mixed = len(sources) > 1
+        label = "eager" if len(sources) != 1 else f"eager {next(iter(sources))}"
+        widths = self._widths(rows, label)
+        if self._mixed and widths.get("eager", 0) < self._eager_whole(rows):
+            label = self.EAGER_UNIT_HEADING  # the cells leave their unit to the heading
+        relabelled = self._label_eager(label)
         narrower = relabelled or any(self.columns[name].content_width > width
                                      for name, width in widths.items() if name in self.columns)
         self.show_rows([(str(row.id), self._cells(row, widths, inside)) for row, inside in rows],
                        narrower)
 
-    def _label_eager(self, sources: set[str]) -> bool:
+    def _label_eager(self, label: str) -> bool:
         """Head the eager column with its figures' source; whether the heading changed."""
-        self._mixed = len(sources) > 1
-        label = "eager" if len(sources) != 1 else f"eager {next(iter(sources))}"
         column = self.columns.get("eager")
         if column is None or column.label.plain == label:
             return False
@@ -259,26 +273,46 @@ class OpTable(VimTable):
             room -= self.styles.scrollbar_size_vertical
         return room
 
-    def _widths(self, rows: list[tuple[CardRow, bool]]) -> dict[str, int]:
+    def _eager_whole(self, rows: list[tuple[CardRow, bool]]) -> int:
+        return max((len(self._eager(row, None)) for row, _ in rows), default=0)
+
+    def _widths(self, rows: list[tuple[CardRow, bool]], eager_label: str) -> dict[str, int]:
         """Each column's width for these rows: whole cells where they fit, else narrowed in the
         order the class's comment gives, each as far as the others still need."""
         cards = [row for row, _ in rows]
         whole = [self._cells(row, {}, inside) for row, inside in rows]
-        heads = {name: len(self.heading(name)) for name in self.COLUMNS}
+        heads = {name: len(self.HEADINGS.get(name, name)) for name in self.COLUMNS}
+        heads["eager"] = len(eager_label)
         needs = {name: max([heads[name], *(cell_len(cells[i].plain) for cells in whole)])
                  for i, name in enumerate(self.COLUMNS)}
         if not self.size.width:  # not laid out yet: its first resize fills it again
             return needs
-        focus = ["◎ " if row.id == self._focus else "" for row in cards]
-        words = max((len(m + row.status) for m, row in zip(focus, cards)), default=0)
-        short = max((len(m + short_status(row.status)) for m, row in zip(focus, cards)),
-                    default=0)
-        floors = [("shapes", 0), ("status", words), ("op", self.OP_SHORT),
+        marks = [("◎ " if row.id == self._focus else "", row.id in self._confirming)
+                 for row in cards]
+        words = max((len(card_status(replace(row, stop_reason=""), focus != "", confirming))
+                     for (focus, confirming), row in zip(marks, cards)), default=0)
+        short = max((len(focus + short_status(CONFIRMING if confirming else row.status))
+                     for (focus, confirming), row in zip(marks, cards)), default=0)
+        eager = max([len(self.EAGER_UNIT_HEADING),
+                     *(len(self._eager(row, 0)) for row in cards)]) if self._mixed else 0
+        floors = [("eager", eager), ("shapes", 0), ("status", words), ("op", self.OP_SHORT),
                   ("share", 1 + self.PERCENT_WIDTH), ("status", short),
-                  ("share", self.PERCENT_WIDTH), ("trend", 0), ("op", self.OP_SHORTEST),
-                  ("dtype", 0)]
+                  ("share", 0), ("trend", 0), ("op", self.OP_SHORTEST), ("dtype", 0)]
         return narrowed(needs, floors, self._room(len(cards)) - 2 * self.cell_padding * len(needs),
                         heads)
+
+    def _eager(self, row: CardRow, width: int | None) -> str:
+        """A card's eager time per call: with its source in a table of both sources, and where
+        ``width`` is less than that needs, without its unit (microseconds, as the heading then
+        says)."""
+        us = row.card.eager_us
+        whole = fmt_us(us)
+        if not self._mixed or us is None:
+            return whole
+        whole += f" {eager_source(row)}"
+        if width is None or len(whole) <= width:
+            return whole
+        return f"{us:.1f} {eager_source(row)}" if us < 1000 else f"{us:.0f} {eager_source(row)}"
 
     def _cells(self, row: CardRow, widths: Mapping[str, int],
                in_region: bool = False) -> tuple[Text, ...]:
@@ -290,44 +324,55 @@ class OpTable(VimTable):
         suffix = f" {c.range_text}" if c.ranges else ""  # a range card's range stays whole
         mark = "└ " if in_region else ""
         op = mark + clip(c.short_op, max(op_width - len(suffix) - len(mark), 2)) + suffix
-        bar = widths.get("share", self.BAR_WIDTH + self.PERCENT_WIDTH) - self.PERCENT_WIDTH
+        share_width = widths.get("share", self.BAR_WIDTH + self.PERCENT_WIDTH)
+        bar = min(share_width - self.PERCENT_WIDTH, self.BAR_WIDTH)
+        percent = percent_text(c.share)
+        share = (f"{share_bar(c.share, bar)}{percent:>{self.PERCENT_WIDTH}}" if bar > 0
+                 else percent.rjust(min(share_width, self.PERCENT_WIDTH)))
         trend_width = min(widths.get("trend", self.TREND_WIDTH), self.TREND_WIDTH)
         trend = sparkline(self._trends.get(row.id, ()), trend_width)
         shapes, dtype = shapes_of(row), dtype_of(row)
-        eager = fmt_us(c.eager_us)
-        if self._mixed and c.eager_us is not None:
-            eager += f" {eager_source(row)}"
-        cells = (op, f"{share_bar(c.share, min(bar, self.BAR_WIDTH))}{100 * c.share:5.1f}%",
-                 fmt_speedup(row.best_speedup), trend.ljust(trend_width),
-                 eager, str(c.calls), clip(dtype, widths.get("dtype", len(dtype))),
-                 status_text(row, row.id == self._focus, widths.get("status")),
+        cells = (op, share, best_cell(row), trend.ljust(trend_width),
+                 self._eager(row, widths.get("eager")), str(c.calls),
+                 clip(dtype, widths.get("dtype", len(dtype))),
+                 status_text(row, row.id == self._focus, widths.get("status"),
+                             row.id in self._confirming),
                  clip(shapes, widths.get("shapes", len(shapes))))
         return tuple(literal(cell, style=style, no_wrap=True, overflow="ellipsis")
                      for cell in cells)
 
 
+def percent_text(share: float) -> str:
+    """A share as a percentage, five cells at most: ``30.0%``, ``100%``."""
+    return "100%" if share >= 0.9995 else f"{100 * share:.1f}%"
+
+
 # The status words as a narrow op table shows them: four cells at most, so that a focus mark
 # before one still fits under the column's heading.
 SHORT_STATUS = {CardStatus.PENDING: "todo", CardStatus.SEARCHING: "run",
-                CardStatus.STOPPED: "stop", CardStatus.DONE: "done", CardStatus.SKIPPED: "skip"}
+                CardStatus.STOPPED: "stop", CardStatus.DONE: "done", CardStatus.SKIPPED: "skip",
+                CONFIRMING: "conf"}
 
 
 def short_status(status: str) -> str:
     return SHORT_STATUS.get(status, status)
 
 
-def status_text(row: CardRow, focused: bool, width: int | None = None) -> str:
+def status_text(row: CardRow, focused: bool, width: int | None = None,
+                confirming: bool = False) -> str:
     """A card's status in at most ``width`` cells where that can be: its word and stop reason
-    (the reason cut with an ellipsis), else its word alone, else its short word."""
-    whole = card_status(row, focused)
+    (the reason cut with an ellipsis, three cells of it at least), else its word alone, else its
+    short word. While one of its kernels is confirming, the word is ``confirming``."""
+    whole = card_status(row, focused, confirming)
     if width is None or len(whole) <= width:
         return whole
-    word = card_status(replace(row, stop_reason=""), focused)
-    if row.stop_reason and len(word) + len(": …") <= width:
+    word = card_status(replace(row, stop_reason=""), focused, confirming)
+    if row.stop_reason and not confirming and len(word) + len(": ") + 3 + len("…") <= width:
         return clip(whole, width)
     if len(word) <= width:
         return word
-    return card_status(replace(row, status=short_status(row.status), stop_reason=""), focused)
+    status = short_status(CONFIRMING if confirming else row.status)
+    return card_status(replace(row, status=status, stop_reason=""), focused)
 
 
 def narrowed(needs: Mapping[str, int], floors: Sequence[tuple[str, int]], room: int,

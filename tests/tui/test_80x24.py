@@ -9,6 +9,7 @@ from textual.containers import Vertical
 from textual.widgets import Button, DataTable
 from textual.widgets._footer import FooterKey
 
+from kforge.core.candidate import EvalOutcome, EvalStatus
 from kforge.core.opcard import OpCard
 from kforge.errors import KforgeError
 from kforge.store import CardStatus, Store
@@ -19,7 +20,7 @@ from kforge_tui.widgets.tables import OpTable
 from kforge_tui.widgets.wrapping_log import WrappingLog
 from tests.doubles import tensor
 from tests.tui.conftest import make_app, until
-from tests.tui.fixtures import GPU
+from tests.tui.fixtures import GPU, timing
 from tests.tui.test_defects import (
     notices,
     on_screen,
@@ -94,6 +95,47 @@ async def test_a_llama_session_shows_every_column_at_80x24(tmp_path: Path):
         assert "◎ run" in rows or "◎ searching" in rows
 
 
+async def mid_search(db: Path) -> int:
+    """The Llama session mid-search: some ops timed by the evaluator, the others still at their
+    profile's time (an eager column of both sources), and a would-be best of the focused op
+    under confirmation."""
+    sid = await llama_session(db)
+    async with await Store.open(db) as store:
+        rows = await store.list_cards(sid)
+        for row in rows[:3]:
+            await store.update_card(row.id, eager_us=254.9, compiled_us=300.0,
+                                    baseline={"eager": {}})
+        for row in rows[3:]:  # the profile's GPU time per call
+            await store.update_card(row.id, eager_us=row.card.total_us / row.card.calls)
+        node = await store.add_node(sid, rows[0].id, None, "new")
+        await store.finish_node(node, EvalOutcome(EvalStatus.OK, timing=timing(200.0),
+                                                  eager=timing(254.9), speedup=1.27),
+                                0.1, confirming=True)
+    return sid
+
+
+async def test_mid_search_every_column_keeps_its_meaning_at_80x24(tmp_path: Path):
+    db = tmp_path / "k.db"
+    sid = await mid_search(db)
+    app = make_app(db, session=sid)
+    async with app.run_test(size=SIZE) as pilot:
+        table = await open_session(pilot, len(llama_cards()))
+        lines = screen_lines(app)
+        header = lines[table.region.y]
+        for name in OpTable.COLUMNS:
+            assert table.heading(name) in header, name
+        assert table.heading("eager") == "eager us"  # both sources: each cell names its own
+        assert table.max_scroll_x == 0
+        rows = lines[table.region.y + 1:table.region.y + 1 + len(llama_cards())]
+        shown = "\n".join(rows)
+        assert "bf16,i64" in shown and "f32,i64" in shown  # the dtypes whole
+        assert "254.9 eval" in shown and "20.0 prof" in shown
+        assert "◎ conf" in shown  # the focused op's would-be best is confirming
+        assert "1.27x" not in shown  # and counts for nothing until confirmed
+        names = [row.split("│")[1].split()[0] for row in rows]
+        assert all(len(name) >= 8 for name in names if name.endswith("…")), names
+
+
 async def failing_kforge(argv: list[str], on_line) -> dict:
     for line in ("profiling resnet50 on cpu", "loading torchvision"):
         on_line(line)
@@ -116,7 +158,9 @@ async def test_after_a_failed_start_the_form_keeps_start_and_cancel_on_screen(
             region = form.query_one(button, Button).region
             assert region.height and inside.contains_region(region), (button, region)
         assert any("Start" in line and "Cancel" in line for line in screen_lines(app))
-        assert form.query_one("#progress", WrappingLog).region.height >= 4
+        progress = form.query_one("#progress", WrappingLog)
+        assert progress.region.height >= 4
+        assert progress.messages[0].startswith("$ kforge search resnet50 --db ")
 
 
 async def test_help_shows_kforges_own_keys_first_and_fits(tmp_path: Path):

@@ -1,15 +1,20 @@
 """Text contrast as each offered theme renders on terminals of 256 and of 16 colours: every
 character drawn on the screen, its colour and its background reduced to the terminal's palette
-(the 16 colours as xterm draws them), at 4.5:1 or better (WCAG AA)."""
+(the 16 colours as xterm draws them), at 4.5:1 or better (WCAG AA): the session, every dialog
+(help, the command palette, the theme picker, a confirmation, the new-session form), the toasts
+and the sessions list."""
 
 from __future__ import annotations
 
 import pytest
 from rich._palettes import EIGHT_BIT_PALETTE
 from rich.color import Color, ColorSystem, ColorType
+from textual.command import CommandPalette
 from textual.containers import Vertical
 from textual.geometry import Region
+from textual.widgets._toast import Toast
 
+from kforge_tui.screens.dialogs import Confirm
 from kforge_tui.screens.new_session import NewSessionScreen
 from kforge_tui.screens.sessions import SessionsScreen
 from tests.tui.conftest import make_app, until
@@ -89,17 +94,40 @@ async def test_every_offered_theme_keeps_text_readable(fixture_db, terminal):
     found = {}
     for name in names:
         app = make_app(db, session=1, theme=name)
-        async with app.run_test(size=(120, 40)) as pilot:
+        async with app.run_test(size=(120, 40), notifications=True) as pilot:
             screen = await session_open(pilot)
             found[name, "session"] = poor_text(app, terminal)
             await pilot.press("question_mark")
             await until(pilot, lambda: app.screen is not screen, what="help")
             await pilot.pause(0.1)
             found[name, "help"] = poor_text(app, terminal, dialog(app))
-            await pilot.press("escape", "escape")
+            await pilot.press("escape")
+            for key, what in (("ctrl+p", "palette"), ("ctrl+t", "theme picker")):
+                await until(pilot, lambda: app.screen is screen, what="the session")
+                await pilot.press(key)
+                await until(pilot, lambda: isinstance(app.screen, CommandPalette), what=what)
+                await pilot.pause(0.1)
+                box = app.screen.query_one("#--container").region
+                found[name, what] = poor_text(app, terminal, box)
+                await pilot.press("escape")
+            await until(pilot, lambda: app.screen is screen, what="the session")
+            app.notify("set [search] evaluator", title="kforge", severity="error")
+            app.notify("the engine stopped", title="engine stopped", severity="warning")
+            app.notify("ops sorted by best")
+            await until(pilot, lambda: len(app.screen.query(Toast)) == 3, what="the toasts")
+            await pilot.pause(0.1)
+            found[name, "toasts"] = [poor for toast in app.screen.query(Toast)
+                                     for poor in poor_text(app, terminal, toast.region)]
+            await pilot.press("escape")
             await until(pilot, lambda: isinstance(app.screen, SessionsScreen), what="the list")
             await pilot.pause(0.1)
             found[name, "sessions"] = poor_text(app, terminal)
+            await pilot.press("d")
+            await until(pilot, lambda: isinstance(app.screen, Confirm), what="the confirmation")
+            await pilot.pause(0.1)
+            found[name, "confirm"] = poor_text(app, terminal, dialog(app))
+            await pilot.press("escape")
+            await until(pilot, lambda: isinstance(app.screen, SessionsScreen), what="the list")
             await pilot.press("n")
             await until(pilot, lambda: isinstance(app.screen, NewSessionScreen), what="the form")
             await pilot.pause(0.1)

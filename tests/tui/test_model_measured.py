@@ -27,7 +27,7 @@ MEASURED = ModelMeasured(speedups={"eager": 1.0, "eager+kforge": 1.05, "graphs":
                                   "graphs+kforge": 1.02})
 # The fixture session's cards project 1.31x: softmax (60% of the time) at 1.60x, add (30%) at
 # 1.05x.
-AT_80 = "#1 toy · stopped · 7/12 · e2e 1.05x vs graphs · ≤1.31x proj · $0.08 · 0m"
+AT_80 = "#1 toy · stopped · 7/12 · e2e 1.05x vs graphs · ≤1.31x vs eager proj · $0.08"
 AT_120 = ("#1 toy · stopped — r to resume · 7/12 it · e2e 1.05x vs graphs · ≤1.31x over eager "
           "projected · $0.08 · 0m · Fake GPU")
 
@@ -36,7 +36,7 @@ def test_the_headline_names_its_source_and_what_it_is_relative_to():
     assert model_parts(1.44, MEASURED) == [
         Part("e2e graphs+kforge 1.05x over graphs (best without kforge)",
              "e2e 1.05x vs graphs", keep=2),
-        Part("≤1.44x over eager projected", "≤1.44x proj", keep=1)]
+        Part("≤1.44x over eager projected", "≤1.44x vs eager proj", keep=1)]
 
 
 @pytest.mark.parametrize(("measured", "full", "short"), [
@@ -48,13 +48,16 @@ def test_the_headline_names_its_source_and_what_it_is_relative_to():
     (replace(MEASURED, speedups={**MEASURED.speedups, "compile": 2.5}),
      "e2e graphs+kforge 0.84x vs compile: best without kforge is faster",
      "e2e 0.84x vs compile"),
-], ids=["no-kernels", "noise", "slower"])
+    (replace(MEASURED, kernels={}, spreads={}),  # stored before kforge e2e counted them
+     "e2e graphs+kforge 1.05x vs graphs (best without kforge), unchecked: kernels run and noise "
+     "not recorded, run kforge e2e again", "e2e 1.05x vs graphs (unchecked)"),
+], ids=["no-kernels", "noise", "slower", "unchecked"])
 def test_no_kernels_noise_and_a_faster_mode_without_kforge_are_said(measured, full, short):
     assert model_parts(None, measured) == [Part(full, short, keep=2)]
 
 
 def test_without_a_measurement_the_projection_stands_alone():
-    alone = [Part("model ≤1.44x over eager projected", "model ≤1.44x proj", keep=2)]
+    alone = [Part("model ≤1.44x over eager projected", "model ≤1.44x vs eager proj", keep=2)]
     assert model_parts(1.44, None) == alone
     assert model_parts(1.44, ModelMeasured({"eager": 1.0}, {}, 1.44)) == alone
     assert model_parts(None, None) == []
@@ -118,5 +121,5 @@ async def test_a_measurement_made_while_watching_reaches_the_bar(fixture_db):
         await until(pilot, lambda: "e2e 1.05x vs graphs" in screen_lines(app)[0],
                     what="the measurement in the bar")
         await measure(db, replace(MEASURED, kernels={"eager+kforge": 0, "graphs+kforge": 0}))
-        await until(pilot, lambda: "no kforge kernel ran" in screen_lines(app)[0],
+        await until(pilot, lambda: "e2e: no kernels" in screen_lines(app)[0],
                     what="the newer measurement in the bar")

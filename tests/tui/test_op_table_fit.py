@@ -106,9 +106,13 @@ def test_a_status_gives_up_its_reason_then_its_word():
     assert status_text(done, False) == "done: budget spent"
     assert status_text(done, False, 18) == "done: budget spent"
     assert status_text(done, False, 10) == "done: bud…"
+    assert status_text(done, False, 9) == "done"  # no reason at all rather than "done: …"
     assert status_text(done, False, 6) == "done"
     assert status_text(row, True, 11) == "◎ searching"
     assert status_text(row, True, 6) == "◎ run"
+    # While one of its kernels is confirming, that is the op's status, reason or not.
+    assert status_text(done, True, None, confirming=True) == "◎ confirming"
+    assert status_text(row, True, 6, confirming=True) == "◎ conf"
 
 
 @given(st.dictionaries(st.sampled_from(["op", "share", "status", "shapes"]),
@@ -174,7 +178,7 @@ async def test_a_regions_op_cards_fold_under_it_whatever_the_sort(tmp_path: Path
 async def test_the_eager_column_names_its_source_before_and_after_the_evaluator(fixture_db):
     db, ids = fixture_db
     app = make_app(db, session=1)
-    async with app.run_test(size=(120, 40)) as pilot:
+    async with app.run_test(size=(100, 24)) as pilot:  # one pane: every whole cell fits
         await until(pilot, lambda: isinstance(app.screen, SessionScreen)
                     and app.screen.state is not None, what="the session")
         table = app.screen.query_one(OpTable)
@@ -182,12 +186,25 @@ async def test_the_eager_column_names_its_source_before_and_after_the_evaluator(
         async with await Store.open(db) as store:
             await store.update_card(ids["card"], eager_us=120.0, baseline={"eager": {}})
         await until(pilot, lambda: table.heading("eager") == "eager", what="a mixed table")
-        cells = {key.value: table.get_row(key)[4].plain for key in table.rows}
-        assert cells[str(ids["card"])] == "120.0 us eval"
-        assert cells[str(ids["add_card"])] == "100.0 us prof"
+
+        def cells() -> dict[str, str]:
+            return {key.value: table.get_row(key)[4].plain for key in table.rows}
+
+        assert cells()[str(ids["card"])] == "120.0 us eval"
+        assert cells()[str(ids["add_card"])] == "100.0 us prof"
+        # Narrower, the cells keep their source and leave their unit to the heading.
+        await pilot.resize_terminal(70, 24)
+        await until(pilot, lambda: table.heading("eager") == "eager us", what="the unit above")
+        assert cells()[str(ids["card"])] == "120.0 eval"
+        assert cells()[str(ids["add_card"])] == "100.0 prof"
         async with await Store.open(db) as store:
             for card in await store.list_cards(1):
                 await store.update_card(card.id, baseline={"eager": {}})
         await until(pilot, lambda: table.heading("eager") == "eager eval", what="all timed")
         await pilot.pause(0.1)
         assert table.get_row(str(ids["card"]))[4].plain == "120.0 us"
+        # An op without an eager time has no source: the others' heading stands.
+        async with await Store.open(db) as store:
+            await store.update_card(ids["add_card"], eager_us=None, baseline=None)
+        await until(pilot, lambda: cells()[str(ids["add_card"])] == "-", what="no time")
+        assert table.heading("eager") == "eager eval"
