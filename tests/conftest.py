@@ -5,6 +5,7 @@ run."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -45,3 +46,13 @@ def _isolated_kforge_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch:
                  "OPENAI_API_KEY", "OPENAI_BASE_URL"):
         monkeypatch.delenv(name, raising=False)
     return home
+
+
+@pytest.fixture
+async def store(tmp_path: Path):
+    """A new session database, closed after the test."""
+    from kforge.store import Store
+
+    s = await Store.open(tmp_path / "k.db")
+    yield s
+    await s.close()

@@ -7,9 +7,6 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import replace
-from pathlib import Path
-
-import pytest
 
 from kforge.core.candidate import Candidate, EvalOutcome, Proposal
 from kforge.core.opcard import OpCard
@@ -17,7 +14,8 @@ from kforge.core.settings import SearchSettings
 from kforge.engine.engine import Engine
 from kforge.store import NodeStatus, SessionStatus, Store
 from kforge.store.events import LogLine
-from tests.doubles import FakeEvaluator, FakeProposer, sample_cards
+from tests.doubles import FakeEvaluator, FakeProposer
+from tests.engine.test_engine import session
 
 
 class ScriptedProposer(FakeProposer):
@@ -62,18 +60,6 @@ class GatedEvaluator(FakeEvaluator):
                 self.cancelled.append(speed)
                 raise
         return await super().confirm(card, candidate, outcome)
-
-
-@pytest.fixture
-async def store(tmp_path: Path):
-    s = await Store.open(tmp_path / "k.db")
-    yield s
-    await s.close()
-
-
-async def session(store: Store) -> int:
-    return await store.create_profiled_session("toy", {}, {"name": "Fake GPU", "arch": "sm_90"},
-                                               sample_cards())
 
 
 def engine(store: Store, sid: int, proposer, evaluator, **settings) -> Engine:

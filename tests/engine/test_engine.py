@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -16,13 +15,6 @@ from kforge.errors import KforgeError
 from kforge.store import CardStatus, NodeStatus, SessionStatus, Store
 from kforge.store.events import CommandDone, LogLine, NodeAdded
 from tests.doubles import FakeEvaluator, FakeProposer, sample_cards
-
-
-@pytest.fixture
-async def store(tmp_path: Path):
-    s = await Store.open(tmp_path / "k.db")
-    yield s
-    await s.close()
 
 
 async def session(store: Store) -> int:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -15,7 +14,8 @@ from kforge.engine.engine import Engine
 from kforge.errors import KforgeError
 from kforge.store import NodeStatus, SessionStatus, Store
 from kforge.store import store as store_module
-from tests.doubles import FakeEvaluator, FakeProposer, sample_cards
+from tests.doubles import FakeEvaluator, FakeProposer
+from tests.engine.test_engine import session
 
 ITERATIONS = 4
 TARGET_OPS = 3
@@ -43,18 +43,6 @@ class GatedEvaluator(FakeEvaluator):
         self.waiting += 1
         await self.gate.wait()
         return await super().evaluate(card, candidate)
-
-
-@pytest.fixture
-async def store(tmp_path: Path):
-    s = await Store.open(tmp_path / "k.db")
-    yield s
-    await s.close()
-
-
-async def session(store: Store) -> int:
-    return await store.create_profiled_session("toy", {}, {"name": "Fake GPU", "arch": "sm_90"},
-                                               sample_cards())
 
 
 def engine(store: Store, sid: int, evaluator: FakeEvaluator) -> Engine:

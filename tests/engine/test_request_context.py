@@ -3,10 +3,6 @@ card, with the kernels eager launches, for the prompt's profiler feedback."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
-
 from kforge.core.candidate import Baseline
 from kforge.core.opcard import OpCard
 from kforge.store import Store
@@ -21,13 +17,6 @@ class ProfilingEvaluator(FakeEvaluator):
         base = await super().baseline(card)
         return Baseline(base.eager, base.compiled, base.compile_s, base.floor_us,
                         eager_kernels=KERNELS)
-
-
-@pytest.fixture
-async def store(tmp_path: Path):
-    s = await Store.open(tmp_path / "k.db")
-    yield s
-    await s.close()
 
 
 async def test_every_request_carries_the_cards_baseline_with_eagers_kernels(store: Store):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import pytest
 
@@ -11,13 +10,6 @@ from kforge.core.candidate import Candidate, EvalOutcome, EvalStatus
 from kforge.store import Store
 from kforge.store.events import CardUpdated
 from tests.doubles import sample_cards
-
-
-@pytest.fixture
-async def store(tmp_path: Path):
-    s = await Store.open(tmp_path / "k.db")
-    yield s
-    await s.close()
 
 
 async def evaluating(store: Store, sid: int, card_id: int) -> int:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -63,13 +62,6 @@ def test_checked_reads_a_command_as_the_search_does(kind, arg, expected):
 def test_checked_names_what_is_wrong(kind, arg, says):
     with pytest.raises(BadCommand, match=says):
         checked(kind, arg)
-
-
-@pytest.fixture
-async def store(tmp_path: Path):
-    s = await Store.open(tmp_path / "k.db")
-    yield s
-    await s.close()
 
 
 async def session_with_a_node(store: Store) -> tuple[int, int, int]:

@@ -24,13 +24,6 @@ from kforge.store.store import LeaseLost, engine_alive
 from tests.doubles import sample_cards
 
 
-@pytest.fixture
-async def store(tmp_path: Path):
-    s = await Store.open(tmp_path / "k.db")
-    yield s
-    await s.close()
-
-
 async def make_session(store: Store) -> int:
     return await store.create_profiled_session("toy", {}, {"name": "H200", "arch": "sm_90"},
                                                sample_cards())

@@ -20,13 +20,6 @@ from kforge.store.schema import LATEST
 from tests.doubles import sample_cards
 
 
-@pytest.fixture
-async def store(tmp_path: Path):
-    s = await Store.open(tmp_path / "k.db")
-    yield s
-    await s.close()
-
-
 async def make_session(store: Store) -> int:
     return await store.create_profiled_session("toy", {"dtype": "float16"},
                                                {"name": "H200", "arch": "sm_90"}, sample_cards())
