@@ -21,6 +21,7 @@ from textual.widgets import Input
 
 from kforge.core.inert import inert
 from kforge.core.settings import Settings
+from kforge.engine.plugins import needs_consent
 from kforge.errors import KforgeError
 from kforge.store import Store
 from kforge.store.config import config_path, db_path, load_config, save_config_value
@@ -45,7 +46,7 @@ from kforge_tui.launch import (
     search_evaluator,
 )
 from kforge_tui.messages import ErrorRaised, Notice
-from kforge_tui.screens.dialogs import Ask, Choose, Confirm, Dialog, DiffView
+from kforge_tui.screens.dialogs import Ask, Choose, Confirm, Dialog, DiffView, TrustPlugins
 from kforge_tui.screens.help import Help, help_rows
 from kforge_tui.screens.new_session import NewSessionScreen
 from kforge_tui.screens.session import SessionScreen
@@ -232,7 +233,9 @@ class KforgeApp(App):
 
     @work(group="resume")
     async def resume_session(self, session_id: int, open_after: bool = False) -> None:
-        """Start a detached engine for the session (``kforge resume --detach``)."""
+        """Start a detached engine for the session (``kforge resume --detach``). Where its stored
+        settings name plug-ins or a cluster that the config file does not (what ``kforge
+        resume`` would refuse), ask first, and add ``--trust-plugins`` only on a yes."""
         store = await self.open_store()
         if store is None or self.refused_in_demo("resuming a search"):
             return
@@ -241,8 +244,18 @@ class KforgeApp(App):
             evaluator = search_evaluator(self.config, session.settings)
             if needs_gpu(evaluator) and self.gpu is not None and not self.gpu.present:
                 raise KforgeError(NEEDS_GPU.format(detail=self.gpu.detail))
+            named = needs_consent(session_id, session.settings, self.config)
+            if named:
+                if not await self.push_screen_wait(TrustPlugins(session_id, named)):
+                    self.notify(f"session {session_id} was not resumed", timeout=3)
+                    return
+                session = await store.get_session(session_id)
+                if needs_consent(session_id, session.settings, self.config) != named:
+                    raise KforgeError(f"session {session_id}'s stored plug-ins changed while "
+                                      "you were asked; resume it again to see them")
             self.notify(f"starting the search of session {session_id}…", timeout=3)
-            await run_kforge(resume_argv(session_id, self.db_path), lambda _line: None)
+            await run_kforge(resume_argv(session_id, self.db_path, trust_plugins=bool(named)),
+                             lambda _line: None)
         except KforgeError as exc:
             self.report(str(exc))
             return
@@ -258,7 +271,7 @@ class KforgeApp(App):
 def binding_owners() -> tuple[type, ...]:
     """Every class whose bindings the config's [keys] table may remap."""
     return (KforgeApp, SessionsScreen, SessionScreen, NewSessionScreen, Dialog, Confirm, Choose,
-            Ask, DiffView, Help, VimTable, OpTable, SearchTree, CodeView)
+            Ask, DiffView, TrustPlugins, Help, VimTable, OpTable, SearchTree, CodeView)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

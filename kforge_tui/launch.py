@@ -142,8 +142,11 @@ def number(text: str, kind: type[int | float], what: str) -> int | float | None:
         raise KforgeError(f"{what} must be {noun}, not {text.strip()!r}") from None
 
 
-def resume_argv(session_id: int, db: Path) -> list[str]:
-    return [*kforge_command(), "resume", str(session_id), "--db", str(db), "--detach", "--json"]
+def resume_argv(session_id: int, db: Path, trust_plugins: bool = False) -> list[str]:
+    """``kforge resume --detach``; with ``trust_plugins`` (the user said yes to what
+    ``needs_consent`` named) ``--trust-plugins`` too."""
+    return [*kforge_command(), "resume", str(session_id), "--db", str(db), "--detach", "--json",
+            *(["--trust-plugins"] if trust_plugins else [])]
 
 
 async def run_kforge(argv: list[str], on_line: Callable[[str], None]) -> dict:

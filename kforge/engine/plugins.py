@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kforge.core.protocols import Evaluator, Proposer, SearchContext
-from kforge.core.settings import LlmSection, SearchSettings
+from kforge.core.settings import LlmSection, Origin, SearchSettings, Settings
 from kforge.errors import KforgeError
 
 
@@ -45,23 +45,51 @@ class PluginConsent:
     specs: frozenset[str] = frozenset()
     every: bool = False
 
-    def check(self, search: SearchSettings, stored: Mapping[str, Any],
-              configured: SearchSettings) -> None:
-        """Refuse the plug-ins and the cluster of ``search`` that only the session's stored search
-        settings (``stored``) name: not confirmed, and not the user's own config file's
-        (``configured``)."""
+    def unconfirmed(self, search: SearchSettings, stored: Mapping[str, Any],
+                    configured: SearchSettings) -> list[tuple[str, str]]:
+        """``(what, spec)`` for each plug-in (``proposer``, ``evaluator``) and the cluster
+        (``cluster``) of ``search`` that only the session's stored search settings (``stored``)
+        name: not confirmed, and not the user's own config file's (``configured``)."""
+        found = []
         for what in ("proposer", "evaluator", "cluster"):
             spec = getattr(search, what)
             named = ":" in spec if what != "cluster" else bool(spec)
             if (named and stored.get(what) == spec and not self.every
                     and spec not in self.specs and spec != getattr(configured, what)):
-                raise KforgeError(
-                    f"the session names the {what} {spec!r}, "
-                    + ("code that kforge would import" if what != "cluster" else
-                       "a Ray cluster kforge would send its work to and take answers (Python "
-                       "objects) from")
-                    + f" on the database's say-so; to use it, give `--{what} {spec}` again "
-                    "or `--trust-plugins`")
+                found.append((what, spec))
+        return found
+
+    def check(self, search: SearchSettings, stored: Mapping[str, Any],
+              configured: SearchSettings) -> None:
+        """Refuse the plug-ins and the cluster of ``search`` that are ``unconfirmed``."""
+        unconfirmed = self.unconfirmed(search, stored, configured)
+        if unconfirmed:
+            what, spec = unconfirmed[0]
+            raise KforgeError(
+                f"the session names the {what} {spec!r}, "
+                + ("code that kforge would import" if what != "cluster" else
+                   "a Ray cluster kforge would send its work to and take answers (Python "
+                   "objects) from")
+                + f" on the database's say-so; to use it, give `--{what} {spec}` again "
+                "or `--trust-plugins`")
+
+
+def settled_search(session_settings: Mapping[str, Any], given: Mapping[str, Any],
+                   config: Settings, origin: Origin) -> SearchSettings:
+    """The search settings a session's search runs with: those ``given`` on the command line
+    over those the session stored (its ``settings``), over the config file's. The stored table
+    is taken as it is: a key an older session left out takes the config's value."""
+    return config.search.updated({**(session_settings.get("search") or {}), **given}, origin)
+
+
+def needs_consent(session_id: int, session_settings: Mapping[str, Any], config: Settings,
+                  consent: PluginConsent = PluginConsent()) -> list[tuple[str, str]]:
+    """``(what, spec)`` for each plug-in and cluster that resuming the session's search (with no
+    search options given) would use on the database's say-so alone, unconfirmed by ``consent``:
+    what ``kforge resume`` refuses without ``--trust-plugins``, by the settling and the rule it
+    applies (``settled_search``, ``PluginConsent.unconfirmed``). Empty where nothing needs it."""
+    search = settled_search(session_settings, {}, config, Origin.stored(session_id))
+    return consent.unconfirmed(search, session_settings.get("search") or {}, config.search)
 
 
 BUILTIN_PROPOSERS = ("library", "llm", "both")

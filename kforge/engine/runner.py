@@ -23,6 +23,7 @@ from kforge.engine.plugins import (
     check_can_start,
     make_evaluator,
     make_proposer,
+    settled_search,
 )
 from kforge.errors import KforgeError
 from kforge.store import SessionStatus, Store
@@ -45,8 +46,7 @@ async def prepare_session(store: Store, session_id: int, given: Mapping[str, Any
                           f"{session.engine_pid} on {session.engine_host}")
     SearchSettings.from_dict(given, Origin("on the command line"))  # named as the user gave them
     stored = Origin.stored(session_id)
-    # the stored tables as they are: a key an older session left out takes the config's value
-    search = config.search.updated({**(session.settings.get("search") or {}), **given}, stored)
+    search = settled_search(session.settings, given, config, stored)
     consent.check(search, session.settings.get("search") or {}, config.search)
     evaluation = config.eval.updated(session.settings.get("eval") or {}, stored)
     check_can_start(search, config.llm, session.settings.get("llm_model"))

@@ -1,5 +1,5 @@
-"""Small modal dialogs: yes/no, pick one of a list, type a line, and read a diff. Each fits an
-80x24 terminal: at most 76 cells wide, its text wrapped."""
+"""Small modal dialogs: yes/no, pick one of a list, type a line, read a diff, and trust what a
+session names to run. Each fits an 80x24 terminal: at most 76 cells wide, its text wrapped."""
 
 from __future__ import annotations
 
@@ -87,6 +87,64 @@ class Confirm(Dialog):
 
     def action_yes(self) -> None:
         self.dismiss(True)
+
+
+# What starting a search does with each thing a session may name (``needs_consent``'s kinds).
+TRUST_DOES = {
+    "proposer": "import and run the proposer",
+    "evaluator": "import and run the evaluator",
+    "cluster": "connect to the Ray cluster, and load its answers (Python objects) here",
+}
+
+
+class TrustPlugins(Dialog):
+    """Whether to start a session's search that would run code only its database names (each
+    ``(what, spec)`` of ``needs_consent``), each shown literally. Escape, and enter on the
+    focused Cancel, say no; only t or the Trust button say yes."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("t", "trust", "trust & resume", id="trust_plugins"),
+        Binding("left,h", "app.focus_previous", show=False),
+        Binding("right,l", "app.focus_next", show=False),
+    ]
+    DEFAULT_CSS = """
+    TrustPlugins #named { height: auto; max-height: 10; }
+    TrustPlugins .spec { text-style: bold; padding-left: 2; }
+    TrustPlugins .why { margin-top: 1; }
+    TrustPlugins #answers { height: 1; margin-top: 1; align-horizontal: right; }
+    TrustPlugins #answers > Button { margin-left: 2; }
+    """
+
+    def __init__(self, session_id: int, named: list[tuple[str, str]]) -> None:
+        super().__init__(f"Session {session_id} names code to run on this machine")
+        self.named = named
+
+    def body(self) -> ComposeResult:
+        yield Label("Resuming its search would:")
+        with VerticalScroll(id="named"):
+            for what, spec in self.named:
+                yield Label(TRUST_DOES[what])
+                yield Label(literal(spec), classes="spec")
+                if inert(spec) != spec:
+                    yield Label("  (it holds control characters, left out above)")
+        yield Label("Its database names these; your config file does not. Trust & resume "
+                    "runs that code on this machine, with your rights: trust only a database "
+                    "you know.", classes="why")
+        with Horizontal(id="answers"):
+            yield Button("Cancel (escape)", id="cancel", compact=True)
+            yield Button("Trust & resume (t)", id="trust", compact=True)
+
+    def on_mount(self) -> None:
+        self.query_one("#cancel", Button).focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "trust")
+
+    def action_trust(self) -> None:
+        self.dismiss(True)
+
+    def action_cancel(self) -> None:
+        self.dismiss(False)
 
 
 class Choose(Dialog):

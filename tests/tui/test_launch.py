@@ -12,6 +12,7 @@ from textual.widgets import Input
 from kforge.store import SessionStatus, Store
 from kforge_tui.launch import kforge_command, resume_argv, run_kforge
 from kforge_tui.screens import new_session
+from kforge_tui.screens.dialogs import TrustPlugins
 from kforge_tui.screens.new_session import NewSessionScreen
 from kforge_tui.screens.session import SessionScreen
 from kforge_tui.widgets.wrapping_log import WrappingLog
@@ -29,10 +30,10 @@ def _repo_on_the_path(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONPATH", str(REPO))
 
 
-async def ready_session(db: Path) -> int:
+async def ready_session(db: Path, settings: dict | None = None) -> int:
     async with await Store.open(db) as store:
-        return await store.create_profiled_session("toy", {"fake": {}}, {"name": "Fake GPU",
-                                                                          "arch": "sm_90"},
+        return await store.create_profiled_session("toy", settings or {"fake": {}},
+                                                   {"name": "Fake GPU", "arch": "sm_90"},
                                                    sample_cards())
 
 
@@ -78,4 +79,23 @@ async def test_the_new_session_form_opens_the_session_the_cli_names(tmp_path: Pa
                     what="the new session to open")
         assert app.screen.session_id == sid
         assert any("searching in the background" in line for line in progress.messages)
+    assert await until_released(db, sid) == SessionStatus.DONE
+
+
+async def test_a_session_naming_plug_ins_resumes_from_the_tui_once_trusted(tmp_path: Path):
+    db = tmp_path / "k.db"
+    sid = await ready_session(db, {"search": {"proposer": "tests.doubles:make_proposer",
+                                              "evaluator": "tests.doubles:make_evaluator",
+                                              "iterations_per_op": 1}})
+    app = make_app(db, session=sid)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, SessionScreen)
+                    and app.screen.state is not None, what="the session")
+        await pilot.press("r")
+        await until(pilot, lambda: isinstance(app.screen, TrustPlugins), what="the question")
+        await pilot.press("t")
+        # the real `kforge resume --trust-plugins`: the CLI takes the TUI's yes
+        await until(pilot, lambda: any("searching in the background" in n.message
+                                       for n in app._notifications), timeout_s=60,
+                    what="the engine to start")
     assert await until_released(db, sid) == SessionStatus.DONE
