@@ -48,19 +48,24 @@ REGION_OPS = frozenset({
 })
 # Views and metadata ops: they join a region but do no work of their own.
 REGION_VIEW_OPS = frozenset({"_unsafe_view", "_reshape_alias", "alias", "lift_fresh", "detach"})
+# Matrix products a region may start with, its other nodes their epilogue (the matmul family's
+# ``region_problem``). Capture leaves vendor-library ops out of the regions it builds.
+REGION_PRODUCT_OPS = frozenset({"mm", "addmm", "bmm"})
 
 
 def may_join(op: str, *, pointwise: bool, aliases_input: bool, mutates: bool,
              returns_tensor: bool, reads_tensors: bool) -> bool:
     """Whether a call of ``op`` may be a node of a region: a functional aten op (no in-place
-    write) that reads tensors and returns them, and is pointwise, one of REGION_OPS, or a view.
-    Capture builds regions of such calls only (``kforge.capture.classify.is_fusible``), and
-    ``Region.check`` holds every region read from data to the same rule: no factory (nothing
-    read: ``from_file`` maps a host file), no write, no op of another kind."""
+    write) that reads tensors and returns them, and is pointwise, one of REGION_OPS, a view or
+    a matrix product. Capture builds regions of such calls only
+    (``kforge.capture.classify.is_fusible``, which also leaves out every op a vendor library
+    runs), and ``Region.check`` holds every region read from data to the same rule: no factory
+    (nothing read: ``from_file`` maps a host file), no write, no op of another kind."""
     if mutates or not returns_tensor or not reads_tensors or not op.startswith("aten."):
         return False
     short = op.split(".")[1]
-    return pointwise or aliases_input or short in REGION_OPS or short in REGION_VIEW_OPS
+    return (pointwise or aliases_input or short in REGION_OPS or short in REGION_VIEW_OPS
+            or short in REGION_PRODUCT_OPS)
 
 
 def operator_facts(func: Any) -> dict[str, bool]:
@@ -182,7 +187,7 @@ class Region:
                 raise ArgSpecError(
                     f"region {self.name}: node n{index} calls {node['op']}, which no region "
                     "holds (its nodes are functional aten ops that read tensors: pointwise ops, "
-                    "reductions, norms, softmax, casts and views)")
+                    "reductions, norms, softmax, casts, views and matrix products)")
             returns = [str(r.type) for r in func._schema.returns]
             name = node_name(index)
             if returns == ["Tensor"]:
