@@ -5,6 +5,7 @@ run."""
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,12 @@ from hypothesis import settings
 settings.register_profile("repeatable", derandomize=True, database=None)
 settings.register_profile("explore", database=None)
 settings.load_profile(os.environ.get("KFORGE_HYPOTHESIS", "repeatable"))
+
+# torch.compile's caches (Inductor's FX graphs, Triton's kernels) go to a folder of this run's
+# own, not the machine's shared one: another run beside this one, of other code, writes there.
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    _COMPILE_CACHE = tempfile.TemporaryDirectory(prefix="kforge-tests-inductor-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = _COMPILE_CACHE.name
 
 
 def _cuda_available() -> bool:

@@ -247,13 +247,16 @@ def test_measured_choice_needs_a_session(toy):
         kforge.compile(model, KernelTable(), example_inputs=x)
 
 
-def test_inductors_fx_graph_cache_serves_the_kernels_graph_again(cards, toy, tmp_path,
-                                                                 monkeypatch):
+def test_inductors_fx_graph_cache_serves_the_kernels_graph_again(cards, toy, tmp_path):
+    from torch._inductor.utils import fresh_cache
+
     model, x = toy
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     calls: Counter = Counter()
     table = table_of(cards, calls)
-    with torch.no_grad(), torch._inductor.config.patch(fx_graph_cache=True):
+    torch._dynamo.reset()
+    # a cache of its own, on disk and in memory: what earlier tests compiled is not in it
+    with torch.no_grad(), fresh_cache(dir=str(tmp_path)), \
+            torch._inductor.config.patch(fx_graph_cache=True):
         first = backend(table)
         torch.compile(model, backend=first)(x)
         torch._dynamo.reset()  # (clears the counters too)
