@@ -12,7 +12,6 @@ from rich.table import Table
 from rich.text import Text
 
 from kforge.cli.common import add_db_option, out, row_id, session_id, with_store
-from kforge.cli.node_view import cmd_show_node
 from kforge.core.candidate import EvalOutcome
 from kforge.core.fmt import fmt_age, fmt_projection, fmt_speedup, fmt_us
 from kforge.core.region import folded
@@ -75,6 +74,8 @@ def cmd_sessions(args: argparse.Namespace) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     if args.node is not None:
+        from kforge.cli.node_view import cmd_show_node  # brings in torch: not for `show --help`
+
         return cmd_show_node(args)
 
     async def work(store: Store):

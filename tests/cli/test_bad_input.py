@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kforge.cli.main import main
+from kforge.cli.main import COMMANDS, main
 from kforge.core.candidate import Candidate, EvalOutcome, EvalStatus
 from kforge.store import SessionStatus, Store
 from kforge.store.events import ModelMeasured
@@ -223,11 +223,23 @@ def test_version_and_help_import_no_command_module(flag: str):
     assert out.strip().splitlines()[-1] == "[]"
 
 
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_a_commands_help_imports_no_torch(command: str):
+    """`kforge COMMAND --help` needs only the command's arguments: its module defers what brings
+    in torch (seconds) to the command's own run."""
+    probe = ("import sys\nfrom kforge.cli.main import main\ntry:\n    main([%r, '--help'])\n"
+             "except SystemExit:\n    pass\nprint(sorted(m for m in sys.modules if "
+             "m.split('.')[0] in ('torch', 'numpy')))" % command)
+    out, _ = kforge_process("-c", probe).communicate(timeout=60)
+    assert out.strip().splitlines()[-1] == "[]"
+
+
 def test_ctrl_c_while_torch_is_imported_is_one_line(db: Path):
     """SIGINT in the seconds a command spends importing torch: kforge says it was interrupted.
     Python reports each import as it ends (-X importtime): the signal goes once torch's own
     modules are being imported."""
-    proc = kforge_process("-X", "importtime", "-m", "kforge", "show", "1", "--db", str(db))
+    proc = kforge_process("-X", "importtime", "-m", "kforge", "show", "1", "--node", "1", "--db",
+                          str(db))
     said = []
     for line in proc.stderr:
         said.append(line)
