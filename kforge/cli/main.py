@@ -18,6 +18,7 @@ import traceback
 from collections.abc import Sequence
 
 from kforge import __version__
+from kforge.cli import INTERRUPTED
 from kforge.core.inert import inert
 from kforge.errors import KforgeError
 
@@ -40,7 +41,6 @@ COMMANDS = {
     "add-kernel": ("cmd_user_kernel", "evaluate your own kernel for an op card and add it to the "
                                       "card's search tree"),
 }
-INTERRUPTED = 130  # the shell's code for a command ended by SIGINT
 BAD_USAGE = 2  # argparse's code for a command line it cannot read
 LONG_WORD = 120  # a longer word of an error message (a huge path) is shown by its ends
 

@@ -234,6 +234,22 @@ def test_a_commands_help_imports_no_torch(command: str):
     assert out.strip().splitlines()[-1] == "[]"
 
 
+def test_ctrl_c_while_the_command_line_itself_is_imported_is_one_line(db: Path):
+    """SIGINT while kforge.cli.main and what it needs (argparse, json, ...) are still loading,
+    before its own error handling exists: still kforge's one line."""
+    proc = kforge_process("-X", "importtime", "-m", "kforge", "stop", "1", "--db", str(db))
+    said = []
+    for line in proc.stderr:
+        said.append(line)
+        if re.search(r"\|\s+argparse$", line.rstrip()):
+            proc.send_signal(signal.SIGINT)
+            break
+    rest, tail = proc.communicate(timeout=60)
+    said += tail.splitlines(keepends=True)
+    lines = [line for line in said if not line.startswith("import time:")]
+    assert proc.returncode == 130 and lines == ["kforge: interrupted\n"], "".join(lines)
+
+
 def test_ctrl_c_while_torch_is_imported_is_one_line(db: Path):
     """SIGINT in the seconds a command spends importing torch: kforge says it was interrupted.
     Python reports each import as it ends (-X importtime): the signal goes once torch's own
