@@ -90,6 +90,9 @@ ENGINE_STALE_S = 20.0
 # is lost on power loss (NORMAL, with WAL, may lose the last commits).
 SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL"}
 LOCK_BACKOFF_S = (0.05, 1.0)  # first and longest pause between waits for another's write lock
+# What the SQLite driver raises for a database it cannot use: its own errors, and the
+# UnicodeDecodeError it raises where SQLite's error message (quoting a damaged schema) is not UTF-8.
+DB_ERRORS = (sqlite3.Error, UnicodeDecodeError)
 _CARD_FIELDS = ("status", "stop_reason", "spent", "best_node", "best_speedup", "eager_us",
                 "compiled_us", "floor_us", "baseline")
 _NODE_COLUMNS = ("id, session_id, card_id, parent_id, action, status, meta, reward, speedup, "
@@ -172,10 +175,10 @@ class Store:
                               "write there")
         try:
             db = await aiosqlite.connect(path, isolation_level=None, timeout=timeout_s)
-        except sqlite3.Error as exc:
+        except DB_ERRORS as exc:
             raise _explain(exc, path) from None
-        store = cls(db, path)
-        try:
+        try:  # a connection left open keeps its thread, and the process, alive
+            store = cls(db, path)
             await store._setup(timeout_s)
         except BaseException:
             await db.close()
@@ -209,13 +212,13 @@ class Store:
             try:
                 db = await aiosqlite.connect(f"{path.absolute().as_uri()}?{mode}", uri=True,
                                              isolation_level=None, timeout=timeout_s)
-            except sqlite3.Error as exc:
+            except DB_ERRORS as exc:
                 raise _explain(exc, path) from None
             db.row_factory = aiosqlite.Row
             try:
                 version = (await (await db.execute("PRAGMA user_version")).fetchone())[0]
                 break
-            except sqlite3.Error as exc:
+            except DB_ERRORS as exc:
                 await db.close()
                 error = _explain(exc, path)
         else:
@@ -227,7 +230,11 @@ class Store:
                               if version < LATEST else
                               f"{path} was written by a newer kforge (schema {version}, this "
                               f"one knows {LATEST}): upgrade kforge")
-        return cls(db, path)
+        try:
+            return cls(db, path)
+        except BaseException:
+            await db.close()
+            raise
 
     async def _setup(self, timeout_s: float) -> None:
         db = self._db
@@ -246,7 +253,7 @@ class Store:
             await db.execute(f"PRAGMA synchronous = {SYNCHRONOUS[configured_durability()]}")
             if version < LATEST:
                 await self._migrate()
-        except sqlite3.Error as exc:
+        except DB_ERRORS as exc:
             raise _explain(exc, self.path) from None
 
     async def _migrate(self) -> None:
@@ -290,7 +297,7 @@ class Store:
                         message=f"waited {waited_s:.0f} s for another process to release the "
                                 "database's write lock", level="warning"))
                 yield self._db
-            except sqlite3.Error as exc:  # e.g. a write to a database opened read-only
+            except DB_ERRORS as exc:  # e.g. a write to a database opened read-only
                 await self._rollback()
                 raise _explain(exc, self.path) from None
             except BaseException:
@@ -298,7 +305,7 @@ class Store:
                 raise
             try:
                 await self._settle("COMMIT")
-            except sqlite3.Error as exc:
+            except DB_ERRORS as exc:
                 await self._rollback()
                 raise _explain(exc, self.path) from None
 
@@ -314,7 +321,7 @@ class Store:
             except asyncio.CancelledError:
                 await self._rollback()  # the BEGIN may have gone through meanwhile
                 raise
-            except sqlite3.Error as exc:
+            except DB_ERRORS as exc:
                 if not (patient and _is_lock(exc)):
                     raise _explain(exc, self.path) from None
             if first_pause or pause == LOCK_BACKOFF_S[1]:
@@ -368,7 +375,7 @@ class Store:
                 # one step in the connection's thread: a reader cancelled meanwhile cannot leave a
                 # half-read statement open, which would pin the connection to an old snapshot
                 return list(await self._db.execute_fetchall(sql, tuple(params)))
-            except sqlite3.Error as exc:
+            except DB_ERRORS as exc:
                 raise _explain(exc, self.path) from None
 
     @staticmethod
@@ -858,14 +865,19 @@ def _proc_stat(pid: int) -> list[str]:
         return stat.read().rsplit(")", 1)[1].split()
 
 
-def _is_lock(exc: sqlite3.Error) -> bool:
+def _is_lock(exc: sqlite3.Error | UnicodeDecodeError) -> bool:
+    if isinstance(exc, UnicodeDecodeError):
+        return False
     code = getattr(exc, "sqlite_errorcode", None)
     if code is not None:
         return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
     return "locked" in str(exc) or "busy" in str(exc)
 
 
-def _explain(exc: sqlite3.Error, path: Path) -> KforgeError:
+def _explain(exc: sqlite3.Error | UnicodeDecodeError, path: Path) -> KforgeError:
+    if isinstance(exc, UnicodeDecodeError):
+        return KforgeError(f"{path} is not a kforge database or it is corrupt (SQLite's message "
+                           "about it is garbled bytes)")
     text = str(exc)
     if _is_lock(exc):
         return KforgeError(f"database {path} is locked by another process; try again in a moment")
