@@ -93,6 +93,8 @@ def read_plan(path: Path) -> dict:
     except json.JSONDecodeError as exc:
         raise KforgeError(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno} column "
                           f"{exc.colno}") from None
+    except RecursionError:
+        raise KforgeError(f"{path} nests its JSON too deeply to be a launch plan") from None
     try:
         return parse_plan(data).to_dict()
     except PlanError as exc:

@@ -131,6 +131,7 @@ def test_a_model_whose_to_raises_type_error(tmp_path: Path, capsys):
 @pytest.mark.parametrize("content, said", [
     (b"\xff\xfe[search]\n", "is not UTF-8 text"),
     (b"[search\n", "is not valid TOML"),
+    (b"x = " + b"[" * 50_000 + b"]" * 50_000 + b"\n", "nests its arrays or tables too deeply"),
     (None, "cannot read config file"),  # a folder where the file should be
 ])
 def test_unreadable_config_files(db: Path, _isolated_kforge_dirs: Path, capsys, content, said):
