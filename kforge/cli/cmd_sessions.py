@@ -21,6 +21,7 @@ from kforge.store import Store
 from kforge.store.commands import is_alive, shown_status
 from kforge.store.config import db_path
 from kforge.store.events import ModelMeasured
+from kforge.store.records import reading
 
 if TYPE_CHECKING:
     from kforge.cli.main import Commands
@@ -127,7 +128,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         status = row.status + (f": {row.stop_reason}" if row.stop_reason else "")
         status += "".join(f"; confirming node {n.id} ({fmt_speedup(n.speedup)})"
                           for n in confirming.get(row.id, []))
-        kernel, host = kernel_times(best.get(row.id))
+        with reading(f"the evaluation of search node {row.best_node}"):  # as the table shows it
+            kernel, host = kernel_times(best.get(row.id))
         table.add_row(str(row.id), ("└ " if inside else "") + c.short_op, c.signature[:70],
                       *((c.range_text or "-",) if ranged else ()), str(c.calls),
                       f"{100 * c.share:.1f}%", c.library, fmt_us(c.eager_us),

@@ -55,7 +55,7 @@ from kforge.eval.pool import EvaluatorLost
 from kforge.runtime.regions import register_cards
 from kforge.store import CardStatus, CommandKind, NodeStatus, SessionStatus, Store
 from kforge.store.commands import BadCommand, checked, save_focus, save_pruned
-from kforge.store.records import CardRow, Command
+from kforge.store.records import CardRow, Command, reading
 from kforge.store.store import LeaseLost
 
 log = logging.getLogger("kforge.engine")
@@ -304,8 +304,9 @@ class Engine:
         searches = []
         for row in rows:
             mine = [n for n in kept if n.card_id == row.id]
-            tree = Tree.from_records([n.record() for n in mine], self.settings.mcts,
-                                     seed=derived_seed(self.settings.seed, row.id))
+            with reading(f"the search tree of op card {row.id}"):  # nodes as stored link up
+                tree = Tree.from_records([n.record() for n in mine], self.settings.mcts,
+                                         seed=derived_seed(self.settings.seed, row.id))
             search = CardSearch(card_id=row.id, card=row.card, tree=tree, spent=tree.completed,
                                 best=Best(row.best_node, row.best_speedup),
                                 done=row.status in (CardStatus.DONE, CardStatus.SKIPPED))

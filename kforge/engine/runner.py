@@ -97,7 +97,7 @@ async def session_evaluator(store: Store, session_id: int, consent: PluginConsen
         await store.log(session_id, note, "warning")
     ctx = SearchContext(session_id=session_id, samples_dir=store.samples_dir(session_id),
                         settings=settings, config=config,
-                        gpu=GpuInfo.from_dict(session.gpu) if session.gpu else None)
+                        gpu=session.gpu_info if session.gpu else None)
     evaluator = make_evaluator(settings.search.evaluator, ctx)
     _check_same_gpu(session.gpu, evaluator.gpu, session_id)
     return ctx, evaluator

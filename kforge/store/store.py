@@ -34,9 +34,10 @@ from typing import Any
 import aiosqlite
 
 from kforge.core.candidate import Candidate, EvalOutcome, LlmCall
+from kforge.core.mcts import Action
 from kforge.core.opcard import OpCard
 from kforge.errors import KforgeError
-from kforge.core.settings import redact
+from kforge.core.settings import SessionSettings, redact
 from kforge.store.config import configured_durability, configured_secrets
 from kforge.store.events import (
     CardsAdded,
@@ -890,9 +891,13 @@ def _explain(exc: sqlite3.Error | UnicodeDecodeError, path: Path) -> KforgeError
 
 def _session(r: aiosqlite.Row) -> Session:
     with reading(f"session {r['id']}"):
-        return Session(id=r["id"], model=column(r, "model", str),
-                       gpu=json_column(r, "gpu", dict, {}),
-                       settings=json_column(r, "settings", dict, {}),
+        gpu = json_column(r, "gpu", dict, {})
+        for key in ("name", "arch"):
+            if key in gpu:
+                column(gpu, key, str)
+        settings = json_column(r, "settings", dict, {})
+        SessionSettings.from_stored(settings)  # its tables are tables (bad values are dropped)
+        session = Session(id=r["id"], model=column(r, "model", str), gpu=gpu, settings=settings,
                        status=column(r, "status", str), error=column(r, "error", str),
                        created_at=column(r, "created_at", NUMBER),
                        updated_at=column(r, "updated_at", NUMBER),
@@ -901,6 +906,8 @@ def _session(r: aiosqlite.Row) -> Session:
                        heartbeat_at=column(r, "heartbeat_at", (*NUMBER, NOTHING)),
                        usd_spent=column(r, "usd_spent", NUMBER),
                        run_seconds=column(r, "run_seconds", NUMBER))
+        session.gpu_info  # noqa: B018  (what readers make of the fingerprint)
+        return session
 
 
 def _summary(r: aiosqlite.Row) -> SessionSummary:
@@ -945,7 +952,8 @@ def _node(r: aiosqlite.Row) -> NodeRow:
         return NodeRow(id=r["id"], session_id=column(r, "session_id", int),
                        card_id=column(r, "card_id", int),
                        parent_id=column(r, "parent_id", (int, NOTHING)),
-                       action=column(r, "action", str), status=column(r, "status", str),
+                       action=Action(column(r, "action", str)).value,
+                       status=column(r, "status", str),
                        meta=json_column(r, "meta", dict, {}),
                        reward=column(r, "reward", (*NUMBER, NOTHING)),
                        speedup=column(r, "speedup", (*NUMBER, NOTHING)),

@@ -128,6 +128,15 @@ def test_a_model_whose_to_raises_type_error(tmp_path: Path, capsys):
     assert "cannot move" in assert_one_line(code, err) and "stays where it is" in err
 
 
+def test_a_search_tree_that_does_not_link_up_stops_a_resume_in_one_line(db: Path, capsys):
+    with sqlite3.connect(db) as raw:  # node 1's parent is gone (no foreign keys outside kforge)
+        raw.execute("UPDATE nodes SET parent_id = 999 WHERE id = 1")
+    code, out, err = run(capsys, "resume", "1", "--proposer", PROPOSER, "--evaluator", EVALUATOR,
+                         "--quiet", "--db", str(db))
+    assert "kforge: the search tree of op card 1 in the database cannot be read (parent 999 " \
+           "does not exist)" in assert_one_line(code, err)
+
+
 @pytest.mark.parametrize("content, said", [
     (b"\xff\xfe[search]\n", "is not UTF-8 text"),
     (b"[search\n", "is not valid TOML"),
@@ -144,6 +153,9 @@ def test_unreadable_config_files(db: Path, _isolated_kforge_dirs: Path, capsys, 
     assert said in line and str(config) in line
 
 
+# An outcome that decodes, with a figure a viewer shows that is not a number.
+SHOWN_BADLY = json.dumps({"status": "ok", "timing": timing(30.0).__dict__,
+                          "extra": {"host_us": "fast", "eager_host_us": 5.0}})
 DAMAGE = [  # (table, column, value stored, where the row is read, what the error names)
     ("sessions", "gpu", "{not json", ["sessions"], "session 1 "),
     ("sessions", "gpu", "[1, 2]", ["show", "1"], "session 1 "),
@@ -162,6 +174,12 @@ DAMAGE = [  # (table, column, value stored, where the row is read, what the erro
      "the evaluation of search node 1 "),
     ("evaluations", "outcome", "not json", ["show", "1"], "the evaluation of search node 1 "),
     ("events", "data", "[", ["show", "1"], "event "),
+    ("sessions", "settings", '{"search": 5}', ["show", "1"], "session 1 "),
+    ("sessions", "gpu", '{"name": "G", "arch": 90}', ["sessions"], "session 1 "),
+    ("nodes", "action", "sideways", ["show", "1", "--node", "1"], "search node 1 "),
+    ("nodes", "parent_id", 999, ["show", "1", "--node", "1"], "search node 1 "),
+    ("evaluations", "outcome", SHOWN_BADLY, ["show", "1", "--node", "1"], "search node 1 "),
+    ("evaluations", "outcome", SHOWN_BADLY, ["show", "1"], "the evaluation of search node 1 "),
 ]
 
 
