@@ -160,11 +160,11 @@ class Engine:
             error = str(exc)  # the session is another engine's now: nothing more is written
         except KforgeError as exc:
             error = str(exc)
-            await self._log(f"search failed: {error}", "error")
+            await self._log(f"search failed: {error}", "error", raised=True)
         except Exception as exc:  # a bug in a plugin: keep the session consistent, report it
-            log.exception("engine failed")
+            log.info("engine failed", exc_info=True)  # the traceback, for --verbose
             error = f"{type(exc).__name__}: {exc}"
-            await self._log(f"search failed: {error}", "error")
+            await self._log(f"search failed: {error}", "error", raised=True)
         finally:
             await self._cancel_tasks()
             beat.cancel()
@@ -746,8 +746,10 @@ class Engine:
     def _run_seconds(self) -> float:
         return self._run_s_before + (time.monotonic() - self._started)
 
-    async def _log(self, message: str, level: str = "info") -> None:
-        log.log(logging.getLevelName(level.upper()), message)
+    async def _log(self, message: str, level: str = "info", *, raised: bool = False) -> None:
+        """Tell the session's log (and this process's logger) ``message``; one the run also
+        ends with as its error (``raised``: its caller reports it) is logged at INFO only."""
+        log.log(logging.INFO if raised else logging.getLevelName(level.upper()), message)
         self._message = message
         await self.store.log(self.session_id, message, level)
 

@@ -135,7 +135,9 @@ def spawn_detached(db_path: Path, session_id: int,
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with log_file.open("ab") as out:
         proc = subprocess.Popen(
-            [*kforge_command(), "resume", str(session_id), "--db", str(db_path), "--quiet",
+            # --verbose: the log file keeps the engine's details, and a failure's traceback
+            [*kforge_command(), "--verbose", "resume", str(session_id), "--db", str(db_path),
+             "--quiet",
              *(["--trust-plugins"] if consent.every or consent.specs else [])],
             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True, env=kforge_env())

@@ -228,8 +228,8 @@ def test_any_command_line_is_an_answer_or_one_line(db: Path, capsys, argv: list[
 
 
 def kforge_process(*argv: str, **options) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, *argv], cwd=REPO, text=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO)},
+    env = {**os.environ, "PYTHONPATH": str(REPO), **options.pop("env", {})}
+    return subprocess.Popen([sys.executable, *argv], cwd=REPO, text=True, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, **options)
 
 
@@ -251,6 +251,24 @@ def test_a_commands_help_imports_no_torch(command: str):
              "m.split('.')[0] in ('torch', 'numpy')))" % command)
     out, _ = kforge_process("-c", probe).communicate(timeout=60)
     assert out.strip().splitlines()[-1] == "[]"
+
+
+def test_a_plugin_bug_in_a_foreground_search_is_one_line(db: Path, tmp_path: Path):
+    """An evaluator whose start() raises fails the search in one line; its traceback is for
+    --verbose (and a detached search's log file, which runs verbose)."""
+    (tmp_path / "kf_starts.py").write_text(
+        "from tests.doubles import FakeEvaluator\n\nclass NoStart(FakeEvaluator):\n"
+        "    async def start(self):\n        raise OSError('no workers')\n\n"
+        "def make(ctx):\n    return NoStart()\n")
+    argv = ["-m", "kforge", "resume", "1", "--proposer", PROPOSER, "--evaluator", "kf_starts:make",
+            "--quiet", "--db", str(db)]
+    env = {"PYTHONPATH": f"{REPO}{os.pathsep}{tmp_path}"}
+    proc = kforge_process(*argv, env=env)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and err == "kforge: OSError: no workers\n", err
+    proc = kforge_process(*argv[:2], "--verbose", *argv[2:], env=env)
+    out, err = proc.communicate(timeout=120)
+    assert "Traceback" in err and "raise OSError('no workers')" in err
 
 
 def test_ctrl_c_while_the_command_line_itself_is_imported_is_one_line(db: Path):
