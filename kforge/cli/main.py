@@ -97,8 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     wants_json = "--json" in argv[:argv.index("--")] if "--" in argv else "--json" in argv
     verbose = bool({"-v", "--verbose"} & set(argv))
+    parsed = False
     try:
-        args = build_parser(chosen_command(argv)).parse_args(argv)
+        args = build_parser(chosen_command(argv)).parse_args(argv)  # --help exits here
+        parsed = True
         handler = logging.StreamHandler()
         handler.setFormatter(_InertFormatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
         logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
@@ -118,7 +120,13 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         where = f": {exc.filename}" if exc.filename else ""
         return fail(f"{exc.strerror or exc}{where}", 1, wants_json)
-    except Exception as exc:  # a bug: still one line, the traceback on request
+    except SystemExit as exc:
+        if not parsed:
+            raise
+        # code kforge runs (a model's file, a plug-in) ended the process: not a success
+        return fail(f"stopped by sys.exit({exc.code!r}) in code kforge ran (a model or a "
+                    "plug-in)", 1, wants_json)
+    except BaseException as exc:  # a bug: still one line, the traceback on request
         if verbose:
             traceback.print_exc()
         return fail(f"unexpected {type(exc).__name__}: {exc} (run with --verbose for the "

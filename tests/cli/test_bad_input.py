@@ -128,6 +128,51 @@ def test_a_model_whose_to_raises_type_error(tmp_path: Path, capsys):
     assert "cannot move" in assert_one_line(code, err) and "stays where it is" in err
 
 
+PLUGINS = """
+import sys
+
+raise_at_import = None
+
+def exits(ctx):
+    sys.exit(0)
+
+def generator_exit(ctx):
+    raise GeneratorExit("done")
+"""
+
+
+@pytest.mark.parametrize("spec, said", [
+    ("kf_plugins:exits", "the proposer factory kf_plugins:exits raised SystemExit: 0"),
+    ("kf_plugins:generator_exit", "raised GeneratorExit: done"),
+    ("kf_broken:make", "importing it raised RuntimeError: broken at import"),
+    ("..:make", "cannot import '..'"),
+])
+def test_plugins_that_exit_or_fail_to_import(db: Path, tmp_path: Path, monkeypatch, capsys, spec,
+                                             said):
+    (tmp_path / "kf_plugins.py").write_text(PLUGINS)
+    (tmp_path / "kf_broken.py").write_text("raise RuntimeError('broken at import')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, out, err = run(capsys, "resume", "1", "--proposer", spec, "--evaluator", EVALUATOR,
+                         "--json", "--db", str(db))
+    line = assert_one_line(code, err)
+    assert said in line and json.loads(out) == {"error": line.removeprefix("kforge: ")}
+
+
+def test_a_plugin_that_exits_mid_search_is_no_success(db: Path, tmp_path: Path, monkeypatch,
+                                                      capsys):
+    """sys.exit() in a proposer's propose (run by the engine, not a factory) ends the command in
+    one line and a failure, never a silent exit 0."""
+    (tmp_path / "kf_exits.py").write_text(
+        "from tests.doubles import FakeProposer\n\nclass Exits(FakeProposer):\n"
+        "    async def propose(self, request):\n        raise SystemExit(0)\n\n"
+        "def make(ctx):\n    return Exits()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, out, err = run(capsys, "resume", "1", "--proposer", "kf_exits:make", "--evaluator",
+                         EVALUATOR, "--iterations", "8", "--quiet", "--json", "--db", str(db))
+    line = assert_one_line(code, err)
+    assert "sys.exit(0)" in line and json.loads(out)["error"] == line.removeprefix("kforge: ")
+
+
 def test_a_search_tree_that_does_not_link_up_stops_a_resume_in_one_line(db: Path, capsys):
     with sqlite3.connect(db) as raw:  # node 1's parent is gone (no foreign keys outside kforge)
         raw.execute("UPDATE nodes SET parent_id = 999 WHERE id = 1")
