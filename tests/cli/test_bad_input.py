@@ -128,6 +128,26 @@ def test_a_model_whose_to_raises_type_error(tmp_path: Path, capsys):
     assert "cannot move" in assert_one_line(code, err) and "stays where it is" in err
 
 
+@pytest.mark.parametrize("method, said", [
+    ("def eval(self):\n        raise TypeError('not now')", "its eval() raised TypeError: not now"),
+    ("def parameters(self, recurse=True):\n        raise RuntimeError('none here')",
+     "its parameters() raised RuntimeError: none here"),
+])
+def test_a_model_whose_own_methods_raise(tmp_path: Path, capsys, method: str, said: str):
+    spec = model_file(tmp_path, f"""
+class Odd(torch.nn.Module):
+    def forward(self, x):
+        return x + 1
+
+    {method}
+
+def build():
+    return Odd(), (torch.zeros(2),)
+""")
+    code, _, err = run(capsys, "profile", spec, "--device", "cpu", "--db", str(tmp_path / "k.db"))
+    assert said in assert_one_line(code, err)
+
+
 PLUGINS = """
 import sys
 
