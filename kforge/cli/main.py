@@ -95,6 +95,7 @@ def chosen_command(argv: Sequence[str]) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    _tolerant_output()
     wants_json = "--json" in argv[:argv.index("--")] if "--" in argv else "--json" in argv
     verbose = bool({"-v", "--verbose"} & set(argv))
     parsed = False
@@ -131,6 +132,16 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         return fail(f"unexpected {type(exc).__name__}: {exc} (run with --verbose for the "
                     "traceback, and please report it)", 1, wants_json)
+
+
+def _tolerant_output() -> None:
+    """A character the terminal's encoding lacks (an op table's tree lines, a model's name under
+    an ASCII or Latin-1 locale) is written as an escape, not an error."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):  # not a text file of its own (a capture)
+            pass
 
 
 def fail(message: str, code: int, wants_json: bool) -> int:

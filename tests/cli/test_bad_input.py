@@ -352,6 +352,15 @@ def test_ctrl_c_while_the_command_line_itself_is_imported_is_one_line(db: Path):
     assert proc.returncode == 130 and lines == ["kforge: interrupted\n"], "".join(lines)
 
 
+def test_a_terminal_that_cannot_write_every_character(db: Path):
+    """Under an ASCII locale, the rules of a node's view (─) are written as escapes, not an
+    error."""
+    proc = kforge_process("-m", "kforge", "show", "1", "--node", "1", "--db", str(db),
+                          env={"PYTHONIOENCODING": "ascii"})
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and err == "" and "\\u2500" in out
+
+
 def test_ctrl_c_while_torch_is_imported_is_one_line(db: Path):
     """SIGINT in the seconds a command spends importing torch: kforge says it was interrupted.
     Python reports each import as it ends (-X importtime): the signal goes once torch's own
