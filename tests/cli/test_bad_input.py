@@ -352,6 +352,16 @@ def test_ctrl_c_while_the_command_line_itself_is_imported_is_one_line(db: Path):
     assert proc.returncode == 130 and lines == ["kforge: interrupted\n"], "".join(lines)
 
 
+@pytest.mark.parametrize("argv", [["show", "1"], ["sessions"], ["show", "1", "--node", "1"]])
+def test_a_reader_that_leaves_early_ends_the_command_quietly(db: Path, argv: list[str]):
+    """`kforge show 1 | head -1`: once the reader has gone, nothing more is said, on either
+    stream, and the exit code is 1."""
+    proc = kforge_process("-m", "kforge", *argv, "--db", str(db))
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 1 and err == ""
+
+
 def test_a_terminal_that_cannot_write_every_character(db: Path):
     """Under an ASCII locale, the rules of a node's view (─) are written as escapes, not an
     error."""
