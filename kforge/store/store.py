@@ -826,7 +826,7 @@ def engine_alive(pid: int | None, host: str | None, heartbeat_at: float | None) 
     (a live engine's heartbeat is late while another process holds the database lock); a process
     that started after the engine's last heartbeat only reuses its pid. On another host the
     heartbeat must be fresh."""
-    if not pid:
+    if not pid or pid < 1:  # 0 and -1 would ask about process groups: no engine has them
         return False
     if host == socket.gethostname():
         return _process_runs(pid) and not _started_after(pid, heartbeat_at)
@@ -836,7 +836,7 @@ def engine_alive(pid: int | None, host: str | None, heartbeat_at: float | None) 
 def _process_runs(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # no such process; a pid beyond any there is
         return False
     except PermissionError:
         pass  # exists, owned by someone else
