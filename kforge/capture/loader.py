@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -27,6 +27,8 @@ from kforge.capture import zoo
 from kforge.capture.builders import Resolved
 from kforge.core.argspec import dtype_name
 from kforge.errors import KforgeError
+
+T = TypeVar("T")
 
 DTYPE_ALIASES = {
     "bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
@@ -215,22 +217,30 @@ def _load_factory(spec: str, options: ModelOptions, device: torch.device) -> Loa
     except Exception as exc:
         raise KforgeError(f"{spec} raised {type(exc).__name__}: {first_line(exc)}") from None
     model, args, kwargs = _unpack(spec, result)
-    model.eval()
-    try:
-        model.to(device=device, dtype=dtype)
-    except torch.OutOfMemoryError:
-        raise
-    except Exception as exc:  # a model's own .to() may raise anything
-        raise KforgeError(f"cannot move {spec} to {device}: {type(exc).__name__}: "
-                          f"{first_line(exc)}") from None
+    # the model's own methods may raise anything: each failure is one line naming it
+    _model_call(spec, "eval()", model.eval)
+    _model_call(spec, ".to()", lambda: model.to(device=device, dtype=dtype),
+                f"cannot move {spec} to {device}")
     args, kwargs = _to(args, device, dtype), _to(kwargs, device, dtype)
-    model_dtype = dtype or next((p.dtype for p in model.parameters() if p.is_floating_point()),
-                                torch.float32)
+    model_dtype = dtype or _model_call(spec, "parameters()", lambda: next(
+        (p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32))
     return LoadedModel(
         name=spec, model=model, args=tuple(args), kwargs=kwargs, dtype=model_dtype, device=device,
         settings={"dtype": dtype_name(model_dtype), "device": str(device),
                   "batch": options.batch, "seq_len": options.seq_len, "mode": options.mode,
                   "layers": options.layers})
+
+
+def _model_call(spec: str, method: str, call: Callable[[], T], said: str | None = None) -> T:
+    """``call()``, one of the model's own methods; whatever it raises (but running out of GPU
+    memory) is a KforgeError that begins with ``said``."""
+    try:
+        return call()
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as exc:
+        raise KforgeError(f"{said or f'the model of {spec} cannot be used'}: its {method} raised "
+                          f"{type(exc).__name__}: {first_line(exc)}") from None
 
 
 def _import_factory(path: Path, name: str) -> Callable:

@@ -19,10 +19,8 @@ from kforge.cli.common import (
     session_id,
     with_store,
 )
-from kforge.cli.progress import Progress
 from kforge.core.settings import Origin, parse_duration
 from kforge.engine.plugins import PluginConsent, check_can_start
-from kforge.engine.runner import log_path, prepare_session, run_session, spawn_detached
 from kforge.errors import KforgeError
 from kforge.store import CommandKind, SessionStatus
 from kforge.store.commands import issue
@@ -121,6 +119,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def _start(args: argparse.Namespace, sid: int) -> tuple[int, dict]:
     """Run the session's search here or detached; its exit code and ``--json`` facts."""
+    from kforge.cli.progress import Progress  # the engine brings in torch: not for --help
+    from kforge.engine.runner import log_path, prepare_session, run_session, spawn_detached
+
     db = resolve_db(args)
     given, config = _given(args), load_config()
     consent = PluginConsent(frozenset(given[k] for k in ("proposer", "evaluator", "cluster")

@@ -12,7 +12,6 @@ from rich.table import Table
 from rich.text import Text
 
 from kforge.cli.common import add_db_option, out, row_id, session_id, with_store
-from kforge.cli.node_view import cmd_show_node
 from kforge.core.candidate import EvalOutcome
 from kforge.core.fmt import fmt_age, fmt_projection, fmt_speedup, fmt_us
 from kforge.core.inert import inert
@@ -23,6 +22,7 @@ from kforge.store import Store
 from kforge.store.commands import is_alive, shown_status
 from kforge.store.config import db_path
 from kforge.store.events import ModelMeasured
+from kforge.store.records import reading
 
 if TYPE_CHECKING:
     from kforge.cli.main import Commands
@@ -76,6 +76,8 @@ def cmd_sessions(args: argparse.Namespace) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     if args.node is not None:
+        from kforge.cli.node_view import cmd_show_node  # brings in torch: not for `show --help`
+
         return cmd_show_node(args)
 
     async def work(store: Store):
@@ -127,7 +129,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         status = row.status + (f": {row.stop_reason}" if row.stop_reason else "")
         status += "".join(f"; confirming node {n.id} ({fmt_speedup(n.speedup)})"
                           for n in confirming.get(row.id, []))
-        kernel, host = kernel_times(best.get(row.id))
+        with reading(f"the evaluation of search node {row.best_node}"):  # as the table shows it
+            kernel, host = kernel_times(best.get(row.id))
         table.add_row(str(row.id), ("└ " if inside else "") + c.short_op, c.signature[:70],
                       *((c.range_text or "-",) if ranged else ()), str(c.calls),
                       f"{100 * c.share:.1f}%", c.library, fmt_us(c.eager_us),

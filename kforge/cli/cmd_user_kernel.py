@@ -24,10 +24,7 @@ from kforge.core.mcts import ROOT, Action, Decision
 from kforge.core.opcard import OpCard
 from kforge.core.protocols import ProposalRequest
 from kforge.engine.plugins import PluginConsent
-from kforge.engine.runner import add_given_kernel
 from kforge.errors import KforgeError
-from kforge.propose.llm.parse import extern_c_kernels
-from kforge.runtime.plan import resolve_for
 from kforge.store import CardStatus, Store
 from kforge.store.commands import is_alive
 from kforge.store.records import NodeRow
@@ -79,6 +76,8 @@ def register(sub: Commands) -> None:
 
 def read_source(path: Path) -> str:
     """The CUDA source at ``path``; KforgeError when it is missing or declares no kernel."""
+    from kforge.propose.llm.parse import extern_c_kernels  # brings in torch: not for --help
+
     source = _read(path, "CUDA source")
     if not extern_c_kernels(source):
         raise KforgeError(f'{path} declares no extern "C" __global__ kernel for a plan to launch')
@@ -94,6 +93,8 @@ def read_plan(path: Path) -> dict:
     except json.JSONDecodeError as exc:
         raise KforgeError(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno} column "
                           f"{exc.colno}") from None
+    except RecursionError:
+        raise KforgeError(f"{path} nests its JSON too deeply to be a launch plan") from None
     try:
         return parse_plan(data).to_dict()
     except PlanError as exc:
@@ -129,6 +130,9 @@ def given_candidate(source: str, plan: dict, card: OpCard, decision: Decision,
                     approach: str | None) -> Candidate:
     """The user's kernel as a candidate for ``card``; KforgeError when its plan does not cover
     the card's variant or launches a kernel the source does not declare."""
+    from kforge.propose.llm.parse import extern_c_kernels
+    from kforge.runtime.plan import resolve_for
+
     try:
         resolve_for(plan, card.op, card.args, card.kwargs)
     except PlanNotApplicable as exc:
@@ -152,6 +156,8 @@ async def add_kernel(store: Store, session: int, card_id: int, source: str, plan
                      parent_id: int | None, approach: str | None,
                      consent: PluginConsent = PluginConsent()) -> int:
     """Check the request against the session, then evaluate and add the kernel; its node id."""
+    from kforge.engine.runner import add_given_kernel
+
     found = await store.get_session(session)
     if is_alive(found):
         raise KforgeError(f"session {session} is being searched right now (process "

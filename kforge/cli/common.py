@@ -28,6 +28,12 @@ class InertConsole(Console):
     styling codes are added afterwards): database text, whatever it holds, cannot drive the
     terminal from any table, line or message."""
 
+    def on_broken_pipe(self) -> None:
+        """The reader of the output left (`kforge show 1 | head -1`): print nothing more, and end
+        as the command ends on any broken pipe (rich's own way is a bare sys.exit(1))."""
+        self.quiet = True
+        raise BrokenPipeError
+
     def _render_buffer(self, buffer: Iterable[Segment]) -> str:
         return super()._render_buffer(
             segment if segment.control else Segment(inert(segment.text), segment.style)

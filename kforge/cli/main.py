@@ -18,6 +18,7 @@ import traceback
 from collections.abc import Sequence
 
 from kforge import __version__
+from kforge.cli import INTERRUPTED
 from kforge.core.inert import inert
 from kforge.errors import KforgeError
 
@@ -40,7 +41,6 @@ COMMANDS = {
     "add-kernel": ("cmd_user_kernel", "evaluate your own kernel for an op card and add it to the "
                                       "card's search tree"),
 }
-INTERRUPTED = 130  # the shell's code for a command ended by SIGINT
 BAD_USAGE = 2  # argparse's code for a command line it cannot read
 LONG_WORD = 120  # a longer word of an error message (a huge path) is shown by its ends
 
@@ -95,10 +95,13 @@ def chosen_command(argv: Sequence[str]) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    _tolerant_output()
     wants_json = "--json" in argv[:argv.index("--")] if "--" in argv else "--json" in argv
     verbose = bool({"-v", "--verbose"} & set(argv))
+    parsed = False
     try:
-        args = build_parser(chosen_command(argv)).parse_args(argv)
+        args = build_parser(chosen_command(argv)).parse_args(argv)  # --help exits here
+        parsed = True
         handler = logging.StreamHandler()
         handler.setFormatter(_InertFormatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
         logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
@@ -118,11 +121,27 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         where = f": {exc.filename}" if exc.filename else ""
         return fail(f"{exc.strerror or exc}{where}", 1, wants_json)
-    except Exception as exc:  # a bug: still one line, the traceback on request
+    except SystemExit as exc:
+        if not parsed:
+            raise
+        # code kforge runs (a model's file, a plug-in) ended the process: not a success
+        return fail(f"stopped by sys.exit({exc.code!r}) in code kforge ran (a model or a "
+                    "plug-in)", 1, wants_json)
+    except BaseException as exc:  # a bug: still one line, the traceback on request
         if verbose:
             traceback.print_exc()
         return fail(f"unexpected {type(exc).__name__}: {exc} (run with --verbose for the "
                     "traceback, and please report it)", 1, wants_json)
+
+
+def _tolerant_output() -> None:
+    """A character the terminal's encoding lacks (an op table's tree lines, a model's name under
+    an ASCII or Latin-1 locale) is written as an escape, not an error."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):  # not a text file of its own (a capture)
+            pass
 
 
 def fail(message: str, code: int, wants_json: bool) -> int:

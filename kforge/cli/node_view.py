@@ -18,7 +18,7 @@ from kforge.errors import KforgeError
 from kforge.propose.llm.feedback import profile_lines, repair_evidence
 from kforge.propose.llm.prompt import plan_json
 from kforge.store import Store
-from kforge.store.records import CardRow, NodeDetail, NodeRow
+from kforge.store.records import CardRow, NodeDetail, NodeRow, reading
 
 # Keys of an outcome's ``extra`` that the evidence lines already tell in words.
 TOLD_EXTRA = frozenset({"registers", "spills", "counters", "mismatch", "sets_passed", "stderr",
@@ -47,10 +47,16 @@ async def load_node(store: Store, session_id: int, node_id: int) -> NodeFacts:
                           f"(`kforge show {session_id}` lists its op cards)")
     detail = await store.get_node(node_id)
     row = detail.row
-    parent = (await store.get_nodes([row.parent_id]))[0] if row.parent_id is not None else None
+    parent = None
+    if row.parent_id is not None:
+        found = await store.get_nodes([row.parent_id])
+        with reading(f"search node {node_id}"):
+            if not found:
+                raise LookupError(f"its parent, node {row.parent_id}, is not in the database")
+        parent = found[0]
     children = [n for n in await store.list_nodes(session_id, row.card_id)
                 if n.parent_id == node_id]
-    gpu = GpuInfo.from_dict(session.gpu) if session.gpu else NO_GPU
+    gpu = session.gpu_info if session.gpu else NO_GPU
     return NodeFacts(detail=detail, card=await store.get_card(row.card_id), parent=parent,
                      children=children, gpu=gpu)
 
@@ -226,5 +232,7 @@ def _clock(moment: float | None) -> str:
 def cmd_show_node(args: argparse.Namespace) -> int:
     facts = with_store(args, lambda store: load_node(store, args.session, args.node),
                        reads_only=True)
-    out.print(node_text(facts, with_prompts=not args.no_prompt))
+    with reading(f"search node {args.node}"):  # its stored outcome, as text: any damage in it
+        text = node_text(facts, with_prompts=not args.no_prompt)
+    out.print(text)
     return 0

@@ -55,7 +55,7 @@ from kforge.eval.pool import EvaluatorLost
 from kforge.runtime.regions import register_cards
 from kforge.store import CardStatus, CommandKind, NodeStatus, SessionStatus, Store
 from kforge.store.commands import BadCommand, checked, save_focus, save_pruned
-from kforge.store.records import CardRow, Command
+from kforge.store.records import CardRow, Command, reading
 from kforge.store.store import LeaseLost
 
 log = logging.getLogger("kforge.engine")
@@ -160,11 +160,11 @@ class Engine:
             error = str(exc)  # the session is another engine's now: nothing more is written
         except KforgeError as exc:
             error = str(exc)
-            await self._log(f"search failed: {error}", "error")
+            await self._log(f"search failed: {error}", "error", raised=True)
         except Exception as exc:  # a bug in a plugin: keep the session consistent, report it
-            log.exception("engine failed")
+            log.info("engine failed", exc_info=True)  # the traceback, for --verbose
             error = f"{type(exc).__name__}: {exc}"
-            await self._log(f"search failed: {error}", "error")
+            await self._log(f"search failed: {error}", "error", raised=True)
         finally:
             await self._cancel_tasks()
             beat.cancel()
@@ -304,8 +304,9 @@ class Engine:
         searches = []
         for row in rows:
             mine = [n for n in kept if n.card_id == row.id]
-            tree = Tree.from_records([n.record() for n in mine], self.settings.mcts,
-                                     seed=derived_seed(self.settings.seed, row.id))
+            with reading(f"the search tree of op card {row.id}"):  # nodes as stored link up
+                tree = Tree.from_records([n.record() for n in mine], self.settings.mcts,
+                                         seed=derived_seed(self.settings.seed, row.id))
             search = CardSearch(card_id=row.id, card=row.card, tree=tree, spent=tree.completed,
                                 best=Best(row.best_node, row.best_speedup),
                                 done=row.status in (CardStatus.DONE, CardStatus.SKIPPED))
@@ -745,8 +746,10 @@ class Engine:
     def _run_seconds(self) -> float:
         return self._run_s_before + (time.monotonic() - self._started)
 
-    async def _log(self, message: str, level: str = "info") -> None:
-        log.log(logging.getLevelName(level.upper()), message)
+    async def _log(self, message: str, level: str = "info", *, raised: bool = False) -> None:
+        """Tell the session's log (and this process's logger) ``message``; one the run also
+        ends with as its error (``raised``: its caller reports it) is logged at INFO only."""
+        log.log(logging.INFO if raised else logging.getLevelName(level.upper()), message)
         self._message = message
         await self.store.log(self.session_id, message, level)
 

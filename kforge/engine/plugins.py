@@ -30,6 +30,11 @@ def load_factory(spec: str) -> Any:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise KforgeError(f"cannot import {module_name!r} for {spec!r}: {exc}") from None
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # the module's own code failed (or exited) as it was imported
+        raise KforgeError(f"cannot import {module_name!r} for {spec!r}: importing it raised "
+                          f"{type(exc).__name__}: {exc}") from None
     try:
         return getattr(module, attr)
     except AttributeError:
@@ -136,9 +141,9 @@ def make_plugin(spec: str, ctx: SearchContext, kind: type, what: str) -> Any:
     factory = load_factory(spec)
     try:
         made = factory(ctx)
-    except KforgeError:
+    except (KforgeError, KeyboardInterrupt):
         raise
-    except Exception as exc:
+    except BaseException as exc:  # sys.exit() in a factory is a failure of it too
         raise KforgeError(f"the {what} factory {spec} raised {type(exc).__name__}: "
                           f"{exc}") from None
     if not isinstance(made, kind):

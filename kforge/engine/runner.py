@@ -98,7 +98,7 @@ async def session_evaluator(store: Store, session_id: int, consent: PluginConsen
         await store.log(session_id, note, "warning")
     ctx = SearchContext(session_id=session_id, samples_dir=store.samples_dir(session_id),
                         settings=settings, config=config,
-                        gpu=GpuInfo.from_dict(session.gpu) if session.gpu else None)
+                        gpu=session.gpu_info if session.gpu else None)
     evaluator = make_evaluator(settings.search.evaluator, ctx)
     _check_same_gpu(session.gpu, evaluator.gpu, session_id)
     return ctx, evaluator
@@ -135,7 +135,9 @@ def spawn_detached(db_path: Path, session_id: int,
     to it too."""
     with open_log(log_path(db_path, session_id)) as out:
         proc = subprocess.Popen(
-            [*kforge_command(), "resume", str(session_id), "--db", str(db_path), "--quiet",
+            # --verbose: the log file keeps the engine's details, and a failure's traceback
+            [*kforge_command(), "--verbose", "resume", str(session_id), "--db", str(db_path),
+             "--quiet",
              *(["--trust-plugins"] if consent.every or consent.specs else [])],
             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True, env=kforge_env())

@@ -102,6 +102,9 @@ def read_toml(path: Path, what: str) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise KforgeError(f"{what} {path} is not UTF-8 text (byte {exc.start} cannot be read); "
                           "TOML files are UTF-8") from None
+    except RecursionError:  # tomllib reads nested arrays and tables recursively
+        raise KforgeError(f"{what} {path} nests its arrays or tables too deeply to be "
+                          "read") from None
     except OSError as exc:
         raise KforgeError(f"cannot read {what} {path}: {exc.strerror}") from None
 

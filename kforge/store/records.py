@@ -10,6 +10,7 @@ from enum import StrEnum
 from typing import Any
 
 from kforge.core.candidate import Candidate, EvalOutcome
+from kforge.core.gpu import GpuInfo
 from kforge.core.mcts import Action, NodeRecord, NodeState
 from kforge.core.opcard import OpCard
 from kforge.errors import KforgeError
@@ -149,8 +150,13 @@ class Session:
 
     @property
     def gpu_label(self) -> str:
-        name, arch = self.gpu.get("name", "?"), self.gpu.get("arch", "?")
-        return f"{name} ({arch})"
+        return self.gpu_info.label
+
+    @property
+    def gpu_info(self) -> GpuInfo:
+        """The GPU fingerprint stored with the session; a name or architecture it lacks (a
+        session made by a test, or before fingerprints) reads as "?"."""
+        return GpuInfo.from_dict({"name": "?", "arch": "?", **self.gpu})
 
 
 @dataclass(frozen=True)

@@ -34,9 +34,10 @@ from typing import Any
 import aiosqlite
 
 from kforge.core.candidate import Candidate, EvalOutcome, LlmCall
+from kforge.core.mcts import Action
 from kforge.core.opcard import OpCard
+from kforge.core.settings import SessionSettings, redact
 from kforge.errors import KforgeError
-from kforge.core.settings import redact
 from kforge.store.beside import check_database_files, own_folder
 from kforge.store.config import configured_durability, configured_secrets
 from kforge.store.events import (
@@ -91,6 +92,9 @@ ENGINE_STALE_S = 20.0
 # is lost on power loss (NORMAL, with WAL, may lose the last commits).
 SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL"}
 LOCK_BACKOFF_S = (0.05, 1.0)  # first and longest pause between waits for another's write lock
+# What the SQLite driver raises for a database it cannot use: its own errors, and the
+# UnicodeDecodeError it raises where SQLite's error message (quoting a damaged schema) is not UTF-8.
+DB_ERRORS = (sqlite3.Error, UnicodeDecodeError)
 _CARD_FIELDS = ("status", "stop_reason", "spent", "best_node", "best_speedup", "eager_us",
                 "compiled_us", "floor_us", "baseline")
 _NODE_COLUMNS = ("id, session_id, card_id, parent_id, action, status, meta, reward, speedup, "
@@ -174,10 +178,10 @@ class Store:
                               "write there")
         try:
             db = await aiosqlite.connect(path, isolation_level=None, timeout=timeout_s)
-        except sqlite3.Error as exc:
+        except DB_ERRORS as exc:
             raise _explain(exc, path) from None
-        store = cls(db, path)
-        try:
+        try:  # a connection left open keeps its thread, and the process, alive
+            store = cls(db, path)
             await store._setup(timeout_s)
         except BaseException:
             await db.close()
@@ -212,13 +216,13 @@ class Store:
             try:
                 db = await aiosqlite.connect(f"{path.absolute().as_uri()}?{mode}", uri=True,
                                              isolation_level=None, timeout=timeout_s)
-            except sqlite3.Error as exc:
+            except DB_ERRORS as exc:
                 raise _explain(exc, path) from None
             db.row_factory = aiosqlite.Row
             try:
                 version = (await (await db.execute("PRAGMA user_version")).fetchone())[0]
                 break
-            except sqlite3.Error as exc:
+            except DB_ERRORS as exc:
                 await db.close()
                 error = _explain(exc, path)
         else:
@@ -230,7 +234,11 @@ class Store:
                               if version < LATEST else
                               f"{path} was written by a newer kforge (schema {version}, this "
                               f"one knows {LATEST}): upgrade kforge")
-        return cls(db, path)
+        try:
+            return cls(db, path)
+        except BaseException:
+            await db.close()
+            raise
 
     async def _setup(self, timeout_s: float) -> None:
         db = self._db
@@ -249,7 +257,7 @@ class Store:
             await db.execute(f"PRAGMA synchronous = {SYNCHRONOUS[configured_durability()]}")
             if version < LATEST:
                 await self._migrate()
-        except sqlite3.Error as exc:
+        except DB_ERRORS as exc:
             raise _explain(exc, self.path) from None
 
     async def _migrate(self) -> None:
@@ -293,7 +301,7 @@ class Store:
                         message=f"waited {waited_s:.0f} s for another process to release the "
                                 "database's write lock", level="warning"))
                 yield self._db
-            except sqlite3.Error as exc:  # e.g. a write to a database opened read-only
+            except DB_ERRORS as exc:  # e.g. a write to a database opened read-only
                 await self._rollback()
                 raise _explain(exc, self.path) from None
             except BaseException:
@@ -301,7 +309,7 @@ class Store:
                 raise
             try:
                 await self._settle("COMMIT")
-            except sqlite3.Error as exc:
+            except DB_ERRORS as exc:
                 await self._rollback()
                 raise _explain(exc, self.path) from None
 
@@ -317,7 +325,7 @@ class Store:
             except asyncio.CancelledError:
                 await self._rollback()  # the BEGIN may have gone through meanwhile
                 raise
-            except sqlite3.Error as exc:
+            except DB_ERRORS as exc:
                 if not (patient and _is_lock(exc)):
                     raise _explain(exc, self.path) from None
             if first_pause or pause == LOCK_BACKOFF_S[1]:
@@ -371,7 +379,7 @@ class Store:
                 # one step in the connection's thread: a reader cancelled meanwhile cannot leave a
                 # half-read statement open, which would pin the connection to an old snapshot
                 return list(await self._db.execute_fetchall(sql, tuple(params)))
-            except sqlite3.Error as exc:
+            except DB_ERRORS as exc:
                 raise _explain(exc, self.path) from None
 
     @staticmethod
@@ -823,7 +831,7 @@ def engine_alive(pid: int | None, host: str | None, heartbeat_at: float | None) 
     (a live engine's heartbeat is late while another process holds the database lock); a process
     that started after the engine's last heartbeat only reuses its pid. On another host the
     heartbeat must be fresh."""
-    if not pid:
+    if not pid or pid < 1:  # 0 and -1 would ask about process groups: no engine has them
         return False
     if host == socket.gethostname():
         return _process_runs(pid) and not _started_after(pid, heartbeat_at)
@@ -833,7 +841,7 @@ def engine_alive(pid: int | None, host: str | None, heartbeat_at: float | None) 
 def _process_runs(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # no such process; a pid beyond any there is
         return False
     except PermissionError:
         pass  # exists, owned by someone else
@@ -863,14 +871,19 @@ def _proc_stat(pid: int) -> list[str]:
         return stat.read().rsplit(")", 1)[1].split()
 
 
-def _is_lock(exc: sqlite3.Error) -> bool:
+def _is_lock(exc: sqlite3.Error | UnicodeDecodeError) -> bool:
+    if isinstance(exc, UnicodeDecodeError):
+        return False
     code = getattr(exc, "sqlite_errorcode", None)
     if code is not None:
         return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
     return "locked" in str(exc) or "busy" in str(exc)
 
 
-def _explain(exc: sqlite3.Error, path: Path) -> KforgeError:
+def _explain(exc: sqlite3.Error | UnicodeDecodeError, path: Path) -> KforgeError:
+    if isinstance(exc, UnicodeDecodeError):
+        return KforgeError(f"{path} is not a kforge database or it is corrupt (SQLite's message "
+                           "about it is garbled bytes)")
     text = str(exc)
     if _is_lock(exc):
         return KforgeError(f"database {path} is locked by another process; try again in a moment")
@@ -883,9 +896,13 @@ def _explain(exc: sqlite3.Error, path: Path) -> KforgeError:
 
 def _session(r: aiosqlite.Row) -> Session:
     with reading(f"session {r['id']}"):
-        return Session(id=r["id"], model=column(r, "model", str),
-                       gpu=json_column(r, "gpu", dict, {}),
-                       settings=json_column(r, "settings", dict, {}),
+        gpu = json_column(r, "gpu", dict, {})
+        for key in ("name", "arch"):
+            if key in gpu:
+                column(gpu, key, str)
+        settings = json_column(r, "settings", dict, {})
+        SessionSettings.from_stored(settings)  # its tables are tables (bad values are dropped)
+        session = Session(id=r["id"], model=column(r, "model", str), gpu=gpu, settings=settings,
                        status=column(r, "status", str), error=column(r, "error", str),
                        created_at=column(r, "created_at", NUMBER),
                        updated_at=column(r, "updated_at", NUMBER),
@@ -894,6 +911,8 @@ def _session(r: aiosqlite.Row) -> Session:
                        heartbeat_at=column(r, "heartbeat_at", (*NUMBER, NOTHING)),
                        usd_spent=column(r, "usd_spent", NUMBER),
                        run_seconds=column(r, "run_seconds", NUMBER))
+        session.gpu_info  # noqa: B018  (what readers make of the fingerprint)
+        return session
 
 
 def _summary(r: aiosqlite.Row) -> SessionSummary:
@@ -938,7 +957,8 @@ def _node(r: aiosqlite.Row) -> NodeRow:
         return NodeRow(id=r["id"], session_id=column(r, "session_id", int),
                        card_id=column(r, "card_id", int),
                        parent_id=column(r, "parent_id", (int, NOTHING)),
-                       action=column(r, "action", str), status=column(r, "status", str),
+                       action=Action(column(r, "action", str)).value,
+                       status=column(r, "status", str),
                        meta=json_column(r, "meta", dict, {}),
                        reward=column(r, "reward", (*NUMBER, NOTHING)),
                        speedup=column(r, "speedup", (*NUMBER, NOTHING)),

@@ -137,6 +137,8 @@ def test_a_later_search_takes_the_users_node_into_its_tree(session, files):
 @pytest.mark.parametrize("change, message", [
     (lambda source, plan: source.unlink(), "no CUDA source file"),
     (lambda source, plan: plan.write_text("{outputs: ["), "is not valid JSON: Expecting"),
+    (lambda source, plan: plan.write_text("[" * 100_000 + "]" * 100_000),
+     "nests its JSON too deeply"),
     (lambda source, plan: plan.write_text(json.dumps(
         {**PLAN, "launches": [{**PLAN["launches"][0], "blok": [256]}]})),
      "launches[0].blok: unknown field 'blok'"),

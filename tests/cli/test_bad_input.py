@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kforge.cli.main import main
+from kforge.cli.main import COMMANDS, main
 from kforge.core.candidate import Candidate, EvalOutcome, EvalStatus
 from kforge.store import SessionStatus, Store
 from kforge.store.events import ModelMeasured
@@ -128,9 +128,84 @@ def test_a_model_whose_to_raises_type_error(tmp_path: Path, capsys):
     assert "cannot move" in assert_one_line(code, err) and "stays where it is" in err
 
 
+@pytest.mark.parametrize("method, said", [
+    ("def eval(self):\n        raise TypeError('not now')", "its eval() raised TypeError: not now"),
+    ("def parameters(self, recurse=True):\n        raise RuntimeError('none here')",
+     "its parameters() raised RuntimeError: none here"),
+])
+def test_a_model_whose_own_methods_raise(tmp_path: Path, capsys, method: str, said: str):
+    spec = model_file(tmp_path, f"""
+class Odd(torch.nn.Module):
+    def forward(self, x):
+        return x + 1
+
+    {method}
+
+def build():
+    return Odd(), (torch.zeros(2),)
+""")
+    code, _, err = run(capsys, "profile", spec, "--device", "cpu", "--db", str(tmp_path / "k.db"))
+    assert said in assert_one_line(code, err)
+
+
+PLUGINS = """
+import sys
+
+raise_at_import = None
+
+def exits(ctx):
+    sys.exit(0)
+
+def generator_exit(ctx):
+    raise GeneratorExit("done")
+"""
+
+
+@pytest.mark.parametrize("spec, said", [
+    ("kf_plugins:exits", "the proposer factory kf_plugins:exits raised SystemExit: 0"),
+    ("kf_plugins:generator_exit", "raised GeneratorExit: done"),
+    ("kf_broken:make", "importing it raised RuntimeError: broken at import"),
+    ("..:make", "cannot import '..'"),
+])
+def test_plugins_that_exit_or_fail_to_import(db: Path, tmp_path: Path, monkeypatch, capsys, spec,
+                                             said):
+    (tmp_path / "kf_plugins.py").write_text(PLUGINS)
+    (tmp_path / "kf_broken.py").write_text("raise RuntimeError('broken at import')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, out, err = run(capsys, "resume", "1", "--proposer", spec, "--evaluator", EVALUATOR,
+                         "--json", "--db", str(db))
+    line = assert_one_line(code, err)
+    assert said in line and json.loads(out) == {"error": line.removeprefix("kforge: ")}
+
+
+def test_a_plugin_that_exits_mid_search_is_no_success(db: Path, tmp_path: Path, monkeypatch,
+                                                      capsys):
+    """sys.exit() in a proposer's propose (run by the engine, not a factory) ends the command in
+    one line and a failure, never a silent exit 0."""
+    (tmp_path / "kf_exits.py").write_text(
+        "from tests.doubles import FakeProposer\n\nclass Exits(FakeProposer):\n"
+        "    async def propose(self, request):\n        raise SystemExit(0)\n\n"
+        "def make(ctx):\n    return Exits()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, out, err = run(capsys, "resume", "1", "--proposer", "kf_exits:make", "--evaluator",
+                         EVALUATOR, "--iterations", "8", "--quiet", "--json", "--db", str(db))
+    line = assert_one_line(code, err)
+    assert "sys.exit(0)" in line and json.loads(out)["error"] == line.removeprefix("kforge: ")
+
+
+def test_a_search_tree_that_does_not_link_up_stops_a_resume_in_one_line(db: Path, capsys):
+    with sqlite3.connect(db) as raw:  # node 1's parent is gone (no foreign keys outside kforge)
+        raw.execute("UPDATE nodes SET parent_id = 999 WHERE id = 1")
+    code, out, err = run(capsys, "resume", "1", "--proposer", PROPOSER, "--evaluator", EVALUATOR,
+                         "--quiet", "--db", str(db))
+    assert "kforge: the search tree of op card 1 in the database cannot be read (parent 999 " \
+           "does not exist)" in assert_one_line(code, err)
+
+
 @pytest.mark.parametrize("content, said", [
     (b"\xff\xfe[search]\n", "is not UTF-8 text"),
     (b"[search\n", "is not valid TOML"),
+    (b"x = " + b"[" * 50_000 + b"]" * 50_000 + b"\n", "nests its arrays or tables too deeply"),
     (None, "cannot read config file"),  # a folder where the file should be
 ])
 def test_unreadable_config_files(db: Path, _isolated_kforge_dirs: Path, capsys, content, said):
@@ -143,6 +218,9 @@ def test_unreadable_config_files(db: Path, _isolated_kforge_dirs: Path, capsys, 
     assert said in line and str(config) in line
 
 
+# An outcome that decodes, with a figure a viewer shows that is not a number.
+SHOWN_BADLY = json.dumps({"status": "ok", "timing": timing(30.0).__dict__,
+                          "extra": {"host_us": "fast", "eager_host_us": 5.0}})
 DAMAGE = [  # (table, column, value stored, where the row is read, what the error names)
     ("sessions", "gpu", "{not json", ["sessions"], "session 1 "),
     ("sessions", "gpu", "[1, 2]", ["show", "1"], "session 1 "),
@@ -161,6 +239,12 @@ DAMAGE = [  # (table, column, value stored, where the row is read, what the erro
      "the evaluation of search node 1 "),
     ("evaluations", "outcome", "not json", ["show", "1"], "the evaluation of search node 1 "),
     ("events", "data", "[", ["show", "1"], "event "),
+    ("sessions", "settings", '{"search": 5}', ["show", "1"], "session 1 "),
+    ("sessions", "gpu", '{"name": "G", "arch": 90}', ["sessions"], "session 1 "),
+    ("nodes", "action", "sideways", ["show", "1", "--node", "1"], "search node 1 "),
+    ("nodes", "parent_id", 999, ["show", "1", "--node", "1"], "search node 1 "),
+    ("evaluations", "outcome", SHOWN_BADLY, ["show", "1", "--node", "1"], "search node 1 "),
+    ("evaluations", "outcome", SHOWN_BADLY, ["show", "1"], "the evaluation of search node 1 "),
 ]
 
 
@@ -209,8 +293,8 @@ def test_any_command_line_is_an_answer_or_one_line(db: Path, capsys, argv: list[
 
 
 def kforge_process(*argv: str, **options) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, *argv], cwd=REPO, text=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO)},
+    env = {**os.environ, "PYTHONPATH": str(REPO), **options.pop("env", {})}
+    return subprocess.Popen([sys.executable, *argv], cwd=REPO, text=True, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, **options)
 
 
@@ -223,11 +307,76 @@ def test_version_and_help_import_no_command_module(flag: str):
     assert out.strip().splitlines()[-1] == "[]"
 
 
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_a_commands_help_imports_no_torch(command: str):
+    """`kforge COMMAND --help` needs only the command's arguments: its module defers what brings
+    in torch (seconds) to the command's own run."""
+    probe = ("import sys\nfrom kforge.cli.main import main\ntry:\n    main([%r, '--help'])\n"
+             "except SystemExit:\n    pass\nprint(sorted(m for m in sys.modules if "
+             "m.split('.')[0] in ('torch', 'numpy')))" % command)
+    out, _ = kforge_process("-c", probe).communicate(timeout=60)
+    assert out.strip().splitlines()[-1] == "[]"
+
+
+def test_a_plugin_bug_in_a_foreground_search_is_one_line(db: Path, tmp_path: Path):
+    """An evaluator whose start() raises fails the search in one line; its traceback is for
+    --verbose (and a detached search's log file, which runs verbose)."""
+    (tmp_path / "kf_starts.py").write_text(
+        "from tests.doubles import FakeEvaluator\n\nclass NoStart(FakeEvaluator):\n"
+        "    async def start(self):\n        raise OSError('no workers')\n\n"
+        "def make(ctx):\n    return NoStart()\n")
+    argv = ["-m", "kforge", "resume", "1", "--proposer", PROPOSER, "--evaluator", "kf_starts:make",
+            "--quiet", "--db", str(db)]
+    env = {"PYTHONPATH": f"{REPO}{os.pathsep}{tmp_path}"}
+    proc = kforge_process(*argv, env=env)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and err == "kforge: OSError: no workers\n", err
+    proc = kforge_process(*argv[:2], "--verbose", *argv[2:], env=env)
+    out, err = proc.communicate(timeout=120)
+    assert "Traceback" in err and "raise OSError('no workers')" in err
+
+
+def test_ctrl_c_while_the_command_line_itself_is_imported_is_one_line(db: Path):
+    """SIGINT while kforge.cli.main and what it needs (argparse, json, ...) are still loading,
+    before its own error handling exists: still kforge's one line."""
+    proc = kforge_process("-X", "importtime", "-m", "kforge", "stop", "1", "--db", str(db))
+    said = []
+    for line in proc.stderr:
+        said.append(line)
+        if re.search(r"\|\s+argparse$", line.rstrip()):
+            proc.send_signal(signal.SIGINT)
+            break
+    rest, tail = proc.communicate(timeout=60)
+    said += tail.splitlines(keepends=True)
+    lines = [line for line in said if not line.startswith("import time:")]
+    assert proc.returncode == 130 and lines == ["kforge: interrupted\n"], "".join(lines)
+
+
+@pytest.mark.parametrize("argv", [["show", "1"], ["sessions"], ["show", "1", "--node", "1"]])
+def test_a_reader_that_leaves_early_ends_the_command_quietly(db: Path, argv: list[str]):
+    """`kforge show 1 | head -1`: once the reader has gone, nothing more is said, on either
+    stream, and the exit code is 1."""
+    proc = kforge_process("-m", "kforge", *argv, "--db", str(db))
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 1 and err == ""
+
+
+def test_a_terminal_that_cannot_write_every_character(db: Path):
+    """Under an ASCII locale, the rules of a node's view (─) are written as escapes, not an
+    error."""
+    proc = kforge_process("-m", "kforge", "show", "1", "--node", "1", "--db", str(db),
+                          env={"PYTHONIOENCODING": "ascii"})
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and err == "" and "\\u2500" in out
+
+
 def test_ctrl_c_while_torch_is_imported_is_one_line(db: Path):
     """SIGINT in the seconds a command spends importing torch: kforge says it was interrupted.
     Python reports each import as it ends (-X importtime): the signal goes once torch's own
     modules are being imported."""
-    proc = kforge_process("-X", "importtime", "-m", "kforge", "show", "1", "--db", str(db))
+    proc = kforge_process("-X", "importtime", "-m", "kforge", "show", "1", "--node", "1", "--db",
+                          str(db))
     said = []
     for line in proc.stderr:
         said.append(line)

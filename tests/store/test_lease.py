@@ -157,3 +157,10 @@ def test_an_engine_on_another_host_is_judged_by_its_heartbeat():
     assert not engine_alive(4242, "far-away", time.time() - store_module.ENGINE_STALE_S - 1)
     assert not engine_alive(4242, "far-away", None)
 
+
+
+@pytest.mark.parametrize("pid", [0, -1, 2**62])
+def test_a_stored_pid_no_process_can_have_is_no_engine(pid: int):
+    """0 and -1 would name process groups (os.kill(-1, 0) succeeds), 2**62 overflows os.kill:
+    none is an engine here, whatever the heartbeat says."""
+    assert not engine_alive(pid, socket.gethostname(), time.time())

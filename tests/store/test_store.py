@@ -147,6 +147,26 @@ async def test_garbage_file_is_refused_and_left_unchanged(tmp_path: Path):
     assert path.read_bytes() == before
 
 
+@pytest.mark.parametrize("opener", ["open", "open_read_only"])
+async def test_a_schema_damaged_into_bytes_that_are_not_text_is_refused(tmp_path: Path, opener):
+    """SQLite's message about a damaged schema quotes it; where those bytes are not UTF-8 the
+    driver raises UnicodeDecodeError, not an sqlite3 error: still one KforgeError."""
+    path = tmp_path / "k.db"
+    await (await Store.open(path)).close()
+    con = sqlite3.connect(path)
+    con.execute("PRAGMA writable_schema = ON")
+    con.execute("UPDATE sqlite_master SET sql = CAST(X'435245415445205441424c45207420ac28782920' "
+                "AS TEXT) WHERE name = 'sessions'")
+    con.commit()
+    con.close()
+    with pytest.raises(KforgeError, match="not a kforge database or it is corrupt"):
+        store = await getattr(Store, opener)(path)  # read-only, the first read finds it
+        try:
+            await store.list_sessions()
+        finally:
+            await store.close()
+
+
 async def test_foreign_sqlite_file_is_refused(tmp_path: Path):
     path = tmp_path / "other.db"
     con = sqlite3.connect(path)
