@@ -26,6 +26,7 @@ against eager; after timing, a last run on fresh inputs must pass too.
 
 from __future__ import annotations
 
+import math
 import random
 import time
 import traceback
@@ -74,7 +75,12 @@ from kforge.eval.ops import (
 )
 from kforge.eval.placement import Shifts, shifts_for
 from kforge.eval.poison import PoisonCycle
-from kforge.eval.precision import PrecisionReport, judge_precision, precision_reference
+from kforge.eval.precision import (
+    PrecisionReport,
+    eager_errors,
+    judge_precision,
+    precision_reference,
+)
 from kforge.eval.stress import INDEX, card_family, exact_op
 from kforge.eval.timing import WALL_ROUND, Subject, time_interleaved, timing_stage
 from kforge.runtime.guard import Patch
@@ -97,6 +103,12 @@ STRESS_LEEWAY = 8.0
 # Seeds of the extra input sets: new values at the same addresses, and the check after timing.
 ADDRESS_SEED = 1_000_001
 RECHECK_SEED = 1_000_003
+# A result of fewer elements than this has eager's error on one call as a single noisy draw: the
+# precision rule also takes eager's typical error, its RMS over TYPICAL_SETS random sets from
+# TYPICAL_SEED on (``judge_precision``'s ``typical``).
+FEW_ELEMENTS = 64
+TYPICAL_SETS = 16
+TYPICAL_SEED = 1_000_005
 
 
 class KernelLoader(Protocol):
@@ -205,6 +217,7 @@ class Evaluation:
                                     shifts_for(calls.runner.plan))
         self.written: list[int] = []
         self.exact = exact_op(card)
+        self.typical: dict[int, tuple[float, float]] | None = None  # typical_errors, once
         # A runtime may bring its own competing work (the CPU tests' stand-in does).
         contend = getattr(runtime, "contention", None)
         self.contention: AbstractContextManager = (contend() if callable(contend)
@@ -336,9 +349,34 @@ class Evaluation:
         wide = high.result()
         if wide is None:
             return None
-        returned = len(flatten_tensors(out.returned))
-        return [judge_precision(out.tensors[i], ref.tensors[i], reference, leeway=leeway)
-                for i, reference in enumerate(flatten_tensors(wide)[:returned])]
+        references = flatten_tensors(wide)[:len(flatten_tensors(out.returned))]
+        typical = self.typical_errors() if any(r.numel() < FEW_ELEMENTS for r in references) else {}
+        return [judge_precision(out.tensors[i], ref.tensors[i], reference, leeway=leeway,
+                                typical=typical.get(i))
+                for i, reference in enumerate(references)]
+
+    def typical_errors(self) -> dict[int, tuple[float, float]]:
+        """Eager's (norm, max) errors against the wider reference as RMS over TYPICAL_SETS random
+        sets, for each returned result of fewer than FEW_ELEMENTS elements; computed once, the
+        first time such a result is judged."""
+        if self.typical is None:
+            inputs = self.factory.random_set(TYPICAL_SEED)
+            squares: dict[int, list[float]] = {}
+            for j in range(TYPICAL_SETS):
+                if j:
+                    self.factory.refill(inputs, TYPICAL_SEED + j)
+                eager = self.reference(inputs)
+                wide = Wider(self.op, inputs).result()
+                references = flatten_tensors(wide)[:len(flatten_tensors(eager.returned))]
+                for i, reference in enumerate(references):
+                    if reference.numel() < FEW_ELEMENTS:
+                        figures = eager_errors(eager.tensors[i], reference)
+                        if figures is not None:
+                            squares.setdefault(i, []).append(figures)
+            self.typical = {i: tuple(math.sqrt(sum(f[k] ** 2 for f in found) / len(found))
+                                     for k in (0, 1))
+                            for i, found in squares.items()}
+        return self.typical
 
     def check_precision(self, inputs: InputSet, out: Observed, ref: Observed, label: str,
                         high: Wider) -> dict | None:

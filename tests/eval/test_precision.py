@@ -171,3 +171,29 @@ def test_eager_judged_against_itself_always_passes(dtype, n, scale, seed):
     eager = torch.tanh(exact).to(dtype)
     report = judge_precision(eager.clone(), eager, torch.tanh(exact))
     assert report.ok, report.reason
+
+
+def test_a_scalar_result_is_held_to_eagers_typical_error_not_one_lucky_draw():
+    """A full sum's one element: eager's error on one call is one draw, which an equally honest
+    order exceeds 64-fold about once in a hundred calls. With eager's typical error over other
+    random sets the honest order passes on every draw; an operand rounded to bf16 still fails."""
+    generator = torch.Generator().manual_seed(7)
+    draws = [torch.randn(1 << 16, generator=generator) for _ in range(200)]
+
+    def figures(x):
+        truth = x.double().sum().reshape(1)
+        return x.sum().reshape(1), x.view(64, -1).sum(1).sum().reshape(1), truth
+
+    typical_norm = (sum(float((e.double() - t).abs() / t.abs()) ** 2
+                        for e, _, t in map(figures, draws[:16])) / 16) ** 0.5
+    typical = (typical_norm, typical_norm)
+    alone = [judge_precision(c, e, t) for e, c, t in map(figures, draws[16:])]
+    pooled = [judge_precision(c, e, t, typical=typical) for e, c, t in map(figures, draws[16:])]
+    assert not all(r.ok for r in alone), "no lucky draw of eager's error in 184 calls"
+    assert all(r.ok for r in pooled), [r.reason for r in pooled if not r.ok]
+    failed = next(r for r in alone if not r.ok)
+    assert "typically" not in failed.reason
+    x = draws[0]
+    eager, _, truth = figures(x)
+    lowered = judge_precision(x.bfloat16().float().sum().reshape(1), eager, truth, typical=typical)
+    assert not lowered.ok and "typically" in lowered.reason

@@ -104,8 +104,8 @@ async def test_the_palette_shows_stored_text_literally(tmp_path: Path):
 
 
 async def make_session_db(db: Path) -> None:
-    """A session whose op name, node action and kernel carry markup and escapes."""
-    import sqlite3
+    """A session whose op name and kernel carry markup and escapes (a node's action is one of
+    kforge's own words: any other is a damaged row, refused as it is read)."""
     from dataclasses import replace
 
     async with await Store.open(db) as store:
@@ -117,12 +117,10 @@ async def make_session_db(db: Path) -> None:
         node = await store.add_node(sid, card.id, None, "new")
         await store.set_candidate(node, Candidate(f"// [/final]{ESCAPE}\n", plan={}, meta={}))
         await store.finish_node(node, EvalOutcome(EvalStatus.COMPILE_ERROR, summary="s"), None)
-    with sqlite3.connect(db) as con:  # an action no kforge writes
-        con.execute("update nodes set action = ?", (f"new[@click=app.quit]{ESCAPE}",))
 
 
 async def test_the_session_screen_shows_stored_and_typed_text_literally(tmp_path: Path):
-    """The tree's op and node lines, a typed filter in a pane's title, the diff of a kernel and
+    """The tree's op line, a typed filter in a pane's title, the diff of a kernel and
     a question quoting the model: markup shows as written, escapes never reach the screen."""
     db = tmp_path / "k.db"
     await make_session_db(db)
@@ -138,7 +136,7 @@ async def test_the_session_screen_shows_stored_and_typed_text_literally(tmp_path
         await until(pilot, lambda: isinstance(app.screen, SessionScreen)
                     and app.screen.query_one(SearchTree).card is not None, what="the session")
         await pilot.press("2", "j")
-        await until(pilot, lambda: "new[@click=app.quit]" in screen_text(app), what="the node")
+        await until(pilot, lambda: "#1 new compile error" in screen_text(app), what="the node")
         assert "soft[/final]" in screen_text(app)
         assert not [c for c in ("\x1b", "\x07", "\x9b") if c in screen_text(app)]
         await pilot.press("d")
