@@ -8,8 +8,10 @@ Candidate source is untrusted text: it may include nothing from the host. Before
 ``check_source`` reads its preprocessing directives as the preprocessor will (line splices,
 comments, raw strings, digraphs) and refuses every ``#include`` but the prelude's headers (in
 ``<>``: a quoted name is looked for in the current folder first), every file probe
-(``__has_include``), every ``#pragma`` outside a short list and every ``_Pragma`` that is not a
-string literal, as a compile error naming it.
+(``__has_include``), token pasting (which makes names, such as a probe, only as it runs), every
+``#pragma`` outside a short list and every ``_Pragma`` that is not a string literal, as a compile
+error naming it. Where NVRTC could read the text otherwise (a raw string literal it would not
+take as one), the source is refused: what it would read is not known.
 """
 
 from __future__ import annotations
@@ -59,11 +61,22 @@ typedef unsigned long long uint64_t;
 # their siblings in CUDA's include folder). kforge's library ships no headers of its own.
 HEADERS = ("cuda_fp16.h", "cuda_bf16.h")
 _FILE_DIRECTIVES = frozenset({"include", "include_next", "import", "embed"})
-_FILE_PROBES = re.compile(r"\b(__has_include|__has_include_next|__has_embed)\b")
+# re.ASCII: NVRTC's names are ASCII, so "é__has_include" is two tokens there, the probe the second
+_FILE_PROBES = re.compile(r"\b(__has_include|__has_include_next|__has_embed)\b", re.ASCII)
+# Token pasting: a name it makes (__has_include, _Pragma) exists only while NVRTC preprocesses.
+_PASTING = re.compile(r"##|%:%:")
+_PRAGMA_OPERATOR = re.compile(r"\b_Pragma\b", re.ASCII)
 _PRAGMAS = frozenset({"unroll", "nounroll", "once", "pack", "message"})
 _PRAGMA_PREFIXES = ("nv_diag_", "diag_")
-_IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
+# NVRTC's identifiers and numbers are ASCII: any other character is a token of its own there
+# (a letter such as "é" is an "unrecognized token"), so it is one here too.
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_PP_NUMBER = re.compile(r"\.?[0-9](?:[eEpP][+-]|['A-Za-z0-9_.])*")
 _RAW_PREFIXES = frozenset({"R", "u8R", "uR", "UR", "LR"})
+# A raw string's opening as NVRTC surely reads one: a delimiter of at most 16 characters, here
+# only letters, digits and _, then "(". With any other delimiter NVRTC ignores the raw string
+# indicator and reads the text after it as code.
+_RAW_OPENING = re.compile(r'"([A-Za-z0-9_]{0,16})\(')
 
 
 class SourceRefused(ValueError):
@@ -88,7 +101,10 @@ def check_source(source: str) -> None:
 def _directive_problem(line: str) -> str | None:
     if probe := _FILE_PROBES.search(line):
         return f"{probe.group(1)} is not allowed: kernels see no files"
-    for operator in re.finditer(r"\b_Pragma\b", line):
+    if paste := _PASTING.search(line):
+        return (f"token pasting ({paste.group(0)}) is not allowed: a name it makes is seen only "
+                "as NVRTC preprocesses (__has_include probes a file)")
+    for operator in _PRAGMA_OPERATOR.finditer(line):
         pragma = re.compile(r"\s*\(\s*\"([^\"]*)\"\s*\)").match(line, operator.end())
         if pragma is None:  # a pragma a macro makes (_Pragma(#x)): what it says is unknown
             return "_Pragma is allowed only with a string literal, as in _Pragma(\"unroll\")"
@@ -132,7 +148,9 @@ def _pragma_problem(text: str) -> str | None:
 def _without_comments(text: str) -> str:
     """``text`` with every comment replaced by a space, as the preprocessor does before it reads
     directives (so a comment spanning lines joins them); string, character and raw string
-    literals and numbers (``1'000``) are kept whole, so nothing in them starts a comment."""
+    literals and numbers (``1'000``) are kept whole, so nothing in them starts a comment.
+    SourceRefused for a raw string literal NVRTC may read otherwise (see ``_RAW_OPENING``) or
+    that does not end: text hidden in it here could be code there."""
     out: list[str] = []
     i, n = 0, len(text)
     while i < n:
@@ -145,20 +163,14 @@ def _without_comments(text: str) -> str:
             end = text.find("*/", i + 2)
             i = n if end < 0 else end + 2
             out.append(" ")
-        elif c.isdigit() or (c == "." and text[i + 1:i + 2].isdigit()):
-            m = re.compile(r"\.?\d(?:[eEpP][+-]|['\w.])*").match(text, i)
-            out.append(m.group(0))
-            i = m.end()
-        elif c.isalpha() or c == "_":
-            m = _IDENTIFIER.match(text, i)
-            word = m.group(0)
-            out.append(word)
-            i = m.end()
-            if word in _RAW_PREFIXES and text.startswith('"', i):
-                start = text.find("(", i)
-                delimiter = text[i + 1:start] if start >= 0 else ""
-                end = text.find(f"){delimiter}\"", start) if start >= 0 else -1
-                stop = n if end < 0 else end + len(delimiter) + 2
+        elif number := _PP_NUMBER.match(text, i):
+            out.append(number.group(0))
+            i = number.end()
+        elif word := _IDENTIFIER.match(text, i):
+            out.append(word.group(0))
+            i = word.end()
+            if word.group(0) in _RAW_PREFIXES and text.startswith('"', i):
+                stop = _raw_string_end(text, i)
                 out.append(re.sub(r"[^\n]", " ", text[i:stop]))  # its lines still count
                 i = stop
         elif c in "\"'":
@@ -171,6 +183,22 @@ def _without_comments(text: str) -> str:
             out.append(c)
             i += 1
     return "".join(out)
+
+
+def _raw_string_end(text: str, quote: int) -> int:
+    """Where the raw string literal whose opening quote is at ``quote`` ends (past its closing
+    quote); SourceRefused where NVRTC may not read it as one, or it has no end."""
+    line = text.count("\n", 0, quote) + 1
+    opening = _RAW_OPENING.match(text, quote)
+    if opening is None:
+        raise SourceRefused(f"candidate.cu({line}): a raw string literal's delimiter may be at "
+                            "most 16 letters, digits or _ before its (")
+    closing = f"){opening.group(1)}\""
+    end = text.find(closing, opening.end())
+    if end < 0:
+        raise SourceRefused(f"candidate.cu({line}): a raw string literal that does not end "
+                            f"(no {closing})")
+    return end + len(closing)
 
 
 # Options a candidate may ask for in meta["nvrtc_options"], as cuda.core ProgramOptions fields;

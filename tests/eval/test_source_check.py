@@ -34,6 +34,19 @@ REFUSED = {
     # a pragma a macro makes: what it says is not known before preprocessing
     "pragma-from-a-macro": '#define P(x) _Pragma(#x)\nP(GCC dependency "/etc/passwd")\n',
     "pragma-operator-second": '_Pragma("unroll") _Pragma("GCC dependency \\"/etc/passwd\\"")\n',
+    # a raw string NVRTC does not take as one ("raw string indicator ignored": its delimiter is
+    # too long, holds a space or has no "("): the lines after it are code there
+    "after-raw-string-with-no-paren": '#if 0\nR"\n#endif\n#include "/etc/passwd"\n',
+    "after-raw-string-with-a-long-delimiter":
+        '#if 0\nu8R"abcdefghijklmnopq(\n#endif\n#include "/etc/passwd"\n// )abcdefghijklmnopq"\n',
+    "after-raw-string-with-a-space": 'R"a b(\n#include "/etc/passwd"\n)a b";\n',
+    "unterminated-raw-string": 'const char* s = R"x(\n#include "/etc/passwd"\n',
+    # a probe or a pragma that token pasting makes, seen only as NVRTC preprocesses
+    "pasted-probe": '#define P(a, b) a##b\n#if P(__has_, include)("/etc/passwd")\n#endif\n',
+    "pasted-probe-digraph": '#define P(a, b) a%:%:b\n#if P(__has_, include)("/etc/passwd")\n#endif\n',
+    "probe-after-non-ascii": '#define A \u00e9__has_include("/etc/passwd")\n',
+    "pragma-after-non-ascii": 'int \u00e9_Pragma("GCC dependency \\"/etc/passwd\\"");\n',
+    "pasted-pragma": '#define P(a, b) a##b\nP(_Pr, agma)("GCC dependency \\"/etc/passwd\\"")\n',
 }
 
 
@@ -56,6 +69,9 @@ ALLOWED = {
     "in-string": 'const char* s = "#include \\"/etc/passwd\\"";\n',
     "pragmas": "#pragma unroll\n#pragma unroll 4\n#pragma nv_diag_suppress 177\n",
     "digit-separators": "int a = 1'000'000;\nfloat b = 1e-5f + .5f;\n",
+    "raw-string-of-16": 'const char* s = R"abcdefghijklmnop(\n#include )abcdefghijklmnop";\n',
+    # characters NVRTC reads as tokens of their own (and then refuses): no file either
+    "non-ascii": 'int \u00e9 = 0; float x = \u00b2; // \u00e9\n',
 }
 
 
@@ -89,3 +105,18 @@ def test_a_header_beside_the_compile_is_never_read(tmp_path, monkeypatch):
                                     "sm_90")
         assert "sk-kforge-test-secret" not in result.log
         assert result.ok == include.startswith("<"), result.log
+
+
+def test_a_raw_string_nvrtc_ignores_hides_no_include(tmp_path):
+    """The include after a raw string NVRTC does not take as one was read, and the file's lines
+    quoted in the compile log (stored, and sent back in repair prompts)."""
+    pytest.importorskip("cuda.core")
+    from kforge.runtime.nvrtc import Compiler
+
+    secret = tmp_path / "secret.h"
+    secret.write_text("#error sk-kforge-test-secret\n")
+    result = Compiler().compile(f'#if 0\nR"\n#endif\n#include "{secret}"\n'
+                                'extern "C" __global__ void k(float* x) { x[0] = 1.f; }\n',
+                                "sm_90")
+    assert not result.ok and "raw string" in result.log
+    assert "sk-kforge-test-secret" not in result.log
