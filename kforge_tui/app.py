@@ -235,7 +235,8 @@ class KforgeApp(App):
     async def resume_session(self, session_id: int, open_after: bool = False) -> None:
         """Start a detached engine for the session (``kforge resume --detach``). Where its stored
         settings name plug-ins or a cluster that the config file does not (what ``kforge
-        resume`` would refuse), ask first, and add ``--trust-plugins`` only on a yes."""
+        resume`` would refuse), ask first, and give those again (``--proposer SPEC``...) only on
+        a yes."""
         store = await self.open_store()
         if store is None or self.refused_in_demo("resuming a search"):
             return
@@ -254,8 +255,7 @@ class KforgeApp(App):
                     raise KforgeError(f"session {session_id}'s stored plug-ins changed while "
                                       "you were asked; resume it again to see them")
             self.notify(f"starting the search of session {session_id}…", timeout=3)
-            await run_kforge(resume_argv(session_id, self.db_path, trust_plugins=bool(named)),
-                             lambda _line: None)
+            await run_kforge(resume_argv(session_id, self.db_path, named), lambda _line: None)
         except KforgeError as exc:
             self.report(str(exc))
             return

@@ -7,12 +7,13 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from kforge.core.settings import Origin, SearchSettings, Settings, parse_duration
 from kforge.engine.command import kforge_command, kforge_env
+from kforge.engine.plugins import PluginConsent
 from kforge.errors import KforgeError
 
 DTYPES = ("float16", "bfloat16", "float32")
@@ -142,11 +143,13 @@ def number(text: str, kind: type[int | float], what: str) -> int | float | None:
         raise KforgeError(f"{what} must be {noun}, not {text.strip()!r}") from None
 
 
-def resume_argv(session_id: int, db: Path, trust_plugins: bool = False) -> list[str]:
-    """``kforge resume --detach``; with ``trust_plugins`` (the user said yes to what
-    ``needs_consent`` named) ``--trust-plugins`` too."""
+def resume_argv(session_id: int, db: Path,
+                confirmed: Iterable[tuple[str, str]] = ()) -> list[str]:
+    """``kforge resume --detach``, with each plug-in and cluster in ``confirmed`` (the user said
+    yes to what ``needs_consent`` named) given again (``--proposer SPEC``...): the engine trusts
+    those, not whatever the database names by the time it reads it."""
     return [*kforge_command(), "resume", str(session_id), "--db", str(db), "--detach", "--json",
-            *(["--trust-plugins"] if trust_plugins else [])]
+            *PluginConsent(frozenset(confirmed)).options()]
 
 
 async def run_kforge(argv: list[str], on_line: Callable[[str], None]) -> dict:

@@ -124,7 +124,7 @@ def _start(args: argparse.Namespace, sid: int) -> tuple[int, dict]:
 
     db = resolve_db(args)
     given, config = _given(args), load_config()
-    consent = PluginConsent(frozenset(given[k] for k in ("proposer", "evaluator", "cluster")
+    consent = PluginConsent(frozenset((k, given[k]) for k in ("proposer", "evaluator", "cluster")
                                       if given.get(k)), args.trust_plugins)
     with_store(args, lambda store: prepare_session(store, sid, given, config, consent))
     if args.detach:

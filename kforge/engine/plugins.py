@@ -6,7 +6,9 @@ doubles and users' own proposers plug in.
 
 A ``module:function`` is code, and a session's stored settings are data (a database may be
 someone else's): a plug-in named only by the session is imported once the user confirms it
-(``PluginConsent``: the same spec given again, their config file's, or ``--trust-plugins``).
+(``PluginConsent``: the same spec given again, their config file's, or ``--trust-plugins``). What a
+user confirmed passes to a process kforge starts for them (a detached engine) as it was given,
+never as more: the database may name other plug-ins by the time that process reads it.
 """
 
 from __future__ import annotations
@@ -44,11 +46,22 @@ def load_factory(spec: str) -> Any:
 @dataclass(frozen=True)
 class PluginConsent:
     """The ``module:function`` plug-ins and the Ray cluster the user has confirmed: those named
-    on the command line (``specs``) or, with ``every`` (``--trust-plugins``), any the session
-    stores. (A Ray cluster's answers are unpickled: whoever runs it runs code here.)"""
+    on the command line, each for what it was given as (``given``: ``(what, spec)`` pairs,
+    ``what`` one of proposer, evaluator, cluster), or, with ``every`` (``--trust-plugins``), any
+    the session stores. (A Ray cluster's answers are unpickled: whoever runs it runs code
+    here.)"""
 
-    specs: frozenset[str] = frozenset()
+    given: frozenset[tuple[str, str]] = frozenset()
     every: bool = False
+
+    def options(self) -> list[str]:
+        """The command-line options that confirm the same to another kforge process (a detached
+        engine): ``--trust-plugins`` where the user gave it, else each spec as what it was
+        given (``--proposer SPEC``...), never anything a database names by the time that
+        process reads it."""
+        if self.every:
+            return ["--trust-plugins"]
+        return [word for what, spec in sorted(self.given) for word in (f"--{what}", spec)]
 
     def unconfirmed(self, search: SearchSettings, stored: Mapping[str, Any],
                     configured: SearchSettings) -> list[tuple[str, str]]:
@@ -60,7 +73,7 @@ class PluginConsent:
             spec = getattr(search, what)
             named = ":" in spec if what != "cluster" else bool(spec)
             if (named and stored.get(what) == spec and not self.every
-                    and spec not in self.specs and spec != getattr(configured, what)):
+                    and (what, spec) not in self.given and spec != getattr(configured, what)):
                 found.append((what, spec))
         return found
 

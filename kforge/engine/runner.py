@@ -130,15 +130,15 @@ def log_path(db_path: Path, session_id: int) -> Path:
 def spawn_detached(db_path: Path, session_id: int,
                    consent: PluginConsent = PluginConsent()) -> int:
     """Start ``kforge resume`` for the session in a new process session (immune to the
-    terminal's hang-up) and return its pid. Output goes to the session's log file. Plug-ins
-    that ``consent`` confirmed (``prepare_session`` saved them as the session's) are confirmed
-    to it too."""
+    terminal's hang-up) and return its pid. Output goes to the session's log file. What
+    ``consent`` confirmed (``prepare_session`` saved it as the session's) is confirmed to it
+    too, as it was given (``PluginConsent.options``): a plug-in the database names by the time
+    the engine reads it, and the user did not confirm, is refused there."""
     with open_log(log_path(db_path, session_id)) as out:
         proc = subprocess.Popen(
             # --verbose: the log file keeps the engine's details, and a failure's traceback
             [*kforge_command(), "--verbose", "resume", str(session_id), "--db", str(db_path),
-             "--quiet",
-             *(["--trust-plugins"] if consent.every or consent.specs else [])],
+             "--quiet", *consent.options()],
             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True, env=kforge_env())
     return proc.pid

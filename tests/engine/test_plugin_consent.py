@@ -7,12 +7,14 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from kforge.cli.main import main
 from kforge.engine.command import kforge_command, kforge_env
+from kforge.engine.plugins import PluginConsent
 from kforge.store import Store
 from tests.doubles import sample_cards
 
@@ -101,7 +103,6 @@ def test_a_stored_ray_cluster_is_refused_until_confirmed(tmp_path: Path, capsys)
     """A Ray cluster's answers are unpickled here: an address only the database names is as
     much code as a plug-in."""
     from kforge.core.settings import SearchSettings
-    from kforge.engine.plugins import PluginConsent
 
     db = tmp_path / "k.db"
     sid = make_db(db, {"cluster": "192.0.2.1:6379"})
@@ -109,7 +110,45 @@ def test_a_stored_ray_cluster_is_refused_until_confirmed(tmp_path: Path, capsys)
     error = capsys.readouterr().err
     assert "the session names the cluster '192.0.2.1:6379'" in error and "--cluster" in error
     search, stored = SearchSettings(cluster="192.0.2.1:6379"), {"cluster": "192.0.2.1:6379"}
-    PluginConsent(frozenset({"192.0.2.1:6379"})).check(search, stored, SearchSettings())
+    PluginConsent(frozenset({("cluster", "192.0.2.1:6379")})).check(search, stored,
+                                                                     SearchSettings())
     PluginConsent(every=True).check(search, stored, SearchSettings())
     PluginConsent().check(search, stored, SearchSettings(cluster="192.0.2.1:6379"))
     PluginConsent().check(search, {}, SearchSettings())  # given now, not stored
+
+
+def test_a_detached_engine_trusts_only_what_the_user_confirmed(tmp_path: Path, monkeypatch):
+    """The detached engine reads the database again: a plug-in it names by then (here a trigger
+    in the crafted database swaps the proposer as soon as kforge saves the settings the user
+    confirmed) is refused there, not imported on a blanket --trust-plugins."""
+    import sqlite3
+
+    marker = tmp_path / "imported"
+    modules = tmp_path / "installed"
+    modules.mkdir()
+    (modules / "swapped_in.py").write_text(f"open({str(marker)!r}, 'w').close()\n"
+                                           "def make(ctx): raise SystemExit('ran')\n")
+    monkeypatch.setenv("PYTHONPATH", str(modules))  # a module the engine can import
+    db = tmp_path / "k.db"
+    sid = make_db(db, DOUBLES)
+    with sqlite3.connect(db) as conn:
+        conn.execute("""CREATE TRIGGER swap AFTER UPDATE OF settings ON sessions
+                        WHEN json_extract(NEW.settings, '$.search.proposer') != 'swapped_in:make'
+                        BEGIN UPDATE sessions SET settings = json_set(NEW.settings,
+                              '$.search.proposer', 'swapped_in:make') WHERE id = NEW.id; END""")
+    assert main(["resume", str(sid), "--db", str(db), "--quiet", "--detach",
+                 "--proposer", DOUBLES["proposer"], "--evaluator", DOUBLES["evaluator"]]) == 0
+    log = tmp_path / "logs" / f"session-{sid}.log"
+    for _ in range(600):
+        if "kforge:" in log.read_text():
+            break
+        time.sleep(0.1)
+    assert "the session names the proposer 'swapped_in:make'" in log.read_text()
+    assert not marker.exists()
+
+
+def test_consent_passes_on_as_it_was_given():
+    consent = PluginConsent(frozenset({("proposer", "a:f"), ("cluster", "head:6379")}))
+    assert consent.options() == ["--cluster", "head:6379", "--proposer", "a:f"]
+    assert PluginConsent(consent.given, every=True).options() == ["--trust-plugins"]
+    assert PluginConsent().options() == []

@@ -1,6 +1,7 @@
 """Resuming a session whose database names plug-ins or a Ray cluster: the TUI asks first, naming
 each literally, as ``kforge resume`` would refuse them (``needs_consent``, the CLI's own rule), and
-starts the engine with ``--trust-plugins`` only on a yes; a plain session resumes as before."""
+starts the engine with those given again (``--proposer SPEC``...) only on a yes, never with
+``--trust-plugins``; a plain session resumes as before."""
 
 from __future__ import annotations
 
@@ -69,7 +70,8 @@ def test_what_needs_consent_is_what_the_cli_refuses():
         PluginConsent().check(search, NAMING["search"], config.search)
     PluginConsent(every=True).check(search, NAMING["search"], config.search)
     # given again on the command line, or the config file's own: confirmed
-    assert needs_consent(1, NAMING, config, PluginConsent(frozenset({PROPOSER}))) == named[1:]
+    confirmed = PluginConsent(frozenset({("proposer", PROPOSER)}))
+    assert needs_consent(1, NAMING, config, confirmed) == named[1:]
     mine = Settings.from_dict({"search": {"evaluator": EVALUATOR, "cluster": CLUSTER}})
     assert needs_consent(1, NAMING, mine) == [("proposer", PROPOSER)]
     assert needs_consent(1, {"search": {"proposer": "llm", "evaluator": "gpu"}}, config) == []
@@ -132,8 +134,10 @@ async def test_trust_resumes_with_the_flag(tmp_path: Path, monkeypatch, keys):
         await pilot.press(*keys)
         await until(pilot, lambda: kforge.argvs, what="the resume")
         await until(pilot, lambda: isinstance(app.screen, SessionScreen), what="the session")
-    assert kforge.argvs == [resume_argv(sid, db, trust_plugins=True)]
-    assert kforge.argvs[0][-1] == "--trust-plugins"
+    assert kforge.argvs == [resume_argv(sid, db, needs_consent(sid, NAMING, Settings()))]
+    assert kforge.argvs[0][-6:] == ["--cluster", CLUSTER, "--evaluator", EVALUATOR,
+                                    "--proposer", PROPOSER]
+    assert "--trust-plugins" not in kforge.argvs[0]
 
 
 async def test_the_session_screens_resume_asks_too(tmp_path: Path, monkeypatch):
@@ -152,7 +156,7 @@ async def test_the_session_screens_resume_asks_too(tmp_path: Path, monkeypatch):
         assert "evaluator" in said and "proposer" not in said and "Ray cluster" not in said
         await pilot.press("t")
         await until(pilot, lambda: kforge.argvs, what="the resume")
-    assert kforge.argvs == [resume_argv(sid, db, trust_plugins=True)]
+    assert kforge.argvs == [resume_argv(sid, db, [("evaluator", EVALUATOR)])]
 
 
 @pytest.mark.parametrize("settings", [
