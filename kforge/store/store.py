@@ -8,6 +8,11 @@ Durability is the ``[store] durability`` setting (``kforge.core.settings.StoreSe
 default ``full`` (SQLite ``synchronous = FULL``), so every committed transaction (a finished
 evaluation, its cost) survives a power loss, at the price of one fsync per commit.
 
+A database holds data only: one with SQL of its own that SQLite would run as kforge reads or writes
+it (a trigger, a view, a virtual table; kforge's schema has none) is refused as it opens, before
+anything is read or written (``check_plain_schema``). A trigger in a crafted database rewrote what
+kforge had just checked, such as the plug-ins a session names, as kforge saved it.
+
 A store that holds a session's engine lease (``claim_engine``) belongs to that engine: a write that
 finds the database locked by another process (a backup, an ``sqlite3`` shell) waits it out with
 backoff for as long as it takes, saying that it waits, instead of failing the search; and each write
@@ -235,7 +240,11 @@ class Store:
                               f"{path} was written by a newer kforge (schema {version}, this "
                               f"one knows {LATEST}): upgrade kforge")
         try:
+            await check_plain_schema(db, path)
             return cls(db, path)
+        except DB_ERRORS as exc:  # a schema SQLite cannot read
+            await db.close()
+            raise _explain(exc, path) from None
         except BaseException:
             await db.close()
             raise
@@ -245,6 +254,7 @@ class Store:
         db.row_factory = aiosqlite.Row
         try:
             await db.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
+            await check_plain_schema(db, self.path)
             await db.execute("PRAGMA foreign_keys = ON")
             version = (await (await db.execute("PRAGMA user_version")).fetchone())[0]
             if version > LATEST:
@@ -869,6 +879,20 @@ def _proc_stat(pid: int) -> list[str]:
     """The fields of /proc/<pid>/stat after the command name (state first)."""
     with open(f"/proc/{pid}/stat") as stat:
         return stat.read().rsplit(")", 1)[1].split()
+
+
+async def check_plain_schema(db: Any, path: Path) -> None:
+    """Refuse a database whose schema holds SQL that SQLite runs as it is read or written: a
+    trigger (on kforge's own writes), a view or a virtual table (whose module reads tables of
+    its own). kforge creates none; only a crafted database has one."""
+    found = await (await db.execute(
+        "SELECT type, name FROM sqlite_master WHERE type IN ('trigger', 'view') "
+        "OR (type = 'table' AND sql LIKE 'CREATE VIRTUAL TABLE%') LIMIT 1")).fetchone()
+    if found is not None:
+        kind = "virtual table" if found[0] == "table" else found[0]
+        raise KforgeError(f"{path} is not a kforge database: it holds the {kind} "
+                          f"{str(found[1])[:80]!r}, SQL that would run as kforge reads or writes "
+                          "it")
 
 
 def _is_lock(exc: sqlite3.Error | UnicodeDecodeError) -> bool:

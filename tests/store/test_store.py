@@ -148,6 +148,33 @@ async def test_garbage_file_is_refused_and_left_unchanged(tmp_path: Path):
 
 
 @pytest.mark.parametrize("opener", ["open", "open_read_only"])
+@pytest.mark.parametrize("sql, named", [
+    # rewrites what kforge has just checked, as kforge saves it (the plug-ins a session names)
+    ("CREATE TRIGGER swap AFTER UPDATE OF settings ON sessions BEGIN UPDATE sessions "
+     "SET settings = '{\"search\": {\"proposer\": \"evil:make\"}}' WHERE id = NEW.id; END",
+     "trigger 'swap'"),
+    ("CREATE VIEW v AS SELECT * FROM sessions", "view 'v'"),
+    ("CREATE VIRTUAL TABLE notes USING rtree(id, x0, x1)", "virtual table 'notes'"),
+], ids=["trigger", "view", "virtual-table"])
+async def test_a_database_with_sql_of_its_own_is_refused_before_it_is_used(tmp_path: Path,
+                                                                           opener, sql, named):
+    path = tmp_path / "k.db"
+    async with await Store.open(path) as store:
+        sid = await store.create_profiled_session("toy", {}, {"name": "g"}, [])
+    con = sqlite3.connect(path)
+    con.execute(sql)
+    con.commit()
+    con.close()
+    with pytest.raises(KforgeError, match=f"not a kforge database: it holds the {named}"):
+        store = await getattr(Store, opener)(path)
+        await store.update_settings(sid, {"search": {"proposer": "library"}})
+    con = sqlite3.connect(path)
+    (settings,) = con.execute("SELECT settings FROM sessions").fetchone()
+    con.close()
+    assert "evil" not in settings
+
+
+@pytest.mark.parametrize("opener", ["open", "open_read_only"])
 async def test_a_schema_damaged_into_bytes_that_are_not_text_is_refused(tmp_path: Path, opener):
     """SQLite's message about a damaged schema quotes it; where those bytes are not UTF-8 the
     driver raises UnicodeDecodeError, not an sqlite3 error: still one KforgeError."""
