@@ -248,3 +248,20 @@ def test_a_view_past_its_storage_is_refused_when_the_region_runs():
     torch.testing.assert_close(region_function(small)(x), torch.relu(x))
     with pytest.raises(RuntimeError, match="out of bounds"):
         region_function(past)(x)
+
+
+@pytest.mark.parametrize("op, args, kwargs, shape", [
+    ("aten.full.default", [[1 << 30, 1 << 30], 1.0], {}, (1 << 30, 1 << 30)),  # 4 EiB
+    ("aten.ones.default", [[1 << 30, 1 << 30]], {"device": None}, (1 << 30, 1 << 30)),
+    ("aten.arange.default", [1 << 58], {}, (1 << 58,)),
+], ids=["full", "ones-device-none", "arange"])
+def test_a_factory_a_card_names_makes_nothing_on_the_host(op, args, kwargs, shape):
+    """Reading a card's call runs eager on meta tensors, a factory too: given no device it
+    filled memory of any size the card says in the engine's own process."""
+    from kforge.core.opcard import OpCard
+    from kforge.propose.library.cards import read_call
+
+    card = OpCard(op=op, args=args, kwargs=kwargs, calls=1, total_us=1.0, share=1.0,
+                  library="", target=True)
+    (output,) = read_call(card).outputs
+    assert output.shape == shape

@@ -139,7 +139,9 @@ def read_call(card: OpCard) -> Call:
 
 
 def eager_outputs(op: str, args: list, kwargs: dict) -> tuple[TensorArg, ...]:
-    """What eager returns for these arguments (shape, stride, dtype), by running on meta tensors."""
+    """What eager returns for these arguments (shape, stride, dtype), by running on meta tensors.
+    A factory runs on meta too: given no device, it would make its tensor, of whatever size the
+    card (data) says, in this process's memory."""
 
     def to_meta(value: Any) -> Any:
         if isinstance(value, TensorArg):
@@ -153,8 +155,13 @@ def eager_outputs(op: str, args: list, kwargs: dict) -> tuple[TensorArg, ...]:
             return torch.device("meta")
         return value
 
+    func = resolve_op(op)
+    factory = any(a.name == "device" and a.kwarg_only for a in func._schema.arguments)
     try:
-        result = resolve_op(op)(*[to_meta(a) for a in args], **{k: to_meta(v) for k, v in kwargs.items()})
+        meta_kwargs = {k: to_meta(v) for k, v in kwargs.items()}
+        if factory and meta_kwargs.get("device") is None:
+            meta_kwargs["device"] = torch.device("meta")
+        result = func(*[to_meta(a) for a in args], **meta_kwargs)
     except (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError) as exc:
         # eager's own argument checks
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
