@@ -81,7 +81,9 @@ def export_session(plan: SessionPlan, out_dir: Path, *, name: str | None = None,
         raise KforgeError(f"cannot write into {out_dir}: {exc.strerror}") from None
     try:
         problems = _write(plan, staging, name, archs, compiler)
-        if target.exists():
+        if target.is_symlink():
+            target.unlink()  # the link itself, never what it points to
+        elif target.exists():
             shutil.rmtree(target)
         staging.replace(target)
     except BaseException:

@@ -137,6 +137,22 @@ def test_an_existing_package_is_replaced_only_with_force(session, compiler, tmp_
     assert (tmp_path / "pkg" / "manifest.json").exists()
 
 
+def test_a_link_named_like_the_package_is_replaced_never_followed(session, compiler, tmp_path):
+    db, sid = session
+    plan = read_plan(db, sid)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "mine.txt").write_text("keep")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "pkg").symlink_to(elsewhere)
+    with pytest.raises(KforgeError, match="already exists"):
+        export_session(plan, tmp_path / "out", name="pkg", compiler=compiler)
+    export_session(plan, tmp_path / "out", name="pkg", force=True, compiler=compiler)
+    assert not (tmp_path / "out" / "pkg").is_symlink()
+    assert (tmp_path / "out" / "pkg" / "manifest.json").exists()
+    assert [p.name for p in elsewhere.iterdir()] == ["mine.txt"]
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"archs": ["90"]}, "not a GPU architecture"),
     ({"name": "my-kernels"}, "cannot be a Python package name"),
