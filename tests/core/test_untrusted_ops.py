@@ -47,6 +47,8 @@ def no_shell(monkeypatch):
     "aten.add.Tensor.__call__",
     "os.system.default",  # a namespace that is not allowed
     "builtins.eval.default",
+    "debugprims.load_tensor.default",  # another loaded library's: it reads a host file
+    "higher_order.cond.default",  # a higher-order op: it calls the callables it is given
     "",
     "aten..default",
     # real overloads of aten whose effects reach past their tensors
