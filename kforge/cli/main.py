@@ -43,6 +43,8 @@ COMMANDS = {
 }
 BAD_USAGE = 2  # argparse's code for a command line it cannot read
 LONG_WORD = 120  # a longer word of an error message (a huge path) is shown by its ends
+# The LLM secrets of the config file and the environment, read once per command by ``shown``.
+_secrets: tuple[str, ...] | None = None
 
 
 class UsageError(KforgeError):
@@ -94,7 +96,9 @@ def chosen_command(argv: Sequence[str]) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global _secrets
     argv = sys.argv[1:] if argv is None else argv
+    _secrets = None  # this command's own config file and environment
     _tolerant_output()
     wants_json = "--json" in argv[:argv.index("--")] if "--" in argv else "--json" in argv
     verbose = bool({"-v", "--verbose"} & set(argv))
@@ -103,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser(chosen_command(argv)).parse_args(argv)  # --help exits here
         parsed = True
         handler = logging.StreamHandler()
-        handler.setFormatter(_InertFormatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        handler.setFormatter(_ShownFormatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
         logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                             handlers=[handler])
         return args.func(args)
@@ -129,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                     "plug-in)", 1, wants_json)
     except BaseException as exc:  # a bug: still one line, the traceback on request
         if verbose:
-            traceback.print_exc()
+            print(shown(traceback.format_exc()), end="", file=sys.stderr, flush=True)
         return fail(f"unexpected {type(exc).__name__}: {exc} (run with --verbose for the "
                     "traceback, and please report it)", 1, wants_json)
 
@@ -148,7 +152,7 @@ def fail(message: str, code: int, wants_json: bool) -> int:
     """Say what went wrong in one line on stderr (and as ``{"error": ...}`` on stdout for
     --json); return the exit code."""
     line = " ".join(word if len(word) <= LONG_WORD else f"{word[:60]}...{word[-40:]}"
-                    for word in inert(message).split()) or "failed"
+                    for word in shown(message).split()) or "failed"
     try:
         if wants_json:
             print(json.dumps({"error": line}), flush=True)
@@ -158,11 +162,26 @@ def fail(message: str, code: int, wants_json: bool) -> int:
     return code
 
 
-class _InertFormatter(logging.Formatter):
-    """Log lines quote stored text too: they reach the terminal ``inert``."""
+def shown(text: str) -> str:
+    """``text`` as the command writes it to the terminal, and a detached engine to its log file
+    beside the database: without the LLM secrets of the config file and the environment (the
+    store's own redaction: a library's log line quoted the endpoint's URL, password and all) and
+    ``inert`` (log lines and errors quote stored text)."""
+    global _secrets
+    from kforge.core.settings import redact
+
+    if _secrets is None:
+        from kforge.store.config import configured_secrets
+
+        _secrets = configured_secrets()
+    return inert(redact(text, _secrets))
+
+
+class _ShownFormatter(logging.Formatter):
+    """Log lines, kforge's and its libraries', as ``shown``."""
 
     def format(self, record: logging.LogRecord) -> str:
-        return inert(super().format(record))
+        return shown(super().format(record))
 
 
 if __name__ == "__main__":

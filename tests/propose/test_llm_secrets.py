@@ -17,7 +17,7 @@ from kforge.runtime.nvrtc import Compiler
 from kforge.store import Store
 from tests.doubles import sample_cards
 from tests.fakes.llm_replies import EXAMPLE_PLAN, EXAMPLE_SOURCE, node, reply, request
-from tests.fakes.openai_server import FakeOpenAIServer, chat_reply
+from tests.fakes.openai_server import FakeOpenAIServer, chat_reply, error_reply
 
 KEY = "sk-configured-0123456789abcdefKEY"
 
@@ -99,3 +99,32 @@ async def test_every_secret_the_store_redacts_is_redacted_from_requests(config, 
         sent = [r.text for r in server.requests]
     assert len(sent) == 1 and "[redacted]" in sent[0]
     assert KEY not in sent[0] and other not in sent[0]
+
+
+def test_a_detached_engines_log_keeps_no_secret(config, tmp_path):
+    """A detached engine logs verbosely to a file beside the database: the endpoint's password
+    (the HTTP library logs each request's URL) and the key are redacted there as in the store."""
+    import asyncio
+    import subprocess
+
+    from kforge.engine.command import kforge_command, kforge_env
+
+    password = "pa55word-0123456789-secret"
+    async def make_db() -> int:
+        async with await Store.open(tmp_path / "k.db") as store:
+            return await store.create_profiled_session(
+                "toy", {"search": {"iterations_per_op": 1}}, {"name": "g"}, sample_cards()[:1])
+
+    sid = asyncio.run(make_db())
+    with FakeOpenAIServer() as server:
+        server.add(error_reply(401, f"Incorrect API key provided: {KEY}"))
+        url = server.base_url.replace("http://", f"http://user:{password}@")
+        config.write_text(f'[llm]\nmodel = "m"\napi_key = "{KEY}"\nbase_url = "{url}"\n'
+                          'max_retries = 0\n')
+        result = subprocess.run(
+            [*kforge_command(), "--verbose", "resume", str(sid), "--db", str(tmp_path / "k.db"),
+             "--quiet", "--proposer", "llm", "--evaluator", "tests.doubles:make_evaluator"],
+            env=kforge_env(), capture_output=True, text=True, timeout=120)
+    logged = result.stdout + result.stderr
+    assert "HTTP Request: POST" in logged and "[redacted]" in logged
+    assert password not in logged and KEY not in logged
