@@ -11,7 +11,8 @@ comments, raw strings, digraphs) and refuses every ``#include`` but the prelude'
 (``__has_include``), token pasting (which makes names, such as a probe, only as it runs), every
 ``#pragma`` outside a short list and every ``_Pragma`` that is not a string literal, as a compile
 error naming it. Where NVRTC could read the text otherwise (a raw string literal it would not
-take as one), the source is refused: what it would read is not known.
+take as one), the source is refused: what it would read is not known; and every line that could
+start a directive, whatever the lexing says it is (in a comment, a literal), is checked as one.
 """
 
 from __future__ import annotations
@@ -71,6 +72,8 @@ _PRAGMA_PREFIXES = ("nv_diag_", "diag_")
 # NVRTC's identifiers and numbers are ASCII: any other character is a token of its own there
 # (a letter such as "é" is an "unrecognized token"), so it is one here too.
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Comments on one line, read without literals: complete ones, one left open, and // ones.
+_LINE_COMMENTS = re.compile(r"/\*.*?(?:\*/|$)|//.*")
 _PP_NUMBER = re.compile(r"\.?[0-9](?:[eEpP][+-]|['A-Za-z0-9_.])*")
 _RAW_PREFIXES = frozenset({"R", "u8R", "uR", "UR", "LR"})
 # A raw string's opening as NVRTC surely reads one: a delimiter of at most 16 characters, here
@@ -87,15 +90,33 @@ def check_source(source: str) -> None:
     """Raise SourceRefused, naming the line and what it names, where ``source`` includes a
     header other than ``HEADERS``, probes for a file or uses a pragma kforge does not allow.
     Both ways a compiler may splice lines (a backslash right before the newline, or with
-    spaces between) are checked."""
+    spaces between) are checked, each read two ways: as the preprocessor reads it (comments and
+    literals, ``_without_comments``), and line by line, blind to literals and to comments that
+    span lines (``_directive_lines``), so that a directive NVRTC reads where this reading saw a
+    comment or a literal (NVRTC lexes some text otherwise) is checked all the same."""
     if "??=" in source or "??/" in source:
         raise SourceRefused("candidate.cu: trigraphs (??= ??/) are not allowed")
     text = source.replace("\r\n", "\n").replace("\r", "\n")
     for spliced in (text.replace("\\\n", ""), re.sub(r"\\[ \t]+\n", "", text).replace("\\\n", "")):
-        for number, line in enumerate(_without_comments(spliced).split("\n"), 1):
+        read = enumerate(_without_comments(spliced).split("\n"), 1)
+        for number, line in [*read, *_directive_lines(spliced)]:
             problem = _directive_problem(line)
             if problem:
                 raise SourceRefused(f"candidate.cu({number}): {problem}")
+
+
+def _directive_lines(text: str) -> list[tuple[int, str]]:
+    """``(line number, directive)`` for every place a directive may start whatever the lexing:
+    each line's start, and the point after each ``*/`` (NVRTC reads a ``#`` that follows a
+    comment spanning lines as a directive's), where ``#`` or ``%:`` comes next; comments on
+    that line are dropped, one left open to its end."""
+    found = []
+    for number, line in enumerate(text.split("\n"), 1):
+        for start in [0, *(end.end() for end in re.finditer(r"\*/", line))]:
+            directive = _LINE_COMMENTS.sub(" ", line[start:]).lstrip()
+            if directive.startswith(("#", "%:")):
+                found.append((number, directive))
+    return found
 
 
 def _directive_problem(line: str) -> str | None:

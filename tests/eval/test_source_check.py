@@ -46,6 +46,12 @@ REFUSED = {
     "pasted-probe-digraph": '#define P(a, b) a%:%:b\n#if P(__has_, include)("/etc/passwd")\n#endif\n',
     "probe-after-non-ascii": '#define A \u00e9__has_include("/etc/passwd")\n',
     "pragma-after-non-ascii": 'int \u00e9_Pragma("GCC dependency \\"/etc/passwd\\"");\n',
+    # a directive NVRTC reads where the check's lexing sees a comment or a literal: after a
+    # comment spanning lines (NVRTC takes the # as a line's first), in a directive line where
+    # NVRTC lexes 1' as a number and a character literal, in a raw string: read line by line too
+    "after-a-comment-spanning-lines": 'x /* a\n b */ #include "/etc/passwd"\n',
+    "comment-after-a-digit-in-a-directive": "%:1'0x1p'u8%:1'/*\n#include \"/etc/passwd\"\n",
+    "in-a-raw-string": 'const char* s = R"x(\n#include "/etc/passwd"\n)x";\n',
     "pasted-pragma": '#define P(a, b) a##b\nP(_Pr, agma)("GCC dependency \\"/etc/passwd\\"")\n',
 }
 
@@ -65,11 +71,11 @@ ALLOWED = {
     "prelude-headers": "#include <cuda_fp16.h>\n# include <cuda_bf16.h>\n",
     "pragma-operator": '_Pragma("unroll") for (;;) {}\n',
     "in-comments": '// #include "/etc/passwd"\n/* #include </etc/passwd> */\n',
-    "in-raw-string": 'const char* s = R"x(\n#include "/etc/passwd"\n)x";\n',
     "in-string": 'const char* s = "#include \\"/etc/passwd\\"";\n',
     "pragmas": "#pragma unroll\n#pragma unroll 4\n#pragma nv_diag_suppress 177\n",
     "digit-separators": "int a = 1'000'000;\nfloat b = 1e-5f + .5f;\n",
-    "raw-string-of-16": 'const char* s = R"abcdefghijklmnop(\n#include )abcdefghijklmnop";\n',
+    "raw-string-of-16": 'const char* s = R"abcdefghijklmnop(\n"/*\n)abcdefghijklmnop";\n',
+    "directive-like-text-in-a-comment-line": "/* a note:\n * #include <stdio.h> is not needed\n */\n",
     # characters NVRTC reads as tokens of their own (and then refuses): no file either
     "non-ascii": 'int \u00e9 = 0; float x = \u00b2; // \u00e9\n',
 }
@@ -107,16 +113,20 @@ def test_a_header_beside_the_compile_is_never_read(tmp_path, monkeypatch):
         assert result.ok == include.startswith("<"), result.log
 
 
-def test_a_raw_string_nvrtc_ignores_hides_no_include(tmp_path):
-    """The include after a raw string NVRTC does not take as one was read, and the file's lines
-    quoted in the compile log (stored, and sent back in repair prompts)."""
+@pytest.mark.parametrize("hiding", [
+    '#if 0\nR"\n#endif\n',  # a raw string NVRTC ignores
+    "x /* a\n b */ ",  # a comment spanning lines: NVRTC takes the # after it as a line's first
+    "%:1'0x1p'u8%:1'/*\n",  # in a directive, NVRTC lexes 1' then a character literal
+], ids=["raw-string-ignored", "after-a-comment-spanning-lines", "digit-separator-in-a-directive"])
+def test_what_nvrtc_reads_otherwise_hides_no_include(tmp_path, hiding):
+    """An include the check's lexing hid was read, and the file's lines quoted in the compile
+    log (stored, and sent back in repair prompts)."""
     pytest.importorskip("cuda.core")
     from kforge.runtime.nvrtc import Compiler
 
     secret = tmp_path / "secret.h"
     secret.write_text("#error sk-kforge-test-secret\n")
-    result = Compiler().compile(f'#if 0\nR"\n#endif\n#include "{secret}"\n'
+    result = Compiler().compile(f'{hiding}#include "{secret}"\n'
                                 'extern "C" __global__ void k(float* x) { x[0] = 1.f; }\n',
                                 "sm_90")
-    assert not result.ok and "raw string" in result.log
-    assert "sk-kforge-test-secret" not in result.log
+    assert not result.ok and "sk-kforge-test-secret" not in result.log
