@@ -72,8 +72,11 @@ _PRAGMA_PREFIXES = ("nv_diag_", "diag_")
 # NVRTC's identifiers and numbers are ASCII: any other character is a token of its own there
 # (a letter such as "é" is an "unrecognized token"), so it is one here too.
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-# Comments on one line, read without literals: complete ones, one left open, and // ones.
-_LINE_COMMENTS = re.compile(r"/\*.*?(?:\*/|$)|//.*")
+# Read blind to literals: a comment (one left open runs to the end), spaces and comments up to
+# a line's end, and the text to the first line end outside a comment.
+_COMMENT = re.compile(r"/\*.*?(?:\*/|\Z)|//[^\n]*", re.S)
+_BLANK = re.compile(r"(?:[ \t\f\v]|/\*.*?\*/)*", re.S)
+_TO_LINE_END = re.compile(r"(?:/\*.*?(?:\*/|\Z)|//[^\n]*|[^\n])*", re.S)
 _PP_NUMBER = re.compile(r"\.?[0-9](?:[eEpP][+-]|['A-Za-z0-9_.])*")
 _RAW_PREFIXES = frozenset({"R", "u8R", "uR", "UR", "LR"})
 # A raw string's opening as NVRTC surely reads one: a delimiter of at most 16 characters, here
@@ -106,16 +109,17 @@ def check_source(source: str) -> None:
 
 
 def _directive_lines(text: str) -> list[tuple[int, str]]:
-    """``(line number, directive)`` for every place a directive may start whatever the lexing:
-    each line's start, and the point after each ``*/`` (NVRTC reads a ``#`` that follows a
-    comment spanning lines as a directive's), where ``#`` or ``%:`` comes next; comments on
-    that line are dropped, one left open to its end."""
+    """``(line number, directive)`` for every directive that may start in ``text`` whatever
+    the lexing: after a line's start or a ``*/`` (NVRTC reads a ``#`` that follows a comment
+    spanning lines as a directive's), past spaces and comments, a ``#`` or ``%:``; the
+    directive runs to the end of its line, every comment in it (one spanning lines too) a
+    space, as the preprocessor reads it."""
     found = []
-    for number, line in enumerate(text.split("\n"), 1):
-        for start in [0, *(end.end() for end in re.finditer(r"\*/", line))]:
-            directive = _LINE_COMMENTS.sub(" ", line[start:]).lstrip()
-            if directive.startswith(("#", "%:")):
-                found.append((number, directive))
+    for start in [0, *(mark.end() for mark in re.finditer(r"\n|\*/", text))]:
+        begin = _BLANK.match(text, start).end()
+        if text.startswith(("#", "%:"), begin):
+            directive = _COMMENT.sub(" ", _TO_LINE_END.match(text, begin).group(0))
+            found.append((text.count("\n", 0, begin) + 1, directive))
     return found
 
 

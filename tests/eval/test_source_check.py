@@ -43,13 +43,15 @@ REFUSED = {
     "unterminated-raw-string": 'const char* s = R"x(\n#include "/etc/passwd"\n',
     # a probe or a pragma that token pasting makes, seen only as NVRTC preprocesses
     "pasted-probe": '#define P(a, b) a##b\n#if P(__has_, include)("/etc/passwd")\n#endif\n',
-    "pasted-probe-digraph": '#define P(a, b) a%:%:b\n#if P(__has_, include)("/etc/passwd")\n#endif\n',
+    "pasted-probe-digraph":
+        '#define P(a, b) a%:%:b\n#if P(__has_, include)("/etc/passwd")\n#endif\n',
     "probe-after-non-ascii": '#define A \u00e9__has_include("/etc/passwd")\n',
     "pragma-after-non-ascii": 'int \u00e9_Pragma("GCC dependency \\"/etc/passwd\\"");\n',
     # a directive NVRTC reads where the check's lexing sees a comment or a literal: after a
     # comment spanning lines (NVRTC takes the # as a line's first), in a directive line where
     # NVRTC lexes 1' as a number and a character literal, in a raw string: read line by line too
     "after-a-comment-spanning-lines": 'x /* a\n b */ #include "/etc/passwd"\n',
+    "after-a-comment-spanning-lines-and-through-one": 'x /*\n*/ # /*\n*/ include "/etc/passwd"\n',
     "comment-after-a-digit-in-a-directive": "%:1'0x1p'u8%:1'/*\n#include \"/etc/passwd\"\n",
     "in-a-raw-string": 'const char* s = R"x(\n#include "/etc/passwd"\n)x";\n',
     "pasted-pragma": '#define P(a, b) a##b\nP(_Pr, agma)("GCC dependency \\"/etc/passwd\\"")\n',
@@ -75,7 +77,7 @@ ALLOWED = {
     "pragmas": "#pragma unroll\n#pragma unroll 4\n#pragma nv_diag_suppress 177\n",
     "digit-separators": "int a = 1'000'000;\nfloat b = 1e-5f + .5f;\n",
     "raw-string-of-16": 'const char* s = R"abcdefghijklmnop(\n"/*\n)abcdefghijklmnop";\n',
-    "directive-like-text-in-a-comment-line": "/* a note:\n * #include <stdio.h> is not needed\n */\n",
+    "directive-like-text-in-a-comment": "/* a note:\n * #include <stdio.h> is not needed\n */\n",
     # characters NVRTC reads as tokens of their own (and then refuses): no file either
     "non-ascii": 'int \u00e9 = 0; float x = \u00b2; // \u00e9\n',
 }
@@ -113,12 +115,14 @@ def test_a_header_beside_the_compile_is_never_read(tmp_path, monkeypatch):
         assert result.ok == include.startswith("<"), result.log
 
 
-@pytest.mark.parametrize("hiding", [
-    '#if 0\nR"\n#endif\n',  # a raw string NVRTC ignores
-    "x /* a\n b */ ",  # a comment spanning lines: NVRTC takes the # after it as a line's first
-    "%:1'0x1p'u8%:1'/*\n",  # in a directive, NVRTC lexes 1' then a character literal
-], ids=["raw-string-ignored", "after-a-comment-spanning-lines", "digit-separator-in-a-directive"])
-def test_what_nvrtc_reads_otherwise_hides_no_include(tmp_path, hiding):
+@pytest.mark.parametrize("including", [
+    '#if 0\nR"\n#endif\n#include ',  # after a raw string NVRTC ignores
+    "x /* a\n b */ #include ",  # after a comment spanning lines, NVRTC takes # as a line's first
+    "x /*\n*/ # /*\n*/ include ",  # and the directive goes on past a comment spanning lines
+    "%:1'0x1p'u8%:1'/*\n#include ",  # in a directive, NVRTC lexes 1' then a character literal
+], ids=["raw-string-ignored", "after-a-comment-spanning-lines", "and-through-one",
+        "digit-separator-in-a-directive"])
+def test_what_nvrtc_reads_otherwise_hides_no_include(tmp_path, including):
     """An include the check's lexing hid was read, and the file's lines quoted in the compile
     log (stored, and sent back in repair prompts)."""
     pytest.importorskip("cuda.core")
@@ -126,7 +130,7 @@ def test_what_nvrtc_reads_otherwise_hides_no_include(tmp_path, hiding):
 
     secret = tmp_path / "secret.h"
     secret.write_text("#error sk-kforge-test-secret\n")
-    result = Compiler().compile(f'{hiding}#include "{secret}"\n'
+    result = Compiler().compile(f'{including}"{secret}"\n'
                                 'extern "C" __global__ void k(float* x) { x[0] = 1.f; }\n',
                                 "sm_90")
     assert not result.ok and "sk-kforge-test-secret" not in result.log
