@@ -16,6 +16,8 @@ Encoding runs on every op call while a model is profiled, and the integration gu
 dispatch time, so it is written for speed: a type check per value, a dict lookup per dtype.
 Only encoding, decoding and operator lookup need torch, and it is imported when they are first
 used: torch-free modules (op cards, the TUI) read specs without loading it.
+
+A call read from data runs through operators that check what they are given (``checked_op``).
 """
 
 from __future__ import annotations
@@ -245,6 +247,25 @@ def resolve_op(name: str) -> torch._ops.OpOverload:
         raise ArgSpecError(f"{name!r} is not an operator kforge may call: a TorchScript builtin, "
                            "no dispatcher operator") from None
     return found
+
+
+# Operators that make a view of the sizes and strides they are given without checking them
+# against the tensor's storage (sizes read from data reached memory past it, which the view, or
+# the copy made of it, then read), each with the operator that takes the same arguments and
+# checks them: what kforge calls for such a name read from data (``checked_op``).
+CHECKED_TWINS = {"aten::_reshape_alias": "as_strided",
+                 "aten::_reshape_alias_copy": "as_strided_copy"}
+
+
+def checked_op(name: str) -> torch._ops.OpOverload:
+    """What kforge calls for operator ``name`` read from data (an op card's, a region's node):
+    ``resolve_op(name)``, or where that operator does not check the view it makes against its
+    input's memory, the same overload of its checked twin (``CHECKED_TWINS``)."""
+    func = resolve_op(name)
+    twin = CHECKED_TWINS.get(func._schema.name)
+    if twin is None:
+        return func
+    return resolve_op(f"{func.namespace}.{twin}.{func._overloadname}")
 
 
 def bind(op_name: str, args_spec: list, kwargs_spec: dict) -> dict[str, Any]:

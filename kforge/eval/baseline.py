@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from kforge.core.argspec import resolve_op
+from kforge.core.argspec import checked_op
 from kforge.core.candidate import Baseline, profile_disagreement
 from kforge.core.gpu import GpuInfo
 from kforge.core.opcard import OpCard
@@ -49,7 +49,7 @@ def measure_baseline(card: OpCard, *, runtime: Runtime, gpu: GpuInfo,
     KforgeError when eager itself cannot run the card's inputs."""
     settings = settings or EvalSettings()
     register_cards([card])
-    op = resolve_op(card.op)
+    op = checked_op(card.op)
     with runtime.scope():
         factory = InputFactory(card, runtime.device, samples_dir, settings.max_samples)
         sets = factory.sets(settings.seeds)[:max(1, settings.timing_sets)]

@@ -38,7 +38,7 @@ from typing import Any, Protocol
 
 import torch
 
-from kforge.core.argspec import resolve_op
+from kforge.core.argspec import checked_op, resolve_op
 from kforge.core.candidate import (
     Candidate,
     EvalOutcome,
@@ -208,7 +208,7 @@ class Evaluation:
     def __init__(self, card: OpCard, calls: CandidateCalls, runtime: Runtime, gpu: GpuInfo,
                  samples_dir: Path | None, settings: EvalSettings) -> None:
         self.card = card
-        self.op = resolve_op(card.op)
+        self.op = checked_op(card.op)
         self.calls = calls
         self.runtime = runtime
         self.gpu = gpu
@@ -578,6 +578,7 @@ class Evaluation:
         the launch path alone is timed."""
         op = self.op
         card = self.card
+        guarded = resolve_op(card.op)  # the operator itself, which the guard patches
 
         def per_call(call: Callable[[], Any]) -> float:
             samples = []
@@ -592,7 +593,7 @@ class Evaluation:
         runner = self.calls.runner
         entry = Entry(card.op, card.args, card.kwargs, runner, runner.device, label="host cost")
         with Patch(KernelTable([entry])):
-            patched = per_call(lambda: op(*inputs.args, **inputs.kwargs))
+            patched = per_call(lambda: guarded(*inputs.args, **inputs.kwargs))
         if entry.counts()[0] != self.settings.host_reps:
             patched = per_call(lambda: runner(inputs.args, inputs.kwargs))
         return {"host_us": patched,

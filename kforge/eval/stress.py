@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kforge.core.argspec import bind, list_items, resolve_op
+from kforge.core.argspec import bind, checked_op, list_items
 from kforge.core.opcard import OpCard
 from kforge.errors import KforgeError
 from kforge.eval.inputs import (
@@ -643,7 +643,7 @@ def eager_problem(op_name: str, inputs: InputSet) -> str | None:
     """Why eager's result on ``inputs`` is no reference (it fails, or a result is all NaN)."""
     copy = inputs.fresh_copy()
     try:
-        result = resolve_op(op_name)(*copy.args, **copy.kwargs)
+        result = checked_op(op_name)(*copy.args, **copy.kwargs)
     except Exception as exc:  # eager cannot run these values: the kind is not for this card
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return f"eager {op_name} fails on it: {first_line}"

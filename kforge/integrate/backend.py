@@ -45,6 +45,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 from kforge.core.argspec import (
     ArgSpecError,
     bind,
+    checked_op,
     decode,
     encode_value,
     freeze,
@@ -117,7 +118,8 @@ class KernelOp:
     def __init__(self, entry: Entry, name: str, library: torch.library.Library) -> None:
         self.entry = entry
         self.earlier: list[Entry] = []  # entries it ran before this one, kept loaded
-        self.func = resolve_op(entry.op)
+        # What the entry's call runs as (a checked twin takes the same arguments, first).
+        self.func = checked_op(entry.op)
         self.paths = tensor_paths(entry.op, entry.args, entry.kwargs)
         positional = [a.name for a in self.func._schema.arguments]
         slots = {path: _Slot(i) for i, path in enumerate(self.paths)}

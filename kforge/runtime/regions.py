@@ -6,7 +6,8 @@ the guard puts a kernel in front of it at the CUDA dispatch key like any op's.
 
 The implementation interprets the region's nodes, data that kforge recorded from the model (or a
 database says it did): ``Region.check`` proves them calls of allowed operators on tensors before
-any is made; no candidate text is involved.
+any is made; no candidate text is involved. Each node runs through an operator that checks the
+view it makes (``checked_op``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from kforge.core.argspec import decode, resolve_op, torch_value
+from kforge.core.argspec import checked_op, decode, resolve_op, torch_value
 from kforge.core.region import NAMESPACE, Region
 
 _library: torch.library.Library | None = None
@@ -65,8 +66,7 @@ def register_cards(cards: Iterable[Any]) -> None:
 
 def _interpreter(region: Region) -> Any:
     region.check()
-    nodes = [(_bounded(resolve_op(node["op"])), node["args"], node["kwargs"])
-             for node in region.nodes]
+    nodes = [(checked_op(node["op"]), node["args"], node["kwargs"]) for node in region.nodes]
     outputs = region.outputs
 
     def run(*inputs: torch.Tensor) -> Any:
@@ -88,15 +88,6 @@ def _interpreter(region: Region) -> Any:
         return found[0] if len(found) == 1 else tuple(found)
 
     return run
-
-
-def _bounded(func: Any) -> Any:
-    """``func``, or where it is ``_reshape_alias`` (a view of any size and strides that PyTorch
-    does not check against its storage: sizes read from data would reach memory past it), the
-    same view through ``as_strided``, which checks them."""
-    if func is torch.ops.aten._reshape_alias.default:
-        return lambda self, size, stride: torch.ops.aten.as_strided.default(self, size, stride)
-    return func
 
 
 def _no_tensor_spec(spec: dict) -> Any:

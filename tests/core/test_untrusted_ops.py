@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from kforge.core.argspec import ArgSpecError, check_call, resolve_op
+from kforge.core.argspec import ArgSpecError, check_call, checked_op, resolve_op
 from kforge.core.region import Region
 from kforge.runtime.regions import register, region_function
 
@@ -267,3 +267,29 @@ def test_a_factory_a_card_names_makes_nothing_on_the_host(op, args, kwargs, shap
                   library="", target=True)
     (output,) = read_call(card).outputs
     assert output.shape == shape
+
+
+def test_a_plain_reshape_alias_card_runs_as_the_checked_as_strided():
+    """``_reshape_alias`` takes any size and strides unchecked: a card of it (not only a region's
+    node) runs through ``as_strided``, which refuses a view past its input's memory, so eager's
+    baseline never reads past it."""
+    from kforge.core.opcard import OpCard
+    from kforge.errors import KforgeError
+    from kforge.eval.baseline import measure_baseline
+    from kforge.eval.device import CpuRuntime
+    from tests.eval.fakes import CPU_GPU
+    from tests.eval.redteam import FAST
+
+    def card(op: str, args: list) -> OpCard:
+        return OpCard(op=op, args=args, kwargs={}, calls=1, total_us=1.0, share=1.0, library="",
+                      target=True)
+
+    assert checked_op("aten._reshape_alias.default") is torch.ops.aten.as_strided.default
+    assert checked_op("aten._reshape_alias_copy.out") is torch.ops.aten.as_strided_copy.out
+    assert checked_op("aten.add.Tensor") is torch.ops.aten.add.Tensor
+    fits = card("aten._reshape_alias.default", [t([16]), [4, 4], [4, 1]])
+    assert measure_baseline(fits, runtime=CpuRuntime(), gpu=CPU_GPU, settings=FAST).eager
+    for op in ("aten._reshape_alias.default", "aten._reshape_alias_copy.default"):
+        past = card(op, [t([4]), [1 << 10], [1]])
+        with pytest.raises(KforgeError, match="out of bounds"):
+            measure_baseline(past, runtime=CpuRuntime(), gpu=CPU_GPU, settings=FAST)
