@@ -17,7 +17,8 @@ dispatch time, so it is written for speed: a type check per value, a dict lookup
 Only encoding, decoding and operator lookup need torch, and it is imported when they are first
 used: torch-free modules (op cards, the TUI) read specs without loading it.
 
-A call read from data runs through operators that check what they are given (``checked_op``).
+A call read from data runs where kforge runs it (``decode_call``: every device it names is that
+one) and through operators that check what they are given (``checked_op``).
 """
 
 from __future__ import annotations
@@ -191,6 +192,36 @@ def decode(spec: Any, make_tensor: Callable[[dict], Any], *,
         return value if make_scalar is None else make_scalar(value)
 
     return one(spec)
+
+
+def placed(device: torch.device) -> Callable[[str, Any], Any]:
+    """A ``make_named`` for ``decode`` that reads every device as ``device``, the one kforge runs
+    the call on: a device is data (``"cpu"`` in a card a GPU worker ran made its tensors, of
+    whatever size the card said, in host memory)."""
+
+    def named(kind: str, name: Any) -> Any:
+        return device if kind == "device" else torch_value(kind, name)
+
+    return named
+
+
+def decode_call(op_name: str, args_spec: list, kwargs_spec: dict,
+                make_tensor: Callable[[dict], Any], device: torch.device, *,
+                make_list: Callable[[list], Any] = tuple) -> tuple[list, dict]:
+    """A call of ``op_name`` read from data, as it runs on ``device``: its arguments ``decode``d
+    (tensors by ``make_tensor``, in argument order) with every device read as ``device``
+    (``placed``), and ``device`` given where the operator takes one by keyword (a factory:
+    ``full``, ``ones``, ``arange``, ``empty``) and the call names none, which would make its
+    tensor on the default device, in host memory."""
+    named = placed(device)
+    args = [decode(spec, make_tensor, make_list=make_list, make_named=named) for spec in args_spec]
+    kwargs = {name: decode(spec, make_tensor, make_list=make_list, make_named=named)
+              for name, spec in kwargs_spec.items()}
+    if kwargs.get("device") is None and any(
+            argument.name == "device" and argument.kwarg_only
+            for argument in resolve_op(op_name)._schema.arguments):
+        kwargs["device"] = device
+    return args, kwargs
 
 
 # ----- operators and schemas -----

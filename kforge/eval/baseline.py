@@ -26,9 +26,9 @@ from kforge.core.settings import EvalSettings
 from kforge.errors import KforgeError
 from kforge.eval.device import Runtime
 from kforge.eval.inputs import InputFactory
-from kforge.eval.ops import flatten_tensors, memory_floor_us, traffic_bytes
+from kforge.eval.ops import admit, flatten_tensors, memory_floor_us, traffic_bytes
 from kforge.eval.timing import time_interleaved
-from kforge.runtime.regions import region_function, register_cards
+from kforge.runtime.regions import region_function
 
 PROFILED_CALLS = 5  # eager calls profiled for the kernels they launch
 
@@ -46,9 +46,10 @@ def measure_baseline(card: OpCard, *, runtime: Runtime, gpu: GpuInfo,
                      samples_dir: Path | None = None,
                      settings: EvalSettings | None = None) -> Baseline:
     """Eager and torch.compile times for ``card`` (interleaved), and its memory floor. Raises
-    KforgeError when eager itself cannot run the card's inputs."""
+    KforgeError when the evaluator may not run the card (``admit``) or eager itself cannot run
+    the card's inputs."""
     settings = settings or EvalSettings()
-    register_cards([card])
+    admit(card, runtime)
     op = checked_op(card.op)
     with runtime.scope():
         factory = InputFactory(card, runtime.device, samples_dir, settings.max_samples)

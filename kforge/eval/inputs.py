@@ -2,7 +2,8 @@
 
 Every tensor gets exactly its spec's shape, strides, dtype and storage offset, inside a storage
 with canaries (NaN for floats, the dtype's maximum for integers) before and after it, so a kernel
-that reads out of bounds computes garbage and one that writes out of bounds is seen.
+that reads out of bounds computes garbage and one that writes out of bounds is seen. Everything
+is made on the evaluation's device, whatever device the card names.
 
 Random values mimic the card's first sample where there is one: integers stay within the
 sample's min..max (embedding indices), booleans keep their fraction of True, floats keep the
@@ -17,21 +18,20 @@ keep is left there as its spec and is filled with random values.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from kforge.core import argspec
 from kforge.core.argspec import (
+    decode_call,
     is_tensor_spec,
     list_items,
     storage_span,
     tensor_specs,
     torch_dtype,
-    torch_value,
     walk,
 )
 from kforge.core.opcard import OpCard, key_folder
@@ -75,6 +75,15 @@ class Geometry:
     def span(self) -> int:
         return storage_span(self.shape, self.stride)
 
+    @property
+    def used(self) -> int:
+        """Elements of its storage up to its last one: its storage offset, then its span."""
+        return self.offset + self.span
+
+    @property
+    def nbytes(self) -> int:
+        return self.used * self.dtype.itemsize
+
     def matches(self, t: torch.Tensor) -> bool:
         return (tuple(t.shape) == self.shape and tuple(t.stride()) == self.stride
                 and t.dtype == self.dtype)
@@ -107,7 +116,7 @@ def allocate(geometry: Geometry, device: torch.device, shift: int = PRODUCTION) 
     (``kforge.eval.placement``)."""
     item = torch.empty((), dtype=geometry.dtype).element_size()
     pad = max(1, CANARY_BYTES // item)
-    used = geometry.offset + geometry.span
+    used = geometry.used
     raw, start = placed(used, geometry.dtype, device, pad, pad, fitted(shift, item))
     base = raw[start - pad:start + used + pad]  # laid out alike wherever it starts
     base.fill_(canary_value(geometry.dtype))
@@ -121,20 +130,7 @@ def allocate(geometry: Geometry, device: torch.device, shift: int = PRODUCTION) 
     return Buffer(geometry, base, view)
 
 
-# ----- decoding arg specs -----
-
-
-def decode(spec: Any, device: torch.device, tensors: Iterator[torch.Tensor]) -> Any:
-    """An arg spec as the value the op gets on ``device``: tensors are taken in order from
-    ``tensors``, lists become tuples (as aten accepts them), a CUDA device becomes ``device`` (a
-    card recorded on one GPU runs on another)."""
-
-    def named(kind: str, name: Any) -> Any:
-        if kind == "device" and str(name).startswith("cuda"):
-            return device
-        return torch_value(kind, name)
-
-    return argspec.decode(spec, lambda _: next(tensors), make_named=named)
+# ----- samples -----
 
 
 def sample_tensors(value: Any) -> list[torch.Tensor | None]:
@@ -322,6 +318,7 @@ class InputSet:
     kwargs: dict
     buffers: list[Buffer]
     device: torch.device
+    op: str
     args_spec: list = field(repr=False, default_factory=list)
     kwargs_spec: dict = field(repr=False, default_factory=dict)
     snapshot: list[torch.Tensor] = field(repr=False, default_factory=list)
@@ -371,8 +368,8 @@ class InputSet:
             new = allocate(buf.geometry, self.device)
             new.base.copy_(snap)
             buffers.append(new)
-        return build_set(label or self.label, self.args_spec, self.kwargs_spec, buffers,
-                         self.device, snapshot=False)
+        return build_set(label or self.label, self.op, self.args_spec, self.kwargs_spec,
+                         buffers, self.device, snapshot=False)
 
     def load_values_from(self, other: InputSet) -> None:
         """Overwrite this set's memory with ``other``'s (same geometry), keeping addresses."""
@@ -425,12 +422,15 @@ def elements_differ(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (as_bytes(a).view(-1, size) != as_bytes(b).view(-1, size)).any(1)
 
 
-def build_set(label: str, args_spec: list, kwargs_spec: dict, buffers: list[Buffer],
+def build_set(label: str, op: str, args_spec: list, kwargs_spec: dict, buffers: list[Buffer],
               device: torch.device, snapshot: bool = True, shift: int = PRODUCTION) -> InputSet:
+    """The call of ``op`` these arg specs describe, on ``device`` (``decode_call``: every device
+    the card names is this one, and a factory naming none makes its tensor here too), its
+    tensors the views of ``buffers`` in order."""
     views = iter([b.view for b in buffers])
-    args = tuple(decode(a, device, views) for a in args_spec)
-    kwargs = {k: decode(v, device, views) for k, v in kwargs_spec.items()}
-    result = InputSet(label, args, kwargs, buffers, device, args_spec, kwargs_spec, shift=shift)
+    args, kwargs = decode_call(op, args_spec, kwargs_spec, lambda _: next(views), device)
+    result = InputSet(label, tuple(args), kwargs, buffers, device, op, args_spec, kwargs_spec,
+                      shift=shift)
     if snapshot:
         result.take_snapshot()
     return result
@@ -463,8 +463,8 @@ class InputFactory:
             if g.span:
                 fill(i, buf)
             buffers.append(buf)
-        return build_set(label, self.card.args, self.card.kwargs, buffers, self.device,
-                         shift=shift)
+        return build_set(label, self.card.op, self.card.args, self.card.kwargs, buffers,
+                         self.device, shift=shift)
 
     def random_set(self, seed: int) -> InputSet:
         return self._build(f"seed {seed}", self._random_fill(seed))

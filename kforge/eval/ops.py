@@ -1,16 +1,54 @@
-"""What the evaluator needs to know about an aten operator: how to call it, which arguments it
-writes, and how much work one call does (bytes moved, FLOPs) for the physical floor."""
+"""What the evaluator needs to know about an aten operator: whether it may run a card's call at
+all (``admit``), which arguments it writes, and how much work one call does (bytes moved, FLOPs)
+for the physical floor."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kforge.core.argspec import resolve_op, storage_span
+from kforge.core.argspec import ArgSpecError, checked_op, resolve_op, storage_span
+from kforge.core.meta import ValuesDecide, meta_call
+from kforge.core.opcard import OpCard
+from kforge.errors import KforgeError
+from kforge.eval.inputs import Geometry, all_tensor_specs
+from kforge.runtime.regions import region_function, register_cards
+
+if TYPE_CHECKING:
+    from kforge.eval.device import Runtime
+
+
+def admit(card: OpCard, runtime: Runtime) -> None:
+    """Raise KforgeError, saying why, unless the evaluator may run ``card``'s call on
+    ``runtime``'s device: its operator is one kforge calls (a region card's is defined here, its
+    nodes checked first), and one call, run first on meta tensors (``kforge.core.meta``), makes
+    tensors only on the device it runs on and needs no more memory than that device has free:
+    its inputs and every tensor it makes, a region's intermediate results included. Called
+    before anything of the card is made or run. A call whose results' sizes depend on its
+    inputs' values (``ValuesDecide``: nonzero, a boolean mask), which meta tensors cannot tell,
+    is held to its inputs' size alone; what it makes is made on the device."""
+    try:
+        register_cards([card])
+        func = region_function(card.region) if card.region is not None else checked_op(card.op)
+        made = meta_call(card.op, card.args, card.kwargs, func).made_bytes
+    except ValuesDecide:
+        made = 0
+    except ArgSpecError as exc:
+        raise KforgeError(f"kforge will not run {card.op}: {exc}") from None
+    inputs = sum(Geometry.from_spec(spec).nbytes for spec in all_tensor_specs(card))
+    free = runtime.free_bytes()
+    if inputs + made > free:
+        raise KforgeError(f"one call of {card.op} needs {_size(inputs + made)} "
+                          f"({_size(inputs)} of inputs, {_size(made)} made), more than the "
+                          f"{runtime.device.type} has free ({_size(free)})")
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.1f} MiB" if nbytes < 2**30 else f"{nbytes / 2**30:,.1f} GiB"
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from typing import Any, Protocol
 
 import torch
 
-from kforge.core.argspec import checked_op, resolve_op
+from kforge.core.argspec import checked_op, encode_call, resolve_op
 from kforge.core.candidate import (
     Candidate,
     EvalOutcome,
@@ -66,6 +66,7 @@ from kforge.eval.observe import (
     written_buffers,
 )
 from kforge.eval.ops import (
+    admit,
     beats_floor,
     flatten_tensors,
     flop_count,
@@ -93,7 +94,6 @@ from kforge.runtime.plan import (
     check_widths,
 )
 from kforge.runtime.plan import resolve_for as resolve_plan
-from kforge.runtime.regions import register_cards
 from kforge.runtime.table import Entry, KernelTable
 
 # On stress values a result outside eager's tolerances still passes when it is this many times
@@ -591,7 +591,10 @@ class Evaluation:
             return round(samples[len(samples) // 2], 2)
 
         runner = self.calls.runner
-        entry = Entry(card.op, card.args, card.kwargs, runner, runner.device, label="host cost")
+        # The guard matches the call as the evaluation makes it (``decode_call``: on this device,
+        # a device given where the card names none), which is the entry's variant here.
+        args_spec, kwargs_spec = encode_call(guarded, inputs.args, inputs.kwargs)
+        entry = Entry(card.op, args_spec, kwargs_spec, runner, runner.device, label="host cost")
         with Patch(KernelTable([entry])):
             patched = per_call(lambda: guarded(*inputs.args, **inputs.kwargs))
         if entry.counts()[0] != self.settings.host_reps:
@@ -662,8 +665,8 @@ def evaluate_candidate(card: OpCard, candidate: Candidate, *, runtime: Runtime,
     settings = settings or EvalSettings()
     started = time.perf_counter()
     compiled: CompileResult | None = None
-    register_cards([card])
     try:
+        admit(card, runtime)
         compiled = loader.compile(candidate)
         if not compiled.ok:
             first = next((ln for ln in compiled.log.splitlines() if "error" in ln),

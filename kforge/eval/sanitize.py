@@ -40,9 +40,9 @@ from kforge.core.child import child_env, python_command
 from kforge.core.launch_plan import parse_plan
 from kforge.core.opcard import OpCard
 from kforge.eval.inputs import Buffer, InputFactory, InputSet, build_set
+from kforge.eval.ops import admit
 from kforge.runtime.cubin_elf import cubin_kernels
 from kforge.runtime.plan import Allocation, PlanRunner
-from kforge.runtime.regions import register_cards
 
 TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 # The exit code the sanitizer returns when it found something.
@@ -358,7 +358,7 @@ def exact(inputs: InputSet) -> InputSet:
         view = at_the_end(buf.view, buf.view)
         base = view.as_strided((view.untyped_storage().nbytes() // view.element_size(),), (1,), 0)
         buffers.append(Buffer(buf.geometry, base, view))
-    return build_set(inputs.label, inputs.args_spec, inputs.kwargs_spec, buffers,
+    return build_set(inputs.label, inputs.op, inputs.args_spec, inputs.kwargs_spec, buffers,
                      inputs.device)
 
 
@@ -390,9 +390,9 @@ def run_job(path: Path) -> None:
 
     job = json.loads(path.read_text())
     card, candidate = OpCard.from_dict(job["card"]), Candidate.from_dict(job["candidate"])
-    register_cards([card])
     step("imports")
     ctx = device_context(int(job["device"]))
+    admit(card, ctx.runtime)
     step("device")
     compiled = ctx.loader.compile(candidate)
     if not compiled.ok:

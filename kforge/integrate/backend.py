@@ -47,8 +47,10 @@ from kforge.core.argspec import (
     bind,
     checked_op,
     decode,
+    decode_call,
     encode_value,
     freeze,
+    is_tensor_spec,
     resolve_op,
     torch_dtype,
     walk,
@@ -123,9 +125,13 @@ class KernelOp:
         self.paths = tensor_paths(entry.op, entry.args, entry.kwargs)
         positional = [a.name for a in self.func._schema.arguments]
         slots = {path: _Slot(i) for i, path in enumerate(self.paths)}
-        self.args = [self._template(positional[i], spec, slots)
-                     for i, spec in enumerate(entry.args)]
-        self.kwargs = {key: self._template(key, spec, slots) for key, spec in entry.kwargs.items()}
+        # The call's tensors in the order it passes them, each the slot of its place in schema
+        # order; its other arguments as data holds them, run on the kernel's device.
+        passed = [*zip(positional, entry.args), *entry.kwargs.items()]
+        order = iter([slots[(name, path)] for name, spec in passed
+                      for path, leaf in walk(spec) if is_tensor_spec(leaf)])
+        self.args, self.kwargs = decode_call(entry.op, entry.args, entry.kwargs,
+                                             lambda _: next(order), entry.device, make_list=list)
         self.layouts = tuple(_layout(leaf) for leaf in _leaves_at(entry, self.paths))
         returns = len(self.func._schema.returns)
         result = "Tensor" if returns == 1 else f"({', '.join(['Tensor'] * returns)})"
@@ -137,12 +143,6 @@ class KernelOp:
         self.overload: torch._ops.OpOverload = getattr(getattr(torch.ops, NAMESPACE), name).default
         self.label = entry.label or entry.op
         self.specs = tuple(freeze(leaf) for leaf in _leaves_at(entry, self.paths))
-
-    @staticmethod
-    def _template(name: str, spec: Any, slots: dict[tuple[str, str], _Slot]) -> Any:
-        leaves = iter([slots[(name, path)] for path, leaf in walk(spec)
-                       if isinstance(leaf, dict) and leaf.get("t") == "tensor"])
-        return decode(spec, lambda _: next(leaves), make_list=list)
 
     def call(self, tensors: tuple) -> tuple[list, dict]:
         """The entry's op call with ``tensors`` in its tensor slots."""

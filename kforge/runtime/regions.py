@@ -6,8 +6,8 @@ the guard puts a kernel in front of it at the CUDA dispatch key like any op's.
 
 The implementation interprets the region's nodes, data that kforge recorded from the model (or a
 database says it did): ``Region.check`` proves them calls of allowed operators on tensors before
-any is made; no candidate text is involved. Each node runs through an operator that checks the
-view it makes (``checked_op``).
+any is made; no candidate text is involved. Each node runs where the region's inputs are, whatever
+device it names, and through an operator that checks the view it makes (``checked_op``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from kforge.core.argspec import checked_op, decode, resolve_op, torch_value
+from kforge.core.argspec import checked_op, decode, placed, resolve_op
 from kforge.core.region import NAMESPACE, Region
 
 _library: torch.library.Library | None = None
@@ -71,11 +71,13 @@ def _interpreter(region: Region) -> Any:
 
     def run(*inputs: torch.Tensor) -> Any:
         values: dict[str, Any] = {f"x{i}": t for i, t in enumerate(inputs)}
+        # Every device a node names is the region's own. (A node reads tensors, so one that
+        # names none makes its result beside them: no node is a factory.)
+        named = placed(_device_of(inputs))
 
         def value(spec: Any) -> Any:
             return decode(spec, _no_tensor_spec, make_list=list,
-                          make_named=lambda kind, v: values[v] if kind == "ref"
-                          else torch_value(kind, v))
+                          make_named=lambda kind, v: values[v] if kind == "ref" else named(kind, v))
 
         for index, (func, args, kwargs) in enumerate(nodes):
             result = func(*[value(a) for a in args], **{k: value(v) for k, v in kwargs.items()})
@@ -88,6 +90,12 @@ def _interpreter(region: Region) -> Any:
         return found[0] if len(found) == 1 else tuple(found)
 
     return run
+
+
+def _device_of(inputs: tuple[torch.Tensor, ...]) -> torch.device:
+    """Where a region runs: on the device of its inputs, the first not on the CPU where there is
+    one (aten lets a 0-d CPU tensor join a call on a GPU, so a CPU input may be a scalar)."""
+    return next((t.device for t in inputs if t.device.type != "cpu"), inputs[0].device)
 
 
 def _no_tensor_spec(spec: dict) -> Any:

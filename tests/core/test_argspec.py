@@ -17,10 +17,12 @@ from kforge.core.argspec import (
     ArgSpecError,
     bind,
     decode,
+    decode_call,
     encode_call,
     encode_value,
     freeze,
     is_tensor_spec,
+    resolve_op,
     storage_span,
     tensor_specs,
     walk,
@@ -126,6 +128,26 @@ def test_decoding_hooks_replace_each_kind():
 def test_what_cannot_be_rebuilt_is_a_typed_error(spec):
     with pytest.raises(ArgSpecError):
         decode(spec, materialize)
+
+
+@pytest.mark.parametrize("op, args, kwargs", [
+    ("aten.full.default", [[2, 3], 1.0], {}),  # a factory naming no device
+    ("aten.full.default", [[2, 3], 1.0], {"device": None}),
+    ("aten.ones.default", [[2, 3]], {"device": {"t": "device", "v": "cpu"}}),
+    ("aten._to_copy.default", [{"t": "tensor", "shape": [4], "stride": [1], "dtype": "float32",
+                                "offset": 0}], {"device": {"t": "device", "v": "cuda:3"}}),
+])
+def test_a_call_read_from_data_runs_on_the_device_kforge_gives_it(op, args, kwargs):
+    """A device is data: every one a call names, and the one a factory naming none would take
+    (the host), is the device kforge runs the call on."""
+    meta = torch.device("meta")
+
+    def on_meta(spec: dict) -> torch.Tensor:
+        return torch.empty(spec["shape"], device=meta)
+
+    decoded, named = decode_call(op, args, kwargs, on_meta, meta)
+    assert named["device"] == meta
+    assert resolve_op(op)(*decoded, **named).device == meta
 
 
 def test_the_format_loads_without_torch():

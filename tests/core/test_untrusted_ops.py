@@ -5,12 +5,17 @@ a chain of calls reaching os.system) is refused before anything is called."""
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from kforge.core.argspec import ArgSpecError, check_call, checked_op, resolve_op
+from kforge.core.candidate import EvalStatus
 from kforge.core.region import Region
+from kforge.eval.device import CpuRuntime
 from kforge.runtime.regions import register, region_function
 
 
@@ -269,27 +274,152 @@ def test_a_factory_a_card_names_makes_nothing_on_the_host(op, args, kwargs, shap
     assert output.shape == shape
 
 
+# ----- what a card's call may make, and where -----
+
+
+class MadeForReal(TorchDispatchMode):
+    """Records every operator call that makes a tensor anywhere but on meta: building a card's
+    inputs or running its call for real."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        if any(isinstance(t, torch.Tensor) and t.device.type != "meta"
+               for t in tree_leaves(result)):
+            self.calls.append(str(func))
+        return result
+
+
+class TightCpu(CpuRuntime):
+    """The CPU with 1 MiB free."""
+
+    def free_bytes(self) -> int:
+        return 1 << 20
+
+
+def op_card(op: str, args: list, kwargs: dict | None = None, region: Region | None = None):
+    from kforge.core.opcard import OpCard
+
+    if region is not None:
+        return OpCard(op=region.op, args=list(region.inputs), kwargs={}, calls=1, total_us=1.0,
+                      share=1.0, library="", target=True, region=region.to_dict())
+    return OpCard(op=op, args=args, kwargs=kwargs or {}, calls=1, total_us=1.0, share=1.0,
+                  library="", target=True)
+
+
+def moved_then_repeated(times: list[int]) -> Region:
+    """A copy of the input to the host (a device is data), repeated ``times``, then summed:
+    a result of one element, made through a tensor of the repeat's size."""
+    return region(node("aten._to_copy.default", ref("x0"), device={"t": "device", "v": "cpu"}),
+                  node("aten.repeat.default", ref("n0"), times),
+                  node("aten.sum.default", ref("n1")), outputs=("n2",))
+
+
+def test_a_region_runs_where_its_inputs_are_whatever_device_its_nodes_name():
+    """A node that names another device (``_to_copy(device="cpu")``, as CPU profiles record it)
+    makes its result beside the region's inputs: on a GPU, a crafted region's copy to the host
+    then grew there, of whatever size its later nodes said."""
+    out = region_function(moved_then_repeated([2, 3]))(torch.empty(4, device="meta"))
+    assert out.device.type == "meta"
+    x = torch.randn(4)
+    torch.testing.assert_close(region_function(moved_then_repeated([2, 3]))(x), x.sum() * 6)
+
+
+@pytest.mark.parametrize("card, runtime, needle", [
+    # factories with no device or the host's: they made their tensor in the GPU worker's memory
+    (op_card("aten.ones.default", [[2048, 2048]]), TightCpu(), r"needs 16\.0 MiB"),
+    (op_card("aten.full.default", [[1 << 30, 1 << 30], 1.0],
+             {"device": {"t": "device", "v": "cpu"}}), CpuRuntime(), "needs 4,294,967,296.0 GiB"),
+    (op_card("aten.arange.default", [1 << 22]), TightCpu(), r"needs 32\.0 MiB"),
+    # a region whose result is small, made through a repeat of any size
+    (op_card("", [], region=moved_then_repeated([1024, 1024])), TightCpu(),
+     r"needs 16\.0 MiB \(0\.0 MiB of inputs, 16\.0 MiB made\)"),
+    (op_card("", [], region=moved_then_repeated([1 << 28, 1 << 28])), CpuRuntime(), "needs"),
+    # operators that copy to the host whatever device their call runs on
+    (op_card("aten._to_cpu.default", [{"t": "list", "items": [t()]}]), CpuRuntime(),
+     "would make a tensor on cpu"),
+    (op_card("aten._pin_memory.default", [t()]), CpuRuntime(), "eager PyTorch rejects"),
+], ids=["ones", "full-4EiB-cpu", "arange", "region-repeat", "region-repeat-4EiB", "to-cpu",
+        "pin-memory"])
+def test_a_card_is_refused_before_anything_of_it_is_made_or_run(card, runtime, needle):
+    """The evaluator runs a card's call on meta tensors first: one that makes a tensor elsewhere
+    than where it runs, or needs more memory (inputs, results, a region's intermediates) than the
+    device has free, is refused with the reason before any input is built or node run."""
+    from kforge.errors import KforgeError
+    from kforge.eval.baseline import measure_baseline
+    from kforge.eval.pipeline import evaluate_candidate
+    from tests.eval import candidates as C
+    from tests.eval.fakes import CPU_GPU, PyLoader
+    from tests.eval.redteam import FAST
+
+    with MadeForReal() as made:
+        with pytest.raises(KforgeError, match=needle):
+            measure_baseline(card, runtime=runtime, gpu=CPU_GPU, settings=FAST)
+        outcome = evaluate_candidate(card, C.relu(), runtime=runtime, loader=PyLoader(),
+                                     gpu=CPU_GPU, settings=FAST)
+    assert outcome.status is EvalStatus.INFRA and re.search(needle, outcome.summary)
+    assert made.calls == []
+
+
+def test_a_card_whose_results_depend_on_values_is_bounded_by_its_inputs():
+    """Meta tensors cannot tell what ``nonzero`` or a boolean mask makes: such a card runs, on
+    the evaluation's device, when its inputs fit."""
+    from kforge.eval.baseline import measure_baseline
+    from tests.eval.fakes import CPU_GPU
+    from tests.eval.redteam import FAST
+
+    mask = {"t": "tensor", "shape": [64], "stride": [1], "dtype": "bool", "offset": 0}
+    card = op_card("aten.index.Tensor", [t([64]), {"t": "list", "items": [mask]}])
+    assert measure_baseline(card, runtime=TightCpu(), gpu=CPU_GPU, settings=FAST).eager
+
+
 def test_a_plain_reshape_alias_card_runs_as_the_checked_as_strided():
     """``_reshape_alias`` takes any size and strides unchecked: a card of it (not only a region's
     node) runs through ``as_strided``, which refuses a view past its input's memory, so eager's
     baseline never reads past it."""
-    from kforge.core.opcard import OpCard
     from kforge.errors import KforgeError
     from kforge.eval.baseline import measure_baseline
-    from kforge.eval.device import CpuRuntime
     from tests.eval.fakes import CPU_GPU
     from tests.eval.redteam import FAST
-
-    def card(op: str, args: list) -> OpCard:
-        return OpCard(op=op, args=args, kwargs={}, calls=1, total_us=1.0, share=1.0, library="",
-                      target=True)
 
     assert checked_op("aten._reshape_alias.default") is torch.ops.aten.as_strided.default
     assert checked_op("aten._reshape_alias_copy.out") is torch.ops.aten.as_strided_copy.out
     assert checked_op("aten.add.Tensor") is torch.ops.aten.add.Tensor
-    fits = card("aten._reshape_alias.default", [t([16]), [4, 4], [4, 1]])
+    fits = op_card("aten._reshape_alias.default", [t([16]), [4, 4], [4, 1]])
     assert measure_baseline(fits, runtime=CpuRuntime(), gpu=CPU_GPU, settings=FAST).eager
     for op in ("aten._reshape_alias.default", "aten._reshape_alias_copy.default"):
-        past = card(op, [t([4]), [1 << 10], [1]])
+        past = op_card(op, [t([4]), [1 << 10], [1]])
         with pytest.raises(KforgeError, match="out of bounds"):
             measure_baseline(past, runtime=CpuRuntime(), gpu=CPU_GPU, settings=FAST)
+
+
+async def test_the_engine_skips_a_card_too_large_for_its_device_with_the_reason(tmp_path):
+    from kforge.core.settings import SearchSettings
+    from kforge.engine.engine import Engine
+    from kforge.eval.baseline import measure_baseline
+    from kforge.store import CardStatus, Store
+    from tests.doubles import FakeEvaluator, FakeProposer, sample_cards
+    from tests.eval.fakes import CPU_GPU
+    from tests.eval.redteam import FAST
+
+    class TightEvaluator(FakeEvaluator):
+        async def baseline(self, card):
+            return measure_baseline(card, runtime=TightCpu(), gpu=CPU_GPU, settings=FAST)
+
+    big = op_card("aten.ones.default", [[2048, 2048]])
+    store = await Store.open(tmp_path / "k.db")
+    try:
+        sid = await store.create_profiled_session("toy", {}, {"name": "Fake GPU"},
+                                                  [sample_cards()[0], big])
+        await Engine(store, sid, FakeProposer(), TightEvaluator(), SearchSettings.from_dict(
+            {"iterations_per_op": 1, "parallel": 1})).run()
+        rows = await store.list_cards(sid)
+    finally:
+        await store.close()
+    [skipped] = [row for row in rows if row.card.op == "aten.ones.default"]
+    assert skipped.status == CardStatus.SKIPPED
+    assert skipped.stop_reason.startswith("cannot time eager: one call of aten.ones.default "
+                                          "needs 16.0 MiB")

@@ -7,12 +7,12 @@ import math
 import pytest
 import torch
 
+from kforge.core.argspec import resolve_op
 from kforge.core.opcard import OpCard
 from kforge.eval.inputs import (
     Geometry,
     InputFactory,
     allocate,
-    decode,
     index_bounds,
 )
 from tests.eval.candidates import tensor
@@ -47,7 +47,21 @@ def test_non_tensor_arguments_are_rebuilt():
     inputs = InputFactory(card, CPU).random_set(0)
     assert inputs.args[1] == (1,) and inputs.args[2] is False
     assert inputs.kwargs["dtype"] is torch.float64
-    assert decode({"t": "device", "v": "cuda:3"}, CPU, iter([])) == CPU
+
+
+@pytest.mark.parametrize("op, args, kwargs", [
+    ("aten._to_copy.default", [tensor([4])], {"device": {"t": "device", "v": "cuda:3"}}),
+    ("aten._to_copy.default", [tensor([4])], {"device": {"t": "device", "v": "meta"}}),
+    ("aten.ones.default", [[4]], {}),  # a factory naming no device
+    ("aten.full.default", [[4], 1.0], {"device": None}),
+], ids=["another-gpu", "another-device", "factory", "factory-device-none"])
+def test_every_device_a_card_names_is_the_evaluation_device(op, args, kwargs):
+    """A device is data: a card recorded on another GPU, one naming another device and a
+    factory naming none all run on the device evaluating them (on a GPU, "cpu" or no device put
+    a tensor of the card's size in host memory)."""
+    inputs = InputFactory(OpCard(op, args, kwargs), CPU).random_set(0)
+    assert inputs.kwargs["device"] == CPU
+    assert resolve_op(op)(*inputs.args, **inputs.kwargs).device == CPU
 
 
 def test_samples_are_replayed_with_their_layout(tmp_path):

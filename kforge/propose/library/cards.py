@@ -16,8 +16,8 @@ from kforge.core.argspec import (
     decode,
     dtype_name,
     resolve_op,
-    torch_dtype,
 )
+from kforge.core.meta import meta_call
 from kforge.core.opcard import DTYPE_BYTES, OpCard
 
 # Storage types the library computes with (always accumulating in float).
@@ -133,40 +133,16 @@ def read_call(card: OpCard) -> Call:
                  for name, spec in bind(card.op, card.args, card.kwargs).items()}
         args = list(bound.values())[:len(card.args)]
         kwargs = {name: bound[name] for name in card.kwargs}
-        return Call(card.op, args, kwargs, eager_outputs(card.op, args, kwargs), bound)
+        return Call(card.op, args, kwargs, eager_outputs(card), bound)
     except ArgSpecError as exc:
         raise Declined(str(exc)) from None
 
 
-def eager_outputs(op: str, args: list, kwargs: dict) -> tuple[TensorArg, ...]:
-    """What eager returns for these arguments (shape, stride, dtype), by running on meta tensors.
-    A factory runs on meta too: given no device, it would make its tensor, of whatever size the
-    card (data) says, in this process's memory."""
-
-    def to_meta(value: Any) -> Any:
-        if isinstance(value, TensorArg):
-            if any(s < 0 for s in value.stride):
-                raise Declined("negative strides are not supported")
-            return torch.empty_strided(value.shape, value.stride, dtype=torch_dtype(value.dtype),
-                                       device="meta")
-        if isinstance(value, list):
-            return [to_meta(v) for v in value]
-        if isinstance(value, torch.device):
-            return torch.device("meta")
-        return value
-
-    func = resolve_op(op)
-    factory = any(a.name == "device" and a.kwarg_only for a in func._schema.arguments)
-    try:
-        meta_kwargs = {k: to_meta(v) for k, v in kwargs.items()}
-        if factory and meta_kwargs.get("device") is None:
-            meta_kwargs["device"] = torch.device("meta")
-        result = func(*[to_meta(a) for a in args], **meta_kwargs)
-    except (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError) as exc:
-        # eager's own argument checks
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise Declined(f"eager PyTorch rejects these arguments: {first}") from None
-    results = result if isinstance(result, (tuple, list)) else (result,)
+def eager_outputs(card: OpCard) -> tuple[TensorArg, ...]:
+    """What eager returns for the card's call (shape, stride, dtype), by running it on meta
+    tensors (``kforge.core.meta``): a factory too, whose tensor, of whatever size the card (data)
+    says, would otherwise be made in this process's memory."""
+    results = meta_call(card.op, card.args, card.kwargs).results
     if not all(isinstance(t, torch.Tensor) for t in results):
-        raise Declined(f"{op} returns something other than tensors")
+        raise Declined(f"{card.op} returns something other than tensors")
     return tuple(TensorArg.from_tensor(t) for t in results)

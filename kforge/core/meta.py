@@ -1,0 +1,115 @@
+"""What a call read from data makes, learned on meta tensors before it runs anywhere: the values
+it returns (shapes, strides, dtypes as eager gives them) and the bytes of every tensor it makes
+along the way. Meta tensors hold no data, so a call of any size costs nothing here.
+
+The call is decoded as kforge runs it (``decode_call``), every device it names being meta. A step
+inside it that names another device all the same (an operator's own copy to the host) is refused
+before it runs, and one that returns a tensor elsewhere is refused too: a call must make what it
+makes where it runs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from kforge.core.argspec import (
+    ArgSpecError,
+    decode_call,
+    resolve_op,
+    storage_span,
+    torch_dtype,
+    walk,
+)
+
+META = torch.device("meta")
+# What eager raises for arguments it does not take (its own checks, on meta as on a device).
+EAGER_REFUSALS = (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError)
+
+
+class ValuesDecide(ArgSpecError):
+    """The call makes a tensor whose size depends on its inputs' values (``nonzero``, a boolean
+    mask; torch tags such operators ``dynamic_output_shape``): meta tensors hold none."""
+
+
+@dataclass(frozen=True)
+class MetaCall:
+    """One call on meta tensors: what it returns (a single result as a 1-tuple) and the bytes of
+    every storage it made (a view makes none; none is counted as freed)."""
+
+    results: tuple[Any, ...]
+    made_bytes: int
+
+
+def meta_call(op: str, args_spec: list, kwargs_spec: dict,
+              func: Callable[..., Any] | None = None) -> MetaCall:
+    """The call of ``op`` with these arg specs, run on meta tensors by ``func`` (the operator
+    itself by default; a region's function of its nodes, so that each node is seen). Raises
+    ArgSpecError where eager refuses the arguments or a step would make a tensor on another
+    device (naming it), ValuesDecide where a result's size depends on values."""
+    watch = _Watch()
+
+    def tensor(spec: dict) -> torch.Tensor:
+        if "stride" not in spec:
+            raise ArgSpecError(f"a tensor of layout {spec.get('layout', '?')} has no strides")
+        offset = int(spec.get("offset", 0))
+        storage = torch.empty(offset + storage_span(spec["shape"], spec["stride"]),
+                              dtype=torch_dtype(spec["dtype"]), device=META)
+        watch.keep(storage)
+        return storage.as_strided(spec["shape"], spec["stride"], offset)
+
+    try:
+        args, kwargs = decode_call(op, args_spec, kwargs_spec, tensor, META)
+        with watch:
+            result = (func or resolve_op(op))(*args, **kwargs)
+    except ArgSpecError:
+        raise
+    except EAGER_REFUSALS as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ArgSpecError(f"eager PyTorch rejects these arguments: {first}") from None
+    results = tuple(result) if isinstance(result, (tuple, list)) else (result,)
+    return MetaCall(results, watch.made_bytes)
+
+
+class _Watch(TorchDispatchMode):
+    """Refuses a step that names a device other than meta before it runs, or returns a tensor
+    elsewhere, and adds up the bytes of every storage the steps make. Storages are kept until the
+    watch ends, so that one freed meanwhile never passes for a later one at its address."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.storages: dict[int, torch.UntypedStorage] = {}
+        self.made_bytes = 0
+
+    def keep(self, t: torch.Tensor) -> int:
+        """The bytes of ``t``'s storage where it is new (kept from now on), else 0."""
+        storage = t.untyped_storage()
+        if storage._cdata in self.storages:
+            return 0
+        self.storages[storage._cdata] = storage
+        return storage.nbytes()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        for _, leaf in walk([list(args), list(kwargs.values())]):
+            if isinstance(leaf, torch.device) and leaf != META:
+                raise ArgSpecError(f"{func} would make a tensor on {leaf}, off the device the "
+                                   "call runs on")
+        try:
+            result = func(*args, **kwargs)
+        except EAGER_REFUSALS:
+            if torch.Tag.dynamic_output_shape in func.tags:
+                raise ValuesDecide(f"the size of what {func} makes depends on its inputs' "
+                                   "values") from None
+            raise
+        for _, leaf in walk(result):
+            if isinstance(leaf, torch.Tensor):
+                if leaf.device != META:
+                    raise ArgSpecError(f"{func} makes a tensor on {leaf.device}, off the device "
+                                       "the call runs on")
+                self.made_bytes += self.keep(leaf)
+        return result
