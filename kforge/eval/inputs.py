@@ -156,7 +156,9 @@ def load_samples(samples_dir: Path | None, card: OpCard, limit: int) -> list[tup
     found = []
     for path in files:
         try:
-            saved = torch.load(path, map_location="cpu", weights_only=True)
+            # Mapped from the file: a sample takes no more memory than the file holds (a
+            # compressed record, which would inflate to any size, cannot be mapped).
+            saved = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         except Exception:  # a damaged file is skipped: random inputs still verify the card
             continue
         if not isinstance(saved, dict) or "args" not in saved:

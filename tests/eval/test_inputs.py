@@ -14,6 +14,7 @@ from kforge.eval.inputs import (
     InputFactory,
     allocate,
     index_bounds,
+    load_samples,
 )
 from tests.eval.candidates import tensor
 
@@ -93,6 +94,23 @@ def test_a_crafted_card_key_reads_no_samples_outside_the_samples_folder(tmp_path
         card = replace(card, key=str(tmp_path / "outside"))
     factory = InputFactory(card, CPU, samples)
     assert [s.label for s in factory.sets(seeds=(1,))] == ["seed 1"]
+
+
+def test_a_sample_is_mapped_from_its_file_and_a_compressed_one_is_skipped(tmp_path):
+    """A sample holds no more than its file: one whose records are compressed (a few KiB that
+    inflated to gigabytes of host memory as it was read) is skipped like a damaged one."""
+    import zipfile
+
+    card = OpCard("aten.relu.default", [tensor([1 << 16])])
+    folder = tmp_path / card.key
+    folder.mkdir()
+    torch.save({"args": [torch.ones(1 << 16)], "kwargs": {}}, folder / "0.pt")
+    with zipfile.ZipFile(folder / "0.pt") as stored, \
+            zipfile.ZipFile(folder / "1.pt", "w", zipfile.ZIP_DEFLATED) as deflated:
+        for record in stored.infolist():
+            deflated.writestr(record.filename, stored.read(record.filename))
+    assert (folder / "1.pt").stat().st_size < (folder / "0.pt").stat().st_size // 50
+    assert [label for label, _ in load_samples(tmp_path, card, 2)] == ["sample 0"]
 
 
 def test_a_sample_that_kept_only_a_spec_gets_random_values(tmp_path):
