@@ -30,9 +30,18 @@ META = torch.device("meta")
 EAGER_REFUSALS = (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError)
 
 
-class ValuesDecide(ArgSpecError):
+class SizeUnknown(ArgSpecError):
+    """Meta tensors cannot tell what the call makes; it is known only once the call runs."""
+
+
+class ValuesDecide(SizeUnknown):
     """The call makes a tensor whose size depends on its inputs' values (``nonzero``, a boolean
     mask; torch tags such operators ``dynamic_output_shape``): meta tensors hold none."""
+
+
+class NoMetaKernel(SizeUnknown):
+    """A step has no meta kernel (an operator a model's own library registered for its device
+    alone), so it cannot run on meta tensors."""
 
 
 @dataclass(frozen=True)
@@ -101,10 +110,12 @@ class _Watch(TorchDispatchMode):
                                    "call runs on")
         try:
             result = func(*args, **kwargs)
-        except EAGER_REFUSALS:
+        except EAGER_REFUSALS as exc:
             if torch.Tag.dynamic_output_shape in func.tags:
                 raise ValuesDecide(f"the size of what {func} makes depends on its inputs' "
                                    "values") from None
+            if isinstance(exc, NotImplementedError) and not has_meta_kernel(func):
+                raise NoMetaKernel(f"{func} has no meta kernel") from None
             raise
         for _, leaf in walk(result):
             if isinstance(leaf, torch.Tensor):
@@ -113,3 +124,14 @@ class _Watch(TorchDispatchMode):
                                        "the call runs on")
                 self.made_bytes += self.keep(leaf)
         return result
+
+
+def has_meta_kernel(func: torch._ops.OpOverload) -> bool:
+    """Whether ``func`` runs on meta tensors: a meta kernel of its own, one in Python, or a
+    composite one made of other operators."""
+    from torch._decomp import meta_table
+
+    name = func.name()
+    return (func in meta_table
+            or any(torch._C._dispatch_has_kernel_for_dispatch_key(name, key)
+                   for key in ("Meta", "CompositeImplicitAutograd", "CompositeExplicitAutograd")))

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kforge.core.argspec import ArgSpecError, checked_op, resolve_op, storage_span
-from kforge.core.meta import ValuesDecide, meta_call
+from kforge.core.meta import SizeUnknown, meta_call
 from kforge.core.opcard import OpCard
 from kforge.errors import KforgeError
 from kforge.eval.inputs import Geometry, all_tensor_specs
@@ -28,14 +28,14 @@ def admit(card: OpCard, runtime: Runtime) -> None:
     nodes checked first), and one call, run first on meta tensors (``kforge.core.meta``), makes
     tensors only on the device it runs on and needs no more memory than that device has free:
     its inputs and every tensor it makes, a region's intermediate results included. Called
-    before anything of the card is made or run. A call whose results' sizes depend on its
-    inputs' values (``ValuesDecide``: nonzero, a boolean mask), which meta tensors cannot tell,
-    is held to its inputs' size alone; what it makes is made on the device."""
+    before anything of the card is made or run. A call meta tensors cannot size (``SizeUnknown``:
+    results whose sizes depend on its inputs' values, as nonzero's or a boolean mask's, or a step
+    with no meta kernel) is held to its inputs' size alone; what it makes is made on the device."""
     try:
         register_cards([card])
         func = region_function(card.region) if card.region is not None else checked_op(card.op)
         made = meta_call(card.op, card.args, card.kwargs, func).made_bytes
-    except ValuesDecide:
+    except SizeUnknown:
         made = 0
     except ArgSpecError as exc:
         raise KforgeError(f"kforge will not run {card.op}: {exc}") from None

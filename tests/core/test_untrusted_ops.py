@@ -376,6 +376,28 @@ def test_a_card_whose_results_depend_on_values_is_bounded_by_its_inputs():
     assert measure_baseline(card, runtime=TightCpu(), gpu=CPU_GPU, settings=FAST).eager
 
 
+def test_a_card_of_an_operator_with_no_meta_kernel_is_bounded_by_its_inputs():
+    """An operator a model's own library registered for its device alone has no meta kernel:
+    meta tensors cannot size what it makes, so its card runs when its inputs fit (as before
+    meta tensors sized calls), and one whose inputs do not fit is refused."""
+    from kforge.capture.recorder import _KeyedMode
+    from kforge.errors import KforgeError
+    from kforge.eval.baseline import measure_baseline
+    from tests.eval.fakes import CPU_GPU
+    from tests.eval.redteam import FAST
+
+    lib = torch.library.Library("kforge_test_nometa", "DEF")
+    lib.define("triple(Tensor x) -> Tensor")
+    lib.impl("triple", lambda x: x * 3, "CPU")
+    op = torch.ops.kforge_test_nometa.triple.default
+    _KeyedMode()._describe(op, (torch.ones(2),), {})  # capture allows its namespace
+    card = op_card("kforge_test_nometa.triple.default", [t([64])])
+    assert measure_baseline(card, runtime=TightCpu(), gpu=CPU_GPU, settings=FAST).eager
+    with pytest.raises(KforgeError, match=r"needs 4\.0 MiB \(4\.0 MiB of inputs"):
+        measure_baseline(op_card("kforge_test_nometa.triple.default", [t([1 << 20])]),
+                         runtime=TightCpu(), gpu=CPU_GPU, settings=FAST)
+
+
 def test_a_plain_reshape_alias_card_runs_as_the_checked_as_strided():
     """``_reshape_alias`` takes any size and strides unchecked: a card of it (not only a region's
     node) runs through ``as_strided``, which refuses a view past its input's memory, so eager's
