@@ -118,7 +118,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         table.add_column(name, justify="right" if right else "left", overflow="fold")
     hidden = 0
     untrusted: list[str] = []
-    for row, inside in folded(cards, attrgetter("card")):
+    for row, region in folded(cards, attrgetter("card")):
         c = row.card
         check = (row.baseline or {}).get("profile_check") or ""
         if check:
@@ -131,14 +131,14 @@ def cmd_show(args: argparse.Namespace) -> int:
                           for n in confirming.get(row.id, []))
         with reading(f"the evaluation of search node {row.best_node}"):  # as the table shows it
             kernel, host = kernel_times(best.get(row.id))
-        table.add_row(str(row.id), ("└ " if inside else "") + c.short_op, c.signature[:70],
+        table.add_row(str(row.id), ("└ " if region else "") + c.short_op, c.signature[:70],
                       *((c.range_text or "-",) if ranged else ()), str(c.calls),
                       f"{100 * c.share:.1f}%", c.library, fmt_us(c.eager_us),
                       fmt_us(c.compiled_us),
                       "- (profile)" if check else fmt_speedup(row.best_speedup), kernel, host,
-                      str(row.spent), status, style=None if c.target and not inside else "dim")
+                      str(row.spent), status, style=None if c.target and not region else "dim")
     out.print(table)
-    if any(inside for _, inside in folded(cards, attrgetter("card"))):
+    if any(region for _, region in folded(cards, attrgetter("card"))):
         out.print("  (└: an op card inside the fusion region above it; the region's share "
                   "includes its ops')")
     if hidden:

@@ -157,7 +157,7 @@ class SessionScreen(Backdrop):
         focus = focus_of(message.state.session)
         first = next((c for c in cards if c.id == focus), cards[0] if cards else None)
         if first is not None:
-            table.select_key(str(first.id))
+            table.select_card(first.id)
             self.show_card(first)
 
     @on(SessionChanged)
@@ -226,7 +226,7 @@ class SessionScreen(Backdrop):
     @on(DataTable.RowHighlighted, "#ops")
     def op_highlighted(self, event: DataTable.RowHighlighted) -> None:
         if event.row_key.value is not None:
-            card = self.card(int(event.row_key.value))
+            card = self.card(OpTable.card_id(event.row_key.value))
             tree = self.query_one(SearchTree)
             if card is not None and (tree.card is None or tree.card.id != card.id):
                 self.show_card(card)
@@ -319,10 +319,9 @@ class SessionScreen(Backdrop):
                          lambda: self.command(CommandKind.STOP))
 
     def action_focus_op(self) -> None:
-        key = self.query_one(OpTable).selected_key
-        if key is None or self.state is None:
+        card_id = self.query_one(OpTable).selected_card
+        if card_id is None or self.state is None:
             return
-        card_id = int(key)
         self.command(CommandKind.FOCUS,
                      None if focus_of(self.state.session) == card_id else card_id)
 

@@ -227,8 +227,32 @@ class OpTable(VimTable):
     def visible_cards(self) -> list[CardRow]:
         return [row for row, _ in self._visible()]
 
-    def _visible(self) -> list[tuple[CardRow, bool]]:
-        """The rows shown, in order, each with whether it is an op card inside the fusion region
+    @staticmethod
+    def row_key(row: CardRow, region: CardRow | None) -> str:
+        """A row's key: its card's id, and for an op card inside a fusion region the region's id
+        before it (several regions may call the same op card, each listing it)."""
+        return str(row.id) if region is None else f"{region.id}/{row.id}"
+
+    @staticmethod
+    def card_id(key: str) -> int:
+        """The id of the card a row key shows."""
+        return int(key.rsplit("/", 1)[-1])
+
+    @property
+    def selected_card(self) -> int | None:
+        key = self.selected_key
+        return self.card_id(key) if key is not None else None
+
+    def select_card(self, card_id: int) -> None:
+        """Put the cursor on the card's first row."""
+        key = next((row.key.value for row in self.ordered_rows
+                    if row.key.value is not None and self.card_id(row.key.value) == card_id),
+                   None)
+        if key is not None:
+            self.select_key(key)
+
+    def _visible(self) -> list[tuple[CardRow, CardRow | None]]:
+        """The rows shown, in order, each with the fusion region it is an op card of, if any
         above it (folded under it, whatever the sort)."""
         rows = [c for c in self._cards
                 if not self.name_filter or self.name_filter in c.card.op.lower()]
@@ -250,8 +274,8 @@ class OpTable(VimTable):
         relabelled = self._label_eager(label)
         narrower = relabelled or any(self.columns[name].content_width > width
                                      for name, width in widths.items() if name in self.columns)
-        self.show_rows([(str(row.id), self._cells(row, widths, inside)) for row, inside in rows],
-                       narrower)
+        self.show_rows([(self.row_key(row, region), self._cells(row, widths, region is not None))
+                        for row, region in rows], narrower)
 
     def _label_eager(self, label: str) -> bool:
         """Head the eager column with its figures' source; whether the heading changed."""
@@ -280,7 +304,7 @@ class OpTable(VimTable):
         """Each column's width for these rows: whole cells where they fit, else narrowed in the
         order the class's comment gives, each as far as the others still need."""
         cards = [row for row, _ in rows]
-        whole = [self._cells(row, {}, inside) for row, inside in rows]
+        whole = [self._cells(row, {}, region is not None) for row, region in rows]
         heads = {name: len(self.HEADINGS.get(name, name)) for name in self.COLUMNS}
         heads["eager"] = len(eager_label)
         needs = {name: max([heads[name], *(cell_len(cells[i].plain) for cells in whole)])
