@@ -385,7 +385,9 @@ class Engine:
                        if n.status == NodeStatus.EVALUATING]
             for n in pending:
                 detail = await self.store.get_node(n.id)
-                assert detail.candidate is not None
+                with reading(f"search node {n.id}"):
+                    if detail.candidate is None:
+                        raise ValueError("it was being evaluated but holds no kernel")
                 await self._log(f"re-evaluating node {n.id}, in flight when the engine stopped")
                 self._spawn(self._evaluate(search, n.id, detail.candidate))
         await self._requeue_confirming()
@@ -397,7 +399,10 @@ class Engine:
             if not n.confirming or n.card_id not in self.schedule.cards:
                 continue
             detail = await self.store.get_node(n.id)
-            assert detail.candidate is not None and detail.outcome is not None
+            with reading(f"search node {n.id}"):
+                if detail.candidate is None or detail.outcome is None:
+                    raise ValueError("it was being confirmed but holds no kernel or no "
+                                     "evaluation")
             await self._log(f"confirming node {n.id} again, pending when the engine stopped")
             self._waiting.setdefault(n.card_id, {})[n.id] = Provisional(
                 self.schedule.cards[n.card_id], n.id, detail.candidate, detail.outcome,

@@ -33,7 +33,7 @@ from typing import Any
 
 import aiosqlite
 
-from kforge.core.candidate import Candidate, EvalOutcome, LlmCall
+from kforge.core.candidate import Baseline, Candidate, EvalOutcome, LlmCall
 from kforge.core.mcts import Action
 from kforge.core.opcard import OpCard
 from kforge.core.settings import SessionSettings, redact
@@ -937,12 +937,14 @@ def _card(r: aiosqlite.Row) -> CardRow:
                       ranges=json_column(r, "ranges", (dict, NOTHING)))
         # what every reader shows of a card: one that cannot be shown is damaged
         card.signature, card.short_op, card.range_text  # noqa: B018
+        baseline = json_column(r, "baseline", (dict, NOTHING))
+        if baseline is not None:
+            Baseline.from_dict(baseline)  # what a search compares with: one it cannot read
         return CardRow(card=card, status=column(r, "status", str),
                        stop_reason=column(r, "stop_reason", str), spent=column(r, "spent", int),
                        best_node=column(r, "best_node", (int, NOTHING)),
                        best_speedup=column(r, "best_speedup", (*NUMBER, NOTHING)),
-                       modules=json_column(r, "modules", list, []),
-                       baseline=json_column(r, "baseline", (dict, NOTHING)))
+                       modules=json_column(r, "modules", list, []), baseline=baseline)
 
 
 def _event(r: aiosqlite.Row) -> Event:

@@ -202,6 +202,20 @@ def test_a_search_tree_that_does_not_link_up_stops_a_resume_in_one_line(db: Path
            "does not exist)" in assert_one_line(code, err)
 
 
+@pytest.mark.parametrize("status", ["evaluating", "confirming"])
+def test_a_node_in_flight_without_its_kernel_stops_a_resume_in_one_line(db: Path, capsys,
+                                                                        status: str):
+    """A resume evaluates or confirms again the nodes a stop left in flight: one whose kernel is
+    gone is a damaged row, named."""
+    with sqlite3.connect(db) as raw:
+        raw.execute("UPDATE nodes SET status = ?, source = NULL WHERE id = 1", (status,))
+    code, out, err = run(capsys, "resume", "1", "--proposer", PROPOSER, "--evaluator", EVALUATOR,
+                         "--quiet", "--db", str(db))
+    line = assert_one_line(code, err)
+    assert "kforge: search node 1 in the database cannot be read (it was being" in line \
+        and "holds no kernel" in line
+
+
 @pytest.mark.parametrize("content, said", [
     (b"\xff\xfe[search]\n", "is not UTF-8 text"),
     (b"[search\n", "is not valid TOML"),
@@ -233,6 +247,10 @@ DAMAGE = [  # (table, column, value stored, where the row is read, what the erro
     ("op_cards", "region", '"a region"', ["show", "1"], "op card 1 "),
     ("op_cards", "best_speedup", "fast", ["sessions"], "the op cards of session 1 "),
     ("op_cards", "calls", 2.5, ["show", "1"], "op card 1 "),
+    ("op_cards", "baseline", '{"eager": {}}', ["show", "1"], "op card 1 "),
+    ("op_cards", "baseline", '{"eager": {}}', ["resume", "1", "--proposer", PROPOSER,
+                                              "--evaluator", EVALUATOR, "--quiet"],
+     "op card 1 "),
     ("nodes", "meta", "{", ["show", "1", "--node", "1"], "search node 1 "),
     ("nodes", "speedup", "x", ["show", "1", "--node", "1"], "search node 1 "),
     ("evaluations", "outcome", '{"status": "nonsense"}', ["show", "1", "--node", "1"],

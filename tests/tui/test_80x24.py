@@ -20,7 +20,7 @@ from kforge_tui.widgets.tables import OpTable
 from kforge_tui.widgets.wrapping_log import WrappingLog
 from tests.doubles import tensor
 from tests.tui.conftest import make_app, until
-from tests.tui.fixtures import GPU, timing
+from tests.tui.fixtures import GPU, baseline, timing
 from tests.tui.test_defects import (
     notices,
     on_screen,
@@ -104,7 +104,7 @@ async def mid_search(db: Path) -> int:
         rows = await store.list_cards(sid)
         for row in rows[:3]:
             await store.update_card(row.id, eager_us=254.9, compiled_us=300.0,
-                                    baseline={"eager": {}})
+                                    baseline=baseline(254.9, 300.0))
         for row in rows[3:]:  # the profile's GPU time per call
             await store.update_card(row.id, eager_us=row.card.total_us / row.card.calls)
         node = await store.add_node(sid, rows[0].id, None, "new")

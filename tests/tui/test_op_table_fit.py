@@ -17,7 +17,7 @@ from kforge_tui.widgets.search_tree import SearchTree
 from kforge_tui.widgets.tables import OpTable, narrowed, short_status, status_text
 from tests.doubles import sample_cards
 from tests.tui.conftest import make_app, until
-from tests.tui.fixtures import GPU
+from tests.tui.fixtures import GPU, baseline
 from tests.tui.test_defects import screen_lines
 from tests.tui.test_pictures import card_row
 
@@ -210,11 +210,10 @@ async def test_an_op_card_two_regions_call_is_listed_under_each(tmp_path: Path):
         tree = app.screen.query_one(SearchTree)
         for key in [key.value for key in table.rows if table.card_id(key.value) == ids["add"]]:
             table.select_key(key)
-            await pilot.pause(0.1)
-            assert table.selected_card == ids["add"] and tree.card.id == ids["add"]
+            await until(pilot, lambda: tree.card.id == ids["add"], what="add's tree")
+            assert table.selected_card == ids["add"]
             table.select_card(ids["relu"])
-            await pilot.pause(0.1)
-            assert tree.card.id == ids["relu"]
+            await until(pilot, lambda: tree.card.id == ids["relu"], what="relu's tree")
 
 
 async def test_the_eager_column_names_its_source_before_and_after_the_evaluator(fixture_db):
@@ -226,7 +225,7 @@ async def test_the_eager_column_names_its_source_before_and_after_the_evaluator(
         table = app.screen.query_one(OpTable)
         assert table.heading("eager") == "eager prof"  # no op timed by the evaluator yet
         async with await Store.open(db) as store:
-            await store.update_card(ids["card"], eager_us=120.0, baseline={"eager": {}})
+            await store.update_card(ids["card"], eager_us=120.0, baseline=baseline(120.0))
         await until(pilot, lambda: table.heading("eager") == "eager", what="a mixed table")
 
         def cells() -> dict[str, str]:
@@ -241,7 +240,7 @@ async def test_the_eager_column_names_its_source_before_and_after_the_evaluator(
         assert cells()[str(ids["add_card"])] == "100.0 prof"
         async with await Store.open(db) as store:
             for card in await store.list_cards(1):
-                await store.update_card(card.id, baseline={"eager": {}})
+                await store.update_card(card.id, baseline=baseline(card.card.eager_us or 1.0))
         await until(pilot, lambda: table.heading("eager") == "eager eval", what="all timed")
         await pilot.pause(0.1)
         assert table.get_row(str(ids["card"]))[4].plain == "120.0 us"
