@@ -190,6 +190,46 @@ class CardRow:
         assert self.card.id is not None
         return self.card.id
 
+    @property
+    def eager_source(self) -> str:
+        """Where the card's eager time comes from: ``eval`` once the evaluator has timed eager
+        alone (its device time per call), ``prof`` before (the profile's time per call in the
+        model run: GPU time, or CPU time for a profile on the CPU)."""
+        return "eval" if self.baseline is not None else "prof"
+
+    @property
+    def best_over_compiled(self) -> float | None:
+        """The best kernel's speedup over torch.compile of the op: both device times, as the
+        evaluator timed them (None before it timed the op, or where torch.compile was not
+        timed)."""
+        c = self.card
+        if self.best_speedup is None or self.baseline is None or not c.compiled_us \
+                or not c.eager_us:
+            return None
+        return self.best_speedup * c.compiled_us / c.eager_us
+
+    @property
+    def best_beats(self) -> str | None:
+        """What the card's best kernel is faster than: ``"eager"``, else ``"compile"``
+        (torch.compile alone: the compiled modes may use it), else None. A kernel slower than
+        both is no best (an older database may hold one as its card's best)."""
+        if self.best_node is None:
+            return None
+        if (self.best_speedup or 0.0) > 1.0:
+            return "eager"
+        return "compile" if (self.best_over_compiled or 0.0) > 1.0 else None
+
+    @property
+    def best_kernel(self) -> int | None:
+        """The card's best node where it beats eager or torch.compile; one slower than both is
+        no best."""
+        return self.best_node if self.best_beats else None
+
+    @property
+    def best_over_eager(self) -> float | None:
+        """The best kernel's speedup over eager, where the card has a best (``best_kernel``)."""
+        return self.best_speedup if self.best_kernel is not None else None
+
 
 @dataclass(frozen=True)
 class NodeRow:

@@ -23,7 +23,7 @@ from kforge.store.records import CardRow, NodeDetail
 from kforge_tui.commands import PaletteCommand
 from kforge_tui.diffing import candidate_diff
 from kforge_tui.follow import follow_session, log_line, poll_wait
-from kforge_tui.format import best_kernel, focus_of, no_best_text
+from kforge_tui.format import focus_of, no_best_text
 from kforge_tui.header import session_header
 from kforge_tui.messages import (
     ErrorRaised,
@@ -354,7 +354,7 @@ class SessionScreen(Backdrop):
     def action_best(self) -> None:
         tree = self.query_one(SearchTree)
         card = tree.card
-        best = best_kernel(card) if card is not None else None
+        best = card.best_kernel if card is not None else None
         if best is None:
             self.app.report(no_best_text(card) if card is not None else "no op selected")
             return

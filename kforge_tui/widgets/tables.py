@@ -24,10 +24,8 @@ from kforge.store.records import CardRow
 from kforge_tui.format import (
     CONFIRMING,
     best_cell,
-    best_kernel,
     card_status,
     dtype_of,
-    eager_source,
     fmt_us,
     literal,
     shapes_of,
@@ -144,8 +142,7 @@ class SortKey:
 
     def value(self, row: CardRow):
         c = row.card
-        best = row.best_speedup if best_kernel(row) is not None else None
-        return {"share": c.share, "best": best or 0.0, "eager": c.eager_us or 0.0,
+        return {"share": c.share, "best": row.best_over_eager or 0.0, "eager": c.eager_us or 0.0,
                 "calls": c.calls, "op": c.short_op, "status": row.status}[self.label]
 
 
@@ -265,7 +262,7 @@ class OpTable(VimTable):
 
     def _fill(self) -> None:
         rows = self._visible()
-        sources = {eager_source(row) for row, _ in rows if row.card.eager_us is not None}
+        sources = {row.eager_source for row, _ in rows if row.card.eager_us is not None}
         self._mixed = len(sources) > 1
         label = "eager" if len(sources) != 1 else f"eager {next(iter(sources))}"
         widths = self._widths(rows, label)
@@ -333,10 +330,10 @@ class OpTable(VimTable):
         whole = fmt_us(us)
         if not self._mixed or us is None:
             return whole
-        whole += f" {eager_source(row)}"
+        whole += f" {row.eager_source}"
         if width is None or len(whole) <= width:
             return whole
-        return f"{us:.1f} {eager_source(row)}" if us < 1000 else f"{us:.0f} {eager_source(row)}"
+        return f"{us:.1f} {row.eager_source}" if us < 1000 else f"{us:.0f} {row.eager_source}"
 
     def _cells(self, row: CardRow, widths: Mapping[str, int],
                in_region: bool = False) -> tuple[Text, ...]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from kforge.core.candidate import EvalOutcome, EvalStatus
 from kforge.store import Store
-from kforge_tui.format import best_over_eager
+from kforge.core.fmt import fmt_best_over_eager
 from kforge_tui.widgets.search_tree import SearchTree
 from kforge_tui.widgets.tables import OpTable
 from tests.tui.conftest import make_app, until
@@ -88,8 +88,9 @@ async def test_a_kernel_slower_than_eager_but_faster_than_compile_is_best_over_c
 
 
 def test_the_sessions_list_shows_no_best_slower_than_eager():
-    assert best_over_eager(1.6) == "1.60x"
-    assert best_over_eager(0.41) == best_over_eager(1.0) == best_over_eager(None) == "-"
+    assert fmt_best_over_eager(1.6) == "1.60x"
+    assert fmt_best_over_eager(0.41) == fmt_best_over_eager(1.0) == fmt_best_over_eager(None) \
+        == "-"
 
 
 async def confirm(store: Store, node_id: int, speed: float, *, confirming: bool) -> None:
