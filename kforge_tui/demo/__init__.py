@@ -8,7 +8,7 @@ import asyncio
 import stat
 from pathlib import Path
 
-from kforge.core.candidate import Candidate, EvalOutcome, EvalStatus, LlmCall, Timing
+from kforge.core.candidate import Baseline, Candidate, EvalOutcome, EvalStatus, LlmCall, Timing
 from kforge.core.opcard import OpCard
 from kforge.store import SessionStatus, Store
 from kforge_tui.demo import recording
@@ -41,9 +41,12 @@ async def replay(db: Path) -> int:
                                                       recording.GPU, cards)
         rows = await store.list_cards(session)
         for row, card in zip(rows, recording.CARDS, strict=True):
-            if card.target:
+            if card.target:  # the evaluator's baseline, as the engine stores it
+                baseline = Baseline(eager=timing(card.eager_us),
+                                    compiled=timing(card.compiled_us), floor_us=card.floor_us)
                 await store.update_card(row.id, eager_us=card.eager_us,
-                                        compiled_us=card.compiled_us, floor_us=card.floor_us)
+                                        compiled_us=card.compiled_us, floor_us=card.floor_us,
+                                        baseline=baseline.to_dict())
         nodes: list[int] = []
         best: dict[int, float] = {}  # per card, the fastest kernel confirmed so far
         for step in recording.STEPS:

@@ -545,6 +545,21 @@ async def test_the_demo_opens_its_session_to_browse_and_writes_nothing(tmp_path:
     assert pruned == {index + 1 for index, step in enumerate(recording.STEPS) if step.pruned}
 
 
+async def test_the_demos_eager_times_read_as_the_evaluators_after_its_search(tmp_path: Path):
+    """The recording is a finished search: its ops' eager times are the evaluator's, as a search
+    leaves them (not the profile's), and their kernels beat eager by the evaluator's figures."""
+    db, sid = await asyncio.to_thread(build_demo, tmp_path)
+    app = make_app(db, session=sid, demo=True, gpu=NO_GPU)
+    async with app.run_test(size=SMALL) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, SessionScreen)
+                    and app.screen.state is not None)
+        await pilot.pause(0.1)
+        table = app.screen.query_one(OpTable)
+        eager = {row.card.short_op: table.get_row(str(row.id))[4].plain
+                 for row in app.screen.state.cards if row.card.target}
+        assert eager and all(cell.endswith("eval") for cell in eager.values()), eager
+
+
 def test_session_header_names_a_dead_engine(fixture_db_sync):
     session, cards = fixture_db_sync
     line = session_header(session, cards, alive=False, gpu="GPU: Fake GPU", width=200)
