@@ -107,6 +107,10 @@ def build():
     (["resume", "1", "--proposer", EVALUATOR,
       "--evaluator", EVALUATOR], "which is no proposer"),
     (["profile", "no-such-model", "--device", "cpu"], "no-such-model"),
+    # an option only by its whole name: --jso would answer in JSON without saying so on failure
+    (["profile", "no-such-model", "--jso"], "profile: unrecognized arguments: --jso (see "
+                                            "`kforge profile --help`)"),
+    (["search", "--ses", "1"], "search: unrecognized arguments: --ses"),
 ])
 def test_bad_command_lines(db: Path, capsys, argv, said):
     code, out, err = run(capsys, *argv, "--db", str(db))
