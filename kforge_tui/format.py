@@ -74,7 +74,10 @@ def node_label(row: NodeRow, visits: int, best: float | None, pruned: bool) -> N
 
 
 def card_root_label(card: CardRow, nodes: int) -> str:
-    return inert(f"{card.card.short_op}  eager  ({nodes} node{'' if nodes == 1 else 's'})")
+    """The search tree's root: the op (a range card with its whole range) as eager runs it."""
+    c = card.card
+    op = f"{c.short_op} {c.range_text}" if c.ranges is not None else c.short_op
+    return inert(f"{op}  eager  ({nodes} node{'' if nodes == 1 else 's'})")
 
 
 # dtypes as a narrow column shows them.

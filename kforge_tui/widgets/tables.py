@@ -18,6 +18,8 @@ from textual.geometry import Region
 from textual.widgets import DataTable
 from textual.widgets.data_table import RowDoesNotExist
 
+from kforge.core.opcard import OpCard
+from kforge.core.ranges import Ranges
 from kforge.core.region import folded
 from kforge.store import CardStatus
 from kforge.store.records import CardRow
@@ -342,8 +344,8 @@ class OpTable(VimTable):
         c = row.card
         style = "" if c.target and not in_region else "italic"  # dim text would not read
         op_width = min(widths.get("op", self.OP_WIDTH), self.OP_WIDTH)
-        suffix = f" {c.range_text}" if c.ranges else ""  # a range card's range stays whole
         mark = "└ " if in_region else ""
+        suffix = range_suffix(c, op_width - len(mark))
         op = mark + clip(c.short_op, max(op_width - len(suffix) - len(mark), 2)) + suffix
         share_width = widths.get("share", self.BAR_WIDTH + self.PERCENT_WIDTH)
         bar = min(share_width - self.PERCENT_WIDTH, self.BAR_WIDTH)
@@ -361,6 +363,18 @@ class OpTable(VimTable):
                  clip(shapes, widths.get("shapes", len(shapes))))
         return tuple(literal(cell, style=style, no_wrap=True, overflow="ellipsis")
                      for cell in cells)
+
+
+def range_suffix(card: OpCard, room: int) -> str:
+    """What follows a range card's op name in ``room`` cells: its whole range (`` L=1..4095``)
+    where two cells of the name still fit beside it, else its symbols alone (`` L…``; the search
+    tree's root line shows the whole range). Nothing for an exact card."""
+    if card.ranges is None:
+        return ""
+    whole = f" {card.range_text}"
+    if room - len(whole) >= 2:
+        return whole
+    return " " + ",".join(symbol.name for symbol in Ranges.from_dict(card.ranges).symbols) + "…"
 
 
 def percent_text(share: float) -> str:
