@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -93,6 +94,8 @@ def column(row: Mapping[str, Any], name: str, kinds: type | tuple[type, ...]) ->
     value = row[name]
     if not isinstance(value, kinds):
         raise TypeError(f"{name} holds {_shown(value)}, not {_names(kinds)}")
+    if isinstance(value, float) and not math.isfinite(value):  # kforge stores no infinity
+        raise ValueError(f"{name} holds {value!r}, not a finite number")
     return value
 
 
