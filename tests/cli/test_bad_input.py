@@ -239,6 +239,11 @@ def test_unreadable_config_files(db: Path, _isolated_kforge_dirs: Path, capsys, 
 # An outcome that decodes, with a figure a viewer shows that is not a number.
 SHOWN_BADLY = json.dumps({"status": "ok", "timing": timing(30.0).__dict__,
                           "extra": {"host_us": "fast", "eager_host_us": 5.0}})
+NOT_A_SPEEDUP = json.dumps({"status": "ok", "timing": timing(30.0).__dict__, "speedup": "fast"})
+INFINITE_TIME = json.dumps({"status": "ok", "timing": {**timing(30.0).__dict__,
+                                                       "median_us": float("inf")}})
+NO_TIME = json.dumps({"speedups": {"eager": 1.0}, "gains": {}, "projected": 1.1,
+                      "times_us": {"eager": 30.0, "eager+kforge": 0.0}})
 DAMAGE = [  # (table, column, value stored, where the row is read, what the error names)
     ("sessions", "gpu", "{not json", ["sessions"], "session 1 "),
     ("sessions", "gpu", "[1, 2]", ["show", "1"], "session 1 "),
@@ -270,6 +275,11 @@ DAMAGE = [  # (table, column, value stored, where the row is read, what the erro
     ("nodes", "parent_id", 999, ["show", "1", "--node", "1"], "search node 1 "),
     ("evaluations", "outcome", SHOWN_BADLY, ["show", "1", "--node", "1"], "search node 1 "),
     ("evaluations", "outcome", SHOWN_BADLY, ["show", "1"], "the evaluation of search node 1 "),
+    # figures the decisions and the headline compute with: no text, no infinity, no zero time
+    ("evaluations", "outcome", NOT_A_SPEEDUP, ["apply", "1"], "the evaluation of search node 1 "),
+    ("evaluations", "outcome", INFINITE_TIME, ["show", "1", "--node", "1"],
+     "the evaluation of search node 1 "),
+    ("events", "data", NO_TIME, ["show", "1"], "event "),
 ]
 
 
