@@ -102,6 +102,17 @@ _NODE_COLUMNS = ("id, session_id, card_id, parent_id, action, status, meta, rewa
                  "confirmed")
 
 
+def _regular_file(path: Path) -> None:
+    """Refuse what stands at ``path`` but is no regular file (a folder, a pipe, a device):
+    SQLite fails on it inside aiosqlite's thread, which then answers a closed event loop with a
+    traceback."""
+    if path.is_dir():
+        raise KforgeError(f"{path} is a folder, not a kforge database file")
+    if not path.is_file():
+        raise KforgeError(f"{path} is not a regular file (a pipe, socket or device), not a "
+                          "kforge database file")
+
+
 class _Redacting:
     """A connection whose statements never carry a secret: every text parameter is redacted
     (``kforge.core.settings.redact``) on its way in, whichever table it is for (compile logs,
@@ -166,8 +177,8 @@ class Store:
             except OSError as exc:
                 raise KforgeError(f"cannot create the database folder {path.parent}: "
                                   f"{exc.strerror}") from None
-        elif path.is_dir():
-            raise KforgeError(f"{path} is a folder, not a kforge database file")
+        else:
+            _regular_file(path)
         # Checked here: a connection that fails inside aiosqlite's thread leaves a traceback.
         if path.exists() and not os.access(path, os.R_OK | os.W_OK):
             raise KforgeError(f"cannot open database {path} for writing: no permission (a "
@@ -205,11 +216,10 @@ class Store:
         file is read as immutable (as it stands, with no locking: nobody can write it there)."""
         path = Path(path)
         check_database_files(path)
-        if path.is_dir():
-            raise KforgeError(f"{path} is a folder, not a kforge database file")
         if not path.exists():
             raise KforgeError(f"no kforge database at {path} (profile a model first, "
                               "or point --db / KFORGE_DB at an existing one)")
+        _regular_file(path)
         if not os.access(path, os.R_OK):
             raise KforgeError(f"cannot open database {path}: no permission to read it")
         for mode in ("mode=ro", "mode=ro&immutable=1"):

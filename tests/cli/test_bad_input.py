@@ -126,6 +126,20 @@ def test_over_long_database_paths(tmp_path: Path, capsys, where):
         assert len(line) < 400
 
 
+@pytest.mark.parametrize("command", [["sessions"], ["show", "1"], ["stop", "1"]])
+def test_a_database_path_that_is_a_pipe_or_a_device_is_one_line(tmp_path: Path, command):
+    """SQLite fails on a pipe or a device inside aiosqlite's thread, which then answered the
+    closed event loop with a traceback: such a path is refused before."""
+    fifo = tmp_path / "k.db"
+    os.mkfifo(fifo)
+    for path in (fifo, Path(os.devnull)):
+        proc = kforge_process("-m", "kforge", *command, "--db", str(path))
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 1 and err == (f"kforge: {path} is not a regular file (a pipe, "
+                                                "socket or device), not a kforge database "
+                                                "file\n"), err
+
+
 def test_a_model_whose_to_raises_type_error(tmp_path: Path, capsys):
     spec = model_file(tmp_path, TO_RAISES)
     code, _, err = run(capsys, "profile", spec, "--device", "cpu", "--db", str(tmp_path / "k.db"))
