@@ -39,7 +39,7 @@ from kforge.core.opcard import OpCard
 from kforge.core.settings import SessionSettings, redact
 from kforge.errors import KforgeError
 from kforge.store.beside import check_database_files, own_folder
-from kforge.store.config import configured_durability, configured_secrets
+from kforge.store.config import configured_durability, configured_secrets, regular_file
 from kforge.store.events import (
     CardsAdded,
     CardUpdated,
@@ -95,22 +95,12 @@ LOCK_BACKOFF_S = (0.05, 1.0)  # first and longest pause between waits for anothe
 # What the SQLite driver raises for a database it cannot use: its own errors, and the
 # UnicodeDecodeError it raises where SQLite's error message (quoting a damaged schema) is not UTF-8.
 DB_ERRORS = (sqlite3.Error, UnicodeDecodeError)
+DATABASE_FILE = "kforge database file"
 _CARD_FIELDS = ("status", "stop_reason", "spent", "best_node", "best_speedup", "eager_us",
                 "compiled_us", "floor_us", "baseline")
 _NODE_COLUMNS = ("id, session_id, card_id, parent_id, action, status, meta, reward, speedup, "
                  "median_us, repairable, pruned, summary, usd, created_at, finished_at, "
                  "confirmed")
-
-
-def _regular_file(path: Path) -> None:
-    """Refuse what stands at ``path`` but is no regular file (a folder, a pipe, a device):
-    SQLite fails on it inside aiosqlite's thread, which then answers a closed event loop with a
-    traceback."""
-    if path.is_dir():
-        raise KforgeError(f"{path} is a folder, not a kforge database file")
-    if not path.is_file():
-        raise KforgeError(f"{path} is not a regular file (a pipe, socket or device), not a "
-                          "kforge database file")
 
 
 class _Redacting:
@@ -177,8 +167,8 @@ class Store:
             except OSError as exc:
                 raise KforgeError(f"cannot create the database folder {path.parent}: "
                                   f"{exc.strerror}") from None
-        else:
-            _regular_file(path)
+        else:  # SQLite fails on a pipe or a device inside aiosqlite's thread (see below)
+            regular_file(path, DATABASE_FILE)
         # Checked here: a connection that fails inside aiosqlite's thread leaves a traceback.
         if path.exists() and not os.access(path, os.R_OK | os.W_OK):
             raise KforgeError(f"cannot open database {path} for writing: no permission (a "
@@ -219,7 +209,7 @@ class Store:
         if not path.exists():
             raise KforgeError(f"no kforge database at {path} (profile a model first, "
                               "or point --db / KFORGE_DB at an existing one)")
-        _regular_file(path)
+        regular_file(path, DATABASE_FILE)
         if not os.access(path, os.R_OK):
             raise KforgeError(f"cannot open database {path}: no permission to read it")
         for mode in ("mode=ro", "mode=ro&immutable=1"):

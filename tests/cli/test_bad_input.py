@@ -126,6 +126,21 @@ def test_over_long_database_paths(tmp_path: Path, capsys, where):
         assert len(line) < 400
 
 
+@pytest.mark.parametrize("source, said", [
+    (os.devnull, "is not a regular file (a pipe, socket or device), not a CUDA source file"),
+    ("long.cu", "holds more than 1048576 characters: too long to be a CUDA source"),
+])
+def test_a_kernel_source_that_is_a_device_or_too_long_is_one_line(db: Path, tmp_path: Path,
+                                                                   capsys, source, said):
+    """A device as --source (/dev/zero) was read to its end that never comes."""
+    (tmp_path / "long.cu").write_text("//" * (1 << 20))
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"outputs": [{"name": "out", "like": "self"}], "launches": []}))
+    code, out, err = run(capsys, "add-kernel", "1", "--card", "1", "--source",
+                         str(tmp_path / source), "--plan", str(plan), "--db", str(db))
+    assert said in assert_one_line(code, err)
+
+
 @pytest.mark.parametrize("command", [["sessions"], ["show", "1"], ["stop", "1"]])
 def test_a_database_path_that_is_a_pipe_or_a_device_is_one_line(tmp_path: Path, command):
     """SQLite fails on a pipe or a device inside aiosqlite's thread, which then answered the
@@ -238,12 +253,16 @@ def test_a_node_in_flight_without_its_kernel_stops_a_resume_in_one_line(db: Path
     (b"\xff\xfe[search]\n", "is not UTF-8 text"),
     (b"[search\n", "is not valid TOML"),
     (b"x = " + b"[" * 50_000 + b"]" * 50_000 + b"\n", "nests its arrays or tables too deeply"),
-    (None, "cannot read config file"),  # a folder where the file should be
+    ("folder", "is a folder, not a config file"),
+    # reading one would wait for a writer forever
+    ("pipe", "is not a regular file (a pipe, socket or device), not a config file"),
 ])
 def test_unreadable_config_files(db: Path, _isolated_kforge_dirs: Path, capsys, content, said):
     config = _isolated_kforge_dirs / "config.toml"
-    if content is None:
+    if content == "folder":
         config.mkdir()
+    elif content == "pipe":
+        os.mkfifo(config)
     else:
         config.write_bytes(content)
     line = assert_one_line(*run(capsys, "resume", "1", "--db", str(db))[::2])
