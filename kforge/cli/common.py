@@ -19,9 +19,9 @@ from kforge.core.inert import inert
 from kforge.store import Store
 from kforge.store.commands import shown_status
 from kforge.store.config import db_path
+from kforge.store.records import MAX_ROW_ID
 
 T = TypeVar("T")
-MAX_ROW_ID = 2**63 - 1  # SQLite's largest integer: no session, node or card has a larger id
 
 class InertConsole(Console):
     """A console whose every piece of text is made ``inert`` as it is written (rich's own

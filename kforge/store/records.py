@@ -68,6 +68,7 @@ class DamagedRow(KforgeError):
     type (the database was edited by hand, or damaged)."""
 
 
+MAX_ROW_ID = 2**63 - 1  # SQLite's largest integer: no session, node or card has a larger id
 NUMBER = (int, float)
 NOTHING = type(None)
 

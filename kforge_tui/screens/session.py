@@ -146,6 +146,8 @@ class SessionScreen(Backdrop):
                                  lambda: poll_wait(self, self.app.poll_s))
         except KforgeError as exc:
             self.post_message(ErrorRaised(str(exc)))
+            if self.state is None:  # nothing of it to show (no such session): back to the list
+                self.app.pop_screen()
 
     @on(SessionSnapshot)
     def attach(self, message: SessionSnapshot) -> None:

@@ -372,6 +372,25 @@ async def test_a_corrupt_database_is_said_once_in_the_notice_and_recovers(tmp_pa
         assert "not a kforge database" not in str(app.screen.query_one("#notice").render())
 
 
+async def test_a_session_not_in_the_database_is_said_and_leaves_for_the_list(fixture_db):
+    """kforge-tui --session 99 over a database without it: the error, then the sessions list
+    (not a session screen that says loading forever)."""
+    db, _ = fixture_db
+    app = make_app(db, session=99)
+    async with app.run_test(size=SMALL) as pilot:
+        await until(pilot, lambda: notices(app, "no session 99"), what="the error")
+        await until(pilot, lambda: isinstance(app.screen, SessionsScreen), what="the list")
+
+
+@pytest.mark.parametrize("number", [str(2**64), "0", "-1"])
+def test_a_session_number_no_database_holds_is_a_usage_error(number: str, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        app_module.parse_args(["--session", number])
+    assert exit_.value.code == 2
+    assert f"a session is named by its number (1 to {2**63 - 1}), not {number}" in \
+        capsys.readouterr().err
+
+
 # ----- 6. the palette after a remap -----
 
 
