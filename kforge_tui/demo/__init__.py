@@ -86,7 +86,8 @@ def verdict(step: recording.Step, card: recording.Card) -> EvalOutcome:
                            correctness={"error": step.log} if step.status == "mismatch" else {},
                            wall_s=1.4)
     us = card.eager_us / step.speedup
-    return EvalOutcome(EvalStatus.OK, summary=f"{step.speedup:.2f}x", timing=timing(us),
+    summary = f"{step.speedup:.2f}x eager (device {us:.1f} us vs {card.eager_us:.1f} us)"
+    return EvalOutcome(EvalStatus.OK, summary=summary, timing=timing(us),
                        eager=timing(card.eager_us), speedup=step.speedup,
                        correctness=step.correctness, floor_fraction=card.floor_us / us,
                        wall_s=2.3, extra={"host_us": 6.1, "eager_host_us": 5.4})

@@ -577,6 +577,9 @@ async def test_the_demos_eager_times_read_as_the_evaluators_after_its_search(tmp
         eager = {row.card.short_op: table.get_row(str(row.id))[4].plain
                  for row in app.screen.state.cards if row.card.target}
         assert eager and all(cell.endswith("eval") for cell in eager.values()), eager
+    async with await Store.open_read_only(db) as store:
+        said = [n.summary for n in await store.list_nodes(sid) if n.ok]
+    assert said and all(" eager (device " in summary for summary in said), said
 
 
 def test_session_header_names_a_dead_engine(fixture_db_sync):
