@@ -135,20 +135,21 @@ def cmd_show(args: argparse.Namespace) -> int:
             hidden.add(row.id)
             continue
         status = row.status + (f": {row.stop_reason}" if row.stop_reason else "")
-        status += "".join(f"; confirming node {n.id} ({fmt_speedup(n.speedup)})"
+        status += "".join(f"; confirming node {n.id} ({fmt_speedup(n.speedup)} over eager)"
                           for n in confirming.get(row.id, []))
         with reading(f"the evaluation of search node {row.best_node}"):  # as the table shows it
             kernel, host = kernel_times(best.get(row.id))
         eager = fmt_us(c.eager_us)
         if mixed and c.eager_us is not None:
             eager += f" {EAGER_SOURCES[row.eager_source]}"
-        table.add_row(str(row.id), ("└ " if region else "") + c.short_op, c.signature[:70],
+        table.add_row(str(row.id), ("└ " if region is not None else "") + c.short_op,
+                      c.signature[:70],
                       *((c.range_text or "-",) if ranged else ()), str(c.calls),
                       f"{100 * c.share:.1f}%", c.library, eager, fmt_us(c.compiled_us),
                       best_cell(row), kernel, host, str(row.spent), status,
-                      style=None if c.target and not region else "dim")
+                      style=None if c.target and region is None else "dim")
     out.print(table)
-    if any(region for _, region in folded(cards, attrgetter("card"))):
+    if any(region is not None for _, region in folded(cards, attrgetter("card"))):
         out.print("  (└: an op card inside the fusion region above it; the region's share "
                   "includes its ops')")
     if "profile" in sources:

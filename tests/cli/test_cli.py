@@ -94,7 +94,7 @@ def test_show_says_which_would_be_best_is_still_confirming(tmp_path: Path, capsy
     card_id, node = asyncio.run(go())
     assert main(["show", str(sid), "--db", str(db)]) == 0
     shown = capsys.readouterr().out
-    assert f"confirming node {node} (2.00x)" in shown
+    assert f"confirming node {node} (2.00x over eager)" in shown
     assert main(["show", str(sid), "--node", str(node), "--db", str(db)]) == 0
     assert "confirming: a would-be best" in capsys.readouterr().out
 
