@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from rich.table import Table
 from rich.text import Text
 
-from kforge.cli.common import add_db_option, out, row_id, session_id, with_store
+from kforge.cli.common import EAGER_SOURCES, add_db_option, out, row_id, session_id, with_store
 from kforge.core.candidate import EvalOutcome
 from kforge.core.fmt import (
     fmt_age,
@@ -162,8 +162,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         out.print(f"  no speedup shown for {line}")
     if confirming:
         out.print("  (confirming: a would-be best under compute-sanitizer and re-timing; 'best vs "
-                  "eager' counts confirmed kernels only, and `kforge resume` finishes a confirmation "
-                  "a stop cut short)")
+                  "eager' counts confirmed kernels only, and `kforge resume` finishes a "
+                  "confirmation a stop cut short)")
     return 0
 
 
@@ -177,10 +177,6 @@ def measured_line(measured: ModelMeasured, age_s: float) -> str:
     parts = [f"{lead}, measured {fmt_age(max(0.0, age_s))}", fmt_mode_gains(measured),
              fmt_projection(measured.projected, measured.gains)]
     return "; ".join(part for part in parts if part)
-
-
-# Where an op's eager time comes from (``CardRow.eager_source``), as the table names it.
-EAGER_SOURCES = {"eval": "device", "prof": "profile"}
 
 
 def profile_check(row: CardRow) -> str:

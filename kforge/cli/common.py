@@ -22,6 +22,9 @@ from kforge.store.config import db_path
 from kforge.store.records import MAX_ROW_ID
 
 T = TypeVar("T")
+# Where an op's eager time comes from (``CardRow.eager_source``), as the CLI names it: the
+# evaluator's device time of the op alone, or the profile's time per call in the model run.
+EAGER_SOURCES = {"eval": "device", "prof": "profile"}
 
 class InertConsole(Console):
     """A console whose every piece of text is made ``inert`` as it is written (rich's own
