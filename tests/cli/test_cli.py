@@ -304,6 +304,8 @@ def test_profile_json_names_the_new_session_and_its_cards(tmp_path: Path, capsys
     assert answer["model"].endswith("capture_toy.py:build")
     assert answer["cards"] >= answer["targets"] >= 1 and answer["samples"] >= 1
     assert "stored as session 1" in captured.err
+    # the table's times are the profile's, not the evaluator's eager device time
+    assert "profile us" in captured.err and "eager us" not in captured.err
 
 
 def test_a_failing_json_command_prints_one_object_naming_the_error(tmp_path: Path):
