@@ -719,7 +719,7 @@ class Store:
                                  "reply, error, created_at FROM llm_calls WHERE node_id = ? "
                                  "ORDER BY id", (node_id,))
         return NodeDetail(row=row, candidate=candidate, outcome=outcome,
-                          llm_calls=[dict(c) for c in calls])
+                          llm_calls=[_llm_call(c, node_id) for c in calls])
 
     async def _node_owner(self, db: aiosqlite.Connection, node_id: int) -> aiosqlite.Row:
         row = await (await db.execute("SELECT session_id, card_id FROM nodes WHERE id = ?",
@@ -970,6 +970,16 @@ def _node(r: aiosqlite.Row) -> NodeRow:
                        usd=column(r, "usd", NUMBER), created_at=column(r, "created_at", NUMBER),
                        finished_at=column(r, "finished_at", (*NUMBER, NOTHING)),
                        confirmed=bool(column(r, "confirmed", int)))
+
+
+def _llm_call(r: aiosqlite.Row, node_id: int) -> dict[str, Any]:
+    """One of a node's language-model calls, as its viewers show it."""
+    with reading(f"a language-model call of search node {node_id}"):
+        return {"model": column(r, "model", str), "input_tokens": column(r, "input_tokens", int),
+                "output_tokens": column(r, "output_tokens", int), "usd": column(r, "usd", NUMBER),
+                "seconds": column(r, "seconds", NUMBER), "prompt": column(r, "prompt", str),
+                "reply": column(r, "reply", str), "error": column(r, "error", str),
+                "created_at": column(r, "created_at", NUMBER)}
 
 
 def _command(r: aiosqlite.Row) -> Command:

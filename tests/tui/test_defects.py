@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sqlite3
 import stat
 import threading
 from pathlib import Path
@@ -370,6 +371,28 @@ async def test_a_corrupt_database_is_said_once_in_the_notice_and_recovers(tmp_pa
         await until(pilot, lambda: app.screen.query_one(VimTable).row_count == 2,
                     what="the sessions once the file reads")
         assert "not a kforge database" not in str(app.screen.query_one("#notice").render())
+
+
+@pytest.mark.parametrize("column, value", [("usd", "lots"), ("seconds", None),
+                                           ("prompt", b"\xff\x00")])
+async def test_a_damaged_llm_call_is_said_and_the_session_stays_open(fixture_db, column, value):
+    """The kernel pane shows a node's LLM calls: one whose cost, time or prompt is not what
+    kforge stores is named in a notice (it ended the app with a ValueError before)."""
+    db, ids = fixture_db
+    with sqlite3.connect(db) as raw:
+        raw.execute("PRAGMA writable_schema = ON")  # NOT NULL gone, as a damaged file may be
+        raw.execute("UPDATE sqlite_master SET sql = replace(sql, 'NOT NULL', '') "
+                    "WHERE name = 'llm_calls'")
+    with sqlite3.connect(db) as raw:
+        raw.execute(f"UPDATE llm_calls SET {column} = ?", (value,))
+    app = make_app(db, session=ids["session"])
+    async with app.run_test(size=SMALL) as pilot:
+        await until(pilot, lambda: notices(app, "a language-model call of search node"),
+                    what="the damaged call named")
+        assert isinstance(app.screen, SessionScreen)
+        await pilot.press("2", "j", "k")
+        await pilot.pause(0.3)
+        assert app.is_running and isinstance(app.screen, SessionScreen)
 
 
 async def test_a_session_not_in_the_database_is_said_and_leaves_for_the_list(fixture_db):
