@@ -100,6 +100,19 @@ def column(row: Mapping[str, Any], name: str, kinds: type | tuple[type, ...]) ->
     return value
 
 
+# The latest moment a stored timestamp may name: the end of year 9999, the last a date shows.
+LATEST_TIME = 253_402_300_799.0
+
+
+def time_column(row: Mapping[str, Any], name: str, *, optional: bool = False) -> float | None:
+    """Column ``name`` as a moment (seconds since 1970) a viewer can show as a date or an age;
+    None where ``optional`` and empty."""
+    value = column(row, name, (*NUMBER, NOTHING) if optional else NUMBER)
+    if value is not None and not 0 <= value <= LATEST_TIME:
+        raise ValueError(f"{name} holds {value!r}, not a moment kforge wrote")
+    return value
+
+
 def json_column(row: Mapping[str, Any], name: str, kinds: type | tuple[type, ...],
                 default: Any = None) -> Any:
     """Column ``name`` read as JSON, which must decode to one of ``kinds``; ``default`` for an

@@ -80,6 +80,7 @@ from kforge.store.records import (
     json_column,
     loads,
     reading,
+    time_column,
 )
 from kforge.store.schema import LATEST, MIGRATIONS
 
@@ -904,11 +905,11 @@ def _session(r: aiosqlite.Row) -> Session:
         SessionSettings.from_stored(settings)  # its tables are tables (bad values are dropped)
         session = Session(id=r["id"], model=column(r, "model", str), gpu=gpu, settings=settings,
                        status=column(r, "status", str), error=column(r, "error", str),
-                       created_at=column(r, "created_at", NUMBER),
-                       updated_at=column(r, "updated_at", NUMBER),
+                       created_at=time_column(r, "created_at"),
+                       updated_at=time_column(r, "updated_at"),
                        engine_pid=column(r, "engine_pid", (int, NOTHING)),
                        engine_host=column(r, "engine_host", (str, NOTHING)),
-                       heartbeat_at=column(r, "heartbeat_at", (*NUMBER, NOTHING)),
+                       heartbeat_at=time_column(r, "heartbeat_at", optional=True),
                        usd_spent=column(r, "usd_spent", NUMBER),
                        run_seconds=column(r, "run_seconds", NUMBER))
         session.gpu_info  # noqa: B018  (what readers make of the fingerprint)
@@ -921,7 +922,7 @@ def _summary(r: aiosqlite.Row) -> SessionSummary:
         return SessionSummary(session=session, cards=r["n_cards"], targets=r["n_targets"],
                               nodes=r["n_nodes"], improved=r["n_improved"],
                               best_speedup=column(r, "top_speedup", (*NUMBER, NOTHING)),
-                              last_activity=column(r, "last_activity", NUMBER))
+                              last_activity=time_column(r, "last_activity"))
 
 
 def _card(r: aiosqlite.Row) -> CardRow:
@@ -950,7 +951,7 @@ def _card(r: aiosqlite.Row) -> CardRow:
 def _event(r: aiosqlite.Row) -> Event:
     with reading(f"event {r['seq']}"):
         return Event(seq=r["seq"], session_id=column(r, "session_id", (int, NOTHING)),
-                     at=column(r, "at", NUMBER),
+                     at=time_column(r, "at"),
                      record=from_row(column(r, "kind", str), json_column(r, "data", dict, {})))
 
 
@@ -967,8 +968,8 @@ def _node(r: aiosqlite.Row) -> NodeRow:
                        median_us=column(r, "median_us", (*NUMBER, NOTHING)),
                        repairable=bool(column(r, "repairable", int)),
                        pruned=bool(column(r, "pruned", int)), summary=column(r, "summary", str),
-                       usd=column(r, "usd", NUMBER), created_at=column(r, "created_at", NUMBER),
-                       finished_at=column(r, "finished_at", (*NUMBER, NOTHING)),
+                       usd=column(r, "usd", NUMBER), created_at=time_column(r, "created_at"),
+                       finished_at=time_column(r, "finished_at", optional=True),
                        confirmed=bool(column(r, "confirmed", int)))
 
 
@@ -979,11 +980,11 @@ def _llm_call(r: aiosqlite.Row, node_id: int) -> dict[str, Any]:
                 "output_tokens": column(r, "output_tokens", int), "usd": column(r, "usd", NUMBER),
                 "seconds": column(r, "seconds", NUMBER), "prompt": column(r, "prompt", str),
                 "reply": column(r, "reply", str), "error": column(r, "error", str),
-                "created_at": column(r, "created_at", NUMBER)}
+                "created_at": time_column(r, "created_at")}
 
 
 def _command(r: aiosqlite.Row) -> Command:
     with reading(f"command {r['id']}"):
         return Command(id=r["id"], session_id=r["session_id"], kind=column(r, "kind", str),
-                       arg=loads(r["arg"]), created_at=column(r, "created_at", NUMBER),
-                       done_at=column(r, "done_at", (*NUMBER, NOTHING)), result=r["result"])
+                       arg=loads(r["arg"]), created_at=time_column(r, "created_at"),
+                       done_at=time_column(r, "done_at", optional=True), result=r["result"])

@@ -293,6 +293,8 @@ DAMAGE = [  # (table, column, value stored, where the row is read, what the erro
     ("op_cards", "share", float("inf"), ["resume", "1", "--proposer", PROPOSER, "--evaluator",
                                          EVALUATOR, "--quiet"], "op card 1 "),
     ("sessions", "usd_spent", float("-inf"), ["sessions"], "session 1 "),
+    ("nodes", "created_at", 2**63 - 1, ["show", "1", "--node", "1"], "search node 1 "),
+    ("sessions", "heartbeat_at", -5.0, ["sessions"], "session 1 "),
     ("op_cards", "baseline", '{"eager": {}}', ["resume", "1", "--proposer", PROPOSER,
                                               "--evaluator", EVALUATOR, "--quiet"],
      "op card 1 "),

@@ -395,6 +395,20 @@ async def test_a_damaged_llm_call_is_said_and_the_session_stays_open(fixture_db,
         assert app.is_running and isinstance(app.screen, SessionScreen)
 
 
+async def test_a_log_line_of_no_date_is_said_and_the_session_stays_open(fixture_db):
+    """The log pane shows each line's time: one no date can show is a damaged row, named (it
+    ended the app with an OverflowError before)."""
+    db, ids = fixture_db
+    with sqlite3.connect(db) as raw:
+        raw.execute("UPDATE events SET at = ? WHERE kind = 'log'", (2**63 - 1,))
+    app = make_app(db, session=ids["session"])
+    async with app.run_test(size=SMALL) as pilot:
+        await until(pilot, lambda: notices(app, "not a moment kforge wrote"),
+                    what="the damaged event named")
+        await pilot.pause(0.2)
+        assert app.is_running
+
+
 async def test_a_session_not_in_the_database_is_said_and_leaves_for_the_list(fixture_db):
     """kforge-tui --session 99 over a database without it: the error, then the sessions list
     (not a session screen that says loading forever)."""
