@@ -157,16 +157,16 @@ class EvalOutcome:
             correctness=data.get("correctness") or {},
             timing=timing(data.get("timing")),
             eager=timing(data.get("eager")),
-            speedup=figure(data, "speedup"),
-            bandwidth_gbs=figure(data, "bandwidth_gbs"),
-            floor_fraction=figure(data, "floor_fraction"),
-            wall_s=figure(data, "wall_s") or 0.0,
+            speedup=stored_figure(data, "speedup"),
+            bandwidth_gbs=stored_figure(data, "bandwidth_gbs"),
+            floor_fraction=stored_figure(data, "floor_fraction"),
+            wall_s=stored_figure(data, "wall_s") or 0.0,
             extra=extra,
             restart=restart,
         )
 
 
-def figure(data: dict, key: str) -> float | None:
+def stored_figure(data: dict, key: str) -> float | None:
     """A stored figure: ``data[key]``, a finite number, or None where it is absent or null.
     Anything else (text, infinity, NaN) is no figure kforge stores: ValueError."""
     value = data.get(key)
@@ -177,10 +177,10 @@ def figure(data: dict, key: str) -> float | None:
 
 
 def timing_from(data: dict) -> Timing:
-    """A stored Timing, each of its figures checked (``figure``); keys it does not know (a
-    later version's) are dropped."""
+    """A stored Timing, each of its figures checked (``stored_figure``); keys it does not know
+    (a later version's) are dropped."""
     known = Timing.__dataclass_fields__
-    return Timing(**{k: figure(data, k) for k in data if k in known})
+    return Timing(**{k: stored_figure(data, k) for k in data if k in known})
 
 
 # How far two figures of one baseline may sit apart before it is not trusted.
@@ -273,9 +273,10 @@ class Baseline:
         compiled = data.get("compiled")
         return cls(eager=timing_from(data["eager"]),
                    compiled=timing_from(compiled) if compiled else None,
-                   compile_s=figure(data, "compile_s"), floor_us=figure(data, "floor_us"),
+                   compile_s=stored_figure(data, "compile_s"),
+                   floor_us=stored_figure(data, "floor_us"),
                    note=data.get("note", ""), eager_kernels=list(data.get("eager_kernels") or []),
-                   profile_us=figure(data, "profile_us"),
+                   profile_us=stored_figure(data, "profile_us"),
                    profile_check=data.get("profile_check", ""))
 
 
