@@ -74,7 +74,8 @@ def test_e2e_stores_the_measurement_and_show_prints_it(tmp_path: Path, result, c
         r"e2e graphs\+kforge 1\.12x over compile \(best without kforge\), measured \d+s ago; "
         r"per mode: eager\+kforge 1\.25x, graphs\+kforge 1\.25x \(each over the same mode "
         r"without kforge\); projected 1\.31x over eager \(device time; error \+5% vs "
-        r"eager\+kforge's 1\.25x, \+5% vs graphs\+kforge's 1\.25x\)", line) for line in shown), shown
+        r"eager\+kforge's 1\.25x, \+5% vs graphs\+kforge's 1\.25x\)", line)
+        for line in shown), shown
 
 
 # eager+kforge gains 1.25x; graphs+kforge (2.1x over eager) is within the graphs modes' noise of
