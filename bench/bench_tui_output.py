@@ -14,6 +14,8 @@ records everything it writes to the terminal (``tmux pipe-pane``) for a while. S
 - ``help-live``, ``palette-live``: a dialog open over the live search at 120x40;
 - ``themes-quiet``: the theme picker over the finished session while the other search writes;
 - ``confirm-live``: the delete confirmation over the sessions list while the search writes;
+- ``diff-quiet``: a node's diff against its parent over the finished session while the other
+  search writes;
 - ``live-80``, ``help-live-80``, ``themes-live-80``: the live search at 80x24, alone, under help
   and under the theme picker.
 
@@ -86,6 +88,8 @@ SCENARIOS = (
     Scenario("themes-quiet", (80, 24), "finished", True, "#1 toy", 1.0, ("C-t",), THEMES),
     Scenario("confirm-live", (80, 24), None, True, "resnet50-tiny", 10.0, ("d",),
              "Delete session"),
+    Scenario("diff-quiet", (80, 24), "finished", True, "#1 toy", 1.0, ("d",),
+             "against its parent"),
     Scenario("live-80", (80, 24), "live", True, "#3 live", 10.0),
     Scenario("help-live-80", (80, 24), "live", True, "#3 live", 10.0, ("?",), "Keys here"),
     Scenario("themes-live-80", (80, 24), "live", True, "#3 live", 10.0, ("C-t",), THEMES),

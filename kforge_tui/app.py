@@ -25,6 +25,7 @@ from kforge.engine.plugins import needs_consent
 from kforge.errors import KforgeError
 from kforge.store import Store
 from kforge.store.config import config_path, db_path, load_config, save_config_value
+from kforge.store.records import MAX_ROW_ID
 from kforge_tui.commands import KforgeCommands
 from kforge_tui.config.keymap import binding_ids, user_keymap
 from kforge_tui.config.themes import (
@@ -286,7 +287,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--session", type=int, metavar="ID", help="open this session directly")
     parser.add_argument("--demo", action="store_true",
                         help="browse a recorded search (read-only; needs no GPU or database)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.session is not None and not 1 <= args.session <= MAX_ROW_ID:
+        parser.error(f"argument --session: a session is named by its number (1 to "
+                     f"{MAX_ROW_ID}), not {args.session}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,7 @@ from rich.text import Text
 
 from kforge.core.argspec import tensor_specs
 from kforge.core.candidate import Candidate, EvalOutcome, Timing
-from kforge.core.fmt import fmt_age, fmt_speedup, fmt_us
+from kforge.core.fmt import fmt_age, fmt_best_over_eager, fmt_speedup, fmt_us
 from kforge.core.inert import inert
 from kforge.core.settings import SessionSettings
 from kforge.integrate.winners import Decision, projected_speedup
@@ -74,7 +74,10 @@ def node_label(row: NodeRow, visits: int, best: float | None, pruned: bool) -> N
 
 
 def card_root_label(card: CardRow, nodes: int) -> str:
-    return inert(f"{card.card.short_op}  eager  ({nodes} node{'' if nodes == 1 else 's'})")
+    """The search tree's root: the op (a range card with its whole range) as eager runs it."""
+    c = card.card
+    op = f"{c.short_op} {c.range_text}" if c.ranges is not None else c.short_op
+    return inert(f"{op}  eager  ({nodes} node{'' if nodes == 1 else 's'})")
 
 
 # dtypes as a narrow column shows them.
@@ -89,36 +92,10 @@ def dtype_of(card: CardRow) -> str:
     return ",".join(sorted(SHORT_DTYPES.get(d, d) for d in dtypes)) or "-"
 
 
-def over_compiled(card: CardRow) -> float | None:
-    """The card's best kernel's speedup over torch.compile of the op: both device times, as the
-    evaluator timed them (None before it timed the op, or where torch.compile was not timed)."""
-    c = card.card
-    if card.best_speedup is None or card.baseline is None or not c.compiled_us or not c.eager_us:
-        return None
-    return card.best_speedup * c.compiled_us / c.eager_us
-
-
-def best_beats(card: CardRow) -> str | None:
-    """What the card's best kernel is faster than: ``"eager"``, else ``"compile"`` (torch.compile
-    alone: the compiled modes may use it), else None. A kernel slower than both is no best (an
-    older database may hold one as its card's best)."""
-    if card.best_node is None:
-        return None
-    if (card.best_speedup or 0.0) > 1.0:
-        return "eager"
-    return "compile" if (over_compiled(card) or 0.0) > 1.0 else None
-
-
-def best_kernel(card: CardRow) -> int | None:
-    """The card's best node where it beats eager or torch.compile; one slower than both is no
-    best."""
-    return card.best_node if best_beats(card) else None
-
-
 def best_cell(card: CardRow) -> str:
     """The op table's ``×eager`` figure: the best kernel's speedup over eager, ``-`` without a
     best."""
-    return fmt_speedup(card.best_speedup) if best_kernel(card) is not None else "-"
+    return fmt_speedup(card.best_over_eager)
 
 
 def no_best_text(card: CardRow) -> str:
@@ -130,13 +107,6 @@ def no_best_text(card: CardRow) -> str:
         text += (f" (the fastest so far, node #{card.best_node}: "
                  f"{fmt_speedup(card.best_speedup)} eager)")
     return text
-
-
-def eager_source(card: CardRow) -> str:
-    """Where a card's eager time comes from: ``eval`` once the evaluator has timed eager alone
-    (its device time per call), ``prof`` before (the profile's GPU time per call, in the model
-    run)."""
-    return "eval" if card.baseline is not None else "prof"
 
 
 def shapes_of(card: CardRow) -> str:
@@ -160,14 +130,8 @@ def session_cells(summary: SessionSummary, now: float, alive: bool) -> tuple[str
     s = summary.session
     status = f"{s.status} ●" if alive else s.status
     return (str(s.id), s.model, s.gpu.get("name", "?"), status, f"{summary.targets}",
-            f"{summary.nodes}", best_over_eager(summary.best_speedup), f"${s.usd_spent:.2f}",
+            f"{summary.nodes}", fmt_best_over_eager(summary.best_speedup), f"${s.usd_spent:.2f}",
             fmt_age(max(0.0, now - summary.last_activity)))
-
-
-def best_over_eager(speedup: float | None) -> str:
-    """The sessions list's ``×eager``: its best op kernel's speedup over eager; ``-`` where none
-    beats eager."""
-    return fmt_speedup(speedup) if speedup is not None and speedup > 1.0 else "-"
 
 
 def focus_of(session: Session) -> int | None:

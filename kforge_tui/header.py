@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from kforge.core.candidate import Headline
+from kforge.core.fmt import fmt_headline
 from kforge.core.settings import SessionSettings
 from kforge.store import SessionStatus
 from kforge.store.commands import HELD_STATUSES
@@ -121,34 +121,11 @@ def model_parts(projected: float | None, measured: ModelMeasured | None) -> list
             Part(f"model ≤{projected:.2f}x over eager projected",
                  f"model ≤{projected:.2f}x vs eager proj", keep=2)]
     assert measured is not None
-    parts = [Part(*headline_text(headline, checked=bool(measured.kernels)), keep=2)]
+    parts = [Part(*fmt_headline(headline, checked=bool(measured.kernels)), keep=2)]
     if projected is not None:
         parts.append(Part(f"≤{projected:.2f}x over eager projected",
                           f"≤{projected:.2f}x vs eager proj", keep=1))
     return parts
-
-
-def headline_text(headline: Headline, checked: bool = True) -> tuple[str, str]:
-    """A whole-model headline as (full, short) text: both say it is the e2e measurement and
-    what it is relative to. ``checked``: the measurement counted the kernels each mode ran (one
-    stored before it did, holds neither those counts nor the modes' spreads: its figure is
-    said to be unchecked)."""
-    base, mode = headline.baseline, headline.mode
-    if headline.verdict == "no kernels" or headline.ratio is None:
-        return "e2e: no kforge kernel ran in any mode", "e2e: no kernels"
-    ratio = f"{headline.ratio:.2f}x"
-    if not checked:
-        return (f"e2e {mode} {ratio} vs {base} (best without kforge), unchecked: kernels run "
-                "and noise not recorded, run kforge e2e again",
-                f"e2e {ratio} vs {base} (unchecked)")
-    if headline.verdict == "noise":
-        spread = f", p90/p10 {headline.spread:.2f}" if headline.spread is not None else ""
-        return (f"e2e {mode} ≈ {base} (best without kforge): {ratio}, within noise{spread}",
-                f"e2e ≈{ratio} vs {base} (noise)")
-    if headline.verdict == "loss":
-        return (f"e2e {mode} {ratio} vs {base}: best without kforge is faster",
-                f"e2e {ratio} vs {base}")
-    return (f"e2e {mode} {ratio} over {base} (best without kforge)", f"e2e {ratio} vs {base}")
 
 
 def sessions_header(db: Path, gpu: str, width: int, demo: bool = False) -> str:

@@ -108,6 +108,8 @@ def search_argv(form: NewSession, db: Path) -> list[str]:
     model = form.model.strip()
     if not model:
         raise KforgeError("name a model: a built-in one or path/to/file.py:factory")
+    if model.startswith("-"):  # the command line would read it as an option of its own
+        raise KforgeError(f"{model!r} is no model: a model's name does not start with '-'")
     if ":" in model and not model.startswith(("http:", "https:")):
         path = Path(model.rsplit(":", 1)[0]).expanduser()
         if not path.is_file():

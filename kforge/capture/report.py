@@ -5,7 +5,9 @@ from __future__ import annotations
 from kforge.capture.profiler import Profile
 from kforge.core.opcard import OpCard
 
-HEADER = ("share", "calls", "eager us", "library", "op", "arguments", "issued by")
+# "profile us": the profile's time per call in the model run (GPU time, or CPU time on the CPU),
+# not the evaluator's device time of the op alone that `kforge show` heads "eager device".
+HEADER = ("share", "calls", "profile us", "library", "op", "arguments", "issued by")
 SIGNATURE_WIDTH = 56
 
 

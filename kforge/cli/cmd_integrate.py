@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, TypeVar
 from rich.table import Table
 
 from kforge.cli.common import add_db_option, count, err, out, session_id, with_store
-from kforge.core.fmt import fmt_projection, fmt_speedup, fmt_us
+from kforge.core.fmt import fmt_headline, fmt_projection, fmt_speedup, fmt_us
 from kforge.errors import KforgeError
 from kforge.store import Store
 from kforge.store.events import ModelMeasured
@@ -346,6 +346,9 @@ def print_e2e(plan: SessionPlan, result: E2eResult) -> None:
     out.print(table)
     for note in result.notes:
         out.print(f"note: {note}")
+    headline = model_measurement(result).headline()
+    if headline is not None:
+        out.print(f"kforge's best mode: {fmt_headline(headline)[0]}")
     gains = ", ".join(f"{mode} {fmt_speedup(gain)}" for mode, gain in result.gains().items())
     out.print(f"speedup from kforge's kernels: {fmt_projection(result.projected, result.gains())}"
               f" from the op cards; measured (whole forward, device time) {gains or '-'}")

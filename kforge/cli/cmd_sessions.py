@@ -11,9 +11,17 @@ from typing import TYPE_CHECKING
 from rich.table import Table
 from rich.text import Text
 
-from kforge.cli.common import add_db_option, out, row_id, session_id, with_store
+from kforge.cli.common import EAGER_SOURCES, add_db_option, out, row_id, session_id, with_store
 from kforge.core.candidate import EvalOutcome
-from kforge.core.fmt import fmt_age, fmt_projection, fmt_speedup, fmt_us
+from kforge.core.fmt import (
+    fmt_age,
+    fmt_best_over_eager,
+    fmt_headline,
+    fmt_mode_gains,
+    fmt_projection,
+    fmt_speedup,
+    fmt_us,
+)
 from kforge.core.inert import inert
 from kforge.core.region import folded
 from kforge.core.settings import SessionSettings
@@ -22,7 +30,7 @@ from kforge.store import Store
 from kforge.store.commands import is_alive, shown_status
 from kforge.store.config import db_path
 from kforge.store.events import ModelMeasured
-from kforge.store.records import reading
+from kforge.store.records import CardRow, reading
 
 if TYPE_CHECKING:
     from kforge.cli.main import Commands
@@ -59,16 +67,16 @@ def cmd_sessions(args: argparse.Namespace) -> int:
         out.print("no sessions yet")
         return 0
     table = Table(box=None, header_style="bold")
-    for name in ("id", "model", "gpu", "status", "ops", "nodes", "improved", "best", "cost",
-                 "last activity"):
+    for name in ("id", "model", "gpu", "status", "ops", "nodes", "improved", "best vs eager",
+                 "cost", "last activity"):
         table.add_column(name, justify="right" if name in ("id", "ops", "nodes", "improved",
-                                                            "best", "cost") else "left")
+                                                            "best vs eager", "cost") else "left")
     now = time.time()
     for s in summaries:
         table.add_row(str(s.session.id), s.session.model, s.session.gpu_label,
                       shown_status(s.session),
                       f"{s.targets}/{s.cards}", str(s.nodes), str(s.improved),
-                      fmt_speedup(s.best_speedup), f"${s.session.usd_spent:.2f}",
+                      fmt_best_over_eager(s.best_speedup), f"${s.session.usd_spent:.2f}",
                       fmt_age(now - s.last_activity))
     out.print(table)
     return 0
@@ -82,8 +90,8 @@ def cmd_show(args: argparse.Namespace) -> int:
 
     async def work(store: Store):
         cards = await store.list_cards(args.session)
-        best = {row.id: (await store.get_node(row.best_node)).outcome for row in cards
-                if row.best_node is not None}
+        best = {row.id: (await store.get_node(row.best_kernel)).outcome for row in cards
+                if row.best_kernel is not None}
         confirming: dict[int, list] = {}
         for node in await store.list_nodes(args.session):
             if node.confirming:
@@ -109,58 +117,82 @@ def cmd_show(args: argparse.Namespace) -> int:
     table = Table(box=None, header_style="bold")
     # range cards (kforge.core.ranges) cover a range of sizes: a column says which
     ranged = any(row.card.ranges is not None for row in cards)
+    sources = {EAGER_SOURCES[row.eager_source] for row in cards if row.card.eager_us is not None}
+    mixed = len(sources) > 1  # each eager figure then names its source
     for name, right in (("card", True), ("op", False), ("arguments", False),
                         *((("range", False),) if ranged else ()), ("calls", True),
-                        ("share", True), ("kind", False), ("eager device", True),
-                        ("compile device", True), ("best", True), ("kernel device", True),
-                        ("host issue", True), ("tries", True),
+                        ("share", True), ("kind", False),
+                        ("eager" if len(sources) != 1 else f"eager {next(iter(sources))}", True),
+                        ("compile device", True), ("best vs eager", True),
+                        ("kernel device", True), ("host issue", True), ("tries", True),
                         ("status", False)):
         table.add_column(name, justify="right" if right else "left", overflow="fold")
-    hidden = 0
-    untrusted: list[str] = []
-    for row, inside in folded(cards, attrgetter("card")):
+    hidden: set[int] = set()
+    untrusted = [f"card {row.id}: {check}" for row in cards if (check := profile_check(row))]
+    for row, region in folded(cards, attrgetter("card")):
         c = row.card
-        check = (row.baseline or {}).get("profile_check") or ""
-        if check:
-            untrusted.append(f"card {row.id}: {check}")
         if args.targets and not c.target:
-            hidden += 1
+            hidden.add(row.id)
             continue
         status = row.status + (f": {row.stop_reason}" if row.stop_reason else "")
-        status += "".join(f"; confirming node {n.id} ({fmt_speedup(n.speedup)})"
+        status += "".join(f"; confirming node {n.id} ({fmt_speedup(n.speedup)} over eager)"
                           for n in confirming.get(row.id, []))
         with reading(f"the evaluation of search node {row.best_node}"):  # as the table shows it
             kernel, host = kernel_times(best.get(row.id))
-        table.add_row(str(row.id), ("└ " if inside else "") + c.short_op, c.signature[:70],
+        eager = fmt_us(c.eager_us)
+        if mixed and c.eager_us is not None:
+            eager += f" {EAGER_SOURCES[row.eager_source]}"
+        table.add_row(str(row.id), ("└ " if region is not None else "") + c.short_op,
+                      c.signature[:70],
                       *((c.range_text or "-",) if ranged else ()), str(c.calls),
-                      f"{100 * c.share:.1f}%", c.library, fmt_us(c.eager_us),
-                      fmt_us(c.compiled_us),
-                      "- (profile)" if check else fmt_speedup(row.best_speedup), kernel, host,
-                      str(row.spent), status, style=None if c.target and not inside else "dim")
+                      f"{100 * c.share:.1f}%", c.library, eager, fmt_us(c.compiled_us),
+                      best_cell(row), kernel, host, str(row.spent), status,
+                      style=None if c.target and region is None else "dim")
     out.print(table)
-    if any(inside for _, inside in folded(cards, attrgetter("card"))):
+    if any(region is not None for _, region in folded(cards, attrgetter("card"))):
         out.print("  (└: an op card inside the fusion region above it; the region's share "
                   "includes its ops')")
+    if "profile" in sources:
+        out.print("  (eager profile: the op's time per call in the profiled model run, before "
+                  "the evaluator times it alone; eager device: the evaluator's device time per "
+                  "call)")
     if hidden:
-        out.print(f"  ({hidden} views and copies hidden: they are never targets)")
+        out.print(f"  ({len(hidden)} views and copies hidden: they are never targets)")
     for line in untrusted:  # docs/evaluation.md, "Baselines against the profile"
         out.print(f"  no speedup shown for {line}")
     if confirming:
-        out.print("  (confirming: a would-be best under compute-sanitizer and re-timing; 'best' "
-                  "counts confirmed kernels only, and `kforge resume` finishes a confirmation "
-                  "a stop cut short)")
+        out.print("  (confirming: a would-be best under compute-sanitizer and re-timing; 'best vs "
+                  "eager' counts confirmed kernels only, and `kforge resume` finishes a "
+                  "confirmation a stop cut short)")
     return 0
 
 
 def measured_line(measured: ModelMeasured, age_s: float) -> str:
-    """The whole model as `kforge e2e` last measured it: what kforge gains in each mode, the
-    best speedup over eager, and the op cards' projection."""
-    gains = ", ".join(f"{fmt_speedup(gain)} in {mode}" for mode, gain in measured.gains.items())
-    fastest = max(measured.speedups.items(), key=lambda item: item[1], default=None)
-    over_eager = f"; fastest {fmt_speedup(fastest[1])} over eager ({fastest[0]})" \
-        if fastest else ""
-    return (f"model measured {fmt_age(max(0.0, age_s))} (kforge e2e): kforge gains "
-            f"{gains or '-'}{over_eager}; {fmt_projection(measured.projected, measured.gains)}")
+    """The whole model as `kforge e2e` last measured it: kforge's best mode against the best
+    mode without kforge (the session's headline, as the TUI's bar shows it), what kforge gains
+    in each mode, and the op cards' projection."""
+    headline = measured.headline()
+    lead = (fmt_headline(headline, checked=bool(measured.kernels))[0] if headline is not None
+            else "e2e timed no mode both with and without kforge")
+    parts = [f"{lead}, measured {fmt_age(max(0.0, age_s))}", fmt_mode_gains(measured),
+             fmt_projection(measured.projected, measured.gains)]
+    return "; ".join(part for part in parts if part)
+
+
+def profile_check(row: CardRow) -> str:
+    """Why the card's baseline disagrees with its profile (it then shows no speedup), or ''."""
+    return (row.baseline or {}).get("profile_check") or ""
+
+
+def best_cell(row: CardRow) -> str:
+    """The card's best kernel's speedup over eager, and over torch.compile where only that one
+    is beaten; '-' where no kernel beats either."""
+    if profile_check(row):
+        return "- (profile)"
+    if row.best_beats == "compile":
+        return (f"{fmt_speedup(row.best_over_eager)} "
+                f"({fmt_speedup(row.best_over_compiled)} vs compile)")
+    return fmt_speedup(row.best_over_eager)
 
 
 def kernel_times(outcome: EvalOutcome | None) -> tuple[str, str]:

@@ -27,6 +27,7 @@ from kforge.engine.plugins import PluginConsent
 from kforge.errors import KforgeError
 from kforge.store import CardStatus, Store
 from kforge.store.commands import is_alive
+from kforge.store.config import regular_file
 from kforge.store.records import NodeRow
 
 if TYPE_CHECKING:
@@ -101,15 +102,23 @@ def read_plan(path: Path) -> dict:
         raise KforgeError(f"{path}: {exc}") from None
 
 
+# A kernel's source or launch plan is kilobytes: a larger file is neither (a log, an archive).
+MAX_FILE_CHARS = 1 << 20
+
+
 def _read(path: Path, what: str) -> str:
+    regular_file(path, f"{what} file")
     try:
-        return path.read_text()
+        with path.open() as fh:
+            text = fh.read(MAX_FILE_CHARS + 1)
     except FileNotFoundError:
         raise KforgeError(f"no {what} file {path}") from None
-    except IsADirectoryError:
-        raise KforgeError(f"{path} is a folder, not a {what} file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise KforgeError(f"cannot read the {what} {path}: {exc}") from None
+    if len(text) > MAX_FILE_CHARS:
+        raise KforgeError(f"{path} holds more than {MAX_FILE_CHARS} characters: too long to be "
+                          f"a {what}")
+    return text
 
 
 def decision_under(parent: NodeRow | None, card_id: int) -> Decision:

@@ -19,9 +19,12 @@ from kforge.core.inert import inert
 from kforge.store import Store
 from kforge.store.commands import shown_status
 from kforge.store.config import db_path
+from kforge.store.records import MAX_ROW_ID
 
 T = TypeVar("T")
-MAX_ROW_ID = 2**63 - 1  # SQLite's largest integer: no session, node or card has a larger id
+# Where an op's eager time comes from (``CardRow.eager_source``), as the CLI names it: the
+# evaluator's device time of the op alone, or the profile's time per call in the model run.
+EAGER_SOURCES = {"eval": "device", "prof": "profile"}
 
 class InertConsole(Console):
     """A console whose every piece of text is made ``inert`` as it is written (rich's own

@@ -52,7 +52,13 @@ class UsageError(KforgeError):
 
 
 class Parser(argparse.ArgumentParser):
-    """An argument parser whose complaints are one line (a KforgeError), not usage text."""
+    """An argument parser whose complaints are one line (a KforgeError), not usage text, and
+    that takes options only by their whole names: a prefix (``--jso``) is no option, so what
+    the error path reads from the command line as typed (``--json``) is what was parsed."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # type: ignore[override]
         command = self.prog.removeprefix("kforge").strip()
@@ -104,7 +110,10 @@ def main(argv: list[str] | None = None) -> int:
     verbose = bool({"-v", "--verbose"} & set(argv))
     parsed = False
     try:
-        args = build_parser(chosen_command(argv)).parse_args(argv)  # --help exits here
+        args, unknown = build_parser(chosen_command(argv)).parse_known_args(argv)  # --help exits
+        if unknown:  # the command's own help lists what it takes
+            raise UsageError(f"{args.command}: unrecognized arguments: {' '.join(unknown)} "
+                             f"(see `kforge {args.command} --help`)")
         parsed = True
         handler = logging.StreamHandler()
         handler.setFormatter(_ShownFormatter("%(asctime)s %(name)s %(levelname)s %(message)s"))

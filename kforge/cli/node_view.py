@@ -10,7 +10,7 @@ import datetime
 import json
 from dataclasses import dataclass
 
-from kforge.cli.common import out, with_store
+from kforge.cli.common import EAGER_SOURCES, out, with_store
 from kforge.core.candidate import EvalOutcome, Timing
 from kforge.core.fmt import fmt_speedup, fmt_us
 from kforge.core.gpu import NO_GPU, GpuInfo
@@ -95,10 +95,12 @@ def _head(facts: NodeFacts) -> str:
              f"  call      {card.op}({card.signature})"]
     if card.range_text:
         lines.append(f"  range     {card.range_text}")
-    lines.append(f"  eager     device {fmt_us(card.eager_us)} per call, torch.compile device "
-                 f"{fmt_us(card.compiled_us)}, physical floor {fmt_us(card.floor_us)}; "
-                 f"the card's best {fmt_speedup(facts.card.best_speedup)}"
-                 + (f" (node {facts.card.best_node})" if facts.card.best_node else ""))
+    best = facts.card.best_kernel
+    lines.append(f"  eager     {EAGER_SOURCES[facts.card.eager_source]} {fmt_us(card.eager_us)} "
+                 f"per call, torch.compile device {fmt_us(card.compiled_us)}, physical floor "
+                 f"{fmt_us(card.floor_us)}; the card's best "
+                 + (f"{fmt_speedup(facts.card.best_over_eager)} over eager (node {best})"
+                    if best is not None else "- (no kernel beats eager or torch.compile)"))
     if check := (facts.card.baseline or {}).get("profile_check"):
         lines.append(f"  profile   {check}")
     return "\n".join(lines)
@@ -113,7 +115,7 @@ def _made(row: NodeRow, parent: NodeRow | None, children: list[NodeRow]) -> str:
     if parent is None:
         lines.append("parent    none: a new approach under eager PyTorch")
     else:
-        result = fmt_speedup(parent.speedup) if parent.ok else parent.status
+        result = f"{fmt_speedup(parent.speedup)} over eager" if parent.ok else parent.status
         lines.append(f"parent    node {parent.id} ({parent.action}, {result}): "
                      f"{parent.meta.get('approach', '-')}")
     lines.append(f"approach  {meta.get('approach', '-')}")
@@ -124,7 +126,7 @@ def _made(row: NodeRow, parent: NodeRow | None, children: list[NodeRow]) -> str:
         lines.append(f"notes     {notes}")
     if children:
         lines.append("children  " + ", ".join(
-            f"{c.id} ({c.action}, {fmt_speedup(c.speedup) if c.ok else c.status})"
+            f"{c.id} ({c.action}, {f'{fmt_speedup(c.speedup)} over eager' if c.ok else c.status})"
             for c in children))
     if row.pruned:
         lines.append("pruned    yes: out of the search")

@@ -157,19 +157,30 @@ class EvalOutcome:
             correctness=data.get("correctness") or {},
             timing=timing(data.get("timing")),
             eager=timing(data.get("eager")),
-            speedup=data.get("speedup"),
-            bandwidth_gbs=data.get("bandwidth_gbs"),
-            floor_fraction=data.get("floor_fraction"),
-            wall_s=data.get("wall_s", 0.0),
+            speedup=stored_figure(data, "speedup"),
+            bandwidth_gbs=stored_figure(data, "bandwidth_gbs"),
+            floor_fraction=stored_figure(data, "floor_fraction"),
+            wall_s=stored_figure(data, "wall_s") or 0.0,
             extra=extra,
             restart=restart,
         )
 
 
+def stored_figure(data: dict, key: str) -> float | None:
+    """A stored figure: ``data[key]``, a finite number, or None where it is absent or null.
+    Anything else (text, infinity, NaN) is no figure kforge stores: ValueError."""
+    value = data.get(key)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                              or not math.isfinite(value)):
+        raise ValueError(f"{key} is {value!r}, not a finite number")
+    return value
+
+
 def timing_from(data: dict) -> Timing:
-    """A stored Timing; keys it does not know (a later version's) are dropped."""
+    """A stored Timing, each of its figures checked (``stored_figure``); keys it does not know
+    (a later version's) are dropped."""
     known = Timing.__dataclass_fields__
-    return Timing(**{k: v for k, v in data.items() if k in known})
+    return Timing(**{k: stored_figure(data, k) for k in data if k in known})
 
 
 # How far two figures of one baseline may sit apart before it is not trusted.
@@ -262,9 +273,10 @@ class Baseline:
         compiled = data.get("compiled")
         return cls(eager=timing_from(data["eager"]),
                    compiled=timing_from(compiled) if compiled else None,
-                   compile_s=data.get("compile_s"), floor_us=data.get("floor_us"),
+                   compile_s=stored_figure(data, "compile_s"),
+                   floor_us=stored_figure(data, "floor_us"),
                    note=data.get("note", ""), eager_kernels=list(data.get("eager_kernels") or []),
-                   profile_us=data.get("profile_us"),
+                   profile_us=stored_figure(data, "profile_us"),
                    profile_check=data.get("profile_check", ""))
 
 

@@ -417,10 +417,12 @@ def _spec_of(trace: Sequence[TraceCall], read: tuple[int, int]) -> dict:
     return tensor_specs([call.args, list(call.kwargs.values())])[leaf]
 
 
-def folded(rows: Sequence[T], card_of: Callable[[T], Any]) -> list[tuple[T, bool]]:
+def folded(rows: Sequence[T], card_of: Callable[[T], Any]) -> list[tuple[T, T | None]]:
     """Rows of cards in their order, each region card's row followed by the rows of the op
-    cards of its calls (``True``: inside the region above), which then do not stand on their
-    own; ``card_of`` gives a row's ``OpCard``."""
+    cards of its calls, paired with that region's row (None for a row that stands on its own).
+    An op card inside a region does not stand on its own, and one that several regions call
+    (a cast that starts every norm) is listed under each; ``card_of`` gives a row's
+    ``OpCard``."""
     by_key = {card_of(row).key: row for row in rows}
 
     def members(row: T) -> list[T]:
@@ -429,8 +431,8 @@ def folded(rows: Sequence[T], card_of: Callable[[T], Any]) -> list[tuple[T, bool
         return [by_key[key] for key in keys if key in by_key]
 
     inside = {id(member) for row in rows for member in members(row)}
-    ordered: list[tuple[T, bool]] = []
+    ordered: list[tuple[T, T | None]] = []
     for row in rows:
         if id(row) not in inside:
-            ordered += [(row, False), *((member, True) for member in members(row))]
+            ordered += [(row, None), *((member, row) for member in members(row))]
     return ordered

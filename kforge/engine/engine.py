@@ -385,7 +385,9 @@ class Engine:
                        if n.status == NodeStatus.EVALUATING]
             for n in pending:
                 detail = await self.store.get_node(n.id)
-                assert detail.candidate is not None
+                with reading(f"search node {n.id}"):
+                    if detail.candidate is None:
+                        raise ValueError("it was being evaluated but holds no kernel")
                 await self._log(f"re-evaluating node {n.id}, in flight when the engine stopped")
                 self._spawn(self._evaluate(search, n.id, detail.candidate))
         await self._requeue_confirming()
@@ -397,7 +399,10 @@ class Engine:
             if not n.confirming or n.card_id not in self.schedule.cards:
                 continue
             detail = await self.store.get_node(n.id)
-            assert detail.candidate is not None and detail.outcome is not None
+            with reading(f"search node {n.id}"):
+                if detail.candidate is None or detail.outcome is None:
+                    raise ValueError("it was being confirmed but holds no kernel or no "
+                                     "evaluation")
             await self._log(f"confirming node {n.id} again, pending when the engine stopped")
             self._waiting.setdefault(n.card_id, {})[n.id] = Provisional(
                 self.schedule.cards[n.card_id], n.id, detail.candidate, detail.outcome,
@@ -463,14 +468,14 @@ class Engine:
             why = self._short_of_baselines(search, outcome)
             if why is None:
                 await self._log(f"node {node_id} would lead {search.card.op} at "
-                                f"{outcome.speedup:.2f}x: confirming it")
+                                f"{outcome.speedup:.2f}x over eager: confirming it")
                 await self._record(search, node_id, outcome, None, confirming=True)
                 self._waiting.setdefault(search.card_id, {})[node_id] = Provisional(
                     search, node_id, candidate, outcome, time.monotonic())
                 self._pump()
                 return
-            await self._log(f"node {node_id} ({outcome.speedup:.2f}x eager) is not confirmed: "
-                            f"{why}")
+            await self._log(f"node {node_id} ({outcome.speedup:.2f}x over eager) is not "
+                            f"confirmed: {why}")
         await self._record(search, node_id, outcome, None)
 
     def _short_of_baselines(self, search: CardSearch, outcome: EvalOutcome) -> str | None:
@@ -551,11 +556,11 @@ class Engine:
         if outcome.ok:
             why = self._short_of_baselines(search, outcome)
             if why is None:
-                await self._log(f"node {node_id} confirmed at {outcome.speedup:.2f}x on new "
-                                f"inputs")
+                await self._log(f"node {node_id} confirmed at {outcome.speedup:.2f}x over eager "
+                                f"on new inputs")
             else:
-                await self._log(f"node {node_id} re-timed at {outcome.speedup:.2f}x: {why}; "
-                                f"kept unconfirmed")
+                await self._log(f"node {node_id} re-timed at {outcome.speedup:.2f}x over eager: "
+                                f"{why}; kept unconfirmed")
             card = await self.store.finish_node(
                 node_id, outcome, _result(node_id, outcome, None, meta).reward,
                 confirmed=why is None)
@@ -599,8 +604,9 @@ class Engine:
 
     async def _still_confirming(self, why: str) -> None:
         for p in sorted(self._unconfirmed(), key=lambda p: p.node_id):
-            await self._log(f"node {p.node_id} ({p.search.card.short_op} at {p.speedup:.2f}x) "
-                            f"is still confirming: {why}; `kforge resume` confirms it",
+            await self._log(f"node {p.node_id} ({p.search.card.short_op} at {p.speedup:.2f}x "
+                            f"over eager) is still confirming: {why}; `kforge resume` confirms "
+                            "it",
                             "warning")
 
     async def _record(self, search: CardSearch, node_id: int, outcome: EvalOutcome | None,

@@ -69,6 +69,16 @@ def db_path(explicit: str | os.PathLike[str] | None = None) -> Path:
     return data_dir() / "kforge.db"
 
 
+def regular_file(path: Path, what: str) -> None:
+    """Refuse what stands at ``path`` but is no regular file, naming ``what``: a folder, or a
+    pipe, socket or device (reading one waits forever or never ends). Nothing there passes."""
+    if path.is_dir():
+        raise KforgeError(f"{path} is a folder, not a {what}")
+    if path.exists() and not path.is_file():
+        raise KforgeError(f"{path} is not a regular file (a pipe, socket or device), not a "
+                          f"{what}")
+
+
 def load_config(path: Path | None = None) -> Settings:
     """The user's config file as the settings tree: an absent file gives every default; a file
     that is not TOML, or names an unknown key or a value out of range, is a KforgeError naming
@@ -94,6 +104,7 @@ def configured_secrets() -> tuple[str, ...]:
 
 def read_toml(path: Path, what: str) -> dict[str, Any]:
     """A TOML file's tables; KforgeError naming ``what`` and the file when it cannot be read."""
+    regular_file(path, what)
     try:
         with path.open("rb") as fh:
             return tomllib.load(fh)

@@ -11,6 +11,7 @@ row of a known kind without a payload key it needs is corrupt and raises ``Event
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -158,13 +159,26 @@ def _card_updated(data: dict[str, Any]) -> CardUpdated:
 
 
 def _figures(data: Any, kind: type = float) -> dict:
-    """A stored mapping of modes to figures (each made a ``kind``); anything else is a corrupt
+    """A stored mapping of modes to figures (each made a ``kind``): times, ratios and spreads
+    above zero (readers divide by them), counts of zero or more; anything else is a corrupt
     payload."""
-    if isinstance(data, dict) and all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                      for v in data.values()):
+    if isinstance(data, dict) and all(_measured(value, kind) for value in data.values()):
         return {str(mode): kind(value) for mode, value in data.items()}
     raise EventFormatError(f"event 'model_measured' holds {data!r} where a mapping of modes to "
                            "figures belongs")
+
+
+def _figure(value: Any) -> float:
+    """A measurement's one figure (its projection), checked as ``_figures`` checks each."""
+    if _measured(value, float):
+        return float(value)
+    raise EventFormatError(f"event 'model_measured' holds {value!r} where a figure belongs")
+
+
+def _measured(value: Any, kind: type) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return False
+    return value >= 0 if kind is int else value > 0
 
 
 _CODECS = (
@@ -226,7 +240,7 @@ _CODECS = (
            lambda e: {"speedups": e.speedups, "gains": e.gains, "projected": e.projected,
                       "times_us": e.times_us, "kernels": e.kernels, "spreads": e.spreads},
            lambda d: ModelMeasured(speedups=_figures(d["speedups"]), gains=_figures(d["gains"]),
-                                   projected=float(d["projected"]),
+                                   projected=_figure(d["projected"]),
                                    times_us=_figures(d.get("times_us", {})),
                                    kernels=_figures(d.get("kernels", {}), int),
                                    spreads=_figures(d.get("spreads", {})))),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -67,6 +68,7 @@ class DamagedRow(KforgeError):
     type (the database was edited by hand, or damaged)."""
 
 
+MAX_ROW_ID = 2**63 - 1  # SQLite's largest integer: no session, node or card has a larger id
 NUMBER = (int, float)
 NOTHING = type(None)
 
@@ -93,6 +95,21 @@ def column(row: Mapping[str, Any], name: str, kinds: type | tuple[type, ...]) ->
     value = row[name]
     if not isinstance(value, kinds):
         raise TypeError(f"{name} holds {_shown(value)}, not {_names(kinds)}")
+    if isinstance(value, float) and not math.isfinite(value):  # kforge stores no infinity
+        raise ValueError(f"{name} holds {value!r}, not a finite number")
+    return value
+
+
+# The latest moment a stored timestamp may name: the end of year 9999, the last a date shows.
+LATEST_TIME = 253_402_300_799.0
+
+
+def time_column(row: Mapping[str, Any], name: str, *, optional: bool = False) -> float | None:
+    """Column ``name`` as a moment (seconds since 1970) a viewer can show as a date or an age;
+    None where ``optional`` and empty."""
+    value = column(row, name, (*NUMBER, NOTHING) if optional else NUMBER)
+    if value is not None and not 0 <= value <= LATEST_TIME:
+        raise ValueError(f"{name} holds {value!r}, not a moment kforge wrote")
     return value
 
 
@@ -189,6 +206,46 @@ class CardRow:
     def id(self) -> int:
         assert self.card.id is not None
         return self.card.id
+
+    @property
+    def eager_source(self) -> str:
+        """Where the card's eager time comes from: ``eval`` once the evaluator has timed eager
+        alone (its device time per call), ``prof`` before (the profile's time per call in the
+        model run: GPU time, or CPU time for a profile on the CPU)."""
+        return "eval" if self.baseline is not None else "prof"
+
+    @property
+    def best_over_compiled(self) -> float | None:
+        """The best kernel's speedup over torch.compile of the op: both device times, as the
+        evaluator timed them (None before it timed the op, or where torch.compile was not
+        timed)."""
+        c = self.card
+        if self.best_speedup is None or self.baseline is None or not c.compiled_us \
+                or not c.eager_us:
+            return None
+        return self.best_speedup * c.compiled_us / c.eager_us
+
+    @property
+    def best_beats(self) -> str | None:
+        """What the card's best kernel is faster than: ``"eager"``, else ``"compile"``
+        (torch.compile alone: the compiled modes may use it), else None. A kernel slower than
+        both is no best (an older database may hold one as its card's best)."""
+        if self.best_node is None:
+            return None
+        if (self.best_speedup or 0.0) > 1.0:
+            return "eager"
+        return "compile" if (self.best_over_compiled or 0.0) > 1.0 else None
+
+    @property
+    def best_kernel(self) -> int | None:
+        """The card's best node where it beats eager or torch.compile; one slower than both is
+        no best."""
+        return self.best_node if self.best_beats else None
+
+    @property
+    def best_over_eager(self) -> float | None:
+        """The best kernel's speedup over eager, where the card has a best (``best_kernel``)."""
+        return self.best_speedup if self.best_kernel is not None else None
 
 
 @dataclass(frozen=True)

@@ -38,13 +38,13 @@ from typing import Any
 
 import aiosqlite
 
-from kforge.core.candidate import Candidate, EvalOutcome, LlmCall
+from kforge.core.candidate import Baseline, Candidate, EvalOutcome, LlmCall
 from kforge.core.mcts import Action
 from kforge.core.opcard import OpCard
 from kforge.core.settings import SessionSettings, redact
 from kforge.errors import KforgeError
 from kforge.store.beside import check_database_files, own_folder
-from kforge.store.config import configured_durability, configured_secrets
+from kforge.store.config import configured_durability, configured_secrets, regular_file
 from kforge.store.events import (
     CardsAdded,
     CardUpdated,
@@ -85,6 +85,7 @@ from kforge.store.records import (
     json_column,
     loads,
     reading,
+    time_column,
 )
 from kforge.store.schema import LATEST, MIGRATIONS
 
@@ -100,6 +101,7 @@ LOCK_BACKOFF_S = (0.05, 1.0)  # first and longest pause between waits for anothe
 # What the SQLite driver raises for a database it cannot use: its own errors, and the
 # UnicodeDecodeError it raises where SQLite's error message (quoting a damaged schema) is not UTF-8.
 DB_ERRORS = (sqlite3.Error, UnicodeDecodeError)
+DATABASE_FILE = "kforge database file"
 _CARD_FIELDS = ("status", "stop_reason", "spent", "best_node", "best_speedup", "eager_us",
                 "compiled_us", "floor_us", "baseline")
 _NODE_COLUMNS = ("id, session_id, card_id, parent_id, action, status, meta, reward, speedup, "
@@ -171,8 +173,8 @@ class Store:
             except OSError as exc:
                 raise KforgeError(f"cannot create the database folder {path.parent}: "
                                   f"{exc.strerror}") from None
-        elif path.is_dir():
-            raise KforgeError(f"{path} is a folder, not a kforge database file")
+        else:  # SQLite fails on a pipe or a device inside aiosqlite's thread (see below)
+            regular_file(path, DATABASE_FILE)
         # Checked here: a connection that fails inside aiosqlite's thread leaves a traceback.
         if path.exists() and not os.access(path, os.R_OK | os.W_OK):
             raise KforgeError(f"cannot open database {path} for writing: no permission (a "
@@ -210,11 +212,10 @@ class Store:
         file is read as immutable (as it stands, with no locking: nobody can write it there)."""
         path = Path(path)
         check_database_files(path)
-        if path.is_dir():
-            raise KforgeError(f"{path} is a folder, not a kforge database file")
         if not path.exists():
             raise KforgeError(f"no kforge database at {path} (profile a model first, "
                               "or point --db / KFORGE_DB at an existing one)")
+        regular_file(path, DATABASE_FILE)
         if not os.access(path, os.R_OK):
             raise KforgeError(f"cannot open database {path}: no permission to read it")
         for mode in ("mode=ro", "mode=ro&immutable=1"):
@@ -729,7 +730,7 @@ class Store:
                                  "reply, error, created_at FROM llm_calls WHERE node_id = ? "
                                  "ORDER BY id", (node_id,))
         return NodeDetail(row=row, candidate=candidate, outcome=outcome,
-                          llm_calls=[dict(c) for c in calls])
+                          llm_calls=[_llm_call(c, node_id) for c in calls])
 
     async def _node_owner(self, db: aiosqlite.Connection, node_id: int) -> aiosqlite.Row:
         row = await (await db.execute("SELECT session_id, card_id FROM nodes WHERE id = ?",
@@ -928,11 +929,11 @@ def _session(r: aiosqlite.Row) -> Session:
         SessionSettings.from_stored(settings)  # its tables are tables (bad values are dropped)
         session = Session(id=r["id"], model=column(r, "model", str), gpu=gpu, settings=settings,
                        status=column(r, "status", str), error=column(r, "error", str),
-                       created_at=column(r, "created_at", NUMBER),
-                       updated_at=column(r, "updated_at", NUMBER),
+                       created_at=time_column(r, "created_at"),
+                       updated_at=time_column(r, "updated_at"),
                        engine_pid=column(r, "engine_pid", (int, NOTHING)),
                        engine_host=column(r, "engine_host", (str, NOTHING)),
-                       heartbeat_at=column(r, "heartbeat_at", (*NUMBER, NOTHING)),
+                       heartbeat_at=time_column(r, "heartbeat_at", optional=True),
                        usd_spent=column(r, "usd_spent", NUMBER),
                        run_seconds=column(r, "run_seconds", NUMBER))
         session.gpu_info  # noqa: B018  (what readers make of the fingerprint)
@@ -945,7 +946,7 @@ def _summary(r: aiosqlite.Row) -> SessionSummary:
         return SessionSummary(session=session, cards=r["n_cards"], targets=r["n_targets"],
                               nodes=r["n_nodes"], improved=r["n_improved"],
                               best_speedup=column(r, "top_speedup", (*NUMBER, NOTHING)),
-                              last_activity=column(r, "last_activity", NUMBER))
+                              last_activity=time_column(r, "last_activity"))
 
 
 def _card(r: aiosqlite.Row) -> CardRow:
@@ -961,18 +962,20 @@ def _card(r: aiosqlite.Row) -> CardRow:
                       ranges=json_column(r, "ranges", (dict, NOTHING)))
         # what every reader shows of a card: one that cannot be shown is damaged
         card.signature, card.short_op, card.range_text  # noqa: B018
+        baseline = json_column(r, "baseline", (dict, NOTHING))
+        if baseline is not None:
+            Baseline.from_dict(baseline)  # what a search compares with: one it cannot read
         return CardRow(card=card, status=column(r, "status", str),
                        stop_reason=column(r, "stop_reason", str), spent=column(r, "spent", int),
                        best_node=column(r, "best_node", (int, NOTHING)),
                        best_speedup=column(r, "best_speedup", (*NUMBER, NOTHING)),
-                       modules=json_column(r, "modules", list, []),
-                       baseline=json_column(r, "baseline", (dict, NOTHING)))
+                       modules=json_column(r, "modules", list, []), baseline=baseline)
 
 
 def _event(r: aiosqlite.Row) -> Event:
     with reading(f"event {r['seq']}"):
         return Event(seq=r["seq"], session_id=column(r, "session_id", (int, NOTHING)),
-                     at=column(r, "at", NUMBER),
+                     at=time_column(r, "at"),
                      record=from_row(column(r, "kind", str), json_column(r, "data", dict, {})))
 
 
@@ -989,13 +992,23 @@ def _node(r: aiosqlite.Row) -> NodeRow:
                        median_us=column(r, "median_us", (*NUMBER, NOTHING)),
                        repairable=bool(column(r, "repairable", int)),
                        pruned=bool(column(r, "pruned", int)), summary=column(r, "summary", str),
-                       usd=column(r, "usd", NUMBER), created_at=column(r, "created_at", NUMBER),
-                       finished_at=column(r, "finished_at", (*NUMBER, NOTHING)),
+                       usd=column(r, "usd", NUMBER), created_at=time_column(r, "created_at"),
+                       finished_at=time_column(r, "finished_at", optional=True),
                        confirmed=bool(column(r, "confirmed", int)))
+
+
+def _llm_call(r: aiosqlite.Row, node_id: int) -> dict[str, Any]:
+    """One of a node's language-model calls, as its viewers show it."""
+    with reading(f"a language-model call of search node {node_id}"):
+        return {"model": column(r, "model", str), "input_tokens": column(r, "input_tokens", int),
+                "output_tokens": column(r, "output_tokens", int), "usd": column(r, "usd", NUMBER),
+                "seconds": column(r, "seconds", NUMBER), "prompt": column(r, "prompt", str),
+                "reply": column(r, "reply", str), "error": column(r, "error", str),
+                "created_at": time_column(r, "created_at")}
 
 
 def _command(r: aiosqlite.Row) -> Command:
     with reading(f"command {r['id']}"):
         return Command(id=r["id"], session_id=r["session_id"], kind=column(r, "kind", str),
-                       arg=loads(r["arg"]), created_at=column(r, "created_at", NUMBER),
-                       done_at=column(r, "done_at", (*NUMBER, NOTHING)), result=r["result"])
+                       arg=loads(r["arg"]), created_at=time_column(r, "created_at"),
+                       done_at=time_column(r, "done_at", optional=True), result=r["result"])

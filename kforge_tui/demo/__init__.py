@@ -8,7 +8,7 @@ import asyncio
 import stat
 from pathlib import Path
 
-from kforge.core.candidate import Candidate, EvalOutcome, EvalStatus, LlmCall, Timing
+from kforge.core.candidate import Baseline, Candidate, EvalOutcome, EvalStatus, LlmCall, Timing
 from kforge.core.opcard import OpCard
 from kforge.store import SessionStatus, Store
 from kforge_tui.demo import recording
@@ -41,9 +41,12 @@ async def replay(db: Path) -> int:
                                                       recording.GPU, cards)
         rows = await store.list_cards(session)
         for row, card in zip(rows, recording.CARDS, strict=True):
-            if card.target:
+            if card.target:  # the evaluator's baseline, as the engine stores it
+                baseline = Baseline(eager=timing(card.eager_us),
+                                    compiled=timing(card.compiled_us), floor_us=card.floor_us)
                 await store.update_card(row.id, eager_us=card.eager_us,
-                                        compiled_us=card.compiled_us, floor_us=card.floor_us)
+                                        compiled_us=card.compiled_us, floor_us=card.floor_us,
+                                        baseline=baseline.to_dict())
         nodes: list[int] = []
         best: dict[int, float] = {}  # per card, the fastest kernel confirmed so far
         for step in recording.STEPS:
@@ -83,7 +86,8 @@ def verdict(step: recording.Step, card: recording.Card) -> EvalOutcome:
                            correctness={"error": step.log} if step.status == "mismatch" else {},
                            wall_s=1.4)
     us = card.eager_us / step.speedup
-    return EvalOutcome(EvalStatus.OK, summary=f"{step.speedup:.2f}x", timing=timing(us),
+    summary = f"{step.speedup:.2f}x eager (device {us:.1f} us vs {card.eager_us:.1f} us)"
+    return EvalOutcome(EvalStatus.OK, summary=summary, timing=timing(us),
                        eager=timing(card.eager_us), speedup=step.speedup,
                        correctness=step.correctness, floor_fraction=card.floor_us / us,
                        wall_s=2.3, extra={"host_us": 6.1, "eager_host_us": 5.4})

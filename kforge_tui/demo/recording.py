@@ -203,11 +203,11 @@ CARD_ENDS = ((0, "done", "patience"), (1, "done", "budget"), (2, "stopped", "by 
 LOG = (
     ("info", "profiled gemma4-tiny (bf16, batch 8, 512 tokens): 5 op variants, 4 targets"),
     ("info", "searching 4 ops with proposer llm (demo-coder), 8 iterations per op"),
-    ("info", "_softmax: new best 1.21x (node 1)"),
+    ("info", "_softmax: new best 1.21x over eager (node 1)"),
     ("warning", "_softmax: node 4 failed to compile; asking for a repair"),
-    ("info", "_softmax: new best 1.58x (node 2)"),
-    ("info", "_softmax: new best 1.74x (node 3), confirmed on new inputs"),
+    ("info", "_softmax: new best 1.58x over eager (node 2)"),
+    ("info", "_softmax: new best 1.74x over eager (node 3), confirmed on new inputs"),
     ("info", "_softmax: no better kernel in 4 iterations (patience)"),
-    ("info", "mul: new best 1.37x (node 9)"),
+    ("info", "mul: new best 1.37x over eager (node 9)"),
     ("info", "stopped by the user after 12m 34s; resume with `kforge resume 1`"),
 )

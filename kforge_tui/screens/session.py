@@ -23,7 +23,7 @@ from kforge.store.records import CardRow, NodeDetail
 from kforge_tui.commands import PaletteCommand
 from kforge_tui.diffing import candidate_diff
 from kforge_tui.follow import follow_session, log_line, poll_wait
-from kforge_tui.format import best_kernel, focus_of, no_best_text
+from kforge_tui.format import focus_of, no_best_text
 from kforge_tui.header import session_header
 from kforge_tui.messages import (
     ErrorRaised,
@@ -146,6 +146,8 @@ class SessionScreen(Backdrop):
                                  lambda: poll_wait(self, self.app.poll_s))
         except KforgeError as exc:
             self.post_message(ErrorRaised(str(exc)))
+            if self.state is None:  # nothing of it to show (no such session): back to the list
+                self.app.pop_screen()
 
     @on(SessionSnapshot)
     def attach(self, message: SessionSnapshot) -> None:
@@ -157,7 +159,7 @@ class SessionScreen(Backdrop):
         focus = focus_of(message.state.session)
         first = next((c for c in cards if c.id == focus), cards[0] if cards else None)
         if first is not None:
-            table.select_key(str(first.id))
+            table.select_card(first.id)
             self.show_card(first)
 
     @on(SessionChanged)
@@ -226,7 +228,7 @@ class SessionScreen(Backdrop):
     @on(DataTable.RowHighlighted, "#ops")
     def op_highlighted(self, event: DataTable.RowHighlighted) -> None:
         if event.row_key.value is not None:
-            card = self.card(int(event.row_key.value))
+            card = self.card(OpTable.card_id(event.row_key.value))
             tree = self.query_one(SearchTree)
             if card is not None and (tree.card is None or tree.card.id != card.id):
                 self.show_card(card)
@@ -319,10 +321,9 @@ class SessionScreen(Backdrop):
                          lambda: self.command(CommandKind.STOP))
 
     def action_focus_op(self) -> None:
-        key = self.query_one(OpTable).selected_key
-        if key is None or self.state is None:
+        card_id = self.query_one(OpTable).selected_card
+        if card_id is None or self.state is None:
             return
-        card_id = int(key)
         self.command(CommandKind.FOCUS,
                      None if focus_of(self.state.session) == card_id else card_id)
 
@@ -355,7 +356,7 @@ class SessionScreen(Backdrop):
     def action_best(self) -> None:
         tree = self.query_one(SearchTree)
         card = tree.card
-        best = best_kernel(card) if card is not None else None
+        best = card.best_kernel if card is not None else None
         if best is None:
             self.app.report(no_best_text(card) if card is not None else "no op selected")
             return

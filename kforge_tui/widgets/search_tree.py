@@ -20,12 +20,9 @@ from textual.widgets.tree import TreeNode
 from kforge.store.records import CardRow
 from kforge_tui.format import (
     ICON_BEST,
-    best_beats,
-    best_kernel,
     card_root_label,
     fmt_speedup,
     node_label,
-    over_compiled,
 )
 from kforge_tui.search_model import NodeFilter, NodeInfo, SearchModel
 from kforge_tui.widgets.scrolling import SteadyScrollbars
@@ -96,9 +93,9 @@ class SearchTree(SteadyScrollbars, Tree[NodeInfo | None]):
     def update_card(self, card: CardRow) -> None:
         """The shown card as it is now: where its best kernel moved (or a best so far became one,
         beating eager or torch.compile), the lines that lose and gain ``★best`` repaint."""
-        before = best_kernel(self.card) if self.card is not None else None
+        before = self.card.best_kernel if self.card is not None else None
         self.card = card
-        after = best_kernel(card)
+        after = card.best_kernel
         if before != after:
             for node_id in (before, after):
                 line = self._lines.get(node_id) if node_id is not None else None
@@ -246,7 +243,7 @@ class SearchTree(SteadyScrollbars, Tree[NodeInfo | None]):
         pruned = self.model.pruned(info.id)
         label = node_label(info.row, info.visits, info.best, pruned)
         prefix = ("▼ " if node.is_expanded else "▶ ") if node.allow_expand else "  "
-        best = self.card is not None and best_kernel(self.card) == info.id
+        best = self.card is not None and self.card.best_kernel == info.id
         tone = self.part_style(f"search-tree--{label.tone}")
         text = style
         if pruned:
@@ -256,8 +253,8 @@ class SearchTree(SteadyScrollbars, Tree[NodeInfo | None]):
                  (label.figures, self.part_style("search-tree--figures"))]
         if best:
             parts.append((f" {ICON_BEST}best", self.part_style("search-tree--best")))
-            if best_beats(self.card) == "compile":  # slower than eager, faster than compile
-                parts.append((f": {fmt_speedup(over_compiled(self.card))} over compile",
+            if self.card.best_beats == "compile":  # slower than eager, faster than compile
+                parts.append((f": {fmt_speedup(self.card.best_over_compiled)} over compile",
                               self.part_style("search-tree--figures")))
         return Text.assemble(*parts)
 

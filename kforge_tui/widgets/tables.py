@@ -18,16 +18,16 @@ from textual.geometry import Region
 from textual.widgets import DataTable
 from textual.widgets.data_table import RowDoesNotExist
 
+from kforge.core.opcard import OpCard
+from kforge.core.ranges import Ranges
 from kforge.core.region import folded
 from kforge.store import CardStatus
 from kforge.store.records import CardRow
 from kforge_tui.format import (
     CONFIRMING,
     best_cell,
-    best_kernel,
     card_status,
     dtype_of,
-    eager_source,
     fmt_us,
     literal,
     shapes_of,
@@ -144,8 +144,7 @@ class SortKey:
 
     def value(self, row: CardRow):
         c = row.card
-        best = row.best_speedup if best_kernel(row) is not None else None
-        return {"share": c.share, "best": best or 0.0, "eager": c.eager_us or 0.0,
+        return {"share": c.share, "best": row.best_over_eager or 0.0, "eager": c.eager_us or 0.0,
                 "calls": c.calls, "op": c.short_op, "status": row.status}[self.label]
 
 
@@ -227,8 +226,32 @@ class OpTable(VimTable):
     def visible_cards(self) -> list[CardRow]:
         return [row for row, _ in self._visible()]
 
-    def _visible(self) -> list[tuple[CardRow, bool]]:
-        """The rows shown, in order, each with whether it is an op card inside the fusion region
+    @staticmethod
+    def row_key(row: CardRow, region: CardRow | None) -> str:
+        """A row's key: its card's id, and for an op card inside a fusion region the region's id
+        before it (several regions may call the same op card, each listing it)."""
+        return str(row.id) if region is None else f"{region.id}/{row.id}"
+
+    @staticmethod
+    def card_id(key: str) -> int:
+        """The id of the card a row key shows."""
+        return int(key.rsplit("/", 1)[-1])
+
+    @property
+    def selected_card(self) -> int | None:
+        key = self.selected_key
+        return self.card_id(key) if key is not None else None
+
+    def select_card(self, card_id: int) -> None:
+        """Put the cursor on the card's first row."""
+        key = next((row.key.value for row in self.ordered_rows
+                    if row.key.value is not None and self.card_id(row.key.value) == card_id),
+                   None)
+        if key is not None:
+            self.select_key(key)
+
+    def _visible(self) -> list[tuple[CardRow, CardRow | None]]:
+        """The rows shown, in order, each with the fusion region it is an op card of, if any
         above it (folded under it, whatever the sort)."""
         rows = [c for c in self._cards
                 if not self.name_filter or self.name_filter in c.card.op.lower()]
@@ -241,7 +264,7 @@ class OpTable(VimTable):
 
     def _fill(self) -> None:
         rows = self._visible()
-        sources = {eager_source(row) for row, _ in rows if row.card.eager_us is not None}
+        sources = {row.eager_source for row, _ in rows if row.card.eager_us is not None}
         self._mixed = len(sources) > 1
         label = "eager" if len(sources) != 1 else f"eager {next(iter(sources))}"
         widths = self._widths(rows, label)
@@ -250,8 +273,8 @@ class OpTable(VimTable):
         relabelled = self._label_eager(label)
         narrower = relabelled or any(self.columns[name].content_width > width
                                      for name, width in widths.items() if name in self.columns)
-        self.show_rows([(str(row.id), self._cells(row, widths, inside)) for row, inside in rows],
-                       narrower)
+        self.show_rows([(self.row_key(row, region), self._cells(row, widths, region is not None))
+                        for row, region in rows], narrower)
 
     def _label_eager(self, label: str) -> bool:
         """Head the eager column with its figures' source; whether the heading changed."""
@@ -280,7 +303,7 @@ class OpTable(VimTable):
         """Each column's width for these rows: whole cells where they fit, else narrowed in the
         order the class's comment gives, each as far as the others still need."""
         cards = [row for row, _ in rows]
-        whole = [self._cells(row, {}, inside) for row, inside in rows]
+        whole = [self._cells(row, {}, region is not None) for row, region in rows]
         heads = {name: len(self.HEADINGS.get(name, name)) for name in self.COLUMNS}
         heads["eager"] = len(eager_label)
         needs = {name: max([heads[name], *(cell_len(cells[i].plain) for cells in whole)])
@@ -309,10 +332,10 @@ class OpTable(VimTable):
         whole = fmt_us(us)
         if not self._mixed or us is None:
             return whole
-        whole += f" {eager_source(row)}"
+        whole += f" {row.eager_source}"
         if width is None or len(whole) <= width:
             return whole
-        return f"{us:.1f} {eager_source(row)}" if us < 1000 else f"{us:.0f} {eager_source(row)}"
+        return f"{us:.1f} {row.eager_source}" if us < 1000 else f"{us:.0f} {row.eager_source}"
 
     def _cells(self, row: CardRow, widths: Mapping[str, int],
                in_region: bool = False) -> tuple[Text, ...]:
@@ -321,8 +344,8 @@ class OpTable(VimTable):
         c = row.card
         style = "" if c.target and not in_region else "italic"  # dim text would not read
         op_width = min(widths.get("op", self.OP_WIDTH), self.OP_WIDTH)
-        suffix = f" {c.range_text}" if c.ranges else ""  # a range card's range stays whole
         mark = "└ " if in_region else ""
+        suffix = range_suffix(c, op_width - len(mark))
         op = mark + clip(c.short_op, max(op_width - len(suffix) - len(mark), 2)) + suffix
         share_width = widths.get("share", self.BAR_WIDTH + self.PERCENT_WIDTH)
         bar = min(share_width - self.PERCENT_WIDTH, self.BAR_WIDTH)
@@ -340,6 +363,18 @@ class OpTable(VimTable):
                  clip(shapes, widths.get("shapes", len(shapes))))
         return tuple(literal(cell, style=style, no_wrap=True, overflow="ellipsis")
                      for cell in cells)
+
+
+def range_suffix(card: OpCard, room: int) -> str:
+    """What follows a range card's op name in ``room`` cells: its whole range (`` L=1..4095``)
+    where two cells of the name still fit beside it, else its symbols alone (`` L…``; the search
+    tree's root line shows the whole range). Nothing for an exact card."""
+    if card.ranges is None:
+        return ""
+    whole = f" {card.range_text}"
+    if room - len(whole) >= 2:
+        return whole
+    return " " + ",".join(symbol.name for symbol in Ranges.from_dict(card.ranges).symbols) + "…"
 
 
 def percent_text(share: float) -> str:

@@ -107,6 +107,10 @@ def build():
     (["resume", "1", "--proposer", EVALUATOR,
       "--evaluator", EVALUATOR], "which is no proposer"),
     (["profile", "no-such-model", "--device", "cpu"], "no-such-model"),
+    # an option only by its whole name: --jso would answer in JSON without saying so on failure
+    (["profile", "no-such-model", "--jso"], "profile: unrecognized arguments: --jso (see "
+                                            "`kforge profile --help`)"),
+    (["search", "--ses", "1"], "search: unrecognized arguments: --ses"),
 ])
 def test_bad_command_lines(db: Path, capsys, argv, said):
     code, out, err = run(capsys, *argv, "--db", str(db))
@@ -120,6 +124,35 @@ def test_over_long_database_paths(tmp_path: Path, capsys, where):
     for argv in (["sessions"], ["show", "1"], ["profile", "nothing", "--device", "cpu"]):
         line = assert_one_line(*run(capsys, *argv, "--db", str(path))[::2])
         assert len(line) < 400
+
+
+@pytest.mark.parametrize("source, said", [
+    (os.devnull, "is not a regular file (a pipe, socket or device), not a CUDA source file"),
+    ("long.cu", "holds more than 1048576 characters: too long to be a CUDA source"),
+])
+def test_a_kernel_source_that_is_a_device_or_too_long_is_one_line(db: Path, tmp_path: Path,
+                                                                   capsys, source, said):
+    """A device as --source (/dev/zero) was read to its end that never comes."""
+    (tmp_path / "long.cu").write_text("//" * (1 << 20))
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"outputs": [{"name": "out", "like": "self"}], "launches": []}))
+    code, out, err = run(capsys, "add-kernel", "1", "--card", "1", "--source",
+                         str(tmp_path / source), "--plan", str(plan), "--db", str(db))
+    assert said in assert_one_line(code, err)
+
+
+@pytest.mark.parametrize("command", [["sessions"], ["show", "1"], ["stop", "1"]])
+def test_a_database_path_that_is_a_pipe_or_a_device_is_one_line(tmp_path: Path, command):
+    """SQLite fails on a pipe or a device inside aiosqlite's thread, which then answered the
+    closed event loop with a traceback: such a path is refused before."""
+    fifo = tmp_path / "k.db"
+    os.mkfifo(fifo)
+    for path in (fifo, Path(os.devnull)):
+        proc = kforge_process("-m", "kforge", *command, "--db", str(path))
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 1 and err == (f"kforge: {path} is not a regular file (a pipe, "
+                                                "socket or device), not a kforge database "
+                                                "file\n"), err
 
 
 def test_a_model_whose_to_raises_type_error(tmp_path: Path, capsys):
@@ -202,16 +235,34 @@ def test_a_search_tree_that_does_not_link_up_stops_a_resume_in_one_line(db: Path
            "does not exist)" in assert_one_line(code, err)
 
 
+@pytest.mark.parametrize("status", ["evaluating", "confirming"])
+def test_a_node_in_flight_without_its_kernel_stops_a_resume_in_one_line(db: Path, capsys,
+                                                                        status: str):
+    """A resume evaluates or confirms again the nodes a stop left in flight: one whose kernel is
+    gone is a damaged row, named."""
+    with sqlite3.connect(db) as raw:
+        raw.execute("UPDATE nodes SET status = ?, source = NULL WHERE id = 1", (status,))
+    code, out, err = run(capsys, "resume", "1", "--proposer", PROPOSER, "--evaluator", EVALUATOR,
+                         "--quiet", "--db", str(db))
+    line = assert_one_line(code, err)
+    assert "kforge: search node 1 in the database cannot be read (it was being" in line \
+        and "holds no kernel" in line
+
+
 @pytest.mark.parametrize("content, said", [
     (b"\xff\xfe[search]\n", "is not UTF-8 text"),
     (b"[search\n", "is not valid TOML"),
     (b"x = " + b"[" * 50_000 + b"]" * 50_000 + b"\n", "nests its arrays or tables too deeply"),
-    (None, "cannot read config file"),  # a folder where the file should be
+    ("folder", "is a folder, not a config file"),
+    # reading one would wait for a writer forever
+    ("pipe", "is not a regular file (a pipe, socket or device), not a config file"),
 ])
 def test_unreadable_config_files(db: Path, _isolated_kforge_dirs: Path, capsys, content, said):
     config = _isolated_kforge_dirs / "config.toml"
-    if content is None:
+    if content == "folder":
         config.mkdir()
+    elif content == "pipe":
+        os.mkfifo(config)
     else:
         config.write_bytes(content)
     line = assert_one_line(*run(capsys, "resume", "1", "--db", str(db))[::2])
@@ -221,6 +272,11 @@ def test_unreadable_config_files(db: Path, _isolated_kforge_dirs: Path, capsys, 
 # An outcome that decodes, with a figure a viewer shows that is not a number.
 SHOWN_BADLY = json.dumps({"status": "ok", "timing": timing(30.0).__dict__,
                           "extra": {"host_us": "fast", "eager_host_us": 5.0}})
+NOT_A_SPEEDUP = json.dumps({"status": "ok", "timing": timing(30.0).__dict__, "speedup": "fast"})
+INFINITE_TIME = json.dumps({"status": "ok", "timing": {**timing(30.0).__dict__,
+                                                       "median_us": float("inf")}})
+NO_TIME = json.dumps({"speedups": {"eager": 1.0}, "gains": {}, "projected": 1.1,
+                      "times_us": {"eager": 30.0, "eager+kforge": 0.0}})
 DAMAGE = [  # (table, column, value stored, where the row is read, what the error names)
     ("sessions", "gpu", "{not json", ["sessions"], "session 1 "),
     ("sessions", "gpu", "[1, 2]", ["show", "1"], "session 1 "),
@@ -233,6 +289,15 @@ DAMAGE = [  # (table, column, value stored, where the row is read, what the erro
     ("op_cards", "region", '"a region"', ["show", "1"], "op card 1 "),
     ("op_cards", "best_speedup", "fast", ["sessions"], "the op cards of session 1 "),
     ("op_cards", "calls", 2.5, ["show", "1"], "op card 1 "),
+    ("op_cards", "baseline", '{"eager": {}}', ["show", "1"], "op card 1 "),
+    ("op_cards", "share", float("inf"), ["resume", "1", "--proposer", PROPOSER, "--evaluator",
+                                         EVALUATOR, "--quiet"], "op card 1 "),
+    ("sessions", "usd_spent", float("-inf"), ["sessions"], "session 1 "),
+    ("nodes", "created_at", 2**63 - 1, ["show", "1", "--node", "1"], "search node 1 "),
+    ("sessions", "heartbeat_at", -5.0, ["sessions"], "session 1 "),
+    ("op_cards", "baseline", '{"eager": {}}', ["resume", "1", "--proposer", PROPOSER,
+                                              "--evaluator", EVALUATOR, "--quiet"],
+     "op card 1 "),
     ("nodes", "meta", "{", ["show", "1", "--node", "1"], "search node 1 "),
     ("nodes", "speedup", "x", ["show", "1", "--node", "1"], "search node 1 "),
     ("evaluations", "outcome", '{"status": "nonsense"}', ["show", "1", "--node", "1"],
@@ -245,6 +310,11 @@ DAMAGE = [  # (table, column, value stored, where the row is read, what the erro
     ("nodes", "parent_id", 999, ["show", "1", "--node", "1"], "search node 1 "),
     ("evaluations", "outcome", SHOWN_BADLY, ["show", "1", "--node", "1"], "search node 1 "),
     ("evaluations", "outcome", SHOWN_BADLY, ["show", "1"], "the evaluation of search node 1 "),
+    # figures the decisions and the headline compute with: no text, no infinity, no zero time
+    ("evaluations", "outcome", NOT_A_SPEEDUP, ["apply", "1"], "the evaluation of search node 1 "),
+    ("evaluations", "outcome", INFINITE_TIME, ["show", "1", "--node", "1"],
+     "the evaluation of search node 1 "),
+    ("events", "data", NO_TIME, ["show", "1"], "event "),
 ]
 
 

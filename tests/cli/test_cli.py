@@ -94,7 +94,7 @@ def test_show_says_which_would_be_best_is_still_confirming(tmp_path: Path, capsy
     card_id, node = asyncio.run(go())
     assert main(["show", str(sid), "--db", str(db)]) == 0
     shown = capsys.readouterr().out
-    assert f"confirming node {node} (2.00x)" in shown
+    assert f"confirming node {node} (2.00x over eager)" in shown
     assert main(["show", str(sid), "--node", str(node), "--db", str(db)]) == 0
     assert "confirming: a would-be best" in capsys.readouterr().out
 
@@ -304,6 +304,8 @@ def test_profile_json_names_the_new_session_and_its_cards(tmp_path: Path, capsys
     assert answer["model"].endswith("capture_toy.py:build")
     assert answer["cards"] >= answer["targets"] >= 1 and answer["samples"] >= 1
     assert "stored as session 1" in captured.err
+    # the table's times are the profile's, not the evaluator's eager device time
+    assert "profile us" in captured.err and "eager us" not in captured.err
 
 
 def test_a_failing_json_command_prints_one_object_naming_the_error(tmp_path: Path):

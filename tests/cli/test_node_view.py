@@ -56,7 +56,7 @@ def test_a_node_shows_how_it_was_made_its_outcome_code_and_every_call(tmp_path: 
     assert f"node {node}  session {sid}" in shown and "_softmax" in shown
     assert "proposer  llm (kernel-writer-1)" in shown
     assert "action    refine: a rewrite of a working parent" in shown
-    assert f"parent    node {parent} (new, 1.40x): one block per row" in shown
+    assert f"parent    node {parent} (new, 1.40x over eager): one block per row" in shown
     assert "status    compile_error" in shown and "error: expected a ';'" in shown
     assert "1 | " + SOURCE in shown  # the source line the compiler log points at
     assert SOURCE in shown and '"kernel": "k"' in shown  # the kernel and its launch plan
@@ -78,6 +78,9 @@ def test_a_working_node_shows_its_timings_and_profile(tmp_path: Path, capsys):
     assert "speedup   1.40x" in shown and "ptxas: k 32 registers/thread" in shown
     assert f"children  {node} (refine, compile_error)" in shown
     assert "none (the kernel library" in shown
+    # the card's eager time names its source: the profile's, the evaluator never timed it alone
+    assert (f"  eager     profile 50.0 us per call, torch.compile device -, physical floor -; "
+            f"the card's best 1.40x over eager (node {parent})") in shown
 
 
 def test_no_prompt_leaves_the_prompts_and_replies_out(tmp_path: Path, capsys):

@@ -5,6 +5,7 @@ confirms what was pending; the search's end waits for confirmations within its t
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from dataclasses import replace
 
@@ -118,6 +119,9 @@ async def test_the_slot_is_released_while_a_would_be_best_is_confirmed(store: St
                for s in (1.2, 1.3, 1.1))
     detail = await store.get_node(nodes[1.5].id)
     assert set(detail.outcome.extra["confirmation"]) == {"waited_s", "ran_s", "at"}
+    said = await logs(store, sid)  # every speedup the log gives says it is over eager
+    assert f"node {nodes[1.5].id} confirmed at 1.50x over eager on new inputs" in said
+    assert all("x over eager" in m for m in said if re.search(r"\d\.\d\dx", m)), said
 
 
 async def test_a_faster_would_be_best_supersedes_the_one_being_confirmed(store: Store):
@@ -216,8 +220,8 @@ async def test_the_search_ends_at_its_time_budget_saying_what_is_still_confirmin
     assert status == SessionStatus.DONE and time.monotonic() - started < 5
     nodes = await by_speed(store, sid)
     assert nodes[1.5].status == NodeStatus.CONFIRMING
-    assert any(f"node {nodes[1.5].id} (_softmax at 1.50x) is still confirming: time budget"
-               in m for m in await logs(store, sid))
+    assert any(f"node {nodes[1.5].id} (_softmax at 1.50x over eager) is still confirming: "
+               "time budget" in m for m in await logs(store, sid))
 
 
 async def test_only_kernels_faster_than_a_baseline_beyond_noise_are_confirmed(store: Store):

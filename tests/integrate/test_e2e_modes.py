@@ -153,10 +153,12 @@ def test_the_printed_table_ends_with_projected_and_measured(result, capsys):
         assert header in printed
     assert "note: eager + kforge: #4 gelu(...): kept on eager, the model is slower with it" in (
         printed)
+    assert ("kforge's best mode: e2e graphs+kforge 0.88x vs reduce-overhead: best without "
+            "kforge is faster") in printed
     assert printed.strip().splitlines()[-1] == (
-        "speedup from kforge's kernels: projected 1.31x (device time; error +5% vs eager's "
-        "1.25x, +5% vs CUDA graphs's 1.25x, +46% vs compile's 0.90x) from the op cards; measured "
-        "(whole forward, device time) eager 1.25x, CUDA graphs 1.25x, compile 0.90x")
+        "speedup from kforge's kernels: projected 1.31x over eager (device time; error +5% vs "
+        "eager's 1.25x, +5% vs CUDA graphs's 1.25x, +46% vs compile's 0.90x) from the op cards; "
+        "measured (whole forward, device time) eager 1.25x, CUDA graphs 1.25x, compile 0.90x")
     assert e2e_summary(result).startswith("e2e: eager 2.00 ms, eager + kforge 1.60 ms, ")
     assert e2e_summary(result).endswith("kforge measured eager 1.25x, CUDA graphs 1.25x, compile "
                                         "0.90x, projected 1.310x; 2 kernel calls per eager "

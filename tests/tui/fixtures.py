@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from unittest import mock
 
-from kforge.core.candidate import Candidate, EvalOutcome, EvalStatus, LlmCall, Timing
+from kforge.core.candidate import Baseline, Candidate, EvalOutcome, EvalStatus, LlmCall, Timing
 from kforge.store import SessionStatus, Store
 from tests.doubles import sample_cards
 
@@ -35,6 +35,12 @@ LAUNCHER = """def launch(kernel, x, dim, half_to_float):
 
 def timing(us: float) -> Timing:
     return Timing(median_us=us, p10_us=us * 0.98, p90_us=us * 1.02, reps=50)
+
+
+def baseline(eager_us: float, compiled_us: float | None = None) -> dict:
+    """A card's baseline as the evaluator stores it: eager (and torch.compile) timed alone."""
+    compiled = timing(compiled_us) if compiled_us is not None else None
+    return Baseline(eager=timing(eager_us), compiled=compiled).to_dict()
 
 
 @contextmanager

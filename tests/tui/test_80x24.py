@@ -11,16 +11,18 @@ from textual.widgets._footer import FooterKey
 
 from kforge.core.candidate import EvalOutcome, EvalStatus
 from kforge.core.opcard import OpCard
+from kforge.core.ranges import Law, Ranges, Symbol, range_card
 from kforge.errors import KforgeError
 from kforge.store import CardStatus, Store
 from kforge_tui.screens import new_session
 from kforge_tui.screens.help import Help
 from kforge_tui.screens.session import SessionScreen
+from kforge_tui.widgets.search_tree import SearchTree
 from kforge_tui.widgets.tables import OpTable
 from kforge_tui.widgets.wrapping_log import WrappingLog
 from tests.doubles import tensor
 from tests.tui.conftest import make_app, until
-from tests.tui.fixtures import GPU, timing
+from tests.tui.fixtures import GPU, baseline, timing
 from tests.tui.test_defects import (
     notices,
     on_screen,
@@ -104,7 +106,7 @@ async def mid_search(db: Path) -> int:
         rows = await store.list_cards(sid)
         for row in rows[:3]:
             await store.update_card(row.id, eager_us=254.9, compiled_us=300.0,
-                                    baseline={"eager": {}})
+                                    baseline=baseline(254.9, 300.0))
         for row in rows[3:]:  # the profile's GPU time per call
             await store.update_card(row.id, eager_us=row.card.total_us / row.card.calls)
         node = await store.add_node(sid, rows[0].id, None, "new")
@@ -134,6 +136,42 @@ async def test_mid_search_every_column_keeps_its_meaning_at_80x24(tmp_path: Path
         assert "1.27x" not in shown  # and counts for nothing until confirmed
         names = [row.split("│")[1].split()[0] for row in rows]
         assert all(len(name) >= 8 for name in names if name.endswith("…")), names
+
+
+def ranged(card: OpCard) -> OpCard:
+    """``card`` as a range card over the sequence length (its first argument's dimension 1)."""
+    return range_card(card, Ranges((Symbol("L", 1, 131071, 2048),),
+                                   (Law(("args", 0, "shape", 1), "L", 1, 0),)))
+
+
+async def test_a_session_profiled_at_several_lengths_keeps_every_column_at_80x24(
+        tmp_path: Path):
+    """Range cards' ops carry their range: where it does not fit beside the name the op shows
+    its symbol (``mm L…``) and the search tree's root the whole range; no column scrolls off."""
+    db = tmp_path / "k.db"
+    cards = llama_cards()
+    cards[4:7] = [ranged(card) for card in cards[4:7]]  # _to_copy, silu, mul follow L
+    async with await Store.open(db) as store:
+        sid = await store.create_profiled_session("meta-llama/Llama-3.1-8B-Instruct", {}, GPU,
+                                                  cards)
+    app = make_app(db, session=sid)
+    async with app.run_test(size=SIZE) as pilot:
+        table = await open_session(pilot, len(cards))
+        lines = screen_lines(app)
+        header = lines[table.region.y]
+        for name in OpTable.COLUMNS:
+            assert table.heading(name) in header, name
+        assert table.max_scroll_x == 0
+        rows = "\n".join(lines[table.region.y + 1:table.region.y + 1 + len(cards)])
+        assert " L…" in rows or "L=1..131071" in rows
+        table.select_card(next(row.id for row in app.screen.state.cards
+                               if row.card.short_op == "silu"))
+        tree = app.screen.query_one(SearchTree)
+        await until(pilot, lambda: tree.card is not None and tree.card.card.short_op == "silu",
+                    what="silu's tree")
+        await pilot.press("2")  # at 80 columns the panes take turns
+        await until(pilot, lambda: on_screen(app, "silu L=1..131071  eager"),
+                    what="the whole range atop the tree")
 
 
 async def failing_kforge(argv: list[str], on_line) -> dict:

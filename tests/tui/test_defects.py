@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sqlite3
 import stat
 import threading
 from pathlib import Path
@@ -372,6 +373,61 @@ async def test_a_corrupt_database_is_said_once_in_the_notice_and_recovers(tmp_pa
         assert "not a kforge database" not in str(app.screen.query_one("#notice").render())
 
 
+@pytest.mark.parametrize("column, value", [("usd", "lots"), ("seconds", None),
+                                           ("prompt", b"\xff\x00")])
+async def test_a_damaged_llm_call_is_said_and_the_session_stays_open(fixture_db, column, value):
+    """The kernel pane shows a node's LLM calls: one whose cost, time or prompt is not what
+    kforge stores is named in a notice (it ended the app with a ValueError before)."""
+    db, ids = fixture_db
+    with sqlite3.connect(db) as raw:
+        raw.execute("PRAGMA writable_schema = ON")  # NOT NULL gone, as a damaged file may be
+        raw.execute("UPDATE sqlite_master SET sql = replace(sql, 'NOT NULL', '') "
+                    "WHERE name = 'llm_calls'")
+    with sqlite3.connect(db) as raw:
+        raw.execute(f"UPDATE llm_calls SET {column} = ?", (value,))
+    app = make_app(db, session=ids["session"])
+    async with app.run_test(size=SMALL) as pilot:
+        await until(pilot, lambda: notices(app, "a language-model call of search node"),
+                    what="the damaged call named")
+        assert isinstance(app.screen, SessionScreen)
+        await pilot.press("2", "j", "k")
+        await pilot.pause(0.3)
+        assert app.is_running and isinstance(app.screen, SessionScreen)
+
+
+async def test_a_log_line_of_no_date_is_said_and_the_session_stays_open(fixture_db):
+    """The log pane shows each line's time: one no date can show is a damaged row, named (it
+    ended the app with an OverflowError before)."""
+    db, ids = fixture_db
+    with sqlite3.connect(db) as raw:
+        raw.execute("UPDATE events SET at = ? WHERE kind = 'log'", (2**63 - 1,))
+    app = make_app(db, session=ids["session"])
+    async with app.run_test(size=SMALL) as pilot:
+        await until(pilot, lambda: notices(app, "not a moment kforge wrote"),
+                    what="the damaged event named")
+        await pilot.pause(0.2)
+        assert app.is_running
+
+
+async def test_a_session_not_in_the_database_is_said_and_leaves_for_the_list(fixture_db):
+    """kforge-tui --session 99 over a database without it: the error, then the sessions list
+    (not a session screen that says loading forever)."""
+    db, _ = fixture_db
+    app = make_app(db, session=99)
+    async with app.run_test(size=SMALL) as pilot:
+        await until(pilot, lambda: notices(app, "no session 99"), what="the error")
+        await until(pilot, lambda: isinstance(app.screen, SessionsScreen), what="the list")
+
+
+@pytest.mark.parametrize("number", [str(2**64), "0", "-1"])
+def test_a_session_number_no_database_holds_is_a_usage_error(number: str, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        app_module.parse_args(["--session", number])
+    assert exit_.value.code == 2
+    assert f"a session is named by its number (1 to {2**63 - 1}), not {number}" in \
+        capsys.readouterr().err
+
+
 # ----- 6. the palette after a remap -----
 
 
@@ -543,6 +599,24 @@ async def test_the_demo_opens_its_session_to_browse_and_writes_nothing(tmp_path:
     async with await Store.open_read_only(db) as store:
         pruned = {n.id for n in await store.list_nodes(sid) if n.pruned}
     assert pruned == {index + 1 for index, step in enumerate(recording.STEPS) if step.pruned}
+
+
+async def test_the_demos_eager_times_read_as_the_evaluators_after_its_search(tmp_path: Path):
+    """The recording is a finished search: its ops' eager times are the evaluator's, as a search
+    leaves them (not the profile's), and their kernels beat eager by the evaluator's figures."""
+    db, sid = await asyncio.to_thread(build_demo, tmp_path)
+    app = make_app(db, session=sid, demo=True, gpu=NO_GPU)
+    async with app.run_test(size=SMALL) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, SessionScreen)
+                    and app.screen.state is not None)
+        await pilot.pause(0.1)
+        table = app.screen.query_one(OpTable)
+        eager = {row.card.short_op: table.get_row(str(row.id))[4].plain
+                 for row in app.screen.state.cards if row.card.target}
+        assert eager and all(cell.endswith("eval") for cell in eager.values()), eager
+    async with await Store.open_read_only(db) as store:
+        said = [n.summary for n in await store.list_nodes(sid) if n.ok]
+    assert said and all(" eager (device " in summary for summary in said), said
 
 
 def test_session_header_names_a_dead_engine(fixture_db_sync):

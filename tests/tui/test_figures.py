@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from kforge.core.candidate import EvalOutcome, EvalStatus
 from kforge.store import Store
-from kforge_tui.format import best_over_eager
+from kforge.core.fmt import fmt_best_over_eager
 from kforge_tui.widgets.search_tree import SearchTree
 from kforge_tui.widgets.tables import OpTable
 from tests.tui.conftest import make_app, until
-from tests.tui.fixtures import timing
+from tests.tui.fixtures import baseline, timing
 from tests.tui.test_colours import line_of
 from tests.tui.test_defects import notices
 from tests.tui.test_render_budget import session_open
@@ -62,7 +62,8 @@ async def test_a_kernel_slower_than_eager_but_faster_than_compile_is_best_over_c
         # The evaluator timed eager at 100 us and torch.compile at 200 us: 0.90x eager is
         # 1.80x torch.compile.
         await store.update_card(ids["card"], eager_us=100.0, compiled_us=200.0,
-                                baseline={"eager": {}}, best_node=ids["b1"], best_speedup=0.9)
+                                baseline=baseline(100.0, 200.0), best_node=ids["b1"],
+                                best_speedup=0.9)
     app = make_app(db, session=1)
     async with app.run_test(size=(100, 24)) as pilot:  # one pane: whole tree lines
         screen = await session_open(pilot)
@@ -87,8 +88,9 @@ async def test_a_kernel_slower_than_eager_but_faster_than_compile_is_best_over_c
 
 
 def test_the_sessions_list_shows_no_best_slower_than_eager():
-    assert best_over_eager(1.6) == "1.60x"
-    assert best_over_eager(0.41) == best_over_eager(1.0) == best_over_eager(None) == "-"
+    assert fmt_best_over_eager(1.6) == "1.60x"
+    assert fmt_best_over_eager(0.41) == fmt_best_over_eager(1.0) == fmt_best_over_eager(None) \
+        == "-"
 
 
 async def confirm(store: Store, node_id: int, speed: float, *, confirming: bool) -> None:

@@ -122,7 +122,9 @@ def test_new_session_form_becomes_a_checked_kforge_command(tmp_path: Path):
                       (NewSession("missing.py:build"), "is not a file"),
                       (NewSession("resnet50", iterations="lots"), "whole number"),
                       (NewSession("resnet50", usd="-1"), "usd .* of at least 0, not -1.0"),
-                      (NewSession("resnet50", time="soon"), "duration")):
+                      (NewSession("resnet50", time="soon"), "duration"),
+                      # `kforge search --help` would answer with its usage, not a session
+                      (NewSession("--help"), "does not start with '-'")):
         with pytest.raises(KforgeError, match=says):
             search_argv(bad, db)
 

@@ -13,10 +13,11 @@ from hypothesis import strategies as st
 
 from kforge.store import CardStatus, Store
 from kforge_tui.screens.session import SessionScreen
+from kforge_tui.widgets.search_tree import SearchTree
 from kforge_tui.widgets.tables import OpTable, narrowed, short_status, status_text
 from tests.doubles import sample_cards
 from tests.tui.conftest import make_app, until
-from tests.tui.fixtures import GPU
+from tests.tui.fixtures import GPU, baseline
 from tests.tui.test_defects import screen_lines
 from tests.tui.test_pictures import card_row
 
@@ -175,6 +176,46 @@ async def test_a_regions_op_cards_fold_under_it_whatever_the_sort(tmp_path: Path
             await pilot.pause(0.1)
 
 
+def region_of(op_cards, name: str, share: float):
+    """A fusion region card over ``op_cards`` (its chain as capture stores it)."""
+    first = op_cards[0]
+    nodes = [{"op": card.op, "args": [{"t": "ref", "v": f"x{i}"}], "kwargs": {}}
+             for i, card in enumerate(op_cards)]
+    return first.with_(op=f"kforge_region.r_{name}.default", share=share, key="",
+                       region={"nodes": nodes, "inputs": first.args, "outputs": ["n0"],
+                               "members": [card.key for card in op_cards]})
+
+
+async def test_an_op_card_two_regions_call_is_listed_under_each(tmp_path: Path):
+    """A cast that starts every norm is one op card inside many regions: it is listed under
+    each, and each of its rows opens that card's search tree."""
+    db = tmp_path / "k.db"
+    softmax, add, relu, view = sample_cards()
+    first, second = region_of([add, softmax], "aaaaaaaaaaaa", 0.3), \
+        region_of([add, relu], "bbbbbbbbbbbb", 0.2)
+    async with await Store.open(db) as store:
+        sid = await store.create_profiled_session("toy", {}, GPU, [softmax, add, relu, view,
+                                                                   first, second])
+        ids = {row.card.short_op: row.id for row in await store.list_cards(sid)
+               if row.card.region is None}
+    app = make_app(db, session=sid)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, SessionScreen)
+                    and app.screen.state is not None
+                    and app.screen.query_one(OpTable).row_count == 7, what="the op table")
+        await pilot.pause(0.1)
+        table = app.screen.query_one(OpTable)
+        ops = [row.split("│")[1].split()[0:2] for row in shown_rows(app, table)[:7]]
+        assert [op[1] for op in ops if op[0] == "└"].count("add") == 2
+        tree = app.screen.query_one(SearchTree)
+        for key in [key.value for key in table.rows if table.card_id(key.value) == ids["add"]]:
+            table.select_key(key)
+            await until(pilot, lambda: tree.card.id == ids["add"], what="add's tree")
+            assert table.selected_card == ids["add"]
+            table.select_card(ids["relu"])
+            await until(pilot, lambda: tree.card.id == ids["relu"], what="relu's tree")
+
+
 async def test_the_eager_column_names_its_source_before_and_after_the_evaluator(fixture_db):
     db, ids = fixture_db
     app = make_app(db, session=1)
@@ -184,7 +225,7 @@ async def test_the_eager_column_names_its_source_before_and_after_the_evaluator(
         table = app.screen.query_one(OpTable)
         assert table.heading("eager") == "eager prof"  # no op timed by the evaluator yet
         async with await Store.open(db) as store:
-            await store.update_card(ids["card"], eager_us=120.0, baseline={"eager": {}})
+            await store.update_card(ids["card"], eager_us=120.0, baseline=baseline(120.0))
         await until(pilot, lambda: table.heading("eager") == "eager", what="a mixed table")
 
         def cells() -> dict[str, str]:
@@ -199,7 +240,7 @@ async def test_the_eager_column_names_its_source_before_and_after_the_evaluator(
         assert cells()[str(ids["add_card"])] == "100.0 prof"
         async with await Store.open(db) as store:
             for card in await store.list_cards(1):
-                await store.update_card(card.id, baseline={"eager": {}})
+                await store.update_card(card.id, baseline=baseline(card.card.eager_us or 1.0))
         await until(pilot, lambda: table.heading("eager") == "eager eval", what="all timed")
         await pilot.pause(0.1)
         assert table.get_row(str(ids["card"]))[4].plain == "120.0 us"
