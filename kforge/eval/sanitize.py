@@ -5,9 +5,12 @@ can leave the result right on the inputs tried; the sanitizer sees it whatever t
 tools a kernel needs run at once, each in a process of its own, and the first report ends the
 others: memcheck and initcheck always, racecheck where a kernel uses shared memory, synccheck
 where it has barriers or warp-synchronous instructions (read from the cubin, with the source and
-the plan as a second opinion). Each tool checks only the candidate's own kernels
-(``--kernel-name``), so every report it makes is the candidate's, whichever function of its
-module faulted. The child process (``python -m kforge.eval.sanitize JOB``) loads the candidate's
+the plan as a second opinion). memcheck, racecheck and synccheck check only the candidate's own
+kernels (``--kernel-name``), so every report they make is the candidate's, whichever function of
+its module faulted; initcheck watches every kernel, since it counts as written only what the
+kernels it watches wrote, and the child runs nothing but the candidate and kforge's own setup of
+its inputs, so a report there is still the candidate's doing (an output it left unwritten). The
+child process (``python -m kforge.eval.sanitize JOB``) loads the candidate's
 cubin from the compile cache, resolves its launch plan and calls it as many times as it is timed
 (a count it cannot know in advance) through the same runner the evaluator uses.
 
@@ -62,7 +65,7 @@ RUN_FAILED = "the candidate's run failed"
 # The child's line of step times (``run_job``).
 PHASES = "KFORGE-SANITIZE-PHASES"
 # Bump when what a verdict covers changes: cached verdicts of another policy are not reused.
-POLICY = 2
+POLICY = 3
 # Source text that means a kernel may synchronize or share memory in ways the cubin's figures
 # could miss (inline PTX above all): the tools that check those run.
 _SYNC_TEXT = re.compile(r"__syncthreads|__syncwarp|bar\.|barrier|\.sync\(|grid_group|\basm\b")
@@ -133,8 +136,8 @@ def sanitizer_version(binary: str) -> str:
 
 def reports(output: str) -> list[str]:
     """The first line of each error block about a kernel (one naming a device location) in a
-    tool's output. Only the candidate's kernels are checked, so each one is the candidate's,
-    whichever function of its module it names."""
+    tool's output: each one is the candidate's, whichever function of its module it names (see
+    the module's note on initcheck)."""
     found = []
     for block in re.split(f"(?m)(?={_REPORT_START})", output):
         if (re.match(_REPORT_START, block) and _DEVICE_FRAME.search(block)
@@ -220,9 +223,13 @@ class VerdictCache:
 def tool_command(binary: str, tool: str, kernels: list[str], job: Path) -> list[str]:
     """One tool's command line. Host API errors are the CUDA runtime's own probing, not the
     candidate's; padding after every allocation puts an access past a tensor's end outside any
-    allocation, where memcheck sees it."""
+    allocation, where memcheck sees it. initcheck watches every kernel: what it knows to be
+    written is what instrumented kernels wrote, so behind a filter the inputs PyTorch's own
+    kernels filled read as uninitialized, and each such report's host backtrace kept an honest
+    kernel's check running for minutes on an H100."""
     padding = ["--padding", str(PADDING)] if tool == "memcheck" else []
-    return [binary, "--tool", tool, *padding, *kernel_filter(kernels),
+    only = kernel_filter(kernels) if tool != "initcheck" else []
+    return [binary, "--tool", tool, *padding, *only,
             "--error-exitcode", str(FOUND),
             "--report-api-errors", "no", "--print-limit", "20",
             *python_command("kforge.eval.sanitize", str(job))]

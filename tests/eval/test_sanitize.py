@@ -90,6 +90,11 @@ def test_each_tool_checks_exactly_the_plans_kernels_by_their_symbols(tmp_path):
     assert "kne=_Z7softmaxPKfPfi" in command and "--padding" not in command
 
 
+def test_initcheck_watches_every_kernel_so_inputs_pytorch_wrote_count_as_written(tmp_path):
+    command = tool_command("cs", "initcheck", ["softmax_f32"], tmp_path / "job.json")
+    assert "--kernel-name" not in command and command[1:3] == ["--tool", "initcheck"]
+
+
 def test_the_sanitizer_takes_the_kernel_filter():
     """Where compute-sanitizer is installed (no GPU needed to parse its options)."""
     import subprocess
