@@ -303,3 +303,21 @@ def test_an_honest_kernel_gets_the_tools_it_needs_and_its_verdict_is_kept(tmp_pa
     again = sanitize_candidate(card, candidate, cubin=compiled.cubin, timed_calls=40,
                                cache=cache)
     assert again.ok and again.cached and again.tool_seconds == report.tool_seconds
+
+
+def test_the_childs_inputs_are_not_copied_whole_so_no_unwritten_byte_is_read():
+    """Under initcheck a copy of a whole allocation reads the bytes before a tensor placed at its
+    end, which nothing wrote: an honest relu of 2331 elements was rejected so."""
+    import torch
+
+    from kforge.eval.inputs import InputFactory
+    from kforge.eval.sanitize import exact
+    from tests.eval.candidates import relu_card
+
+    card = relu_card([7, 333])
+    given = InputFactory(card, torch.device("cpu")).sets((1,))[0]
+    placed = exact(given)
+    assert placed.snapshot == []
+    view = placed.buffers[0].view
+    assert view.data_ptr() > placed.buffers[0].base.data_ptr()  # unwritten bytes before it
+    assert torch.equal(view, given.buffers[0].view)
