@@ -44,11 +44,12 @@ async def long_session(db: Path) -> int:
     return sid
 
 
-async def opened(pilot) -> OpTable:
+async def opened(pilot, rows: int = 30) -> OpTable:
+    """The session screen's op table once it lists ``rows`` rows."""
     app = pilot.app
     await until(pilot, lambda: isinstance(app.screen, SessionScreen)
                 and app.screen.state is not None
-                and app.screen.query_one(OpTable).row_count == 30, what="the op table")
+                and app.screen.query_one(OpTable).row_count == rows, what="the op table")
     await pilot.pause(0.1)
     return app.screen.query_one(OpTable)
 
@@ -161,11 +162,7 @@ async def test_a_regions_op_cards_fold_under_it_whatever_the_sort(tmp_path: Path
                                                                    region])
     app = make_app(db, session=sid)
     async with app.run_test(size=(80, 24)) as pilot:
-        await until(pilot, lambda: isinstance(app.screen, SessionScreen)
-                    and app.screen.state is not None
-                    and app.screen.query_one(OpTable).row_count == 5, what="the op table")
-        await pilot.pause(0.1)
-        table = app.screen.query_one(OpTable)
+        table = await opened(pilot, rows=5)
         for _ in range(2):  # by share, then by the next sort
             ops = [row.split("│")[1].split()[0:2] for row in shown_rows(app, table)[:5]]
             first = next(i for i, op in enumerate(ops) if op[0].startswith("region("))
@@ -200,11 +197,7 @@ async def test_an_op_card_two_regions_call_is_listed_under_each(tmp_path: Path):
                if row.card.region is None}
     app = make_app(db, session=sid)
     async with app.run_test(size=(80, 24)) as pilot:
-        await until(pilot, lambda: isinstance(app.screen, SessionScreen)
-                    and app.screen.state is not None
-                    and app.screen.query_one(OpTable).row_count == 7, what="the op table")
-        await pilot.pause(0.1)
-        table = app.screen.query_one(OpTable)
+        table = await opened(pilot, rows=7)
         ops = [row.split("│")[1].split()[0:2] for row in shown_rows(app, table)[:7]]
         assert [op[1] for op in ops if op[0] == "└"].count("add") == 2
         tree = app.screen.query_one(SearchTree)
