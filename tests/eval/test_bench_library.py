@@ -10,7 +10,7 @@ from bench import bench_library as B
 
 # A child measuring the cards given on its command line: card 1's second kernel faults (the
 # evaluation says so and the child exits 3), card 2's first kills its process outright, card 3's
-# never answers; the others measure two kernels.
+# never answers; the others measure two kernels, card 4's second rejected by a check.
 CHILD = r"""
 import json, os, sys, time
 EVENT = sys.argv[1]
@@ -32,8 +32,10 @@ for card in map(int, sys.argv[2].split(",")):
             os._exit(-9 % 256)
         if card == 3:
             time.sleep(60)
-        emit(kind="tried", approach=approach, params=point, status="ok", summary="ok",
-             median_us=5.0 * (n + 1), eager_us=10.0)
+        cheat = card == 4 and n == 1
+        emit(kind="tried", approach=approach, params=point, status="cheat" if cheat else "ok",
+             summary="mismatch at placement +4 B" if cheat else "ok",
+             median_us=None if cheat else 5.0 * (n + 1), eager_us=10.0)
     emit(kind="done")
 """
 
@@ -50,3 +52,4 @@ def test_every_card_gets_its_row_whatever_its_children_do(capsys):
     assert "crash: slow {'block': 256}: a kernel crashed during timing (3 wall-time calls)" in err
     assert "crash: fast {'block': 256}: the process died with code 247" in err
     assert "timeout: fast {'block': 256}: no answer within 5 s" in err
+    assert "cheat: slow {'block': 256}: mismatch at placement +4 B" in err  # why, not just what
