@@ -106,6 +106,11 @@ def _head(facts: NodeFacts) -> str:
     return "\n".join(lines)
 
 
+def _result(node: NodeRow) -> str:
+    """What a node's evaluation came to, as a neighbour's line names it."""
+    return f"{fmt_speedup(node.speedup)} over eager" if node.ok else node.status
+
+
 def _made(row: NodeRow, parent: NodeRow | None, children: list[NodeRow]) -> str:
     meta = row.meta
     lines = ["── how it was made ──",
@@ -115,8 +120,7 @@ def _made(row: NodeRow, parent: NodeRow | None, children: list[NodeRow]) -> str:
     if parent is None:
         lines.append("parent    none: a new approach under eager PyTorch")
     else:
-        result = f"{fmt_speedup(parent.speedup)} over eager" if parent.ok else parent.status
-        lines.append(f"parent    node {parent.id} ({parent.action}, {result}): "
+        lines.append(f"parent    node {parent.id} ({parent.action}, {_result(parent)}): "
                      f"{parent.meta.get('approach', '-')}")
     lines.append(f"approach  {meta.get('approach', '-')}")
     if meta.get("family"):
@@ -125,9 +129,8 @@ def _made(row: NodeRow, parent: NodeRow | None, children: list[NodeRow]) -> str:
     if notes := meta.get("notes"):
         lines.append(f"notes     {notes}")
     if children:
-        lines.append("children  " + ", ".join(
-            f"{c.id} ({c.action}, {f'{fmt_speedup(c.speedup)} over eager' if c.ok else c.status})"
-            for c in children))
+        lines.append("children  " + ", ".join(f"{c.id} ({c.action}, {_result(c)})"
+                                              for c in children))
     if row.pruned:
         lines.append("pruned    yes: out of the search")
     return "\n".join(lines)
