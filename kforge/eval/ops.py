@@ -133,13 +133,15 @@ def memory_floor_us(read_bytes: int, write_bytes: int, bandwidth_gbs: float | No
 
 
 def hard_floor_us(read_bytes: int, write_bytes: int, bandwidth_gbs: float | None,
-                  l2_bytes: int) -> float | None:
+                  l2_bytes: int, peak_gbs: float | None = None) -> float | None:
     """A time no correct kernel can beat after an L2 flush: inputs must come from DRAM, and only
     the output bytes beyond what L2 can hold must reach it, at a rate a little above the copy
-    rate."""
-    if not bandwidth_gbs:
+    rate, or at the memory's theoretical peak (``peak_gbs``) where that is higher: a copy rate
+    measured while other work shared the GPU is low, and a floor built on it alone would call an
+    honest kernel near the roofline a cheat."""
+    if not bandwidth_gbs and not peak_gbs:
         return None
-    rate = bandwidth_gbs * 1e3 * READ_ONLY_HEADROOM  # bytes per microsecond
+    rate = max((bandwidth_gbs or 0.0) * READ_ONLY_HEADROOM, peak_gbs or 0.0) * 1e3  # bytes/us
     return (read_bytes + max(0, write_bytes - l2_bytes)) / rate
 
 

@@ -201,6 +201,10 @@ def test_floors():
     # Outputs that fit in L2 need not reach DRAM within the timed call.
     assert hard_floor_us(1_000_000, 1_000_000, 1000.0, l2_bytes=2_000_000) == pytest.approx(0.8)
     assert hard_floor_us(1_000_000, 3_000_000, 1000.0, l2_bytes=2_000_000) == pytest.approx(1.6)
+    # a copy rate measured at half speed (other work on the GPU) does not raise the floor past
+    # what the memory's peak allows
+    assert hard_floor_us(1_000_000, 0, 500.0, l2_bytes=0, peak_gbs=1250.0) == pytest.approx(0.8)
+    assert hard_floor_us(1_000_000, 0, None, l2_bytes=0, peak_gbs=1000.0) == pytest.approx(1.0)
 
 
 def test_beating_the_floor_counts_only_where_eager_respects_it():
