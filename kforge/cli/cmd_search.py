@@ -64,7 +64,7 @@ def _add_search_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--usd", type=float, help="total LLM spend allowed, in US dollars")
     g.add_argument("--time", dest="wall", metavar="DURATION",
                    help="total search time allowed, e.g. 30m or 2h")
-    g.add_argument("--parallel", type=int, help="proposals in flight at once (default 2)")
+    g.add_argument("--parallel", type=int, help="proposals in flight at once (default 4)")
     g.add_argument("--patience", type=int,
                    help="stop an op after N iterations without improvement (default 12)")
     g.add_argument("--seed", type=int, help="random seed of the search (default 0)")

@@ -239,7 +239,7 @@ class SearchSettings(_Section):
     max_op_factor: float = 3.0  # an op may take up to this many times the average
     usd: float | None = None  # total LLM spend allowed for the session, in US dollars
     wall_s: float | None = None  # total engine run time allowed for the session, in seconds
-    parallel: int = 2  # proposals in flight at once
+    parallel: int = 4  # proposals in flight at once: enough to keep every GPU worker busy
     # confirmations (compute-sanitizer, then a fresh worker's re-timing) in flight at once, beside
     # the search's evaluations; never more than one per op
     confirmations: int = 2
@@ -307,6 +307,9 @@ class EvalSettings(_Section):
     checked_timed_calls: int = 8  # timed calls, chosen at random, whose results are verified
     host_reps: int = 30  # calls timed on the host for the launch path's own cost
     recycle_after: int = 20  # evaluations a worker serves before a fresh one replaces it
+    # workers evaluating side by side on each GPU: their checks overlap, their timed sections
+    # take turns holding the GPU alone (a spare beside them replaces one at once)
+    workers: int = 2
     sanitize: bool = True  # a new best runs under compute-sanitizer before it counts
     counters: bool = True  # a correct candidate's kernels are measured with hardware counters
 
@@ -317,7 +320,7 @@ class EvalSettings(_Section):
             _finite(self, key, above=True)
         for key in ("max_samples", "checked_timed_calls"):
             _at_least(self, key, 0)
-        for key in ("timing_sets", "host_reps", "recycle_after"):
+        for key in ("timing_sets", "host_reps", "recycle_after", "workers"):
             _at_least(self, key, 1)
 
     @classmethod

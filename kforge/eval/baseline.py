@@ -74,8 +74,9 @@ def measure_baseline(card: OpCard, *, runtime: Runtime, gpu: GpuInfo,
                 traced = call_op(op) if card.region is None else region_function(card.region)
                 compiled = torch.compile(traced, dynamic=False)
                 start = time.perf_counter()
-                compiled(*sets[0].args, **sets[0].kwargs)
-                runtime.sync()
+                with runtime.idle():  # Inductor's compile is host work: others may time
+                    compiled(*sets[0].args, **sets[0].kwargs)
+                    runtime.sync()
                 compile_s = time.perf_counter() - start
                 subjects["compiled"] = lambda r: compiled(*sets[r % n].args, **sets[r % n].kwargs)
             except Exception as exc:  # Inductor cannot handle every op: eager still counts
@@ -85,7 +86,8 @@ def measure_baseline(card: OpCard, *, runtime: Runtime, gpu: GpuInfo,
         kernels: list[dict] = []
         if runtime.device.type == "cuda":
             try:
-                kernels = eager_kernels(lambda: subjects["eager"](0), runtime)
+                with runtime.exclusive():  # the profiler times eager's kernels
+                    kernels = eager_kernels(lambda: subjects["eager"](0), runtime)
             except Exception as exc:  # the profiler is informative only: eager's time stands
                 notes.append(f"eager's kernels could not be profiled: {exc}")
     profile_us = profile_us_of(card) if runtime.device.type == "cuda" else None

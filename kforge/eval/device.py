@@ -18,9 +18,12 @@ import contextlib
 import ctypes
 import time
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+
+if TYPE_CHECKING:
+    from kforge.eval.gpulock import GpuLock
 
 
 class Runtime(Protocol):
@@ -47,6 +50,12 @@ class Runtime(Protocol):
     def alive(self) -> bool: ...
 
     def free_bytes(self) -> int: ...
+
+    def shared(self) -> contextlib.AbstractContextManager: ...
+
+    def exclusive(self) -> contextlib.AbstractContextManager: ...
+
+    def idle(self) -> contextlib.AbstractContextManager: ...
 
 
 class CpuRuntime:
@@ -86,6 +95,16 @@ class CpuRuntime:
 
     def free_bytes(self) -> int:
         return 8 << 30
+
+    def shared(self) -> contextlib.AbstractContextManager:
+        """Nothing to share: the CPU runs one evaluation at a time here."""
+        return contextlib.nullcontext()
+
+    def exclusive(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def idle(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
 
 
 # The L2 flush writes at least this much, twice the L2 size where that is larger.
@@ -140,9 +159,12 @@ def _check(err: Any, what: str) -> None:
 
 
 class CudaRuntime:
-    """One GPU: a private stream, an L2 flush buffer and CUDA events."""
+    """One GPU: a private stream, an L2 flush buffer and CUDA events. ``lock``: the GPU's lock
+    (``kforge.eval.gpulock``) where other processes work on it beside this one; its shared hold
+    is taken around GPU work (``shared``), its exclusive one around timed sections."""
 
-    def __init__(self, index: int = 0, l2_bytes: int | None = None) -> None:
+    def __init__(self, index: int = 0, l2_bytes: int | None = None,
+                 lock: GpuLock | None = None) -> None:
         torch.cuda.set_device(index)
         self.index = index
         self.device = torch.device("cuda", index)
@@ -154,6 +176,21 @@ class CudaRuntime:
         self._flush = torch.empty(flush_bytes // 4, dtype=torch.int32, device=self.device)
         self._events: list[torch.cuda.Event] = []
         self._hold: Any = None  # (KernelModule, MappedFlags), made on the first hold
+        self.lock = lock
+        if lock is not None:
+            lock.sync = lambda: torch.cuda.synchronize(self.device)
+
+    def shared(self) -> contextlib.AbstractContextManager:
+        """GPU work beside other processes' (the GPU's lock held shared, where there is one)."""
+        return self.lock.shared() if self.lock is not None else contextlib.nullcontext()
+
+    def exclusive(self) -> contextlib.AbstractContextManager:
+        """A timed section: no other process's work on the GPU meanwhile."""
+        return self.lock.exclusive() if self.lock is not None else contextlib.nullcontext()
+
+    def idle(self) -> contextlib.AbstractContextManager:
+        """Host work (a compile) inside GPU work: a shared hold is given up meanwhile."""
+        return self.lock.idle() if self.lock is not None else contextlib.nullcontext()
 
     @contextlib.contextmanager
     def scope(self) -> Iterator[None]:

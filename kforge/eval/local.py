@@ -6,6 +6,7 @@ one that hangs hangs it: searches go through ``GpuEvaluator``, whose workers abs
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from kforge.core.opcard import OpCard
 from kforge.eval.baseline import measure_baseline
 from kforge.eval.device import CudaRuntime
 from kforge.eval.gpuinfo import detect_gpu
+from kforge.eval.gpulock import GpuLock
 from kforge.eval.kernel_loader import NvrtcLoader
 from kforge.eval.pipeline import EvalSettings, evaluate_candidate
 
@@ -32,8 +34,10 @@ _devices: dict[int, Device] = {}
 def device_context(index: int) -> Device:
     """The runtime and loader of GPU ``index`` in this process (made once)."""
     if index not in _devices:
-        gpu = detect_gpu(index)
-        runtime = CudaRuntime(index, l2_bytes=int(gpu.l2_mb * (1 << 20)))
+        lock = GpuLock.for_device(index)
+        with lock.exclusive() if lock is not None else nullcontext():  # its copy rate, alone
+            gpu = detect_gpu(index)
+        runtime = CudaRuntime(index, l2_bytes=int(gpu.l2_mb * (1 << 20)), lock=lock)
         _devices[index] = Device(gpu, runtime, NvrtcLoader(index, gpu.arch))
     return _devices[index]
 

@@ -456,8 +456,9 @@ class Evaluation:
             return memory
 
         kernels = [launch.kernel for launch in self.calls.runner.plan.launches]
-        return measure_counters(prepare, lambda memory: self.calls.run(inputs, memory), kernels,
-                                self.runtime.sync, self.runtime.device.index or 0)
+        with self.runtime.exclusive():  # the counters measure the GPU as the kernel leaves it
+            return measure_counters(prepare, lambda memory: self.calls.run(inputs, memory),
+                                    kernels, self.runtime.sync, self.runtime.device.index or 0)
 
     # ----- timing -----
 
@@ -617,7 +618,8 @@ class Evaluation:
         l2 = int(self.gpu.l2_mb * (1 << 20))
         work = {"read_bytes": read, "write_bytes": write,
                 "floor_us": memory_floor_us(read, write, bandwidth),
-                "hard_floor_us": hard_floor_us(read, write, bandwidth, l2),
+                "hard_floor_us": hard_floor_us(read, write, bandwidth, l2,
+                                               self.gpu.peak_bandwidth_gbs),
                 "flops": flop_count(self.card.op, inputs.args, ref.tensors)}
         return work, {t.dtype for t in ref.tensors}
 

@@ -1,12 +1,18 @@
-"""The engine's GPU evaluator: one worker process per visible GPU, evaluations spread over them.
+"""The engine's GPU evaluator: ``workers`` worker processes per visible GPU, evaluations spread
+over them.
+
+Workers of one GPU evaluate side by side: compiles and correctness checks overlap, and only timed
+sections hold the GPU alone (``kforge.eval.gpulock``), so a timing is the candidate's own. Each GPU
+also has a *spare*: a worker started ahead of need that has run nothing, so that replacing a worker
+or confirming a new best never waits for a process to start.
 
 A worker that hangs past the timeout is killed, one that dies is noted; either way the candidate's
-outcome says what happened (TIMEOUT, CRASH), a fresh worker takes the GPU over in the background
-and the search goes on. A worker that has run a candidate can never weigh on the verdict of
-another: it is replaced after any crash or failure, and in any case after ``recycle_after``
-evaluations. A candidate about to become an op's best is confirmed before it counts
-(``confirm``, which the engine runs beside the search): compute-sanitizer runs it, and a worker
-started for it alone times it again on new inputs.
+outcome says what happened (TIMEOUT, CRASH), the spare takes its place and the search goes on. A
+worker that has run a candidate can never weigh on the verdict of another: it is replaced after any
+crash or failure, and in any case after ``recycle_after`` evaluations. A candidate about to become
+an op's best is confirmed before it counts (``confirm``, which the engine runs beside the search):
+compute-sanitizer runs it, and a worker that has run nothing before (the spare) times it again on
+new inputs.
 """
 
 from __future__ import annotations
@@ -182,13 +188,15 @@ class GpuEvaluator:
         self.command = command
         self.gpu: GpuInfo = gpu or NO_GPU
         self.gpus: dict[int, GpuInfo] = {}
-        self.capacity = len(self.devices)
+        self.per_gpu = int(self.settings.get("workers", EvalSettings.workers))
+        self.capacity = len(self.devices) * self.per_gpu
         self.restarts = 0
         self.recycle_after = int(self.settings.get("recycle_after", EvalSettings.recycle_after))
         self._idle: asyncio.Queue[WorkerProcess | None] = asyncio.Queue()
         self._working: set[WorkerProcess] = set()
         self._alive = 0
         self._respawns: set[asyncio.Task] = set()
+        self._spares: dict[int, asyncio.Task[WorkerProcess]] = {}  # device -> a worker starting
 
     @property
     def exhausted(self) -> bool:
@@ -196,7 +204,8 @@ class GpuEvaluator:
         return self._alive <= 0
 
     async def start(self) -> None:
-        workers = [WorkerProcess(d, self.command(d)) for d in self.devices]
+        workers = [WorkerProcess(d, self.command(d)) for d in self.devices
+                   for _ in range(self.per_gpu)]
         results = await asyncio.gather(*(w.start(self.start_timeout_s) for w in workers),
                                        return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
@@ -210,6 +219,36 @@ class GpuEvaluator:
             self._idle.put_nowait(worker)
         self._alive = len(workers)
         self.gpu = self.gpus[self.devices[0]]
+        for device in self.devices:
+            self._start_spare(device)
+
+    def _start_spare(self, device: int) -> None:
+        """Start GPU ``device``'s spare worker in the background."""
+        self._spares[device] = asyncio.create_task(
+            self._started(WorkerProcess(device, self.command(device))))
+
+    async def _started(self, worker: WorkerProcess) -> WorkerProcess:
+        try:
+            await worker.start(self.start_timeout_s)
+        except BaseException:  # a start that failed or was cancelled leaves no process behind
+            await worker.kill()
+            raise
+        return worker
+
+    async def _fresh(self, device: int) -> WorkerProcess:
+        """A worker of GPU ``device`` that has run nothing: the spare (started ahead of need),
+        with the next spare started in its place. KforgeError when none would start."""
+        why: BaseException | None = None
+        for _ in range(RESPAWN_TRIES):
+            if device not in self._spares:
+                self._start_spare(device)
+            spare = self._spares.pop(device)
+            self._start_spare(device)
+            try:
+                return await spare
+            except KforgeError as exc:
+                why = exc
+        raise KforgeError(f"no fresh worker would start on GPU {device}: {why}")
 
     async def _acquire(self) -> WorkerProcess:
         while True:
@@ -235,19 +274,13 @@ class GpuEvaluator:
 
     async def _respawn(self, old: WorkerProcess) -> None:
         await old.kill()
-        for _ in range(RESPAWN_TRIES):
-            worker = WorkerProcess(old.device, self.command(old.device))
-            try:
-                await worker.start(self.start_timeout_s)
-            except KforgeError:
-                continue
-            except asyncio.CancelledError:  # the evaluator is closing
-                await worker.kill()
-                raise
-            self._idle.put_nowait(worker)
+        try:
+            worker = await self._fresh(old.device)
+        except KforgeError:
+            self._alive -= 1
+            self._idle.put_nowait(None)  # wake a waiter so it sees that no worker is left
             return
-        self._alive -= 1
-        self._idle.put_nowait(None)  # wake a waiter so it sees that no worker is left
+        self._idle.put_nowait(worker)
 
     async def _call(self, request: Evaluate | MeasureBaseline,
                     timeout_s: float) -> tuple[Reply | None, str, WorkerProcess]:
@@ -301,17 +334,15 @@ class GpuEvaluator:
                       outcome: EvalOutcome) -> EvalOutcome:
         """The outcome that counts for a candidate about to become ``card``'s best: rejected with
         compute-sanitizer's message if it reports anything, else the candidate's evaluation on
-        new inputs by a worker started for it alone (its speedup is the one reported).
+        new inputs by a worker that has run nothing before (its speedup is the one reported).
 
-        The sanitizer runs beside the search's evaluations and the fresh worker starts
-        meanwhile; only the timed run holds the GPU's own worker, so that no evaluation is timed
-        beside it."""
+        Both run beside the search's evaluations, holding the GPU only as any evaluation does:
+        alone while timed, shared otherwise."""
         where = str(outcome.extra.get("device", ""))
         device = int(where.split(":")[1]) if where.startswith("cuda:") else self.devices[0]
         extra: dict = {"first_speedup": outcome.speedup}
-        fresh = WorkerProcess(device, self.command(device))
-        starting = asyncio.create_task(fresh.start(self.start_timeout_s))
         stop = threading.Event()  # a confirmation cancelled (superseded) ends its sanitizer run
+        fresh: WorkerProcess | None = None
         try:
             if self.settings.get("sanitize", EvalSettings.sanitize):
                 report = await asyncio.to_thread(self._sanitize, card, candidate, outcome, device,
@@ -320,23 +351,17 @@ class GpuEvaluator:
                 if not report.ok:  # a report rejects it; a sanitizer that could not run, not
                     return EvalOutcome(EvalStatus.MISMATCH if report.ran else EvalStatus.INFRA,
                                        report.message, extra={**outcome.extra, **extra})
-            await starting
+            fresh = await self._fresh(device)
             request = Evaluate(card, candidate, self.samples_dir,
                                confirmation_settings(self.settings))
-            held = await self._acquire_on(device)
-            try:
-                reply = await fresh.request(request, self.timeout_s)
-            finally:
-                self._release(held)
+            reply = await fresh.request(request, self.timeout_s)
         except (KforgeError, TimeoutError, WorkerGone) as exc:
             return EvalOutcome(EvalStatus.INFRA, f"the confirmation run failed: {exc}",
                                extra={**outcome.extra, **extra})
         finally:
             stop.set()
-            starting.cancel()
-            with contextlib.suppress(BaseException):
-                await starting
-            await fresh.kill()
+            if fresh is not None:
+                await fresh.kill()
         if not isinstance(reply, Evaluated):
             return EvalOutcome(EvalStatus.INFRA, f"the confirmation run answered {reply!r}",
                                extra={**outcome.extra, **extra})
@@ -361,15 +386,6 @@ class GpuEvaluator:
                                   cubin=cubin, timed_calls=timed, cache=VerdictCache(),
                                   stop=stop)
 
-    async def _acquire_on(self, device: int) -> WorkerProcess:
-        """The worker of GPU ``device``, held (others taken meanwhile go back at once)."""
-        while True:
-            worker = await self._acquire()
-            if worker.device == device or device not in self.devices:
-                return worker
-            self._release(worker)
-            await asyncio.sleep(0.05)
-
     async def baseline(self, card: OpCard) -> Baseline:
         request = MeasureBaseline(card, self.samples_dir, self.settings)
         reply, failure, worker = await self._call(request, self.baseline_timeout_s)
@@ -392,7 +408,13 @@ class GpuEvaluator:
             task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.gather(*self._respawns, return_exceptions=True)
-        workers = list(self._working)
+        spares = list(self._spares.values())
+        self._spares.clear()
+        for task in spares:
+            task.cancel()  # one still starting is killed; one started is stopped below
+        workers = [w for w in await asyncio.gather(*spares, return_exceptions=True)
+                   if isinstance(w, WorkerProcess)]
+        workers += list(self._working)
         while not self._idle.empty():
             if (w := self._idle.get_nowait()) is not None:
                 workers.append(w)

@@ -201,7 +201,8 @@ def time_interleaved(subjects: dict[str, Subject | Callable[[int], Any]], runtim
     chance = chance or random.Random(random.SystemRandom().getrandbits(64))
     loop = _Loop(named, runtime, plan)
     try:
-        return _time(loop, plan, chance)
+        with runtime.exclusive():  # no other process's work on the GPU while it is timed
+            return _time(loop, plan, chance)
     except Exception as exc:
         exc.add_note(STAGE_NOTE + loop.stage)
         raise

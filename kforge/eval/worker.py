@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 import traceback
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from kforge.eval.protocol import (
     BaselineMeasured,
@@ -32,10 +32,23 @@ from kforge.eval.protocol import (
     write_frame,
 )
 
+if TYPE_CHECKING:
+    from kforge.core.opcard import OpCard
+
 EXIT_RESTART = 3
+# A card whose inputs are more than 1/LARGE_SHARE of the GPU's memory is evaluated alone: the
+# sets, copies and references of an evaluation take several times its inputs.
+LARGE_SHARE = 16
 EXIT_FATAL = 2
 # Compiled once at start so that the first candidate does not pay NVRTC's start-up.
 WARM_UP_SOURCE = 'extern "C" __global__ void kforge_warm_up(float* x) { x[threadIdx.x] = 0.f; }'
+
+
+def card_bytes(card: OpCard) -> int:
+    """The bytes of a card's tensor inputs."""
+    from kforge.eval.inputs import Geometry, all_tensor_specs
+
+    return sum(Geometry.from_spec(spec).nbytes for spec in all_tensor_specs(card))
 
 
 class Worker:
@@ -51,7 +64,23 @@ class Worker:
         native.available()
 
     def handle(self, request: Evaluate | MeasureBaseline | Ping) -> Reply:
-        """The reply to one request; it says whether the process must restart afterwards."""
+        """The reply to one request; it says whether the process must restart afterwards. It
+        runs beside other workers' (timed sections alone), or alone where its card is large
+        enough that another evaluation's memory could crowd it out; what it cached goes back to
+        the device afterwards, for theirs."""
+        import torch
+
+        runtime = self.ctx.runtime
+        card = getattr(request, "card", None)
+        alone = card is not None and LARGE_SHARE * card_bytes(card) > self.ctx.gpu.memory_gb * 2**30
+        try:
+            with runtime.exclusive() if alone else runtime.shared():
+                return self._handle(request)
+        finally:
+            if runtime.alive():
+                torch.cuda.empty_cache()
+
+    def _handle(self, request: Evaluate | MeasureBaseline | Ping) -> Reply:
         from kforge.eval.baseline import measure_baseline
         from kforge.eval.pipeline import EvalSettings, evaluate_candidate
 

@@ -1,7 +1,9 @@
 """A stand-in evaluation worker that speaks the real protocol; each request's candidate meta says
 how to behave (``behaviour``: ok, hang, die, restart, infra, infra_restart; ``delay_s``).
 
-Run as ``python -m tests.eval.fake_worker --device N [--fail-start]``.
+Run as ``python -m tests.eval.fake_worker --device N [--fail-start] [--start-delay S]``; an
+outcome's ``extra`` says which process answered (``pid``) and when it said it was ready
+(``started_at``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from kforge.eval.protocol import (
 )
 
 TIMING = Timing(median_us=10.0, p10_us=9.0, p90_us=11.0, reps=20)
+STARTED_AT = [0.0]  # when this worker said it was ready
 
 
 def reply_to(request: Evaluate | MeasureBaseline | Ping, device: int) -> Reply:
@@ -51,7 +54,7 @@ def reply_to(request: Evaluate | MeasureBaseline | Ping, device: int) -> Reply:
         os._exit(1)
     if behaviour in ("infra", "infra_restart"):
         return Failed("something broke", restart=behaviour == "infra_restart", id=request.id)
-    extra = {"pid": os.getpid(), "device": device}
+    extra = {"pid": os.getpid(), "device": device, "started_at": STARTED_AT[0]}
     if behaviour == "restart":
         outcome = EvalOutcome(EvalStatus.CRASH, "a kernel crashed", extra=extra, restart=True)
         return Evaluated(outcome, restart=True, id=request.id)
@@ -64,11 +67,14 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", type=int, default=0)
     parser.add_argument("--fail-start", action="store_true")
+    parser.add_argument("--start-delay", type=float, default=0.0)
     args = parser.parse_args()
+    time.sleep(args.start_delay)
     out, inp = sys.stdout.buffer, sys.stdin.buffer
     if args.fail_start:
         write_frame(out, Fatal("no GPU here"))
         return 2
+    STARTED_AT[0] = time.time()
     write_frame(out, Ready(GpuInfo(name=f"Fake {args.device}", arch="sm_90", index=args.device)))
     while True:
         request = read_request(inp)

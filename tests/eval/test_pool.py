@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import io
+import itertools
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -49,8 +51,10 @@ def candidate(**meta) -> Candidate:
 
 
 async def started(devices=(0,), **kwargs) -> GpuEvaluator:
+    """An evaluator of stand-in workers, one a GPU unless ``settings`` says otherwise."""
+    settings = {"workers": 1, **kwargs.pop("settings", {})}
     evaluator = GpuEvaluator(None, list(devices), command=kwargs.pop("command", fake),
-                             start_timeout_s=60, **kwargs)
+                             start_timeout_s=60, settings=settings, **kwargs)
     await evaluator.start()
     return evaluator
 
@@ -185,7 +189,7 @@ async def test_evaluations_spread_over_gpus():
 
 
 async def test_when_no_worker_can_restart_evaluations_fail_clearly():
-    starts = iter([False, True, True, True])
+    starts = itertools.chain([False], itertools.repeat(True))  # the first starts, no other
 
     def flaky(device: int) -> list[str]:
         return fake(device) + (["--fail-start"] if next(starts) else [])
@@ -196,6 +200,35 @@ async def test_when_no_worker_can_restart_evaluations_fail_clearly():
         assert dead.status is EvalStatus.CRASH
         with pytest.raises(KforgeError, match="no evaluation worker is left"):
             await evaluator.evaluate(CARD, candidate())
+    finally:
+        await evaluator.close()
+
+
+async def test_workers_of_one_gpu_evaluate_side_by_side():
+    evaluator = await started(settings={"workers": 2})
+    try:
+        assert evaluator.capacity == 2
+        began = time.monotonic()
+        outcomes = await asyncio.gather(*(evaluator.evaluate(CARD, candidate(delay_s=1.0))
+                                          for _ in range(2)))
+        assert time.monotonic() - began < 1.9  # not one after the other
+        assert all(o.ok and o.extra["device"] == 0 for o in outcomes)
+        assert len({o.extra["pid"] for o in outcomes}) == 2
+    finally:
+        await evaluator.close()
+
+
+async def test_a_worker_is_replaced_by_the_spare_started_ahead_of_need():
+    evaluator = await started(command=lambda d: fake(d) + ["--start-delay", "0.5"])
+    try:
+        first = await evaluator.evaluate(CARD, candidate())
+        await asyncio.sleep(1.5)  # the spare has started meanwhile
+        asked = time.time()
+        dead = await evaluator.evaluate(CARD, candidate(behaviour="die"))
+        assert dead.status is EvalStatus.CRASH
+        after = await evaluator.evaluate(CARD, candidate())
+        assert after.ok and after.extra["pid"] != first.extra["pid"]
+        assert after.extra["started_at"] < asked  # ready before it was needed
     finally:
         await evaluator.close()
 
@@ -255,7 +288,7 @@ async def test_a_new_best_is_confirmed_by_a_fresh_worker_on_new_inputs(monkeypat
     finally:
         await evaluator.close()
     assert confirmed.ok and confirmed.extra["confirmed"] is True
-    assert confirmed.extra["pid"] != first.extra["pid"]  # a worker of its own
+    assert confirmed.extra["pid"] != first.extra["pid"]  # a worker of its own: the spare
     assert confirmed.extra["sanitizer"]["ok"] is True and seen
 
 
