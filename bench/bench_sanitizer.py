@@ -1,15 +1,18 @@
-"""Where a confirmation's compute-sanitizer time goes, in the design before and the one now.
+"""Where a confirmation's compute-sanitizer time goes, with the torch-free child.
 
-For each case (an honest kernel from the red-team controls): a Python start, a torch import, a
-CUDA context and kforge's imports on their own; NVRTC cold and cached; then the sanitizer's child
-without any tool, and under each tool the way confirmations ran it before (every kernel checked,
-two calls, the four tools one after another) and the way they run now (the candidate's kernels
-only, as many calls as it is timed for, each tool alone, then the tools it needs at once), each
-with the child's own step times (imports, device, compile, module load, inputs, calls) and the
-seconds from launch to the child's first line, which is the sanitizer's start and the
-interpreter's. Last, a verdict from the cache.
+For each case (an honest kernel from the red-team controls): the process costs on their own (a
+Python start, a torch import and a CUDA context, the child's imports and its driver context);
+NVRTC cold and cached; the parent's job (the plan resolved, the inputs made on the CPU and
+written); then the child without any tool and under each tool alone, each with its own step times
+(device: driver context and lock; module load; inputs; calls) and the seconds from launch to the
+child's first line (the sanitizer's start and the interpreter's); then the tools the kernel needs
+at once, as a confirmation runs them, and the verdict from the cache.
 
-Run on a GPU machine from the repository root (about 2 minutes for the two default cases):
+A sanitizer process kept for a whole search would still pay, per candidate, its module load,
+inputs and calls: the ``per candidate in a kept process`` column is that sum, beside what a fresh
+child costs in all. Earlier figures for the torch child it replaces: docs/BENCHMARKS.md, run G3.
+
+Run on a GPU machine from the repository root (about a minute for the two default cases):
     python3 bench/bench_sanitizer.py [--cases softmax,matmul] [--device 0] [--json out.json]
 """
 
@@ -27,6 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kforge.eval import sanitize as S  # noqa: E402
+from kforge.eval.sanitize_child import PHASES  # noqa: E402
 
 CASES = {  # name -> the red-team control it runs
     "softmax": "softmax-two-launches-scratch",
@@ -34,7 +38,6 @@ CASES = {  # name -> the red-team control it runs
     "add": "add-in-place",
     "layernorm": "layer-norm-bf16",
 }
-OLD_CALLS = 2
 
 
 def timed(command: list[str], env: dict | None = None, timeout: float = 300.0
@@ -47,20 +50,21 @@ def timed(command: list[str], env: dict | None = None, timeout: float = 300.0
 
 def phases_of(output: str, launched_at: float) -> dict:
     for line in output.splitlines():
-        if S.PHASES in line:
-            data = json.loads(line.split(S.PHASES, 1)[1])
+        if PHASES in line:
+            data = json.loads(line.split(PHASES, 1)[1])
             data["to_child"] = round(data.pop("entered_at") - launched_at, 3)
+            data["kept"] = round(sum(data.get(k, 0.0) for k in ("module_load", "inputs",
+                                                                  "calls")), 3)
             return data
     return {}
 
 
 def child_run(binary: str | None, tool: str | None, kernels: list[str], job: Path) -> dict:
     """One child run (under ``tool``, or none) with its step times."""
-    command = ([sys.executable, "-m", "kforge.eval.sanitize", str(job)] if tool is None
-               else S.tool_command(binary or "", tool, kernels, job))
+    command = ([sys.executable, "-P", "-m", "kforge.eval.sanitize_child", str(job)]
+               if tool is None else S.tool_command(binary or "", tool, kernels, job))
     launched = time.time()
-    seconds, code, output = timed(command, {"PYTHONUNBUFFERED": "1",
-                                            "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"})
+    seconds, code, output = timed(command, {"PYTHONUNBUFFERED": "1"})
     return {"seconds": round(seconds, 2), "rc": code, "reports": S.reports(output)[:2],
             **phases_of(output, launched),
             **({} if code in (0, S.FOUND) else {"tail": output.strip().splitlines()[-3:]})}
@@ -69,10 +73,10 @@ def child_run(binary: str | None, tool: str | None, kernels: list[str], job: Pat
 def process_costs() -> dict:
     probes = {
         "python": "pass",
-        "import torch": "import torch",
         "torch + CUDA context": "import torch; torch.zeros(1, device='cuda')",
-        "kforge child imports": "import kforge.eval.sanitize, kforge.eval.local, "
-                                "kforge.eval.pipeline",
+        "child imports": "import kforge.eval.sanitize_child, kforge.eval.gpulock",
+        "child + driver context": "from kforge.eval.sanitize_child import Driver; "
+                                  "Driver().context(0)",
     }
     return {name: round(timed([sys.executable, "-c", code])[0], 2)
             for name, code in probes.items()}
@@ -101,45 +105,35 @@ def run_case(name: str, device: int, binary: str | None) -> dict:
     cached_s = time.perf_counter() - started
     kernels = list(parse_plan(candidate.plan).kernel_names())
     evaluated = evaluate_local(card, candidate, device=device)  # how many calls its timing makes
-    timed = (evaluated.timing.reps + TimingPlan().warmup) if evaluated.timing else None
+    timed_calls = (evaluated.timing.reps + TimingPlan().warmup) if evaluated.timing else None
     torch.cuda.synchronize()
     out: dict = {"case": name, "control": control.name, "kernels": kernels,
                  "nvrtc_cold_s": round(cold_s, 3), "nvrtc_cached_s": round(cached_s, 4),
                  "ok": cold.ok and compiled.ok, "evaluation": evaluated.status.value,
-                 "timed_calls": timed,
+                 "timed_calls": timed_calls,
                  "needed_tools": list(S.needed_tools(candidate, compiled.cubin))}
     with tempfile.TemporaryDirectory() as folder:
-        def job(calls: int) -> Path:
-            path = Path(folder) / f"job-{calls}.json"
-            path.write_text(json.dumps({"card": card.to_dict(), "candidate": candidate.to_dict(),
-                                        "samples_dir": None, "device": device,
-                                        "calls": calls, "phases": True}))
-            return path
-
-        new_calls = S.calls_to_check(timed)
-        out["no_tool"] = child_run(binary, None, kernels, job(new_calls))
+        calls = S.calls_to_check(timed_calls)
+        started = time.perf_counter()
+        job = S.write_job(S.job_for(card, candidate, compiled.cubin, Path(folder), device=device,
+                                    calls=calls, phases=True), Path(folder))
+        out["job_s"] = round(time.perf_counter() - started, 3)
+        out["calls"] = calls
+        out["no_tool"] = child_run(binary, None, kernels, job)
         if binary is None:
             return out
-        # before: every kernel checked, two calls, one tool after another
-        out["before"] = {tool: child_run(binary, tool, [], job(OLD_CALLS)) for tool in S.TOOLS}
-        out["before_total_s"] = round(sum(r["seconds"] for r in out["before"].values()), 2)
-        print(f"   {name}: no tool {out['no_tool']}; before {out['before']}", flush=True)
-        # now, as a confirmation runs it: the tools it needs at once, then from the cache
+        out["alone"] = {tool: child_run(binary, tool, kernels, job) for tool in S.TOOLS}
+        print(f"   {name}: no tool {out['no_tool']}; alone {out['alone']}", flush=True)
         cache = S.VerdictCache(Path(folder) / "verdicts")
         started = time.perf_counter()
         report = S.sanitize_candidate(card, candidate, device=device, cubin=compiled.cubin,
-                                      timed_calls=timed, cache=cache)
+                                      timed_calls=timed_calls, cache=cache)
         out["now"] = {**report.to_dict(), "wall_s": round(time.perf_counter() - started, 2)}
         started = time.perf_counter()
         again = S.sanitize_candidate(card, candidate, device=device, cubin=compiled.cubin,
-                                     timed_calls=timed, cache=cache)
+                                     timed_calls=timed_calls, cache=cache)
         out["cached"] = {"ok": again.ok, "cached": again.cached,
                          "wall_s": round(time.perf_counter() - started, 3)}
-        print(f"   {name}: now {out['now']}, cached {out['cached']}", flush=True)
-        # now, each tool alone: the candidate's kernels only, the calls it is timed for
-        out["now_calls"] = new_calls
-        out["now_alone"] = {tool: child_run(binary, tool, kernels, job(new_calls))
-                            for tool in S.TOOLS}
     return out
 
 
@@ -147,31 +141,29 @@ def print_case(result: dict) -> None:
     print(f"\n== {result['case']} ({result['control']}), kernels {result['kernels']}, "
           f"tools needed: {result['needed_tools']}")
     print(f"   NVRTC cold {result['nvrtc_cold_s']:.3f} s, cached {result['nvrtc_cached_s']:.4f} s; "
-          f"evaluation {result['evaluation']}, timed calls {result['timed_calls']}")
-    keys = ("seconds", "to_child", "imports", "device", "compile_cached", "compile",
-            "module_load", "inputs", "calls")
-    print("   " + "run".ljust(26) + "".join(k.rjust(15) for k in keys))
+          f"evaluation {result['evaluation']}, timed calls {result['timed_calls']}; "
+          f"the child's job made in {result['job_s']:.3f} s, {result['calls']} calls")
+    keys = ("seconds", "to_child", "device", "module_load", "inputs", "calls", "kept")
+    print("   " + "run".ljust(16) + "".join(k.rjust(13) for k in keys))
 
     def row(label: str, data: dict) -> None:
         cells = "".join((f"{data[k]:.2f}" if isinstance(data.get(k), (int, float)) else "-")
-                        .rjust(15) for k in keys)
+                        .rjust(13) for k in keys)
         extra = f"  reports: {data['reports']}" if data.get("reports") else ""
         extra += f"  FAILED rc={data['rc']}: {data.get('tail')}" if data.get("tail") else ""
-        print("   " + label.ljust(26) + cells + extra)
+        print("   " + label.ljust(16) + cells + extra)
 
     row("no tool", result["no_tool"])
-    for tool, data in result.get("before", {}).items():
-        row(f"before {tool} ({OLD_CALLS} calls)", data)
-    if "before_total_s" in result:
-        print(f"   before, four tools in a row: {result['before_total_s']:.1f} s")
-    for tool, data in result.get("now_alone", {}).items():
-        row(f"now {tool} ({result['now_calls']} calls)", data)
+    for tool, data in result.get("alone", {}).items():
+        row(tool, data)
     if "now" in result:
         now = result["now"]
-        print(f"   now, needed tools at once: {now['wall_s']:.1f} s ok={now['ok']} "
+        print(f"   needed tools at once (a confirmation): {now['wall_s']:.1f} s ok={now['ok']} "
               f"per tool {now['tool_seconds']} {now['message'][:120]}")
         print(f"   cached verdict: {result['cached']['wall_s'] * 1000:.1f} ms "
               f"(cached={result['cached']['cached']})")
+    print("   (kept: what a sanitizer process kept for the whole search would still pay per "
+          "candidate)")
 
 
 def main() -> None:

@@ -5,14 +5,15 @@ can leave the result right on the inputs tried; the sanitizer sees it whatever t
 tools a kernel needs run at once, each in a process of its own, and the first report ends the
 others: memcheck and initcheck always, racecheck where a kernel uses shared memory, synccheck
 where it has barriers or warp-synchronous instructions (read from the cubin, with the source and
-the plan as a second opinion). memcheck, racecheck and synccheck check only the candidate's own
-kernels (``--kernel-name``), so every report they make is the candidate's, whichever function of
-its module faulted; initcheck watches every kernel, since it counts as written only what the
-kernels it watches wrote, and the child runs nothing but the candidate and kforge's own setup of
-its inputs, so a report there is still the candidate's doing (an output it left unwritten). The
-child process (``python -m kforge.eval.sanitize JOB``) loads the candidate's
-cubin from the compile cache, resolves its launch plan and calls it as many times as it is timed
-(a count it cannot know in advance) through the same runner the evaluator uses.
+the plan as a second opinion). The child (``kforge.eval.sanitize_child``) launches nothing but
+the candidate's kernels, straight through the driver, so every report is the candidate's,
+whichever function of its module it names; memcheck, racecheck and synccheck are also told the
+candidate's kernels by name (``--kernel-name``). The child needs neither torch nor kforge's
+evaluator: this process resolves the launch plan for the card's variant, makes one input set (the
+evaluator's first: a captured sample, else seed 1) on the CPU and writes it as bytes, and maps
+every kernel parameter to a buffer or a typed scalar (``job_for``), so a tool's run costs the
+kernel's calls and a driver context, not a torch start. The child calls the candidate as many
+times as it is timed for (a count it cannot know in advance).
 
 Verdicts are kept in ``<cache>/sanitizer/`` by (cubin, launch plan, op variant, sanitizer
 version, checking policy): the same kernel found again costs nothing.
@@ -28,7 +29,6 @@ import random
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -40,12 +40,13 @@ import torch
 from kforge.core.argspec import storage_span
 from kforge.core.candidate import Candidate
 from kforge.core.child import child_env, python_command
-from kforge.core.launch_plan import parse_plan
-from kforge.core.opcard import OpCard
-from kforge.eval.inputs import Buffer, InputFactory, InputSet, build_set
-from kforge.eval.ops import admit
+from kforge.core.launch_plan import PlanError, parse_plan
+from kforge.core.opcard import DTYPE_BYTES, OpCard
+from kforge.errors import KforgeError
+from kforge.eval.inputs import InputFactory
+from kforge.eval.sanitize_child import Job, Launch, Memory, Param
 from kforge.runtime.cubin_elf import cubin_kernels
-from kforge.runtime.plan import Allocation, PlanRunner
+from kforge.runtime.plan import NULL, Allocation, PlanRunner, resolve_for
 
 TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 # The exit code the sanitizer returns when it found something.
@@ -62,8 +63,6 @@ _REPORT_START = (r"^=+\s+(?:Invalid|Uninitialized|Race|Barrier|Error|Warning|Pro
 MIN_CALLS, MAX_CALLS, EXTRA_CALLS = 8, 24, 8
 # A tool's verdict when the child failed without a report (a fault another tool may name).
 RUN_FAILED = "the candidate's run failed"
-# The child's line of step times (``run_job``).
-PHASES = "KFORGE-SANITIZE-PHASES"
 # Bump when what a verdict covers changes: cached verdicts of another policy are not reused.
 POLICY = 4
 # Source text that means a kernel may synchronize or share memory in ways the cubin's figures
@@ -232,7 +231,7 @@ def tool_command(binary: str, tool: str, kernels: list[str], job: Path) -> list[
     return [binary, "--tool", tool, *padding, *only,
             "--error-exitcode", str(FOUND),
             "--report-api-errors", "no", "--print-limit", "20",
-            *python_command("kforge.eval.sanitize", str(job))]
+            *python_command("kforge.eval.sanitize_child", str(job))]
 
 
 def sanitize_candidate(card: OpCard, candidate: Candidate, *, samples_dir: Path | None = None,
@@ -242,7 +241,8 @@ def sanitize_candidate(card: OpCard, candidate: Candidate, *, samples_dir: Path 
                        timeout_s: float = 300.0) -> SanitizerReport:
     """Run the tools ``candidate`` needs (``tools``: these instead) at once, each in a process
     of its own; the first report rejects it and stops the others. ``cubin``: the compiled
-    candidate, which chooses the tools and keys the cache; ``timed_calls``: how many calls its
+    candidate, which chooses the tools and keys the cache (compiled here where not given);
+    ``timed_calls``: how many calls its
     timing made; ``cache``: where verdicts are looked up and kept (None: not cached); ``stop``:
     set by another thread to end the run (its verdict is then none: ``ran`` False)."""
     started = time.perf_counter()
@@ -250,16 +250,23 @@ def sanitize_candidate(card: OpCard, candidate: Candidate, *, samples_dir: Path 
     if binary is None:
         return SanitizerReport(True, ran=False, message="compute-sanitizer not found: install "
                                "the CUDA toolkit or pip install nvidia-cuda-sanitizer-api")
+    cubin = cubin or compiled_here(candidate, device)
+    if cubin is None:
+        return SanitizerReport(True, ran=False, message="no cubin to check: NVRTC did not "
+                               "compile the candidate here")
     key = verdict_key(card, candidate, cubin, sanitizer_version(binary))
     if cache is not None and tools is None and (hit := cache.get(key)) is not None:
         return hit
     chosen = tools or needed_tools(candidate, cubin)
     kernels = list(parse_plan(candidate.plan).kernel_names()) if candidate.plan else []
     with tempfile.TemporaryDirectory(prefix="kforge-sanitize-") as folder:
-        job = Path(folder) / "job.json"
-        job.write_text(json.dumps({"card": card.to_dict(), "candidate": candidate.to_dict(),
-                                   "samples_dir": str(samples_dir) if samples_dir else None,
-                                   "device": device, "calls": calls_to_check(timed_calls)}))
+        try:
+            job = write_job(job_for(card, candidate, cubin, Path(folder), samples_dir=samples_dir,
+                                    device=device, calls=calls_to_check(timed_calls)),
+                            Path(folder))
+        except (KforgeError, PlanError, ValueError) as exc:
+            return SanitizerReport(True, ran=False, message=f"the sanitizer's run could not be "
+                                   f"prepared: {exc}", seconds=_since(started))
         report = _run_tools(binary, chosen, kernels, job, Path(folder), timeout_s, started,
                             stop or threading.Event())
     if cache is not None and tools is None:
@@ -267,11 +274,22 @@ def sanitize_candidate(card: OpCard, candidate: Candidate, *, samples_dir: Path 
     return report
 
 
+def compiled_here(candidate: Candidate, device: int) -> bytes | None:
+    """The candidate's cubin for GPU ``device``, compiled here (the compile cache's, as a rule);
+    None where NVRTC or the GPU cannot be reached or the source does not compile."""
+    try:
+        from kforge.eval.kernel_loader import NvrtcLoader
+        from kforge.runtime.cubin import device_arch
+
+        compiled = NvrtcLoader(device, device_arch(device)).compile(candidate)
+    except Exception:  # noqa: BLE001 - no NVRTC or no GPU here: nothing to check
+        return None
+    return compiled.cubin if compiled.ok else None
+
+
 def _run_tools(binary: str, tools: tuple[str, ...], kernels: list[str], job: Path, folder: Path,
                timeout_s: float, started: float, stop: threading.Event) -> SanitizerReport:
-    # Without PyTorch's caching allocator every tensor is an allocation of its own, so an access
-    # past its end is outside any allocation, where memcheck sees it.
-    env = child_env(PYTORCH_NO_CUDA_MEMORY_CACHING="1")
+    env = child_env()
     running: dict[str, tuple[subprocess.Popen, Path, float]] = {}
     seconds: dict[str, float] = {}
     # A kernel that faults ends the child under every tool; the tool that checks for the fault
@@ -341,90 +359,99 @@ def _last_lines(text: str, n: int = 6) -> str:
     return " | ".join(ln.strip("= ").strip() for ln in text.strip().splitlines()[-n:])
 
 
-# PyTorch rounds every allocation up to this many bytes, without its cache too.
-ALLOCATION_GRAIN = 512
+# ----- the child's job -----
+
+# Element types of the numpy scalars the launch path packs, as the child names them.
+_SCALARS = {"int32": "i32", "uint32": "u32", "int64": "i64", "uint64": "u64",
+            "float32": "f32", "float64": "f64", "bool": "bool"}
 
 
-def at_the_end(like: torch.Tensor, values: torch.Tensor | None = None) -> torch.Tensor:
-    """A tensor with ``like``'s shape, strides and dtype whose last element ends its allocation,
-    so the first byte past it is padding; ``values`` copied in."""
-    item = like.element_size()
-    span = storage_span(like.shape, like.stride())
-    total = -(-max(span * item, 1) // ALLOCATION_GRAIN) * ALLOCATION_GRAIN
-    raw = torch.empty(total // item, dtype=like.dtype, device=like.device)
-    tensor = raw.as_strided(like.shape, like.stride(), total // item - span)
-    if values is not None and span:
-        tensor.copy_(values)
-    return tensor
+@dataclass(frozen=True)
+class _Slot:
+    """A per-call buffer the launch path is given in place of an output or scratch tensor."""
+
+    index: int
 
 
-def exact(inputs: InputSet) -> InputSet:
-    """The same arguments, each ending where its allocation ends (no canaries around it). No
-    snapshot: the child checks nothing, and copying a whole allocation reads the bytes before
-    the tensor that nothing wrote, which initcheck reports (an honest kernel of odd size was
-    rejected so)."""
-    buffers = []
-    for buf in inputs.buffers:
-        view = at_the_end(buf.view, buf.view)
-        base = view.as_strided((view.untyped_storage().nbytes() // view.element_size(),), (1,), 0)
-        buffers.append(Buffer(buf.geometry, base, view))
-    return build_set(inputs.label, inputs.op, inputs.args_spec, inputs.kwargs_spec, buffers,
-                     inputs.device, snapshot=False)
+class _Recorder:
+    """A launch backend that records each launch's parameters instead of running it."""
+
+    def __init__(self) -> None:
+        self.params: list[list] = []
+
+    def launch(self, name: str, grid: tuple, block: tuple, shared_mem: int, params: list) -> None:
+        self.params.append(list(params))
+
+    def has_kernel(self, name: str) -> bool:
+        return True
+
+    def param_widths(self, name: str) -> list[int] | None:
+        return None
 
 
-class TailRunner(PlanRunner):
-    """The plan's runner with every new output ending where its allocation ends."""
+def job_for(card: OpCard, candidate: Candidate, cubin: bytes, folder: Path, *,
+            samples_dir: Path | None = None, device: int = 0, calls: int = MIN_CALLS,
+            phases: bool = False) -> Job:
+    """The child's job for ``candidate`` on ``card``: its plan resolved for the card's variant,
+    one input set (a captured sample, else seed 1: the evaluator's first) made on the CPU and
+    written to ``folder`` as bytes, and each launch's parameters mapped to buffers and scalars
+    by kforge's own launch path, run against a recorder. Raises PlanError or KforgeError where
+    the plan does not resolve or a parameter names no buffer."""
+    plan = resolve_for(candidate.plan, card.op, card.args, card.kwargs)
+    inputs = InputFactory(card, torch.device("cpu"), samples_dir, 1).sets((1,))[0]
+    blob = bytearray()
+    memories, starts = [], {}
+    for i, buf in enumerate(inputs.buffers):
+        view = buf.view
+        span = storage_span(view.shape, view.stride())
+        values = view.as_strided((span,), (1,), view.storage_offset()).contiguous()
+        raw = values.view(torch.uint8).numpy().tobytes() if span else b""
+        memories.append(Memory(len(raw), "data", (len(blob), len(raw))))
+        blob += raw
+        starts.setdefault(view.data_ptr(), i)
+    per_call = [Memory(storage_span(o.shape, o.stride) * DTYPE_BYTES.get(o.dtype, 4))
+                for o in plan.outputs if o.kind == "new"]
+    per_call += [Memory(max(s.nbytes, 1), "zero" if s.zero else "poison") for s in plan.scratch]
+    first = len(memories)
+    slots, new = [], 0
+    for o in plan.outputs:
+        slots.append(_Slot(first + new) if o.kind == "new" else None)
+        new += o.kind == "new"
+    scratch = [_Slot(first + new + j) for j in range(len(plan.scratch))]
+    recorder = _Recorder()
+    PlanRunner(plan, card.op, recorder, torch.device("cpu")).launch(
+        inputs.args, inputs.kwargs, Allocation(slots, scratch))
 
-    def allocate(self, empty=torch.empty_strided) -> Allocation:
-        memory = super().allocate(empty)
-        memory.outputs = [None if t is None else at_the_end(t) for t in memory.outputs]
-        return memory
+    def param(value: object) -> Param:
+        if isinstance(value, _Slot):
+            return Param("memory", value.index)
+        if isinstance(value, torch.Tensor):
+            if value.data_ptr() not in starts:
+                raise KforgeError("a launch parameter is a tensor that is no argument's own")
+            return Param("memory", starts[value.data_ptr()])
+        if value is NULL:
+            return Param("u64", 0, 0)
+        kind = _SCALARS.get(str(getattr(value, "dtype", "")))
+        if kind is None:
+            raise KforgeError(f"a launch parameter of type {type(value).__name__}")
+        return Param(kind, 0, value.item())  # type: ignore[attr-defined]
+
+    launches = tuple(
+        Launch(launch.kernel, _three(launch.grid), _three(launch.block), launch.shared_mem,
+               tuple(param(v) for v in recorded), launch.align, launch.unaligned_kernel)
+        for launch, recorded in zip(plan.launches, recorder.params))
+    (folder / "inputs.bin").write_bytes(bytes(blob))
+    (folder / "candidate.cubin").write_bytes(cubin)
+    return Job(device, str(folder / "candidate.cubin"), str(folder / "inputs.bin"),
+               tuple(memories), tuple(per_call), launches, calls, phases, {"op": card.op})
 
 
-def run_job(path: Path) -> None:
-    """The child: compile (a cache hit, as a rule), resolve the plan, call the candidate the
-    job's number of times on one input set, every tensor (inputs and outputs) ending where its
-    allocation ends. With ``phases`` in the job it prints, last, a line ``PHASES {json}``: when
-    it began (wall clock) and each step's seconds, to see where a tool's time goes."""
-    phases: dict[str, float] = {"entered_at": time.time()}
-    clock = time.perf_counter()
-
-    def step(name: str) -> None:
-        nonlocal clock
-        now = time.perf_counter()
-        phases[name] = round(now - clock, 3)
-        clock = now
-
-    from kforge.eval.local import device_context
-    from kforge.eval.pipeline import CandidateCalls, plan_runner
-
-    job = json.loads(path.read_text())
-    card, candidate = OpCard.from_dict(job["card"]), Candidate.from_dict(job["candidate"])
-    step("imports")
-    ctx = device_context(int(job["device"]))
-    admit(card, ctx.runtime)
-    step("device")
-    compiled = ctx.loader.compile(candidate)
-    if not compiled.ok:
-        raise SystemExit(f"does not compile: {compiled.log[:500]}")
-    step("compile_cached" if compiled.cached else "compile")
-    samples = Path(job["samples_dir"]) if job["samples_dir"] else None
-    with ctx.runtime.scope():
-        backend = ctx.loader.load(compiled)
-        step("module_load")
-        plan = plan_runner(card, candidate, backend, compiled, ctx.runtime.device).plan
-        calls = CandidateCalls(TailRunner(plan, card.op, backend, ctx.runtime.device),
-                               ctx.runtime, fenced=False)
-        inputs = exact(InputFactory(card, ctx.runtime.device, samples, 1).sets((1,))[0])
-        ctx.runtime.sync()
-        step("inputs")
-        for _ in range(int(job.get("calls", MIN_CALLS))):
-            calls.call(inputs)
-        ctx.runtime.sync()
-        step("calls")
-    if job.get("phases"):
-        print(PHASES, json.dumps(phases), flush=True)
+def _three(dims: tuple[int, ...]) -> tuple[int, int, int]:
+    x, y, z = (*dims, 1, 1)[:3]
+    return x, y, z
 
 
-if __name__ == "__main__":
-    run_job(Path(sys.argv[1]))
+def write_job(job: Job, folder: Path) -> Path:
+    path = folder / "job.json"
+    path.write_text(json.dumps(job.to_dict()))
+    return path

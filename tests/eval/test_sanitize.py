@@ -3,6 +3,9 @@ verdict cache."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from kforge.core.candidate import Candidate
@@ -265,19 +268,61 @@ def test_a_runtime_copy_reading_uninitialized_memory_is_not_the_candidates():
     assert reports(INITCHECK_MEMCPY) == []
 
 
-def test_a_tensor_placed_at_the_end_of_its_allocation_keeps_layout_and_values():
+def test_the_childs_job_maps_every_parameter_to_a_buffer_or_a_typed_scalar(tmp_path):
+    """The child needs no torch: the plan is resolved here, the inputs written as bytes, and each
+    launch parameter is an input, a per-call buffer or a scalar of the kernel's width."""
     import torch
 
-    from kforge.eval.sanitize import ALLOCATION_GRAIN, at_the_end
+    from kforge.eval.inputs import InputFactory
+    from kforge.eval.sanitize import job_for, write_job
+    from kforge.eval.sanitize_child import Job
+    from tests.eval.candidates import reference, relu_card
 
-    like = torch.randn(7, 5).t()  # strides (1, 5)
-    placed = at_the_end(like, like)
-    assert placed.shape == like.shape and placed.stride() == like.stride()
-    assert torch.equal(placed, like)
-    storage = placed.untyped_storage().nbytes()
-    assert storage % ALLOCATION_GRAIN == 0
-    span = 1 + 4 * 1 + 6 * 5  # shape (5, 7), strides (1, 5)
-    assert (placed.storage_offset() + span) * placed.element_size() == storage
+    card = relu_card([7, 333])
+    job = job_for(card, reference(card, "cuda"), b"cubin", tmp_path, calls=11)
+    assert Job.from_dict(json.loads(write_job(job, tmp_path).read_text())) == job
+    [given], [out] = job.inputs, job.per_call
+    assert given.nbytes == 7 * 333 * 4 and given.fill == "data" and out.nbytes == 7 * 333 * 4
+    assert out.fill == "poison" and job.calls == 11
+    [launch] = job.launches
+    assert [(p.kind, p.index) for p in launch.params[:2]] == [("memory", 0), ("memory", 1)]
+    assert (launch.params[2].kind, launch.params[2].value) == ("i64", 7 * 333)
+    values = torch.frombuffer(bytearray(Path(job.data).read_bytes()), dtype=torch.float32)
+    first = InputFactory(card, torch.device("cpu")).sets((1,))[0].buffers[0].view
+    assert torch.equal(values.view(7, 333), first)  # the evaluator's first set, as it is
+    assert Path(job.cubin).read_bytes() == b"cubin"
+
+
+def test_a_strided_input_is_written_as_the_span_it_covers(tmp_path):
+    from kforge.eval.sanitize import job_for
+    from tests.eval.candidates import relu_card, tensor, unary_plan
+
+    card = relu_card().with_(args=[tensor([5, 7], stride=[1, 5])])  # a transposed view
+    plan = {**unary_plan("relu_f32"), "requires": []}
+    job = job_for(card, Candidate("", plan=plan), b"x", tmp_path)
+    assert job.inputs[0].nbytes == (1 + 4 * 1 + 6 * 5) * 4
+    assert job.per_call[0].nbytes == (1 + 4 * 1 + 6 * 5) * 4  # "like" keeps the strides
+
+
+def test_zeroed_scratch_is_zeroed_and_the_rest_poisoned(tmp_path):
+    from kforge.eval.sanitize import job_for
+    from tests.eval import candidates as C
+
+    card = C.softmax_card()
+    job = job_for(card, C.softmax_ticketed(), b"x", tmp_path)
+    assert [(m.nbytes, m.fill) for m in job.per_call] == [(64 * 1000 * 4, "poison"), (4, "zero")]
+    [launch] = job.launches
+    assert [(p.kind, p.index) for p in launch.params[:3]] == [("memory", 0), ("memory", 1),
+                                                               ("memory", 2)]
+    assert (launch.params[3].kind, launch.params[3].value) == ("i32", 1000)
+
+
+def test_the_child_chooses_the_unaligned_twin_by_its_own_addresses():
+    from kforge.eval.sanitize_child import Launch, Param, kernel_for
+
+    launch = Launch("k4", (1, 1, 1), (32, 1, 1), 0, (Param("memory", 0), Param("i64", 0, 3)),
+                    align=16, unaligned_kernel="k1")
+    assert kernel_for(launch, [4096]) == "k4" and kernel_for(launch, [4100]) == "k1"
 
 
 @pytest.mark.gpu
@@ -303,21 +348,3 @@ def test_an_honest_kernel_gets_the_tools_it_needs_and_its_verdict_is_kept(tmp_pa
     again = sanitize_candidate(card, candidate, cubin=compiled.cubin, timed_calls=40,
                                cache=cache)
     assert again.ok and again.cached and again.tool_seconds == report.tool_seconds
-
-
-def test_the_childs_inputs_are_not_copied_whole_so_no_unwritten_byte_is_read():
-    """Under initcheck a copy of a whole allocation reads the bytes before a tensor placed at its
-    end, which nothing wrote: an honest relu of 2331 elements was rejected so."""
-    import torch
-
-    from kforge.eval.inputs import InputFactory
-    from kforge.eval.sanitize import exact
-    from tests.eval.candidates import relu_card
-
-    card = relu_card([7, 333])
-    given = InputFactory(card, torch.device("cpu")).sets((1,))[0]
-    placed = exact(given)
-    assert placed.snapshot == []
-    view = placed.buffers[0].view
-    assert view.data_ptr() > placed.buffers[0].base.data_ptr()  # unwritten bytes before it
-    assert torch.equal(view, given.buffers[0].view)
