@@ -183,11 +183,14 @@ class Schedule:
             return f"time budget of {s.wall_s:.0f} s spent"
         return None
 
+    def owes(self, card: CardSearch) -> bool:
+        """Whether ``card`` may still get iterations: not done, and inside the focus."""
+        return not card.done and (self.focus is None or card.card_id == self.focus)
+
     def next_card(self) -> CardSearch | None:
         """The card to spend the next iteration on (within the focus), or None when no card
         still being searched is owed one."""
-        active = [c for c in self.cards.values()
-                  if not c.done and (self.focus is None or c.card_id == self.focus)]
+        active = [c for c in self.cards.values() if self.owes(c)]
         if not active:
             return None
         ids = {c.card_id for c in active}

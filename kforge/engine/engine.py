@@ -8,12 +8,15 @@ evaluator's capacity (one per GPU). Viewer commands (pause, resume, stop, prune,
 read from the store between steps.
 
 A would-be best is *provisional* (``confirming``) until the evaluator confirms it: its evaluation
-slot is released at once and the search goes on (it may refine the node), while confirmations run
-in their own queue, at most ``confirmations`` at once and one per op; a faster would-be best of the
-same op supersedes the one under way. A node that passes becomes the op's best; one that fails is
-demoted (the previous best stands) and its failure goes to the proposer like any other. Only
-kernels faster than every baseline beyond the timing noise are confirmed: no other could be used.
-At the end the search waits for the confirmations in flight (within its time budget).
+slot is released at once and the search goes on (it may refine the node). Only a kernel that could
+be used is confirmed: one faster than a baseline beyond the timing noise, and of those only an
+op's fastest, once that op's search has settled on it (the op is done or gets no more iterations,
+or a newer would-be best improved on it by less than the noise), not every step of a refinement
+chain. Confirmations run in their own queue, at most ``confirmations`` at once and one per op; a
+would-be best faster beyond the noise supersedes the one under way. A node that passes becomes the
+op's best; one that fails is demoted (the previous best stands) and its failure goes to the
+proposer like any other. At the end the search waits for the confirmations in flight (within its
+time budget).
 
 Crash safety: a node is stored before its work starts and finished in one transaction with its
 result. After a crash, finished nodes are kept as they are, nodes whose candidate was stored are
@@ -26,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
@@ -36,7 +40,7 @@ from kforge.core.candidate import Baseline, Candidate, EvalOutcome, EvalStatus, 
 from kforge.core.mcts import ROOT, Action, Decision, Tree
 from kforge.core.opcard import OpCard
 from kforge.core.protocols import Evaluator, NodeView, ProposalRequest, Proposer
-from kforge.core.reward import short_of_baselines
+from kforge.core.reward import short_of_baselines, significant_win
 from kforge.core.schedule import (
     FAILURE_LINE_CHARS,
     Best,
@@ -84,12 +88,6 @@ class Snapshot:
     confirming: int = 0  # would-be bests waiting for or under confirmation
 
 
-# A would-be best cancels the confirmation under way of its op only when this much faster: a
-# confirmation takes 10-20 s and the library's refinements arrive every few seconds a few
-# percent apart, so any smaller step would cancel every confirmation and none would end.
-SUPERSEDE_MARGIN = 1.10
-
-
 @dataclass(eq=False)
 class Provisional:
     """A would-be best waiting for (or under) its confirmation."""
@@ -105,6 +103,17 @@ class Provisional:
     @property
     def speedup(self) -> float:
         return self.first.speedup or 0.0
+
+    def beats(self, other: Provisional | float, spread: float | None = None) -> bool:
+        """Whether this node is faster than ``other`` (a node, or a speedup whose timing spread
+        is taken to be this node's) beyond the two timings' noise."""
+        mine = self.first.timing.spread if self.first.timing else 0.0
+        if isinstance(other, Provisional):
+            speedup = other.speedup
+            theirs = other.first.timing.spread if other.first.timing else 0.0
+        else:
+            speedup, theirs = other, mine if spread is None else spread
+        return speedup > 0 and significant_win(self.speedup / speedup, math.hypot(mine, theirs))
 
 
 class Engine:
@@ -136,6 +145,8 @@ class Engine:
         self._confirming: dict[int, tuple[Provisional, asyncio.Task]] = {}  # card id -> running
         self._confirm_tasks: set[asyncio.Task] = set()
         self._closing = False  # the search is over: no confirmation starts any more
+        self._settled: set[int] = set()  # cards whose search settled on a would-be best
+        self._winding_down = False  # no new work can start: every would-be best may be confirmed
 
     # ----- the run -----
 
@@ -256,9 +267,11 @@ class Engine:
             if not self._tasks and not self.paused:
                 if not self._unconfirmed():
                     return SessionStatus.DONE
+                self._winding_down = True  # nothing else to do: confirm what waits
                 if (why := self._out_of_time()) is not None:
                     await self._still_confirming(why)
                     return SessionStatus.DONE
+            self._pump()
             await self._wait_for_work()
 
     async def _wait_for_work(self) -> None:
@@ -430,6 +443,7 @@ class Engine:
             await self.store.update_card(card_id, status=CardStatus.SEARCHING, stop_reason="")
             await self._reload_card(card_id)
         self._spawn(self._work(search, node_id, decision))
+        self._winding_down = False
         self._notify()
         return True
 
@@ -466,13 +480,17 @@ class Engine:
                             f"{outcome.summary}", "warning")
         if outcome.ok and search.would_lead(outcome.speedup):
             why = self._short_of_baselines(search, outcome)
+            provisional = Provisional(search, node_id, candidate, outcome, time.monotonic())
+            if why is None and search.best.speedup is not None \
+                    and not provisional.beats(search.best.speedup):
+                why = (f"within the timing noise of the confirmed best "
+                       f"({search.best.speedup:.2f}x over eager)")
             if why is None:
                 await self._log(f"node {node_id} would lead {search.card.op} at "
-                                f"{outcome.speedup:.2f}x over eager: confirming it")
+                                f"{outcome.speedup:.2f}x over eager: confirming it once the "
+                                f"op's search settles")
                 await self._record(search, node_id, outcome, None, confirming=True)
-                self._waiting.setdefault(search.card_id, {})[node_id] = Provisional(
-                    search, node_id, candidate, outcome, time.monotonic())
-                self._pump()
+                self._queue(provisional)
                 return
             await self._log(f"node {node_id} ({outcome.speedup:.2f}x over eager) is not "
                             f"confirmed: {why}")
@@ -485,31 +503,58 @@ class Engine:
 
     # ----- confirmations -----
 
+    def _queue(self, p: Provisional) -> None:
+        """Queue a would-be best for its confirmation. A newer one that improves on its op's
+        leader by less than the noise (or not at all) says the op's search has settled on the
+        leader: it may be confirmed now."""
+        card_id = p.search.card_id
+        leaders = list(self._waiting.get(card_id, {}).values())
+        if card_id in self._confirming:
+            leaders.append(self._confirming[card_id][0])
+        if leaders and not p.beats(max(leaders, key=lambda q: q.speedup)):
+            self._settled.add(card_id)
+        self._waiting.setdefault(card_id, {})[p.node_id] = p
+        self._pump()
+
+    def _may_confirm(self, search: CardSearch) -> bool:
+        """Whether ``search``'s would-be best may be confirmed now: its search has settled
+        (improving by less than the noise, or done or owed no more iterations with none in
+        flight), or no new work can start at all."""
+        if self._winding_down or search.card_id in self._settled:
+            return True
+        over = (search.done or not self.schedule.owes(search)
+                or self.schedule.exhausted(self._usd, self._run_seconds()) is not None)
+        return over and not search.tree.inflight()
+
     def _pump(self) -> None:
-        """Start the confirmations the queue allows: per op its fastest would-be best, ops in the
-        order they queued, up to ``confirmations`` at once; a confirmation under way gives way
-        to a faster would-be best of its op."""
+        """Start the confirmations the queue allows: per op its fastest would-be best once the
+        op's search has settled on it, ops in the order they queued, up to ``confirmations`` at
+        once; a confirmation under way gives way to a would-be best of its op faster beyond the
+        noise."""
         if self._closing or self.stopping:
             return
         for card_id, (running, task) in self._confirming.items():
             waiting = self._waiting.get(card_id)
-            if waiting and max(p.speedup for p in waiting.values()) \
-                    > running.speedup * SUPERSEDE_MARGIN \
+            if waiting and max(waiting.values(), key=lambda p: p.speedup).beats(running) \
                     and not running.superseded and not running.judged:
                 running.superseded = True
                 task.cancel()
+        started = False
         while len(self._confirming) < self.settings.confirmations:
             heads = [max(w.values(), key=lambda p: (p.speedup, -p.node_id))
                      for card_id, w in self._waiting.items()
-                     if w and card_id not in self._confirming]
+                     if w and card_id not in self._confirming
+                     and self._may_confirm(self.schedule.cards[card_id])]
             if not heads:
-                return
+                break
             head = min(heads, key=lambda p: p.queued_at)
             del self._waiting[head.search.card_id][head.node_id]
             task = asyncio.create_task(self._run_confirmation(head))
             self._confirming[head.search.card_id] = (head, task)
             self._confirm_tasks.add(task)
-        self._notify()
+            started = True
+        if started:
+            self._notify()
 
     def _unconfirmed(self) -> list[Provisional]:
         return ([p for _, (p, _) in self._confirming.items()]
@@ -556,6 +601,7 @@ class Engine:
         if outcome.ok:
             why = self._short_of_baselines(search, outcome)
             if why is None:
+                self._settled.discard(search.card_id)  # what comes next must settle again
                 await self._log(f"node {node_id} confirmed at {outcome.speedup:.2f}x over eager "
                                 f"on new inputs")
             else:
@@ -580,7 +626,8 @@ class Engine:
         self.rows[search.card_id] = card
         search.best = Best(card.best_node, card.best_speedup)
         for q in list(self._waiting.get(search.card_id, {}).values()):
-            if not search.would_lead(q.speedup):
+            if not search.would_lead(q.speedup) or (
+                    search.best.node == node_id and not q.beats(p)):
                 del self._waiting[search.card_id][q.node_id]
                 card = await self.store.finish_node(
                     q.node_id, q.first, _result(q.node_id, q.first, None, meta).reward)
@@ -591,9 +638,12 @@ class Engine:
         self._notify()
 
     async def _drain_confirmations(self) -> None:
-        """Wait until every would-be best is confirmed or not."""
+        """Confirm every would-be best now, and wait until each is confirmed or not."""
+        self._winding_down = True
+        self._pump()
         while self._unconfirmed():
             await self._wait_for_work()
+            self._pump()
 
     def _out_of_time(self) -> str | None:
         """Why the search may not wait for its confirmations any longer (its time budget)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import tempfile
 from pathlib import Path
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from kforge.core.candidate import Candidate, EvalOutcome, LlmCall, Proposal
 from kforge.core.opcard import OpCard
 from kforge.core.protocols import ProposalRequest
+from kforge.core.reward import significant_win
 from kforge.core.schedule import Best
 from kforge.core.settings import SearchSettings
 from kforge.engine.engine import Engine
@@ -64,8 +66,10 @@ async def search_once(db: Path, parallel: int, capacity: int, seed: int, empty_e
             assert len(finished) == len(mine)  # the search ran to its end
             assert not any(n.confirming for n in mine)  # ...and its confirmations too
             # the best is the fastest confirmed node, and no unconfirmed node is faster than it
+            # beyond the timing noise (4% spreads: one within it is never confirmed)
             fastest = max((n.speedup for n in finished if n.confirmed), default=None)
-            assert all(n.speedup <= fastest or n.speedup <= 1.0
+            assert all(not significant_win(n.speedup / fastest, math.hypot(0.04, 0.04))
+                       or n.speedup <= 1.0
                        for n in finished if n.speedup is not None and fastest is not None)
             assert row.spent == len(finished)
             assert row.best_speedup == fastest
