@@ -2,8 +2,9 @@
 confirmed: real library searches of the Llama-shaped prefill and the UNet-style model of
 ``bench/bench_e2e.py``.
 
-Per model: ``kforge profile``, then ``kforge search --proposer library --top 6 --iterations 16``
-(within ``--time``), then from the session's database: evaluations per minute of search, the
+Per model: ``kforge profile``, then ``kforge search --proposer library --top 6 --iterations 16
+--parallel 4`` (within ``--time``, a bound that should not bind), then from the session's
+database: evaluations per minute of search, the
 confirmations' latency (queued to verdict) p50/p90 and how many passed, failed or gave way, the
 sanitizer's seconds per tool (median; cached verdicts counted apart), the wall time from the
 first node to the last confirmed winner, and the would-be bests still confirming at the end.
@@ -120,7 +121,8 @@ def main() -> int:
     parser.add_argument("--models", default="llama,unet")
     parser.add_argument("--top", type=int, default=6)
     parser.add_argument("--iterations", type=int, default=16)
-    parser.add_argument("--time", default="140s", help="each search's time budget")
+    parser.add_argument("--time", default="240s", help="each search's time budget")
+    parser.add_argument("--parallel", type=int, default=4, help="proposals in flight")
     parser.add_argument("--work", default="/tmp/kforge-throughput")
     parser.add_argument("--out", default="bench-out/throughput")
     parser.add_argument("--summary", nargs="*", type=Path, help="print the figures of these "
@@ -140,7 +142,8 @@ def main() -> int:
             kforge("profile", MODELS[name], "--db", str(db), "--samples", "2", timeout=300)
             search_s = kforge("search", "--session", str(SESSION), "--db", str(db),
                               "--proposer", "library", "--top", str(args.top), "--iterations",
-                              str(args.iterations), "--parallel", "2", "--time", args.time,
+                              str(args.iterations), "--parallel", str(args.parallel),
+                              "--time", args.time,
                               "--quiet", timeout=900)
             results[name] = {**summarize(db), "command_s": round(search_s, 1)}
         except Exception as exc:  # one model failing leaves the other's figures standing
