@@ -86,7 +86,7 @@ class Proposer(Protocol):
 @runtime_checkable
 class Evaluator(Protocol):
     gpu: GpuInfo
-    capacity: int  # evaluations that may run at once (one per GPU)
+    capacity: int  # evaluations that may run at once (its workers)
 
     async def start(self) -> None: ...
 

@@ -4,7 +4,7 @@ A thin shell around the pure pieces. ``kforge.core.schedule`` holds each op's se
 decides which op goes next and when an op or the session is done, ``kforge.core.mcts`` picks the
 node and action, the proposer writes a candidate, the evaluator judges it, and the store records
 each step in its own transaction. Several proposals may be in flight; evaluations are limited to the
-evaluator's capacity (one per GPU). Viewer commands (pause, resume, stop, prune, unprune, focus) are
+evaluator's capacity (its workers). Viewer commands (pause, resume, stop, prune, unprune, focus) are
 read from the store between steps.
 
 A would-be best is *provisional* (``confirming``) until the evaluator confirms it: its evaluation

@@ -223,7 +223,9 @@ class EvaluationActor:
 
         self.samples_root = Path(tempfile.mkdtemp(prefix="kforge-samples-"))
         self.unpacked: set[str] = set()
-        self.pool = GpuEvaluator(self.samples_root, [0], settings=settings,
+        # The engine sends an actor one evaluation at a time (a slot per GPU): one worker
+        # evaluates, the spare beside it replaces it and re-times confirmations.
+        self.pool = GpuEvaluator(self.samples_root, [0], settings={**settings, "workers": 1},
                                  command=worker_command_from(command), **timeouts)
 
     async def start(self) -> dict:

@@ -169,7 +169,7 @@ class WorkerProcess:
 
 
 class GpuEvaluator:
-    """Evaluator (see ``kforge.core.protocols``) backed by worker processes, one per GPU."""
+    """Evaluator (see ``kforge.core.protocols``) backed by worker processes, ``workers`` per GPU."""
 
     def __init__(self, samples_dir: Path | None, devices: list[int], *,
                  settings: dict | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
