@@ -159,7 +159,7 @@ def searched_db(name: str, args: argparse.Namespace) -> Path:
     kforge("profile", spec, "--db", str(db), "--samples", "2", *extra,
            timeout=args.step_timeout)
     kforge("search", "--session", str(SESSION), "--db", str(db), "--proposer", "library",
-           "--top", str(args.top), "--iterations", str(args.iterations), "--parallel", "2",
+           "--top", str(args.top), "--iterations", str(args.iterations), "--parallel", "4",
            "--quiet", timeout=args.step_timeout)
     return db
 
