@@ -55,7 +55,7 @@ def searched_session(args: argparse.Namespace) -> tuple[Path, int]:
            "--seq-lengths", f"{start},{end}", "--samples", "2", *model_options(args),
            "--db", str(db), timeout=args.step_timeout)
     kforge("search", "--session", str(SESSION), "--db", str(db), "--proposer", "library",
-           "--top", str(args.top), "--iterations", str(args.iterations), "--parallel", "2",
+           "--top", str(args.top), "--iterations", str(args.iterations), "--parallel", "4",
            "--quiet", timeout=args.step_timeout)
     return db, SESSION
 

@@ -102,7 +102,7 @@ def run_model(args: argparse.Namespace) -> dict:
     copy_session(mcts, bon)
     search = ["--proposer", "library", "--evaluator", args.evaluator, "--top", str(args.top),
               "--iterations", str(args.iterations), "--patience", str(10 * args.iterations),
-              "--parallel", "2", "--quiet"]
+              "--parallel", "4", "--quiet"]
     t0 = time.perf_counter()
     kforge("search", "--session", str(SESSION), "--db", str(mcts / "k.db"), *search,
            timeout=args.step_timeout)

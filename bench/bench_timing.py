@@ -86,7 +86,7 @@ def measure_model(name: str, args: argparse.Namespace) -> dict:
     else:
         db = profiled_db(name, *MODELS[name], args)
         kforge("search", "--session", str(SESSION), "--db", str(db), "--proposer", "library",
-               "--top", str(args.top), "--iterations", str(args.iterations), "--parallel", "2",
+               "--top", str(args.top), "--iterations", str(args.iterations), "--parallel", "4",
                "--quiet", timeout=args.step_timeout)
     if args.e2e:
         kforge("e2e", str(SESSION), "--db", str(db), "--modes", args.e2e, "--reps", "10",
