@@ -18,8 +18,12 @@
 #   bash bench/run_gpu.sh integration    # GPU tests of the compile backend, regions, matmuls,
 #                                        # the new library families and the hardware counters
 #   bash bench/run_gpu.sh timing         # the held-stream timer's GPU tests; per searched card of
-#                                        # UNet and Llama, profile vs eager device/host/wall time
-#                                        # (after wholemodel: its databases and projections)
+#                                        # UNet and Llama (after wholemodel: its databases and
+#                                        # projections) and Gemma 4 decode, profile vs eager
+#                                        # device/host/wall time
+#   bash bench/run_gpu.sh generate       # tokens/s of Gemma 4 and Qwen3.5 (8 layers), 256 new
+#                                        # tokens after 2048, batch 1 and 8, growing KV cache:
+#                                        # eager, CUDA graphs, reduce-overhead, each +/- kforge
 #   bash bench/run_gpu.sh sanitizer      # where a confirmation's compute-sanitizer time goes
 #   bash bench/run_gpu.sh throughput     # library searches of the Llama-shaped prefill and the
 #                                        # UNet-style model, 6 ops x 16 iterations: evaluations a
@@ -94,6 +98,18 @@ case $track in
     # UNet and Llama; their databases (and projection errors) from the wholemodel track when it ran
     step 150 python3 bench/bench_timing.py --top 3 --iterations 3 --out "$out/timing" \
         --reuse --work "$work/e2e" --e2e-out "$out/e2e"
+    step 200 python3 bench/bench_timing.py --models gemma4-decode --top 4 --iterations 4 \
+        --out "$out/timing" --work "$work/timing" --e2e eager,graphs,compile,reduce-overhead
+    python3 bench/bench_timing.py --summary "$out"/timing/*.json >>"$log" 2>&1
+    ;;
+  generate)  # GENERATE_MODELS=gemma4 GENERATE_BATCHES=1 for one row
+    for model in ${GENERATE_MODELS:-gemma4 qwen35}; do
+      for batch in ${GENERATE_BATCHES:-1 8}; do
+        step 560 python3 bench/bench_generate.py "$model" --layers 8 --batch "$batch" \
+            --prompt 2048 --new-tokens 256 --cache dynamic --modes all \
+            --out "$out/generate" --work "$work/generate-$batch"
+      done
+    done
     ;;
   sanitizer)
     step 170 python3 bench/bench_sanitizer.py --cases softmax,matmul --json "$out/sanitizer.json"
