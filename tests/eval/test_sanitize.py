@@ -348,3 +348,64 @@ def test_an_honest_kernel_gets_the_tools_it_needs_and_its_verdict_is_kept(tmp_pa
     again = sanitize_candidate(card, candidate, cubin=compiled.cubin, timed_calls=40,
                                cache=cache)
     assert again.ok and again.cached and again.tool_seconds == report.tool_seconds
+
+
+@pytest.fixture
+def fake_driver(tmp_path):
+    """A stand-in libcuda.so.1 (``fake_libcuda.c``, host memory for device memory) that a child
+    started with ``LD_LIBRARY_PATH`` at it loads instead of the real one."""
+    import shutil
+    import subprocess
+
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed here")
+    folder = tmp_path / "driver"
+    folder.mkdir()
+    source = Path(__file__).with_name("fake_libcuda.c")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(folder / "libcuda.so.1"),
+                    str(source)], check=True, capture_output=True, timeout=120)
+    return folder
+
+
+def test_the_child_launches_the_candidate_alone_through_the_driver(tmp_path, fake_driver):
+    """The torch-free child, run against a stand-in driver: each buffer ends its allocation, the
+    inputs are copied in, outputs poisoned afresh for every call, the kernel launched with its
+    parameters packed, and nothing else runs."""
+    import os
+    import subprocess
+    import sys
+
+    import torch
+
+    from kforge.core.child import child_env
+    from kforge.eval.inputs import InputFactory
+    from kforge.eval.sanitize import job_for, write_job
+    from kforge.eval.sanitize_child import PHASES
+    from tests.eval.candidates import reference, relu_card
+
+    card = relu_card([7, 333])
+    job = write_job(job_for(card, reference(card, "cuda"), b"CUBIN-OF-RELU", tmp_path, calls=3,
+                            phases=True), tmp_path)
+    log = tmp_path / "driver.log"
+    no_torch = tmp_path / "no-torch" / "torch"  # a torch that fails on import
+    no_torch.mkdir(parents=True)
+    (no_torch / "__init__.py").write_text("raise ImportError('the child imported torch')\n")
+    done = subprocess.run(
+        [sys.executable, "-P", "-m", "kforge.eval.sanitize_child", str(job)],
+        env=child_env({**os.environ, "PYTHONPATH": str(no_torch.parent)},
+                      LD_LIBRARY_PATH=str(fake_driver), FAKE_CUDA_LOG=str(log),
+                      KFORGE_GPU_LOCKS=str(tmp_path / "locks")),
+        capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert PHASES in done.stdout
+    lines = log.read_text().splitlines()
+    nbytes = 7 * 333 * 4
+    given = InputFactory(card, torch.device("cpu")).sets((1,))[0].buffers[0].view
+    expected = f"relu {7 * 333} sum {float(given.relu().double().sum()):.3f}"
+    assert "module CUBIN-OF-RELU" in lines
+    assert f"copy {nbytes} end 0" in lines  # the input ends its allocation
+    assert lines.count(f"memset 255 {nbytes} end 0") == 3  # a poisoned output for every call
+    launches = [ln for ln in lines if ln.startswith("launch ")]
+    assert launches == ["launch relu_f32 grid 10 1 1 block 256 1 1 shared 0"] * 3
+    assert lines.count(expected) == 3 and lines.count("free") == 3
+    assert (tmp_path / "locks" / f"gpu-{'ab' * 16}.lock").exists()  # it took the GPU's lock
