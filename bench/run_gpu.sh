@@ -29,6 +29,8 @@
 #                                        # UNet-style model, 6 ops x 16 iterations: evaluations a
 #                                        # minute, confirmation latency, time to the last
 #                                        # confirmed winner
+#   bash bench/run_gpu.sh mainjob        # the README's main job (Gemma 4 decode, top 8 ops) to
+#                                        # its end: wall time, evaluations a minute, winners
 #   CUDA_VISIBLE_DEVICES=1 bash bench/run_gpu.sh models
 set -u
 track=${1:?name a track: tests or models}
@@ -118,6 +120,11 @@ case $track in
     step "${THROUGHPUT_LIMIT:-540}" python3 bench/bench_throughput.py \
         --models "${THROUGHPUT_MODELS:-llama,unet}" \
         --time 240s --out "$out/throughput" --work "$work/throughput"
+    ;;
+  mainjob)  # the README's main job to completion: its wall time, then its search's figures
+    mkdir -p "$work/main" && rm -f "$work/main/k.db"*
+    step 590 python3 -m kforge search gemma4 --mode decode --top 8 --db "$work/main/k.db"
+    python3 bench/bench_throughput.py --summary "$work/main/k.db" >>"$log" 2>&1
     ;;
   *) echo "unknown track $track" >&2; exit 2 ;;
 esac
