@@ -73,6 +73,15 @@ def node_label(row: NodeRow, visits: int, best: float | None, pruned: bool) -> N
     return NodeLabel(icon, tone, inert(f"#{row.id} {row.action} {result}"), figures)
 
 
+def node_name(row: NodeRow, card: CardRow) -> str:
+    """A node as a question names it: its number, its result, ``★best`` where it is its op's
+    best kernel, and its op (``node #1347, 3.14x ★best of convolution 1x64x56x56``)."""
+    result = fmt_speedup(row.speedup) if row.ok else row.status.replace("_", " ")
+    best = f" {ICON_BEST}best" if card.best_kernel == row.id else ""
+    pruned = " (pruned)" if row.pruned else ""
+    return inert(f"node #{row.id}, {result}{best}{pruned} of {card.card.label}")
+
+
 def card_root_label(card: CardRow, nodes: int) -> str:
     """The search tree's root: the op (a range card with its whole range) as eager runs it."""
     c = card.card
@@ -107,11 +116,6 @@ def no_best_text(card: CardRow) -> str:
         text += (f" (the fastest so far, node #{card.best_node}: "
                  f"{fmt_speedup(card.best_speedup)} eager)")
     return text
-
-
-def shapes_of(card: CardRow) -> str:
-    return " ".join("x".join(str(d) for d in t["shape"]) or "()"
-                    for t in tensor_specs(card.card.args))
 
 
 CONFIRMING = "confirming"  # an op card's status word while one of its kernels is confirming

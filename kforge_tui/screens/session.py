@@ -5,6 +5,8 @@ per pane, routes what its workers report (by message) to them, and carries the k
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from functools import partial
 from typing import ClassVar
 
 from textual import on, work
@@ -23,7 +25,7 @@ from kforge.store.records import CardRow, NodeDetail
 from kforge_tui.commands import PaletteCommand
 from kforge_tui.diffing import candidate_diff
 from kforge_tui.follow import follow_session, log_line, poll_wait
-from kforge_tui.format import focus_of, no_best_text
+from kforge_tui.format import focus_of, no_best_text, node_name
 from kforge_tui.header import session_header
 from kforge_tui.messages import (
     ErrorRaised,
@@ -47,6 +49,13 @@ from kforge_tui.widgets.workers import WorkersBar
 
 REPAINT_S = 0.25  # how often changed tree figures are redrawn
 NO_NODE_YET = "select a node in the search tree (2)"
+# Where what a key acts on shows: a search node on its tree line, or by its number atop its
+# kernel; an op on its row, or atop its search tree. There the key acts at once; in another
+# pane it names what it would act on and asks first, and the footer does not offer it.
+SHOWN_IN = {"node": frozenset({"tree", "code"}), "op": frozenset({"ops", "tree"})}
+ACTS_ON = {"prune": "node", "unprune": "node", "diff": "node", "focus_op": "op"}
+# Keys that work in some panes only: the footer offers them there.
+WORKS_IN = {"filter": frozenset({"ops", "tree"})}
 
 
 async def read_node(store: Store, node_id: int) -> tuple[NodeDetail, Candidate | None]:
@@ -75,7 +84,7 @@ class SessionScreen(Backdrop):
         Binding("S", "stop", "stop", show=False, id="stop"),
         Binding("b", "best", "best", id="best"),
         Binding("d", "diff", "diff", id="diff"),
-        Binding("f", "focus_op", "focus op", show=False, id="focus"),
+        Binding("f", "focus_op", "focus", id="focus"),
         Binding("slash", "filter", "filter", id="filter"),
     ]
 
@@ -134,6 +143,18 @@ class SessionScreen(Backdrop):
     def action_cycle_tab(self, step: int) -> None:
         self.grid.cycle_tab(step)
 
+    def footer_label(self, action: str, words: str) -> str | None:
+        """What the footer says for a key here (None: it leaves the key out): only the keys
+        that act on what the focused pane shows, in the words of what they do now."""
+        panes = SHOWN_IN[ACTS_ON[action]] if action in ACTS_ON else WORKS_IN.get(action)
+        if panes is not None and self.active not in panes:
+            return None
+        return "resume" if action == "pause" and self.paused else words
+
+    @property
+    def paused(self) -> bool:
+        return self.state is not None and self.state.session.status == SessionStatus.PAUSED
+
     # ----- following the store -----
 
     @work(exclusive=True, group="follow")
@@ -186,7 +207,10 @@ class SessionScreen(Backdrop):
             self.load_detail(shown, delay_s=0.0)
 
     def show_state(self, state: SessionState) -> None:
+        paused = self.paused
         self.state = state
+        if self.paused != paused:
+            self.refresh_bindings()  # the footer's p says what it does now
         self.query_one(OpTable).show(state.cards, focus_of(state.session),
                                      self.model.best_trends(), self.model.confirming_cards())
         tree = self.query_one(SearchTree)
@@ -295,17 +319,27 @@ class SessionScreen(Backdrop):
             self.app.report("select a node in the search tree first (2, then j/k)")
         return node_id
 
+    def on_node(self, verb: str, act: Callable[[int], object], default_yes: bool = False) -> None:
+        """Run ``act`` on the tree's selected node: at once where the focused pane shows it,
+        else after a question that names it (the pane in sight shows another thing)."""
+        node_id = self.selected_node()
+        tree = self.query_one(SearchTree)
+        if node_id is None or tree.card is None:
+            return
+        if self.active in SHOWN_IN["node"]:
+            act(node_id)
+            return
+        name = node_name(self.model.nodes[node_id].row, tree.card)
+        self.app.confirm(f"{verb} {name}?", lambda: act(node_id), default_yes=default_yes)
+
     def action_prune(self) -> None:
-        if (node_id := self.selected_node()) is not None:
-            self.command(CommandKind.PRUNE, node_id)
+        self.on_node("Prune", lambda node_id: self.command(CommandKind.PRUNE, node_id))
 
     def action_unprune(self) -> None:
-        if (node_id := self.selected_node()) is not None:
-            self.command(CommandKind.UNPRUNE, node_id)
+        self.on_node("Unprune", lambda node_id: self.command(CommandKind.UNPRUNE, node_id))
 
     def action_pause(self) -> None:
-        paused = self.state is not None and self.state.session.status == SessionStatus.PAUSED
-        self.command(CommandKind.RESUME if paused else CommandKind.PAUSE)
+        self.command(CommandKind.RESUME if self.paused else CommandKind.PAUSE)
 
     def action_resume(self) -> None:
         if self.state is not None and self.state.alive:
@@ -321,11 +355,18 @@ class SessionScreen(Backdrop):
                          lambda: self.command(CommandKind.STOP))
 
     def action_focus_op(self) -> None:
-        card_id = self.query_one(OpTable).selected_card
-        if card_id is None or self.state is None:
+        """Focus the search on the selected op, or clear the focus on it; where the focused
+        pane shows another thing, after a question that names the op."""
+        card = self.card(self.query_one(OpTable).selected_card or 0)
+        if card is None or self.state is None:
             return
-        self.command(CommandKind.FOCUS,
-                     None if focus_of(self.state.session) == card_id else card_id)
+        clear = focus_of(self.state.session) == card.id
+        focus = partial(self.command, CommandKind.FOCUS, None if clear else card.id)
+        if self.active in SHOWN_IN["op"]:
+            focus()
+        else:
+            question = "Clear the focus on" if clear else "Focus the search on"
+            self.app.confirm(f"{question} {card.card.label}?", focus)
 
     @work(group="command")
     async def command(self, kind: CommandKind, arg: int | None = None) -> None:
@@ -365,9 +406,9 @@ class SessionScreen(Backdrop):
             self.app.report(f"the best node #{best} is hidden by the filter")
 
     def action_diff(self) -> None:
-        node_id = self.selected_node()
-        if node_id is None:
-            return
+        self.on_node("Diff", self.show_diff, default_yes=True)
+
+    def show_diff(self, node_id: int) -> None:
         detail = self.detail
         if detail is None or detail.row.id != node_id:
             self.app.report("the node is still loading; try again in a moment")

@@ -30,7 +30,6 @@ from kforge_tui.format import (
     dtype_of,
     fmt_us,
     literal,
-    shapes_of,
     share_bar,
     sparkline,
 )
@@ -354,7 +353,7 @@ class OpTable(VimTable):
                  else percent.rjust(min(share_width, self.PERCENT_WIDTH)))
         trend_width = min(widths.get("trend", self.TREND_WIDTH), self.TREND_WIDTH)
         trend = sparkline(self._trends.get(row.id, ()), trend_width)
-        shapes, dtype = shapes_of(row), dtype_of(row)
+        shapes, dtype = c.shapes, dtype_of(row)
         cells = (op, share, best_cell(row), trend.ljust(trend_width),
                  self._eager(row, widths.get("eager")), str(c.calls),
                  clip(dtype, widths.get("dtype", len(dtype))),
