@@ -100,7 +100,8 @@ class SessionScreen(Backdrop):
     def compose(self) -> ComposeResult:
         yield StatusBar(f"session {self.session_id}: loading…", id="topbar")
         yield WorkersBar(id="workers")
-        # The op column stays put when the table scrolls sideways to its status and shapes.
+        # The op column stays put where even the columns the table keeps do not fit (a
+        # terminal under 80 columns) and it scrolls sideways.
         yield PaneGrid(Pane("ops", OpTable(id="ops", fixed_columns=1)),
                        Pane("code", NodeCode(id="code-tabs")),
                        Pane("tree", SearchTree(self.model, id="tree")),
