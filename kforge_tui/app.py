@@ -48,7 +48,7 @@ from kforge_tui.launch import (
 )
 from kforge_tui.messages import ErrorRaised, Notice
 from kforge_tui.screens.dialogs import Ask, Choose, Confirm, Dialog, DiffView, TrustPlugins
-from kforge_tui.screens.help import Help, help_rows
+from kforge_tui.screens.help import Help, help_rows, legend_of
 from kforge_tui.screens.new_session import NewSessionScreen
 from kforge_tui.screens.session import SessionScreen
 from kforge_tui.screens.sessions import SessionsScreen
@@ -266,7 +266,7 @@ class KforgeApp(App):
 
     def action_help(self) -> None:
         if not isinstance(self.screen, Help):
-            self.push_screen(Help(help_rows(self.screen)))
+            self.push_screen(Help(help_rows(self.screen), legend_of(self.screen)))
 
 
 def binding_owners() -> tuple[type, ...]:

@@ -25,7 +25,8 @@ from kforge.store.records import CardRow, NodeDetail
 from kforge_tui.commands import PaletteCommand
 from kforge_tui.diffing import candidate_diff
 from kforge_tui.follow import follow_session, log_line, poll_wait
-from kforge_tui.format import focus_of, no_best_text, node_name
+from kforge_tui.format import focus_of, no_best_text, node_name, op_facts
+from kforge_tui.legend import HEADER, OPS, TREE, Legend
 from kforge_tui.header import session_header
 from kforge_tui.messages import (
     ErrorRaised,
@@ -37,7 +38,7 @@ from kforge_tui.messages import (
     SessionState,
 )
 from kforge_tui.screens.backdrop import Backdrop
-from kforge_tui.screens.dialogs import Ask, Choose, DiffView
+from kforge_tui.screens.dialogs import Ask, Choose, DiffView, Reading, facts_table
 from kforge_tui.search_model import NodeFilter, SearchModel
 from kforge_tui.widgets.footer import KeysFooter
 from kforge_tui.widgets.node_view import NodeCode, NodeLogs
@@ -56,6 +57,7 @@ SHOWN_IN = {"node": frozenset({"tree", "code"}), "op": frozenset({"ops", "tree"}
 ACTS_ON = {"prune": "node", "unprune": "node", "diff": "node", "focus_op": "op"}
 # Keys that work in some panes only: the footer offers them there.
 WORKS_IN = {"filter": frozenset({"ops", "tree"})}
+LEGENDS = {"ops": OPS, "tree": TREE}  # the legend of the symbols a pane shows
 
 
 async def read_node(store: Store, node_id: int) -> tuple[NodeDetail, Candidate | None]:
@@ -395,6 +397,23 @@ class SessionScreen(Backdrop):
 
     # ----- looking around -----
 
+    def action_op_details(self) -> None:
+        """Everything the op list says of the selected op, in full and with its basis: why it
+        has its status, its figures and who timed them, its call's shapes, dtypes and strides."""
+        card = self.card(self.query_one(OpTable).selected_card or 0)
+        if card is None or self.state is None:
+            return
+        focused = focus_of(self.state.session) == card.id
+        confirming = card.id in self.model.confirming_cards()
+        self.app.push_screen(Reading(f"op {card.card.short_op}",
+                                     facts_table(op_facts(card, focused, confirming))))
+
+    def legend(self) -> Legend:
+        """What the symbols and labels mean: the focused pane's first, then the other panes'
+        and the top bar's."""
+        panes = sorted((OPS, TREE), key=lambda legend: legend is not LEGENDS.get(self.active))
+        return (*panes[0], *panes[1], *HEADER)
+
     def action_best(self) -> None:
         tree = self.query_one(SearchTree)
         card = tree.card
@@ -496,6 +515,8 @@ class SessionScreen(Backdrop):
             PaletteCommand("Jump to the best node", self.action_best, "best"),
             PaletteCommand("Diff the node against its parent", self.action_diff, "diff"),
             PaletteCommand("Focus the search on the selected op", self.action_focus_op, "focus"),
+            PaletteCommand("Details of the selected op: why its status, its figures' basis, "
+                           "its shapes", self.action_op_details, "op_details"),
             PaletteCommand("Filter ops or nodes", self.action_filter, "filter"),
             PaletteCommand("Back (out of a filter, to the tree, to the sessions)",
                            self.action_back, "back"),

@@ -17,6 +17,7 @@ from kforge_tui.commands import PaletteCommand
 from kforge_tui.follow import poll_wait
 from kforge_tui.format import session_cells
 from kforge_tui.header import sessions_header, short_gpu, short_model
+from kforge_tui.legend import SESSIONS, Legend
 from kforge_tui.launch import needs_gpu, search_evaluator
 from kforge_tui.messages import DatabaseUnreadable, ErrorRaised, SessionsLoaded
 from kforge_tui.screens.backdrop import Backdrop
@@ -192,6 +193,9 @@ class SessionsScreen(Backdrop):
             self.post_message(ErrorRaised(str(exc)))
             return
         self.app.notify(f"deleted session {sid}")  # the list follows at its next look
+
+    def legend(self) -> Legend:
+        return SESSIONS
 
     def palette_commands(self) -> list[PaletteCommand]:
         rows = [PaletteCommand("New session: profile a model and start a search",

@@ -30,11 +30,12 @@ from kforge_tui.format import (
     dtype_of,
     fmt_us,
     literal,
+    percent_text,
     share_bar,
     sparkline,
 )
 from kforge_tui.header import clip
-from kforge_tui.widgets.scrolling import SteadyScrollbars
+from kforge_tui.widgets.scrolling import HALF_PAGE_KEYS, SteadyScrollbars
 
 Cell = RenderableType
 Row = tuple[str, Sequence[Cell]]  # a row's key and its cells, in column order
@@ -44,10 +45,12 @@ class VimTable(SteadyScrollbars, DataTable):
     """A row-cursor table that also moves with j/k and g/G."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("j", "cursor_down", "down", show=False, id="down"),
-        Binding("k", "cursor_up", "up", show=False, id="up"),
-        Binding("g", "scroll_top", "top", show=False, id="top"),
-        Binding("G", "scroll_bottom", "bottom", show=False, id="bottom"),
+        Binding("j,down", "cursor_down", "down", show=False, id="down"),
+        Binding("k,up", "cursor_up", "up", show=False, id="up"),
+        Binding("g,home", "scroll_top", "top", show=False, id="top"),
+        Binding("G,end", "scroll_bottom", "bottom", show=False, id="bottom"),
+        Binding("enter", "select_cursor", "open", show=False, id="select"),
+        *HALF_PAGE_KEYS,
     ]
 
     _rows_repaint_alone = False  # set by _row_repaints_only
@@ -106,6 +109,10 @@ class VimTable(SteadyScrollbars, DataTable):
         if self._rows_repaint_alone and not (regions or layout or recompose):
             return self
         return super().refresh(*regions, repaint=repaint, layout=layout, recompose=recompose)
+
+    def action_half_page(self, step: int) -> None:
+        rows = self.scrollable_content_region.height - self.header_height
+        self.move_cursor(row=max(0, self.cursor_row + step * max(1, rows // 2)), animate=False)
 
     @property
     def selected_key(self) -> str | None:
@@ -168,6 +175,8 @@ class OpTable(VimTable):
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("s", "next_sort", "sort", id="sort"),
+        Binding("i", "screen.op_details", "details", id="op_details"),
+        Binding("enter", "select_cursor", "its search tree", show=False, id="select"),
     ]
     # The figures people scan for come first, so they fit at 80 columns; shapes can be long.
     # "share" draws the op's share of the model's time as a bar; "trend" the best speedup over
@@ -403,11 +412,6 @@ def range_suffix(card: OpCard, room: int) -> str:
     if room - len(whole) >= 2:
         return whole
     return " " + ",".join(symbol.name for symbol in Ranges.from_dict(card.ranges).symbols) + "…"
-
-
-def percent_text(share: float) -> str:
-    """A share as a percentage, five cells at most: ``30.0%``, ``100%``."""
-    return "100%" if share >= 0.9995 else f"{100 * share:.1f}%"
 
 
 # The status words as a narrow op table shows them: four cells at most, so that a focus mark
