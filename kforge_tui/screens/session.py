@@ -116,6 +116,8 @@ class SessionScreen(Backdrop):
         self.grid.fit(self.size.width, self.size.height)
         self.set_interval(REPAINT_S, self.query_one(SearchTree).repaint_if_dirty)
         self.app.gpu_known_signal.subscribe(self, lambda _gpu: self.show_bar())
+        self.app.engine_starting_signal.subscribe(
+            self, lambda session_id: session_id == self.session_id and self.show_bar())
         self.follow()
         self.action_pane("ops")
 
@@ -205,6 +207,10 @@ class SessionScreen(Backdrop):
             self.query_one(NodeLogs).add_log(changes.log)
         for result in changes.results:
             self.app.notify(f"search: {result}", timeout=4)
+        if changes.ended is not None:
+            status, why = changes.ended
+            self.app.notify(f"the search of session {self.session_id} ended, {status}"
+                            + (f": {why}" if why else ""), timeout=8)
         shown = self.detail.row.id if self.detail else None
         if shown is not None and any(row.id == shown for row in changes.nodes):
             self.load_detail(shown, delay_s=0.0)
@@ -241,7 +247,8 @@ class SessionScreen(Backdrop):
         if self.state is not None:
             self.query_one(StatusBar).show(session_header(
                 self.state.session, self.state.cards, self.state.alive, self.app.gpu_label,
-                self.size.width - 2, self.app.demo, self.state.measured))
+                self.size.width - 2, self.app.demo, self.state.measured, self.app.read_only,
+                self.app.starting.get(self.session_id)))
             self.query_one(WorkersBar).show(workers_of(self.state.session.settings),
                                             self.state.alive, self.size.width - 2)
 
@@ -374,7 +381,7 @@ class SessionScreen(Backdrop):
     @work(group="command")
     async def command(self, kind: CommandKind, arg: int | None = None) -> None:
         store = await self.app.open_store()
-        if store is None or self.app.refused_in_demo(f"{kind}"):
+        if store is None or self.app.refused_read_only(f"{kind}"):
             return
         try:
             said = await issue(store, self.session_id, kind, arg)

@@ -103,7 +103,8 @@ async def test_the_footer_offers_the_focused_panes_keys(fixture_db, size):
         await until(pilot, lambda: "s" in footer_keys(app), what="the op list's footer")
         keys = footer_keys(app)
         assert "x" not in keys and "d" not in keys  # they act on the tree's node
-        assert keys.get("f") == "focus" and keys.get("/") == "filter"
+        assert keys.get("f") == "focus" and keys.get("i") == "details"
+        assert keys.get("/") == "filter" or size[0] < 100  # 80 columns: no room left for it
         await pilot.press("2")
         await until(pilot, lambda: "x" in footer_keys(app), what="the tree's footer")
         keys = footer_keys(app)
