@@ -18,7 +18,7 @@ from textual.widgets import DataTable, Tree
 from kforge.core.candidate import Candidate
 from kforge.errors import KforgeError
 from kforge.eval.cluster import workers_of
-from kforge.store import CommandKind, SessionStatus, Store
+from kforge.store import CardStatus, CommandKind, SessionStatus, Store
 from kforge.store.commands import HELD_STATUSES, NoRunningSearch, issue
 from kforge.store.events import LogLine
 from kforge.store.records import CardRow, NodeDetail
@@ -217,9 +217,11 @@ class SessionScreen(Backdrop):
 
     def show_state(self, state: SessionState) -> None:
         paused = self.paused
+        focus = focus_of(self.state.session) if self.state is not None else None
         self.state = state
         if self.paused != paused:
             self.refresh_bindings()  # the footer's p says what it does now
+        self.watch_focus(focus)
         self.query_one(OpTable).show(state.cards, focus_of(state.session),
                                      self.model.best_trends(), self.model.confirming_cards())
         tree = self.query_one(SearchTree)
@@ -231,6 +233,15 @@ class SessionScreen(Backdrop):
                 self.show_selected_node()
         self.watch_engine(state)
         self.show_bar()
+
+    def watch_focus(self, before: int | None) -> None:
+        """Say when the search let go of the op it was focused on because nothing is left to
+        search there: it goes on with every op."""
+        card = self.card(before) if before is not None else None
+        if card is not None and focus_of(self.state.session) is None \
+                and card.status in (CardStatus.DONE, CardStatus.SKIPPED):
+            self.app.notify(f"{card.card.label} is {card.status}: the search goes on with "
+                            "every op", title="focus cleared", timeout=8)
 
     def watch_engine(self, state: SessionState) -> None:
         """Say once, in a notice and in the session log, that the engine of a search died."""
