@@ -58,12 +58,13 @@ from kforge_tui.screens.help import Help, help_rows, legend_of
 from kforge_tui.screens.new_session import NewSessionScreen
 from kforge_tui.screens.session import SessionScreen
 from kforge_tui.screens.sessions import SessionsScreen
+from kforge_tui.terminal_scroll import TerminalScrolls
 from kforge_tui.widgets.code_view import CodeView
 from kforge_tui.widgets.search_tree import SearchTree
 from kforge_tui.widgets.tables import OpTable, VimTable
 
 
-class KforgeApp(App):
+class KforgeApp(TerminalScrolls):
     TITLE = "kforge"
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("q", "quit", "quit", id="quit"),
