@@ -52,20 +52,25 @@ SCROLL_KEYS: list[BindingType] = [
 ]
 
 
-class VimScroll(VerticalScroll):
+class PagerKeys:
+    """Mixed in before a scrolling widget class, the actions of ``SCROLL_KEYS`` (which the class
+    binds: Textual reads bindings from widget classes only) move its view."""
+
+    def action_line(self, step: int) -> None:
+        self.scroll_relative(y=step, animate=False)  # type: ignore[attr-defined]
+
+    def action_first(self) -> None:
+        self.scroll_home(animate=False)  # type: ignore[attr-defined]
+
+    def action_last(self) -> None:
+        self.scroll_end(animate=False)  # type: ignore[attr-defined]
+
+    def action_half_page(self, step: int) -> None:
+        half = max(1, self.scrollable_content_region.height // 2)  # type: ignore[attr-defined]
+        self.scroll_relative(y=step * half, animate=False)  # type: ignore[attr-defined]
+
+
+class VimScroll(PagerKeys, VerticalScroll):
     """A scrolled box (a dialog's text) that moves with the panes' keys."""
 
     BINDINGS: ClassVar[list[BindingType]] = SCROLL_KEYS
-
-    def action_line(self, step: int) -> None:
-        self.scroll_relative(y=step, animate=False)
-
-    def action_first(self) -> None:
-        self.scroll_home(animate=False)
-
-    def action_last(self) -> None:
-        self.scroll_end(animate=False)
-
-    def action_half_page(self, step: int) -> None:
-        self.scroll_relative(y=step * max(1, self.scrollable_content_region.height // 2),
-                             animate=False)

@@ -188,3 +188,26 @@ async def test_slash_finds_text_in_the_kernel_and_n_and_shift_n_step_through(tmp
         await pilot.press("N")
         await until(pilot, lambda: kernel.selection.start[0] == 299, what="N: round back")
         assert kernel.scroll_y <= 299 < kernel.scroll_y + height
+
+
+async def test_the_session_log_takes_the_same_keys(fixture_db):
+    from kforge_tui.widgets.wrapping_log import WrappingLog
+
+    db, _ = fixture_db
+    async with await Store.open(db) as store:
+        for i in range(60):
+            await store.log(1, f"log line {i}")
+    app = make_app(db, session=1)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await session_open(pilot)
+        await pilot.press("4", "right_square_bracket", "right_square_bracket")
+        log = app.screen.query_one("#log", WrappingLog)
+        await until(pilot, lambda: log.has_focus and log.max_scroll_y > 10, what="the log")
+        await pilot.press("g")
+        await until(pilot, lambda: log.scroll_y == 0, what="g: the top")
+        await pilot.press("j", "j")
+        await until(pilot, lambda: log.scroll_y == 2, what="j twice")
+        await pilot.press("ctrl+d")
+        await until(pilot, lambda: log.scroll_y > 2, what="half a page")
+        await pilot.press("G")
+        await until(pilot, lambda: log.scroll_y == log.max_scroll_y, what="G: the end")
