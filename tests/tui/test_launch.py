@@ -103,5 +103,5 @@ async def test_a_session_naming_plug_ins_resumes_from_the_tui_once_trusted(tmp_p
                                        "budget spent" in n.message
                                        for n in app._notifications), timeout_s=60,
                     what="the search's end")
-        assert app.starting == {}
+        await until(pilot, lambda: app.starting == {}, what="the engine seen started")
     assert await until_released(db, sid) == SessionStatus.DONE

@@ -129,7 +129,7 @@ async def test_an_engine_started_shows_as_starting_until_it_takes_the_session(fi
                 await store.set_session_status(1, SessionStatus.RUNNING)
             await until(pilot, lambda: "running (engine live)" in screen_lines(app)[0],
                         what="the engine live")
-            assert app.starting == {}
+            await until(pilot, lambda: app.starting == {}, what="the engine seen started")
     finally:
         engine.kill()
         await engine.wait()
