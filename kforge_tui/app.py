@@ -27,11 +27,11 @@ from kforge.core.settings import Settings
 from kforge.engine.plugins import needs_consent
 from kforge.errors import KforgeError
 from kforge.store import Store
-from kforge.store.store import engine_alive
 from kforge.store.commands import is_alive
-from kforge.store.events import SessionStatusChanged
 from kforge.store.config import config_path, db_path, load_config, save_config_value
+from kforge.store.events import SessionStatusChanged
 from kforge.store.records import MAX_ROW_ID
+from kforge.store.store import engine_alive
 from kforge_tui.commands import KforgeCommands
 from kforge_tui.config.keymap import binding_ids, user_keymap
 from kforge_tui.config.themes import (

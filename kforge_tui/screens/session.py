@@ -26,8 +26,8 @@ from kforge_tui.commands import PaletteCommand
 from kforge_tui.diffing import candidate_diff
 from kforge_tui.follow import follow_session, log_line, poll_wait
 from kforge_tui.format import focus_of, no_best_text, node_name, op_facts
-from kforge_tui.legend import HEADER, OPS, TREE, Legend
 from kforge_tui.header import session_header
+from kforge_tui.legend import HEADER, OPS, TREE, Legend
 from kforge_tui.messages import (
     ErrorRaised,
     NodeLoaded,

@@ -20,6 +20,19 @@ async def card_ids(store: Store, sid: int) -> dict[str, int]:
     return {row.card.short_op: row.id for row in await store.list_cards(sid)}
 
 
+async def focus_said(store: Store, sid: int, card_id: int) -> list[str]:
+    """What a running search answers a viewer's focus on ``card_id``."""
+
+    async def script(viewer: Store):
+        await viewer.send_command(sid, "focus", card_id)
+        while await viewer.pending_commands(sid):
+            await asyncio.sleep(0.01)
+
+    await run_with_viewer(store, sid, script, iterations_per_op=4)
+    return [e.record.result for e in await store.events_since(0, sid)
+            if isinstance(e.record, CommandDone)]
+
+
 async def test_a_focused_op_that_converges_hands_the_search_back_to_the_others(store: Store):
     sid = await session(store)
     ids = await card_ids(store, sid)
@@ -80,28 +93,12 @@ async def test_focusing_on_an_op_with_nothing_left_is_refused_with_why(store: St
     ids = await card_ids(store, sid)
     await store.update_card(ids["relu"], status=CardStatus.DONE, stop_reason="budget spent")
 
-    async def script(viewer: Store):
-        await viewer.send_command(sid, "focus", ids["relu"])
-        while await viewer.pending_commands(sid):
-            await asyncio.sleep(0.01)
-
-    await run_with_viewer(store, sid, script, iterations_per_op=4)
-    results = [e.record.result for e in await store.events_since(0, sid)
-               if isinstance(e.record, CommandDone)]
-    assert results == ["not focused: relu 64 is done (budget spent)"]
+    assert await focus_said(store, sid, ids["relu"]) == [
+        "not focused: relu 64 is done (budget spent)"]
     assert (await store.get_session(sid)).settings.get("search", {}).get("focus") is None
 
 
 async def test_a_focus_names_its_op_as_the_op_list_does(store: Store):
     sid = await session(store)
     ids = await card_ids(store, sid)
-
-    async def script(viewer: Store):
-        await viewer.send_command(sid, "focus", ids["add"])
-        while await viewer.pending_commands(sid):
-            await asyncio.sleep(0.01)
-
-    await run_with_viewer(store, sid, script, iterations_per_op=3)
-    results = [e.record.result for e in await store.events_since(0, sid)
-               if isinstance(e.record, CommandDone)]
-    assert results == ["focused on add 8x1024 8x1024"]
+    assert await focus_said(store, sid, ids["add"]) == ["focused on add 8x1024 8x1024"]

@@ -5,6 +5,8 @@ of what they do now. At 80x24 (one pane at a time) and 120x40 (four panes)."""
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
+
 import pytest
 from textual.widgets._footer import FooterKey
 
@@ -23,20 +25,23 @@ def footer_keys(app) -> dict[str, str]:
     return {key.key_display: key.description for key in app.screen.query(FooterKey)}
 
 
-async def on_the_op_list(pilot) -> SessionScreen:
-    screen = await open_first_session(pilot)
-    await pilot.press("1")
-    await until(pilot, lambda: screen.active == "ops" and screen.detail is not None,
-                what="the op list, with the tree's node loaded")
-    return screen
+@asynccontextmanager
+async def first_session(fixture_db, size: tuple[int, int], pane: str = "1"):
+    """The app on the fixture's first session at ``size``, with ``pane`` focused and the tree's
+    node loaded: its pilot, the session screen and the fixture's ids."""
+    db, ids = fixture_db
+    app = make_app(db)
+    async with app.run_test(size=size) as pilot:
+        screen = await open_first_session(pilot)
+        await pilot.press(pane)
+        await until(pilot, lambda: screen.detail is not None, what="the tree's node loaded")
+        yield pilot, screen, ids
 
 
 @pytest.mark.parametrize("size", SIZES)
 async def test_prune_on_the_op_list_names_the_hidden_node_and_asks_first(fixture_db, size):
-    db, ids = fixture_db
-    app = make_app(db)
-    async with app.run_test(size=size) as pilot:
-        screen = await on_the_op_list(pilot)
+    async with first_session(fixture_db, size) as (pilot, screen, ids):
+        app, db = pilot.app, fixture_db[0]
         assert screen.query_one(SearchTree).selected_id == ids["a1"]  # the op's best
         await pilot.press("x")
         await until(pilot, lambda: isinstance(app.screen, Confirm), what="the question")
@@ -53,11 +58,9 @@ async def test_prune_on_the_op_list_names_the_hidden_node_and_asks_first(fixture
 
 @pytest.mark.parametrize("size", SIZES)
 async def test_keys_act_at_once_where_the_node_shows(fixture_db, size):
-    db, ids = fixture_db
-    app = make_app(db)
-    async with app.run_test(size=size) as pilot:
-        screen = await open_first_session(pilot)
-        await pilot.press("2", "g", "j")
+    async with first_session(fixture_db, size, pane="2") as (pilot, screen, ids):
+        app = pilot.app
+        await pilot.press("g", "j")
         assert screen.query_one(SearchTree).selected_id == ids["a"]
         await pilot.press("x")
         await until(pilot, lambda: screen.model.nodes[ids["a"]].row.pruned, what="the prune")
@@ -74,10 +77,8 @@ async def test_keys_act_at_once_where_the_node_shows(fixture_db, size):
 
 @pytest.mark.parametrize("size", SIZES)
 async def test_diff_and_focus_away_from_what_they_act_on_ask_first(fixture_db, size):
-    db, ids = fixture_db
-    app = make_app(db)
-    async with app.run_test(size=size) as pilot:
-        screen = await on_the_op_list(pilot)
+    async with first_session(fixture_db, size) as (pilot, screen, ids):
+        app, db = pilot.app, fixture_db[0]
         await pilot.press("d")
         await until(pilot, lambda: isinstance(app.screen, Confirm), what="the question")
         assert app.screen.question.startswith(f"Diff node #{ids['a1']}, 1.60x ★best of _softmax")
@@ -96,10 +97,8 @@ async def test_diff_and_focus_away_from_what_they_act_on_ask_first(fixture_db, s
 
 @pytest.mark.parametrize("size", SIZES)
 async def test_the_footer_offers_the_focused_panes_keys(fixture_db, size):
-    db, _ = fixture_db
-    app = make_app(db)
-    async with app.run_test(size=size) as pilot:
-        screen = await on_the_op_list(pilot)
+    async with first_session(fixture_db, size) as (pilot, screen, _):
+        app = pilot.app
         await until(pilot, lambda: "s" in footer_keys(app), what="the op list's footer")
         keys = footer_keys(app)
         assert "x" not in keys and "d" not in keys  # they act on the tree's node
@@ -112,7 +111,8 @@ async def test_the_footer_offers_the_focused_panes_keys(fixture_db, size):
         await pilot.press("4")
         await until(pilot, lambda: "x" not in footer_keys(app), what="the logs' footer")
         keys = footer_keys(app)
-        assert "/" not in keys and "f" not in keys and "d" not in keys
+        assert keys.get("/") == "find"  # in the node's evaluation report
+        assert "f" not in keys and "d" not in keys
         assert screen.active == "logs"
 
 

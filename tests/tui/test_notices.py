@@ -5,6 +5,7 @@ starting, a search's end said with why, and a speedup near 1 never shown as 1.00
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -16,12 +17,12 @@ from kforge.store import store as store_module
 from kforge_tui import app as app_module
 from kforge_tui.screens.session import SessionScreen
 from kforge_tui.screens.sessions import SessionsScreen
-from kforge_tui.widgets.tables import OpTable, VimTable
+from kforge_tui.widgets.tables import VimTable
 from tests.tui.conftest import make_app, until
-from tests.tui.fixtures import baseline
 from tests.tui.test_control import pruned
 from tests.tui.test_defects import notices, screen_lines
 from tests.tui.test_navigation import open_first_session
+from tests.tui.test_render_budget import session_open
 
 
 def toasts(app) -> str:
@@ -109,7 +110,7 @@ async def test_a_read_only_database_is_marked_and_its_write_keys_say_why(fixture
 async def test_an_engine_started_shows_as_starting_until_it_takes_the_session(fixture_db,
                                                                              monkeypatch):
     db, _ = fixture_db
-    engine = await __import__("asyncio").create_subprocess_exec("sleep", "60")
+    engine = await asyncio.create_subprocess_exec("sleep", "60")
 
     async def detached(argv, on_line):  # kforge resume --detach --json, its engine slow to start
         return {"session": 1, "engine_pid": engine.pid, "log": "/tmp/engine.log"}
@@ -137,7 +138,7 @@ async def test_an_engine_started_shows_as_starting_until_it_takes_the_session(fi
 
 async def test_an_engine_that_ends_before_it_starts_is_said(fixture_db, monkeypatch):
     db, _ = fixture_db
-    engine = await __import__("asyncio").create_subprocess_exec("true")
+    engine = await asyncio.create_subprocess_exec("true")
     await engine.wait()
 
     async def detached(argv, on_line):
@@ -158,8 +159,7 @@ async def test_a_search_that_ends_says_why_in_one_notice(fixture_db):
     db, _ = fixture_db
     app = make_app(db, session=1)
     async with app.run_test(size=(80, 24)) as pilot:
-        await until(pilot, lambda: isinstance(app.screen, SessionScreen)
-                    and app.screen.state is not None, what="the session")
+        await session_open(pilot)
         async with await Store.open(db, create=False) as store:  # as an engine ends
             await store.claim_engine(1)
             await store.set_session_status(1, SessionStatus.RUNNING)
@@ -173,19 +173,3 @@ async def test_a_search_that_ends_says_why_in_one_notice(fixture_db):
 def test_a_speedup_near_1_never_reads_1x():
     assert [fmt_speedup(x) for x in (0.997, 0.9999, 1.0, 1.004, 1.6, 0.29)] == [
         "0.997x", "0.999x", "1.00x", "1.004x", "1.60x", "0.29x"]
-
-
-async def test_a_kernel_faster_than_compile_only_is_below_1x_under_eager(fixture_db):
-    db, ids = fixture_db
-    async with await Store.open(db) as store:
-        await store.update_card(ids["card"], eager_us=100.0, compiled_us=120.0,
-                                baseline=baseline(100.0, 120.0), best_node=ids["b1"],
-                                best_speedup=0.997)
-    app = make_app(db, session=1)
-    async with app.run_test(size=(80, 24)) as pilot:
-        await until(pilot, lambda: isinstance(app.screen, SessionScreen)
-                    and app.screen.state is not None, what="the session")
-        table = app.screen.query_one(OpTable)
-        await until(pilot, lambda: table.row_count, what="the op list")
-        best = table.get_row(str(ids["card"]))[OpTable.COLUMNS.index("best")].plain
-        assert best == "0.997x"
