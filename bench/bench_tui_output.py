@@ -100,7 +100,7 @@ SCENARIOS = (
     Scenario("themes-quiet", (80, 24), "finished", True, "#1 toy", 1.0, ("C-t",), THEMES),
     Scenario("confirm-live", (80, 24), None, True, "resnet50-tiny", 10.0, ("d",),
              "Delete session"),
-    Scenario("diff-quiet", (80, 24), "finished", True, "#1 toy", 1.0, ("d",),
+    Scenario("diff-quiet", (80, 24), "finished", True, "#1 toy", 1.0, ("2", "d"),
              "against its parent"),
     Scenario("live-80", (80, 24), "live", True, "#3 live", 10.0),
     Scenario("help-live-80", (80, 24), "live", True, "#3 live", 10.0, ("?",), "Keys here"),

@@ -27,9 +27,8 @@ from kforge.core.settings import Settings
 from kforge.engine.plugins import needs_consent
 from kforge.errors import KforgeError
 from kforge.store import Store
-from kforge.store.commands import is_alive
 from kforge.store.config import config_path, db_path, load_config, save_config_value
-from kforge.store.events import SessionStatusChanged
+from kforge.store.events import EngineAttached
 from kforge.store.records import MAX_ROW_ID
 from kforge.store.store import engine_alive
 from kforge_tui.commands import KforgeCommands
@@ -128,7 +127,7 @@ class KforgeApp(TerminalScrolls):
         self.specs, problems = load_themes(folders)
         self._problems += problems
         depth = colour_depth(self.console)
-        withheld = set()  # Textual's own themes: they have no colours for a smaller palette
+        withheld: set[str] = set()  # Textual's own: they have no colours for a smaller palette
         if depth is not ColorSystem.TRUECOLOR:
             withheld = set(self.available_themes)
             for name in withheld:
@@ -198,7 +197,8 @@ class KforgeApp(TerminalScrolls):
                timeout: float | None = None, markup: bool = True) -> None:
         """kforge's toasts, a widget's too, show their text literally: they quote settings such
         as ``[search]``, paths and stored text, never markup (``markup`` is not honoured).
-        Textual's own toasts keep their markup (ctrl+c's "Press [b]q[/b] to quit the app")."""
+        Textual's own toasts keep their markup (ctrl+c's "Press [b]ctrl+q[/b] to quit the
+        app")."""
         if asked_by_textual():
             super().notify(message, title=title, severity=severity, timeout=timeout,
                            markup=markup)
@@ -305,22 +305,27 @@ class KforgeApp(TerminalScrolls):
 
     @work(group="engine-start")
     async def watch_start(self, session_id: int, pid: int, log: str) -> None:
+        """Wait until the engine took the session (it may have ended since: a search with
+        nothing to do) or its process ended without taking it, which is said."""
         store = await self.open_store()
         try:
             if store is not None:
-                seq = await store.last_seq()
-                while process_runs(pid) and not is_alive(await store.get_session(session_id)):
+                seq = await store.last_seq()  # the engine may take the session before
+                while (await store.get_session(session_id)).engine_pid != pid and not any(
+                        isinstance(e.record, EngineAttached)
+                        for e in await store.events_since(seq, session_id)):
+                    if not process_runs(pid):
+                        self.report(f"the engine of session {session_id} (process {pid}) "
+                                    f"ended before it took the session: its log says why "
+                                    f"({log})")
+                        break
                     await asyncio.sleep(self.poll_s)
-                ran = any(isinstance(e.record, SessionStatusChanged)
-                          for e in await store.events_since(seq, session_id))
-                if not ran and not process_runs(pid):
-                    self.report(f"the engine of session {session_id} (process {pid}) ended "
-                                f"before it took the session: its log says why ({log})")
         except KforgeError as exc:
             self.report(str(exc))
         finally:
-            del self.starting[session_id]
-            self.engine_starting_signal.publish(session_id)
+            if self.starting.get(session_id) == pid:  # not a later start of the same session
+                del self.starting[session_id]
+                self.engine_starting_signal.publish(session_id)
 
     def action_help(self) -> None:
         if not isinstance(self.screen, Help):

@@ -221,7 +221,7 @@ class SessionScreen(Backdrop):
         self.state = state
         if self.paused != paused:
             self.refresh_bindings()  # the footer's p says what it does now
-        self.watch_focus(focus)
+        self.tell_focus_cleared(focus)
         self.query_one(OpTable).show(state.cards, focus_of(state.session),
                                      self.model.best_trends(), self.model.confirming_cards())
         tree = self.query_one(SearchTree)
@@ -234,7 +234,7 @@ class SessionScreen(Backdrop):
         self.watch_engine(state)
         self.show_bar()
 
-    def watch_focus(self, before: int | None) -> None:
+    def tell_focus_cleared(self, before: int | None) -> None:
         """Say when the search let go of the op it was focused on because nothing is left to
         search there: it goes on with every op."""
         card = self.card(before) if before is not None else None
@@ -267,6 +267,11 @@ class SessionScreen(Backdrop):
         if self.state is None:
             return None
         return next((c for c in self.state.cards if c.id == card_id), None)
+
+    def selected_card(self) -> CardRow | None:
+        """The op under the op list's cursor."""
+        card_id = self.query_one(OpTable).selected_card
+        return self.card(card_id) if card_id is not None else None
 
     # ----- selection -----
 
@@ -378,7 +383,7 @@ class SessionScreen(Backdrop):
     def action_focus_op(self) -> None:
         """Focus the search on the selected op, or clear the focus on it; where the focused
         pane shows another thing, after a question that names the op."""
-        card = self.card(self.query_one(OpTable).selected_card or 0)
+        card = self.selected_card()
         if card is None or self.state is None:
             return
         clear = focus_of(self.state.session) == card.id
@@ -418,7 +423,7 @@ class SessionScreen(Backdrop):
     def action_op_details(self) -> None:
         """Everything the op list says of the selected op, in full and with its basis: why it
         has its status, its figures and who timed them, its call's shapes, dtypes and strides."""
-        card = self.card(self.query_one(OpTable).selected_card or 0)
+        card = self.selected_card()
         if card is None or self.state is None:
             return
         focused = focus_of(self.state.session) == card.id

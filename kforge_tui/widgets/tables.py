@@ -299,10 +299,11 @@ class OpTable(VimTable):
         narrower = reshaped or relabelled or any(
             self.columns[name].content_width > width for name, width in widths.items())
         picked = [self.COLUMNS.index(name) for name in shown]
-        self.show_rows([(self.row_key(row, region),
-                         [cells[i] for i in picked])
-                        for row, region in rows
-                        for cells in [self._cells(row, widths, region is not None)]], narrower)
+        table = []
+        for row, region in rows:
+            cells = self._cells(row, widths, region is not None)
+            table.append((self.row_key(row, region), [cells[i] for i in picked]))
+        self.show_rows(table, narrower)
         if reshaped and keep is not None:
             self.select_key(keep)
 
