@@ -345,18 +345,21 @@ class SessionScreen(Backdrop):
             self.app.report("select a node in the search tree first (2, then j/k)")
         return node_id
 
-    def on_node(self, verb: str, act: Callable[[int], object], default_yes: bool = False) -> None:
+    def on_node(self, verb: str, act: Callable[[int], object], writes: bool = True) -> None:
         """Run ``act`` on the tree's selected node: at once where the focused pane shows it,
-        else after a question that names it (the pane in sight shows another thing)."""
+        else after a question that names it (the pane in sight shows another thing); one that
+        ``writes`` the store is refused, before any question, where nothing can be written."""
         node_id = self.selected_node()
         tree = self.query_one(SearchTree)
-        if node_id is None or tree.card is None:
+        if node_id is None or tree.card is None or writes and self.app.refused_read_only(
+                verb.lower()):
             return
         if self.active in SHOWN_IN["node"]:
             act(node_id)
             return
         name = node_name(self.model.nodes[node_id].row, tree.card)
-        self.app.confirm(f"{verb} {name}?", lambda: act(node_id), default_yes=default_yes)
+        # a diff only shows: yes is the safe answer there
+        self.app.confirm(f"{verb} {name}?", lambda: act(node_id), default_yes=not writes)
 
     def action_prune(self) -> None:
         self.on_node("Prune", lambda node_id: self.command(CommandKind.PRUNE, node_id))
@@ -384,7 +387,7 @@ class SessionScreen(Backdrop):
         """Focus the search on the selected op, or clear the focus on it; where the focused
         pane shows another thing, after a question that names the op."""
         card = self.selected_card()
-        if card is None or self.state is None:
+        if card is None or self.state is None or self.app.refused_read_only("focus"):
             return
         clear = focus_of(self.state.session) == card.id
         focus = partial(self.command, CommandKind.FOCUS, None if clear else card.id)
@@ -449,7 +452,7 @@ class SessionScreen(Backdrop):
             self.app.report(f"the best node #{best} is hidden by the filter")
 
     def action_diff(self) -> None:
-        self.on_node("Diff", self.show_diff, default_yes=True)
+        self.on_node("Diff", self.show_diff, writes=False)
 
     def show_diff(self, node_id: int) -> None:
         detail = self.detail

@@ -173,3 +173,18 @@ async def test_a_search_that_ends_says_why_in_one_notice(fixture_db):
 def test_a_speedup_near_1_never_reads_1x():
     assert [fmt_speedup(x) for x in (0.997, 0.9999, 1.0, 1.004, 1.6, 0.29)] == [
         "0.997x", "0.999x", "1.00x", "1.004x", "1.60x", "0.29x"]
+
+
+async def test_the_demo_refuses_a_write_before_asking_about_it(tmp_path: Path):
+    from kforge_tui.demo import replay
+
+    db = tmp_path / "demo.db"
+    session = await replay(db)
+    app = make_app(db, session=session, demo=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await session_open(pilot)
+        for key in ("x", "f"):  # on the op list: each would ask first
+            await pilot.press(key)
+            await pilot.pause(0.1)
+            assert isinstance(app.screen, SessionScreen)
+        assert len(notices(app, "the demo is a read-only recording")) == 2
