@@ -245,7 +245,8 @@ async def test_focus_restricts_the_search_to_one_op(store: Store):
         while (await viewer.pending_commands(sid)):
             await asyncio.sleep(0.01)
 
-    await run_with_viewer(store, sid, script, iterations_per_op=4)
+    # an op takes at most its own 4 iterations: relu's end comes before the session's budget's
+    await run_with_viewer(store, sid, script, iterations_per_op=4, max_op_factor=1.0)
     events = await store.events_since(0, sid)
     acked = max(e.seq for e in events if isinstance(e.record, CommandDone))
     # relu alone until its own budget is spent: then the focus is cleared (tests/engine/
