@@ -301,7 +301,7 @@ class KforgeApp(TerminalScrolls):
         self.notify(f"started an engine for session {session_id} (process {pid})", timeout=4)
         self.starting[session_id] = pid
         self.engine_starting_signal.publish(session_id)
-        self.watch_start(session_id, pid, answer.get("log", ""))
+        self.watch_start(session_id, pid, answer["log"])  # a detached engine's answer names it
 
     @work(group="engine-start")
     async def watch_start(self, session_id: int, pid: int, log: str) -> None:
