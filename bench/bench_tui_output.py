@@ -17,11 +17,16 @@ records everything it writes to the terminal (``tmux pipe-pane``) for a while. S
 - ``diff-quiet``: a node's diff against its parent over the finished session while the other
   search writes;
 - ``live-80``, ``help-live-80``, ``themes-live-80``: the live search at 80x24, alone, under help
-  and under the theme picker.
+  and under the theme picker;
+- ``live-110``, ``live-160``: the live search at 110x30 and 160x48, where the four panes share
+  the screen (with ``live-80`` and ``live``, the four widths a user tried);
+- ``scroll-80``, ``scroll-110``, ``scroll-120``, ``scroll-160``: j pressed 60 times, 20 a second,
+  in a kernel of 300 lines (the kernel pane focused), at 80x24, 110x30, 120x40 and 160x48; the
+  budget is per line moved.
 
 Prints one row per scenario: size, seconds recorded, the nodes the search added meanwhile, bytes,
-KB/s, the budget and whether it was met. Needs tmux; runs on a CPU machine (the searches use the
-test doubles of tests/doubles.py).
+KB/s (for a scroll: bytes per line moved), the budget and whether it was met. Needs tmux; runs on
+a CPU machine (the searches use the test doubles of tests/doubles.py).
 
     python bench/bench_tui_output.py [--seconds 20] [--only quiet,live] [--term xterm-256color]
 """
@@ -43,9 +48,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from kforge.core.candidate import Candidate
 from kforge.store import Store
 from tests.doubles import sample_cards
-from tests.tui.fixtures import GPU, build_sync
+from tests.tui.fixtures import GPU, KERNEL, build_sync
 
 SETTLE_S = 4.0  # after the screen shows what it waits for: startup output is not counted
 # The live search: an evaluation takes this long (a quick GPU turnaround), two proposals in
@@ -62,15 +68,21 @@ class Scenario:
     session: str | None  # which session kforge-tui opens: None (the list), "finished" or "live"
     engine: bool  # whether the live search runs meanwhile
     shows: str  # text on screen once the app has drawn what the scenario looks at
-    budget_kbs: float
+    budget: float  # KB/s; for a scroll, bytes per line moved
     keys: tuple[str, ...] = ()  # pressed (tmux key names) once it shows, to open a dialog
     dialog: str = ""  # text on screen once that dialog is open
+    scroll: int = 0  # lines moved with j while recording (the budget is then bytes per line)
 
     @property
     def follows_the_search(self) -> bool:
         """Whether the screen must change while it is recorded (it shows the live search, and
         no dialog covers the lines that change)."""
         return self.session == "live" and not self.keys
+
+
+# A kernel of this many lines is the finished session's best node's, for the scroll scenarios.
+LONG_KERNEL_LINES = 300
+SCROLL_KEYS_S = 0.05  # j twenty times a second, as a held key repeats
 
 
 PALETTE = "Search for commands"
@@ -88,11 +100,21 @@ SCENARIOS = (
     Scenario("themes-quiet", (80, 24), "finished", True, "#1 toy", 1.0, ("C-t",), THEMES),
     Scenario("confirm-live", (80, 24), None, True, "resnet50-tiny", 10.0, ("d",),
              "Delete session"),
-    Scenario("diff-quiet", (80, 24), "finished", True, "#1 toy", 1.0, ("d",),
+    Scenario("diff-quiet", (80, 24), "finished", True, "#1 toy", 1.0, ("2", "d"),
              "against its parent"),
     Scenario("live-80", (80, 24), "live", True, "#3 live", 10.0),
     Scenario("help-live-80", (80, 24), "live", True, "#3 live", 10.0, ("?",), "Keys here"),
     Scenario("themes-live-80", (80, 24), "live", True, "#3 live", 10.0, ("C-t",), THEMES),
+    Scenario("live-110", (110, 30), "live", True, "#3 live", 10.0),
+    Scenario("live-160", (160, 48), "live", True, "engine live", 10.0),
+    Scenario("scroll-80", (80, 24), "finished", False, "#1 toy", 2000, ("3",), "line 1",
+             scroll=60),
+    Scenario("scroll-110", (110, 30), "finished", False, "#1 toy", 20000, ("3",), "line 1",
+             scroll=60),
+    Scenario("scroll-120", (120, 40), "finished", False, "#1 toy", 20000, ("3",), "line 1",
+             scroll=60),
+    Scenario("scroll-160", (160, 48), "finished", False, "#1 toy", 20000, ("3",), "line 1",
+             scroll=60),
 )
 
 
@@ -108,8 +130,13 @@ class Result:
         return self.written / 1000 / self.seconds
 
     @property
+    def rate(self) -> float:
+        """KB/s, or for a scroll, bytes per line moved."""
+        return self.written / self.scenario.scroll if self.scenario.scroll else self.kbs
+
+    @property
     def passed(self) -> bool:
-        return self.kbs < self.scenario.budget_kbs
+        return self.rate < self.scenario.budget
 
 
 def tmux(*args: str) -> str:
@@ -132,6 +159,14 @@ async def add_live_session(db: Path) -> int:
         return await store.create_profiled_session("live", LIVE_SETTINGS, GPU, sample_cards())
 
 
+async def lengthen_kernel(db: Path, node: int) -> None:
+    """Give a node a kernel of LONG_KERNEL_LINES lines, each numbered, to scroll through."""
+    lines = KERNEL.splitlines()
+    source = "\n".join(f"{lines[i % len(lines)]} // line {i}" for i in range(LONG_KERNEL_LINES))
+    async with await Store.open(db) as store:
+        await store.set_candidate(node, Candidate(source, "launch()"), [])
+
+
 async def count_nodes(db: Path, session: int) -> int:
     async with await Store.open(db, create=False) as store:
         return len(await store.list_nodes(session))
@@ -152,6 +187,8 @@ def record(scenario: Scenario, work: Path, seconds: float, term: str) -> Result:
         db.unlink()
     ids = build_sync(db)
     live = asyncio.run(add_live_session(db))
+    if scenario.scroll:
+        asyncio.run(lengthen_kernel(db, ids["a1"]))  # the node the session opens on
     env = {"PYTHONPATH": str(REPO), "KFORGE_CONFIG": str(work / "config.toml"), "TERM": term}
     engine = start_engine(db, live, env, work / "engine.log") if scenario.engine else None
     session = {"finished": ids["session"], "live": live}.get(scenario.session or "")
@@ -178,7 +215,16 @@ def record(scenario: Scenario, work: Path, seconds: float, term: str) -> Result:
         nodes = asyncio.run(count_nodes(db, live))
         tmux("pipe-pane", "-o", "-t", name, f"cat >> {shlex.quote(str(output))}")
         start = time.monotonic()
-        time.sleep(seconds)
+        if scenario.scroll:
+            for _ in range(scenario.scroll):
+                tmux("send-keys", "-t", name, "j")
+                time.sleep(SCROLL_KEYS_S)
+            time.sleep(1.0)  # the last lines drawn
+            if f"│{scenario.scroll + 1:>3}  " not in tmux("capture-pane", "-p", "-t", name):
+                raise SystemExit(f"{scenario.name}: the kernel did not scroll to its line "
+                                 f"{scenario.scroll + 1}")
+        else:
+            time.sleep(seconds)
         tmux("pipe-pane", "-t", name)  # stop recording
         elapsed = time.monotonic() - start
         nodes = asyncio.run(count_nodes(db, live)) - nodes
@@ -200,9 +246,10 @@ def table(results: list[Result], term: str) -> str:
     lines = [f"TERM={term}, no COLORTERM", header]
     for r in results:
         width, height = r.scenario.size
+        rate = f"{r.rate:>5.0f} B/line" if r.scenario.scroll else f"{r.rate:>7.2f}"
         lines.append(f"{r.scenario.name:<14} {f'{width}x{height}':>7} {r.seconds:>8.1f} "
-                     f"{r.nodes:>6} {r.written:>9} {r.kbs:>7.2f} "
-                     f"{f'<{r.scenario.budget_kbs:g}':>7}  {'yes' if r.passed else 'NO'}")
+                     f"{r.nodes:>6} {r.written:>9} {rate} "
+                     f"{f'<{r.scenario.budget:g}':>7}  {'yes' if r.passed else 'NO'}")
     return "\n".join(lines)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import socket
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -17,6 +19,7 @@ from textual.app import App
 from textual.notifications import SeverityLevel
 from textual.binding import Binding, BindingType
 from textual.signal import Signal
+from textual.widget import Widget
 from textual.widgets import Input
 
 from kforge.core.inert import inert
@@ -25,7 +28,9 @@ from kforge.engine.plugins import needs_consent
 from kforge.errors import KforgeError
 from kforge.store import Store
 from kforge.store.config import config_path, db_path, load_config, save_config_value
+from kforge.store.events import EngineAttached
 from kforge.store.records import MAX_ROW_ID
+from kforge.store.store import engine_alive
 from kforge_tui.commands import KforgeCommands
 from kforge_tui.config.keymap import binding_ids, user_keymap
 from kforge_tui.config.themes import (
@@ -48,16 +53,17 @@ from kforge_tui.launch import (
 )
 from kforge_tui.messages import ErrorRaised, Notice
 from kforge_tui.screens.dialogs import Ask, Choose, Confirm, Dialog, DiffView, TrustPlugins
-from kforge_tui.screens.help import Help, help_rows
+from kforge_tui.screens.help import Help, help_rows, legend_of
 from kforge_tui.screens.new_session import NewSessionScreen
 from kforge_tui.screens.session import SessionScreen
 from kforge_tui.screens.sessions import SessionsScreen
+from kforge_tui.terminal_scroll import TerminalScrolls
 from kforge_tui.widgets.code_view import CodeView
 from kforge_tui.widgets.search_tree import SearchTree
 from kforge_tui.widgets.tables import OpTable, VimTable
 
 
-class KforgeApp(App):
+class KforgeApp(TerminalScrolls):
     TITLE = "kforge"
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("q", "quit", "quit", id="quit"),
@@ -98,7 +104,9 @@ class KforgeApp(App):
         self._config = config if config is not None else self._read_config()
         self.specs: dict[str, ThemeSpec] = {}
         self._load_themes(theme_folders, theme)
-        self._remember_theme = remember_theme
+        self._remember_theme = remember_theme and not demo  # the demo writes nothing of yours
+        self.starting: dict[int, int] = {}  # session id -> pid of an engine started, not yet seen
+        self.engine_starting_signal: Signal[int] = Signal(self, "engine-starting")
         keymap, problems = user_keymap(self._config.keys, binding_ids(binding_owners()))
         self._problems += problems
         self.set_keymap(keymap)
@@ -119,8 +127,10 @@ class KforgeApp(App):
         self.specs, problems = load_themes(folders)
         self._problems += problems
         depth = colour_depth(self.console)
+        withheld: set[str] = set()  # Textual's own: they have no colours for a smaller palette
         if depth is not ColorSystem.TRUECOLOR:
-            for name in list(self.available_themes):
+            withheld = set(self.available_themes)
+            for name in withheld:
                 self.unregister_theme(name)
         for spec in self.specs.values():
             if spec.offered_at(depth):
@@ -132,7 +142,7 @@ class KforgeApp(App):
                             if n in self.available_themes), None)
             colours = {ColorSystem.EIGHT_BIT: "256", ColorSystem.STANDARD: "16"}.get(depth)
             why = (f"is not made for this terminal's {colours} colours"
-                   if colours and name in self.specs else "does not exist")
+                   if colours and (name in self.specs or name in withheld) else "does not exist")
             self._problems.append(f"theme {name!r} {why}; using {instead}")
             name = instead or DEFAULT_THEME
         self.theme = name
@@ -185,20 +195,36 @@ class KforgeApp(App):
 
     def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
                timeout: float | None = None, markup: bool = True) -> None:
-        """Every toast, a widget's too, shows its text literally: messages quote settings such
-        as ``[search]``, paths and stored text, never markup (``markup`` is not honoured)."""
+        """kforge's toasts, a widget's too, show their text literally: they quote settings such
+        as ``[search]``, paths and stored text, never markup (``markup`` is not honoured).
+        Textual's own toasts keep their markup (ctrl+c's "Press [b]ctrl+q[/b] to quit the
+        app")."""
+        if asked_by_textual():
+            super().notify(message, title=title, severity=severity, timeout=timeout,
+                           markup=markup)
+            return
         super().notify(inert(message), title=inert(title), severity=severity, timeout=timeout,
                        markup=False)
 
     def report(self, text: str) -> None:
         self.notify(text, title="kforge", severity="error", timeout=8)
 
-    def refused_in_demo(self, doing: str) -> bool:
-        """In the demo, say that ``doing`` needs a session of one's own, and return True."""
+    @property
+    def read_only(self) -> bool:
+        """Whether nothing can be written: the demo, or a database this process may not write
+        (the file or its folder), which the store opened read-only."""
+        return self.demo or (self.store is not None and self.store.read_only)
+
+    def refused_read_only(self, doing: str) -> bool:
+        """Where nothing can be written, say why ``doing`` cannot be done, and return True."""
         if self.demo:
             self.notify(f"the demo is a read-only recording: {doing} works on your own sessions "
                         "(kforge-tui without --demo)", title="demo", severity="warning")
-        return self.demo
+        elif self.read_only:
+            self.notify(f"the database {self.db_path} is read-only here (this process may not "
+                        f"write the file or its folder): {doing} needs to write it",
+                        title="read-only", severity="warning")
+        return self.read_only
 
     def on_error_raised(self, message: ErrorRaised) -> None:
         self.report(message.text)
@@ -218,7 +244,7 @@ class KforgeApp(App):
         self.push_screen(SessionScreen(session_id))
 
     def new_session(self) -> None:
-        if self.refused_in_demo("starting a search"):
+        if self.refused_read_only("starting a search"):
             return
 
         def opened(session_id: int | None) -> None:
@@ -239,7 +265,7 @@ class KforgeApp(App):
         resume`` would refuse), ask first, and give those again (``--proposer SPEC``...) only on
         a yes."""
         store = await self.open_store()
-        if store is None or self.refused_in_demo("resuming a search"):
+        if store is None or self.refused_read_only("resuming a search"):
             return
         try:
             session = await store.get_session(session_id)
@@ -256,17 +282,69 @@ class KforgeApp(App):
                     raise KforgeError(f"session {session_id}'s stored plug-ins changed while "
                                       "you were asked; resume it again to see them")
             self.notify(f"starting the search of session {session_id}…", timeout=3)
-            await run_kforge(resume_argv(session_id, self.db_path, named), lambda _line: None)
+            answer = await run_kforge(resume_argv(session_id, self.db_path, named),
+                                      lambda _line: None)
         except KforgeError as exc:
             self.report(str(exc))
             return
-        self.notify(f"session {session_id} is searching in the background", timeout=4)
+        self.engine_started(answer)
         if open_after:
             self.open_session(session_id)
 
+    def engine_started(self, answer: dict) -> None:
+        """A detached engine was started for the session ``answer`` names (``kforge search`` or
+        ``resume --detach --json``): it is starting until it takes the session, and if its
+        process ends before it ever did, say so."""
+        session_id, pid = answer["session"], answer.get("engine_pid")
+        if not isinstance(pid, int):
+            return
+        self.notify(f"started an engine for session {session_id} (process {pid})", timeout=4)
+        self.starting[session_id] = pid
+        self.engine_starting_signal.publish(session_id)
+        self.watch_start(session_id, pid, answer["log"])  # a detached engine's answer names it
+
+    @work(group="engine-start")
+    async def watch_start(self, session_id: int, pid: int, log: str) -> None:
+        """Wait until the engine took the session (it may have ended since: a search with
+        nothing to do) or its process ended without taking it, which is said."""
+        store = await self.open_store()
+        try:
+            if store is not None:
+                seq = await store.last_seq()  # the engine may take the session before
+                while (await store.get_session(session_id)).engine_pid != pid and not any(
+                        isinstance(e.record, EngineAttached)
+                        for e in await store.events_since(seq, session_id)):
+                    if not process_runs(pid):
+                        self.report(f"the engine of session {session_id} (process {pid}) "
+                                    f"ended before it took the session: its log says why "
+                                    f"({log})")
+                        break
+                    await asyncio.sleep(self.poll_s)
+        except KforgeError as exc:
+            self.report(str(exc))
+        finally:
+            if self.starting.get(session_id) == pid:  # not a later start of the same session
+                del self.starting[session_id]
+                self.engine_starting_signal.publish(session_id)
+
     def action_help(self) -> None:
         if not isinstance(self.screen, Help):
-            self.push_screen(Help(help_rows(self.screen)))
+            self.push_screen(Help(help_rows(self.screen), legend_of(self.screen)))
+
+
+def asked_by_textual() -> bool:
+    """Whether the toast being shown was asked for by Textual itself: the first caller of
+    ``App.notify`` outside ``Widget.notify`` (which every widget's toast goes through) is in
+    Textual's package."""
+    frame = sys._getframe(2)  # App.notify's caller
+    while frame is not None and frame.f_code is Widget.notify.__code__:
+        frame = frame.f_back
+    return frame is not None and frame.f_globals.get("__name__", "").split(".")[0] == "textual"
+
+
+def process_runs(pid: int) -> bool:
+    """Whether a process of this machine is still running, as the store tells an engine's."""
+    return engine_alive(pid, socket.gethostname(), None)
 
 
 def binding_owners() -> tuple[type, ...]:

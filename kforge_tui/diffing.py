@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import difflib
 
+from rich.cells import chop_cells
+
 from kforge.core.candidate import Candidate
 from kforge_tui.format import plan_text
 
@@ -31,3 +33,15 @@ def line_kind(line: str) -> str:
     if line.startswith("-"):
         return "removed"
     return "context"
+
+
+def wrapped(line: str, width: int) -> list[str]:
+    """A diff line cut into rows of at most ``width`` cells. Each row of an added, removed or
+    context line is led by the line's own mark (``+``, ``-`` or a space), so that a wrapped added
+    line still reads as added; a header or hunk line continues under its text."""
+    if width < 2 or len(line) <= width:
+        return [line]
+    kind = line_kind(line)
+    mark = line[:1] if kind in ("added", "removed") else " "
+    first, rest = line[:width], line[width:]
+    return [first, *(mark + chunk for chunk in chop_cells(rest, width - 1))]

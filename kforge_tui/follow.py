@@ -13,7 +13,7 @@ from textual.message import Message
 from textual.screen import Screen
 
 from kforge.errors import KforgeError
-from kforge.store import Store
+from kforge.store import SessionStatus, Store
 from kforge.store.commands import is_alive
 from kforge.store.events import (
     CardsAdded,
@@ -56,11 +56,17 @@ class Interest:
     results: list[str] = field(default_factory=list)
     gone: bool = False
     measured: ModelMeasured | None = None  # the latest whole-model measurement among them
+    ended: tuple[str, str] | None = None  # the search ended: its status, and why ("": unsaid)
+
+
+# The statuses a search ends in; a viewer says why it ended.
+ENDED = frozenset({SessionStatus.DONE, SessionStatus.STOPPED, SessionStatus.FAILED})
 
 
 def fold(events: list[Event]) -> Interest:
     """Reduce events to the reads that bring a viewer up to date (pure)."""
     got = Interest()
+    said = ""  # the log's last line so far: a search that is done logs why, then ends
     for event in events:
         match event.record:
             case (NodeAdded(node_id=node) | NodeUpdated(node_id=node) | NodePruned(node_id=node)
@@ -74,6 +80,7 @@ def fold(events: list[Event]) -> Interest:
                 got.nodes.discard(node)
             case LogLine() as line:
                 got.log.append(log_line(event.at, line))
+                said = line.message
             case CommandDone(result=result):
                 got.results.append(result)
             case SessionDeleted():
@@ -81,8 +88,11 @@ def fold(events: list[Event]) -> Interest:
             case ModelMeasured() as measured:
                 got.measured = measured
                 got.state = True
-            case (SessionStatusChanged() | SessionSettingsChanged() | CardsAdded() | CardUpdated()
-                  | EngineAttached()):
+            case SessionStatusChanged(status=status, error=error):
+                got.state = True
+                why = error or (said if status == SessionStatus.DONE else "")
+                got.ended = (status, why) if status in ENDED else None
+            case SessionSettingsChanged() | CardsAdded() | CardUpdated() | EngineAttached():
                 got.state = True
             case UnknownEvent():
                 got.state = True  # written by a newer kforge: re-reading the state is always safe
@@ -149,7 +159,8 @@ async def follow_session(store: Store, session_id: int, post: Callable[[Message]
                     post(SessionChanged(Changes(gone=True)))
                     return
                 changes = Changes(nodes=await store.get_nodes(got.nodes),
-                                  deleted=sorted(got.deleted), log=got.log, results=got.results)
+                                  deleted=sorted(got.deleted), log=got.log, results=got.results,
+                                  ended=got.ended)
                 if got.state:
                     changes.state = await read_state(store, session_id,
                                                      got.measured or state.measured)

@@ -9,10 +9,11 @@ from typing import Any
 
 from rich.text import Text
 
-from kforge.core.argspec import tensor_specs
+from kforge.core.argspec import decode, tensor_specs
 from kforge.core.candidate import Candidate, EvalOutcome, Timing
 from kforge.core.fmt import fmt_age, fmt_best_over_eager, fmt_speedup, fmt_us
 from kforge.core.inert import inert
+from kforge.core.opcard import is_contiguous
 from kforge.core.settings import SessionSettings
 from kforge.integrate.winners import Decision, projected_speedup
 from kforge.store import NodeStatus
@@ -73,6 +74,15 @@ def node_label(row: NodeRow, visits: int, best: float | None, pruned: bool) -> N
     return NodeLabel(icon, tone, inert(f"#{row.id} {row.action} {result}"), figures)
 
 
+def node_name(row: NodeRow, card: CardRow) -> str:
+    """A node as a question names it: its number, its result, ``★best`` where it is its op's
+    best kernel, and its op (``node #1347, 3.14x ★best of convolution 1x64x56x56``)."""
+    result = fmt_speedup(row.speedup) if row.ok else row.status.replace("_", " ")
+    best = f" {ICON_BEST}best" if card.best_kernel == row.id else ""
+    pruned = " (pruned)" if row.pruned else ""
+    return inert(f"node #{row.id}, {result}{best}{pruned} of {card.card.label}")
+
+
 def card_root_label(card: CardRow, nodes: int) -> str:
     """The search tree's root: the op (a range card with its whole range) as eager runs it."""
     c = card.card
@@ -109,12 +119,101 @@ def no_best_text(card: CardRow) -> str:
     return text
 
 
-def shapes_of(card: CardRow) -> str:
-    return " ".join("x".join(str(d) for d in t["shape"]) or "()"
-                    for t in tensor_specs(card.card.args))
-
-
 CONFIRMING = "confirming"  # an op card's status word while one of its kernels is confirming
+
+# What a status means where the card stores no reason of its own.
+STATUS_MEANS = {
+    "pending": "not searched yet",
+    "searching": "being searched",
+    "done": "its search ended by its own stop rule",
+    "stopped": "the session's search ended before this op's did; r resumes it",
+    "skipped": "never searched",
+    CONFIRMING: "a would-be best kernel is under confirmation (compute-sanitizer, then re-timed "
+                "on new inputs in a fresh worker); it counts once confirmed",
+}
+LIBRARIES = {"native": "PyTorch's own kernel", "view": "a view or copy"}
+
+
+def card_reason(card: CardRow, confirming: bool = False) -> str:
+    """Why an op has its status, in words: its stop reason, else what the status means (a view
+    or copy is never a target, whatever its status)."""
+    if not card.card.target and not card.stop_reason:
+        return ("a view or copy: it moves no data a kernel could speed up, so it is never a "
+                "target" if card.card.library == "view" else "not a target op")
+    if confirming:
+        return STATUS_MEANS[CONFIRMING]
+    return card.stop_reason or STATUS_MEANS.get(card.status, card.status)
+
+
+def argument_lines(card: CardRow) -> list[str]:
+    """Each argument of the op's call on a line of its own: a tensor in full (dtype, shape,
+    strides, storage offset, and whether it is contiguous), a scalar or list as it is."""
+
+    def tensor(spec: dict) -> str:
+        dims = "x".join(map(str, spec["shape"])) or "()"
+        strides = "x".join(map(str, spec["stride"])) or "()"
+        layout = "contiguous" if is_contiguous(spec["shape"], spec["stride"]) else \
+            "not contiguous"
+        offset = f", offset {spec['offset']}" if spec.get("offset") else ""
+        return f"tensor {spec['dtype']} shape {dims} strides {strides} ({layout}{offset})"
+
+    def one(spec: Any) -> str:
+        return decode(spec, tensor, make_list=lambda items: "[" + "; ".join(items) + "]",
+                      make_named=lambda kind, name: f"{kind} {name}", make_scalar=repr)
+
+    c = card.card
+    lines = [f"{i}  {one(spec)}" for i, spec in enumerate(c.args)]
+    lines += [f"{name}={one(spec)}" for name, spec in sorted(c.kwargs.items())]
+    return lines or ["(none)"]
+
+
+def op_facts(card: CardRow, focused: bool, confirming: bool) -> list[tuple[str, str]]:
+    """Everything the op list says of an op, in full and with its basis, as (label, text)
+    rows: its status and why, its share, each figure with what it is relative to and who timed
+    it, and its call's arguments (shapes, dtypes, strides)."""
+    c = card.card
+    kind = LIBRARIES.get(c.library, "a vendor library's kernel" if c.vendor else "")
+    rows = [("op", f"{c.label} ({c.op})"),
+            ("status", f"{CONFIRMING if confirming else card.status}: "
+                       f"{card_reason(card, confirming)}")]
+    if focused:
+        rows.append(("focus", "the search is focused on this op"))
+    rows += [("share", f"{percent_text(c.share)} of the profiled model's time ({fmt_us(c.total_us)}"
+                       f" of GPU time in {c.calls} call{'s' if c.calls != 1 else ''} over one "
+                       "model run)"),
+             ("kind", c.library + (f": {kind}" if kind else ""))]
+    if card.best_kernel is not None:
+        over_compile = card.best_over_compiled
+        rows.append(("×eager", f"{best_cell(card)}: the best kernel (node #{card.best_kernel}) "
+                               "over eager, both the evaluator's device time per call"
+                     + (f"; {fmt_speedup(over_compile)} over torch.compile" if over_compile
+                        else "")))
+    else:
+        rows.append(("×eager", f"-: {no_best_text(card)}"))
+    if c.eager_us is not None:
+        rows.append(("eager", f"{fmt_us(c.eager_us)} per call: " + (
+            "the evaluator's device time, the op alone (eval)" if card.baseline is not None
+            else "the profile's GPU time inside the model run (prof), until the evaluator "
+                 "times the op alone")))
+    if c.compiled_us is not None:
+        rows.append(("compile", f"{fmt_us(c.compiled_us)} per call: torch.compile of the op "
+                                "alone, the evaluator's device time"))
+    if c.floor_us is not None:
+        rows.append(("floor", f"{fmt_us(c.floor_us)} per call: the physical floor (its bytes at "
+                              "the copy bandwidth, or its FLOPs at the peak rate)"))
+    if check := (card.baseline or {}).get("profile_check"):
+        rows.append(("note", "no speedup shown: the evaluator's eager time disagrees with the "
+                             f"profile ({check})"))
+    rows.append(("searched", f"{card.spent} iteration{'s' if card.spent != 1 else ''}"))
+    rows.append(("arguments", "\n".join(argument_lines(card))))
+    if card.modules:
+        rows.append(("called from", "\n".join(card.modules)))
+    return [(label, inert(text)) for label, text in rows]
+
+
+def percent_text(share: float) -> str:
+    """A share as a percentage, five cells at most: ``30.0%``, ``100%``."""
+    return "100%" if share >= 0.9995 else f"{100 * share:.1f}%"
 
 
 def card_status(card: CardRow, focused: bool, confirming: bool = False) -> str:

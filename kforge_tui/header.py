@@ -28,6 +28,10 @@ class Part:
     keep: int = 0
 
 
+# A database this process may not write: its write keys say so when pressed.
+READ_ONLY = Part("read-only database", "read-only", keep=5)
+
+
 def fit(parts: list[Part], width: int) -> str:
     """The parts joined in order: all in full where that fits ``width`` cells, else each in
     its short form, the parts of highest ``keep`` first given back their full form while the line
@@ -71,11 +75,14 @@ def short_gpu(label: str) -> str:
     return " ".join(w for w in (words[0], more) if w)
 
 
-def engine_state(status: str, alive: bool) -> tuple[str, str]:
-    """The session's state as (full, short) text; a search whose engine died says so, and how
+def engine_state(status: str, alive: bool, starting: int | None = None) -> tuple[str, str]:
+    """The session's state as (full, short) text; an engine started (process ``starting``)
+    that has not taken the session yet is starting; a search whose engine died says so, and how
     to start it again."""
     if alive:
         return f"{status} (engine live)", f"{status} ●"
+    if starting is not None:
+        return f"starting (engine process {starting})…", "starting…"
     if status in HELD_STATUSES:
         return "engine stopped — r to resume", "engine stopped — r to resume"
     if status in (SessionStatus.STOPPED, SessionStatus.READY, SessionStatus.FAILED):
@@ -85,10 +92,12 @@ def engine_state(status: str, alive: bool) -> tuple[str, str]:
 
 
 def session_header(session: Session, cards: list[CardRow], alive: bool, gpu: str,
-                   width: int, demo: bool = False, measured: ModelMeasured | None = None) -> str:
-    """The session screen's bar: which session, its state, iterations, the whole model's
-    speedup (as ``measured`` by ``kforge e2e``, and as the cards project it), money, time and
-    GPU."""
+                   width: int, demo: bool = False, measured: ModelMeasured | None = None,
+                   read_only: bool = False, starting: int | None = None) -> str:
+    """The session screen's bar: which session, its state (``starting``: the pid of an engine
+    started for it that has not taken it yet), iterations, the whole model's speedup (as
+    ``measured`` by ``kforge e2e``, and as the cards project it), money, time and GPU; and
+    whether nothing of it can be changed here (the demo, a read-only database)."""
     search = SessionSettings.from_stored(session.settings).search
     targets = sum(1 for c in cards if c.card.target)
     done = sum(c.spent for c in cards)
@@ -96,7 +105,8 @@ def session_header(session: Session, cards: list[CardRow], alive: bool, gpu: str
     limit = f"/${search.usd:.2f}" if search.usd is not None else ""
     minutes = f"{session.run_seconds / 60:.0f}m"
     wall = f"/{search.wall_s / 60:.0f}m" if search.wall_s else ""
-    state = (session.status, session.status) if demo else engine_state(session.status, alive)
+    state = (session.status, session.status) if demo else \
+        engine_state(session.status, alive, starting)
     parts = [Part(f"#{session.id} {session.model}", f"#{session.id} {short_model(session.model)}",
                   keep=3),
              Part(*state, keep=4),
@@ -108,6 +118,8 @@ def session_header(session: Session, cards: list[CardRow], alive: bool, gpu: str
     parts[3:3] = model_parts(model_projection(cards), measured)
     if demo:
         parts.insert(0, Part("demo (read-only)", "demo", keep=1))  # nothing here is yours
+    elif read_only:
+        parts.insert(1, READ_ONLY)
     return fit(parts, width)
 
 
@@ -128,12 +140,17 @@ def model_parts(projected: float | None, measured: ModelMeasured | None) -> list
     return parts
 
 
-def sessions_header(db: Path, gpu: str, width: int, demo: bool = False) -> str:
-    """The sessions screen's bar: the database and this machine's GPU."""
+def sessions_header(db: Path, gpu: str, width: int, demo: bool = False,
+                    read_only: bool = False) -> str:
+    """The sessions screen's bar: the database (and whether it is read-only here) and this
+    machine's GPU."""
     where = Part("demo recording (read-only)", "demo") if demo else \
         Part(str(db), clip_path(db))
-    return fit([Part("kforge", "kforge", keep=2), where,
-                Part(gpu, short_gpu(gpu.removeprefix("GPU: ")), keep=1)], width)
+    parts = [Part("kforge", "kforge", keep=2), where]
+    if read_only and not demo:
+        parts.append(READ_ONLY)
+    return fit([*parts, Part(gpu, short_gpu(gpu.removeprefix("GPU: ")), keep=1)], width)
+
 
 
 def clip_path(path: Path, width: int = 32) -> str:

@@ -80,6 +80,7 @@ class Changes:
     log: list[str] = field(default_factory=list)
     results: list[str] = field(default_factory=list)  # the engine's answers to commands
     gone: bool = False  # the session was deleted
+    ended: tuple[str, str] | None = None  # its search ended: the status, and why (or "")
 
 
 class SessionChanged(Message):

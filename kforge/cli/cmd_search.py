@@ -68,7 +68,9 @@ def _add_search_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--patience", type=int,
                    help="stop an op after N iterations without improvement (default 12)")
     g.add_argument("--seed", type=int, help="random seed of the search (default 0)")
-    g.add_argument("--focus", type=int, metavar="CARD", help="search only this op card")
+    g.add_argument("--focus", type=int, metavar="CARD",
+                   help="search only this op card until it has nothing left to search, then "
+                        "every op")
     g.add_argument("--top", type=int, dest="top_ops", metavar="N",
                    help="search only the N ops with the largest time shares")
     g.add_argument("--detach", action="store_true",

@@ -3,11 +3,22 @@ by the CLI and the TUI."""
 
 from __future__ import annotations
 
+import math
+
 from kforge.core.candidate import KFORGE_SUFFIX, Headline, ModelMeasured
 
 
 def fmt_speedup(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}x"
+    """``1.42x``. A speedup that two decimals would show as ``1.00x`` but is not 1 keeps a third
+    decimal, rounded away from 1 (``0.997x``, ``1.001x``): a kernel slower than its baseline never
+    reads as 1.00x."""
+    if value is None:
+        return "-"
+    text = f"{value:.2f}x"
+    if text != "1.00x" or value == 1.0:
+        return text
+    thousandths = math.floor(value * 1000) if value < 1.0 else math.ceil(value * 1000)
+    return f"{thousandths / 1000:.3f}x"
 
 
 def fmt_best_over_eager(speedup: float | None) -> str:

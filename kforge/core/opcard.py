@@ -152,6 +152,19 @@ class OpCard:
         return describe_args(self.args, self.kwargs)
 
     @property
+    def shapes(self) -> str:
+        """Its tensors' shapes in order, ``8x1024 8x1024`` (``()`` for a tensor of no
+        dimensions)."""
+        return " ".join("x".join(str(d) for d in t["shape"]) or "()"
+                        for t in tensor_specs(self.args))
+
+    @property
+    def label(self) -> str:
+        """The op as a list of ops shows it, by its name, range and shapes (``_softmax
+        8x1024``): how a message names an op, never by its card's id."""
+        return " ".join(part for part in (self.short_op, self.range_text, self.shapes) if part)
+
+    @property
     def range_text(self) -> str:
         """``L=1..4096`` for a range card, "" for an exact one."""
         if self.ranges is None:

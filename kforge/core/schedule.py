@@ -187,6 +187,13 @@ class Schedule:
         """Whether ``card`` may still get iterations: not done, and inside the focus."""
         return not card.done and (self.focus is None or card.card_id == self.focus)
 
+    def focus_ended(self) -> CardSearch | None:
+        """The focused card once nothing is left to search there (its stop rule ended it, it was
+        skipped, or it is not among the cards searched): a focus narrows the search and never
+        ends it, so the engine then clears it. None while the focus has work, or without one."""
+        card = self.cards.get(self.focus) if self.focus is not None else None
+        return card if card is not None and card.done else None
+
     def next_card(self) -> CardSearch | None:
         """The card to spend the next iteration on (within the focus), or None when no card
         still being searched is owed one."""

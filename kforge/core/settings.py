@@ -245,7 +245,7 @@ class SearchSettings(_Section):
     confirmations: int = 2
     patience: int = 12  # stop an op after this many iterations without improvement
     seed: int = 0  # random seed of the search
-    focus: int | None = None  # only search this op card (an id `kforge show` lists)
+    focus: int | None = None  # search this op card first (an id `kforge show` lists), then all
     top_ops: int | None = None  # only search the ops with the largest time shares
     # [search.mcts]: the tree search's constants (exploration, widening, repairs)
     mcts: MctsParams = field(default_factory=MctsParams)

@@ -31,6 +31,7 @@ import contextlib
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import TypeVar
@@ -266,6 +267,7 @@ class Engine:
                         break
             if not self._tasks and not self.paused:
                 if not self._unconfirmed():
+                    await self._say_nothing_left()
                     return SessionStatus.DONE
                 self._winding_down = True  # nothing else to do: confirm what waits
                 if (why := self._out_of_time()) is not None:
@@ -426,6 +428,7 @@ class Engine:
 
     async def _start_next(self) -> bool:
         await self._flush_card_done()
+        await self._release_focus()
         if (reason := self.schedule.exhausted(self._usd, self._run_seconds())) is not None:
             if reason != self._end_reason and not self._tasks:
                 self._end_reason = reason
@@ -446,6 +449,36 @@ class Engine:
         self._winding_down = False
         self._notify()
         return True
+
+    async def _release_focus(self) -> None:
+        """A focused op with nothing left to search hands the search back to every op (a focus
+        narrows the search, never ends it): the focus is cleared in the store too, and the log
+        says why."""
+        search = self.schedule.focus_ended()
+        if search is None:
+            return
+        self.schedule.focus = None
+        await save_focus(self.store, self.session_id, None)
+        await self._log(f"focus cleared: the focused op {search.card.label} "
+                        f"{self._nothing_left(search.card_id)}; the search goes on with every op")
+
+    def _nothing_left(self, card_id: int) -> str:
+        """Why a card has nothing left to search, as words after its name."""
+        row = self.rows[card_id]
+        if (card_id not in self.schedule.searched and row.status != CardStatus.SKIPPED
+                and self.settings.top_ops is not None):
+            return f"is not among the {self.settings.top_ops} largest ops searched (top_ops)"
+        return f"is {row.status}" + (f" ({row.stop_reason})" if row.stop_reason else "")
+
+    async def _say_nothing_left(self) -> None:
+        """Log why a search ends with nothing left to search, unless a budget's end said it
+        already: a resumed search that has nothing to do ends at once, with this line."""
+        if self._end_reason:
+            return
+        counts = Counter(self.rows[card_id].status for card_id in self.schedule.searched)
+        listed = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+        self._end_reason = "no op left to search"
+        await self._log(f"search done: no op left to search ({listed or 'no target ops'})")
 
     def _spawn(self, coro) -> None:
         self._tasks.add(asyncio.create_task(coro))
@@ -753,6 +786,9 @@ class Engine:
             return await self._prune(arg, kind == CommandKind.PRUNE)
         if arg is not None and arg not in self.schedule.cards:  # focus
             return f"no op card {arg} in this session"
+        if arg is not None and self.schedule.cards[arg].done:
+            return (f"not focused: {self.schedule.cards[arg].card.label} "
+                    f"{self._nothing_left(arg)}")
         self.schedule.focus = arg
         return await save_focus(self.store, self.session_id, arg)
 

@@ -66,12 +66,13 @@ def _is_id(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
-def asked(kind: CommandKind, arg: int | None) -> str:
-    """What a command asks for, as the words after "to": ``prune node 7``."""
+def asked(kind: CommandKind, arg: int | None, op: str = "") -> str:
+    """What a command asks for, as the words after "to": ``prune node 7``, ``focus on _softmax
+    8x1024`` (a focus names its op, ``op``: the card's ``label``)."""
     if kind in NODE_KINDS:
         return f"{kind} node {arg}"
     if kind is CommandKind.FOCUS:
-        return "clear its focus" if arg is None else f"focus on card {arg}"
+        return "clear its focus" if arg is None else f"focus on {op}"
     return str(kind)
 
 
@@ -99,12 +100,12 @@ async def issue(store: Store, session_id: int, kind: str, arg: object = None) ->
     running search can do."""
     kind, arg = checked(kind, arg)
     session = await store.get_session(session_id)
-    await _check_target(store, session_id, kind, arg)
+    op = await _check_target(store, session_id, kind, arg)
     how = route(kind, is_alive(session), session.status)
     if how is Route.ENGINE:
         await store.send_command(session_id, kind, arg)
         return (f"asked the engine of session {session_id} (process {session.engine_pid}) "
-                f"to {asked(kind, arg)}")
+                f"to {asked(kind, arg, op)}")
     if how is Route.RELEASE:
         await store.release_engine(session_id, SessionStatus.STOPPED,
                                    "the engine had died; marked stopped")
@@ -120,24 +121,30 @@ async def issue(store: Store, session_id: int, kind: str, arg: object = None) ->
 
 
 async def _check_target(store: Store, session_id: int, kind: CommandKind, arg: int | None
-                        ) -> None:
-    """A node or card named by a command must belong to the session."""
+                        ) -> str:
+    """A node or card named by a command must belong to the session; a focused card's op as
+    messages name it ("" for any other command)."""
     if kind in NODE_KINDS:
         found = await store.get_nodes([arg])
         if not found or found[0].session_id != session_id:
             raise BadCommand(f"no search node {arg} in session {session_id}")
     elif kind is CommandKind.FOCUS and arg is not None:
-        if arg not in {row.id for row in await store.list_cards(session_id)}:
+        card = next((row for row in await store.list_cards(session_id) if row.id == arg), None)
+        if card is None:
             raise BadCommand(f"no op card {arg} in session {session_id}")
+        return card.card.label
+    return ""
 
 
 async def save_focus(store: Store, session_id: int, card_id: int | None) -> str:
     """Store the card the search is restricted to (None: every op) with the session's search
-    settings, where a resumed engine reads it."""
+    settings, where a resumed engine reads it; say so, naming the op as the op list shows it."""
     session = await store.get_session(session_id)
     search = {**session.settings.get("search", {}), "focus": card_id}
     await store.update_settings(session_id, {"search": search})
-    return "focus cleared" if card_id is None else f"focused on card {card_id}"
+    if card_id is None:
+        return "focus cleared"
+    return f"focused on {(await store.get_card(card_id)).card.label}"
 
 
 async def save_pruned(store: Store, node_id: int, pruned: bool) -> str:

@@ -152,6 +152,7 @@ class Store:
         self._lock = asyncio.Lock()
         self._lease: _Lease | None = None  # the engine lease this store holds
         self._lost: LeaseLost | None = None  # set once that lease was found taken over
+        self.read_only = False  # opened by open_read_only: every write fails
 
     # ----- opening -----
 
@@ -242,7 +243,9 @@ class Store:
                               f"one knows {LATEST}): upgrade kforge")
         try:
             await check_plain_schema(db, path)
-            return cls(db, path)
+            store = cls(db, path)
+            store.read_only = True
+            return store
         except DB_ERRORS as exc:  # a schema SQLite cannot read
             await db.close()
             raise _explain(exc, path) from None

@@ -1,10 +1,13 @@
-"""Small modal dialogs: yes/no, pick one of a list, type a line, read a diff, and trust what a
-session names to run. Each fits an 80x24 terminal: at most 76 cells wide, its text wrapped."""
+"""Small modal dialogs: yes/no, pick one of a list, type a line, read a long text (an op's
+details, a diff), and trust what a session names to run. Each fits an 80x24 terminal: at most
+76 cells wide (a long text: the whole terminal), its text wrapped."""
 
 from __future__ import annotations
 
 from typing import ClassVar
 
+from rich.console import RenderableType
+from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
@@ -14,8 +17,9 @@ from textual.widgets import Button, Input, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
 from kforge.core.inert import inert
-from kforge_tui.diffing import line_kind
+from kforge_tui.diffing import line_kind, wrapped
 from kforge_tui.format import literal
+from kforge_tui.widgets.scrolling import VimScroll
 
 
 class Dialog(ModalScreen):
@@ -194,17 +198,59 @@ class Ask(Dialog):
         self.dismiss(event.value)
 
 
-class DiffView(Dialog):
-    """A unified diff, coloured by line kind; escape or q closes it."""
+class Reading(Dialog):
+    """A long text in a box as large as the terminal, which the panes' keys scroll (j/k, g/G,
+    ctrl+d/ctrl+u); escape or q closes it."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("q", "cancel", "close", id="close"),
-        Binding("j", "scroll_down", show=False, id="down"),
-        Binding("k", "scroll_up", show=False, id="up"),
     ]
     DEFAULT_CSS = """
-    DiffView > Vertical { width: 100%; height: 100%; max-width: 100%; max-height: 100%; }
-    DiffView VerticalScroll { height: 1fr; }
+    Reading > Vertical { width: 100%; height: 100%; max-width: 100%; max-height: 100%; }
+    Reading VimScroll { height: 1fr; }
+    """
+
+    def __init__(self, title: str, body: RenderableType = "") -> None:
+        super().__init__(title)
+        self.body_shown = literal(body) if isinstance(body, str) else body
+
+    def compose(self) -> ComposeResult:
+        with Vertical() as box:
+            box.border_title = literal(self.title_text)
+            box.border_subtitle = "escape: close"
+            with VimScroll():
+                yield Static()
+
+    def on_mount(self) -> None:
+        self.query_one(VimScroll).focus()
+        self.call_after_refresh(self.show_text)  # once laid out: the text's width is known
+
+    def on_resize(self) -> None:
+        self.show_text()
+
+    def show_text(self) -> None:
+        width = self.query_one(VimScroll).scrollable_content_region.width
+        self.query_one(Static).update(self.render_text(width))
+
+    def render_text(self, width: int) -> RenderableType:
+        """What the box shows in ``width`` cells (a text wraps to them by itself)."""
+        return self.body_shown
+
+
+def facts_table(rows: list[tuple[str, str]]) -> Table:
+    """Labels beside what they say, which wraps under itself in the room the labels leave."""
+    table = Table(box=None, show_header=False, padding=(0, 2, 0, 0), expand=True)
+    table.add_column(no_wrap=True, style="bold")
+    table.add_column(ratio=1)
+    for label, text in rows:
+        table.add_row(literal(label), literal(text))
+    return table
+
+
+class DiffView(Reading):
+    """A unified diff, coloured by line kind; a wrapped line keeps its mark on each row."""
+
+    DEFAULT_CSS = """
     DiffView > .diff--added { color: $success; }
     DiffView > .diff--removed { color: $error; }
     DiffView > .diff--hunk { color: $secondary; }
@@ -217,29 +263,14 @@ class DiffView(Dialog):
         super().__init__(title)
         self.lines = lines
 
-    def compose(self) -> ComposeResult:
-        with Vertical() as box:
-            box.border_title = literal(self.title_text)
-            box.border_subtitle = "escape: close"
-            with VerticalScroll():
-                yield Static()
-
-    def on_mount(self) -> None:
-        self.query_one(Static).update(self.render_diff())
-        self.query_one(VerticalScroll).focus()
-
-    def render_diff(self) -> Text:
+    def render_text(self, width: int) -> Text:
         if not self.lines:
             return Text("no difference")
         text = Text()
         for line in self.lines:
-            style = self.get_component_rich_style(f"diff--{line_kind(line)}", partial=True) \
-                if line_kind(line) != "context" else ""
-            text.append(inert(line) + "\n", style=style)  # stored kernel source
+            kind = line_kind(line)
+            style = self.get_component_rich_style(f"diff--{kind}", partial=True) \
+                if kind != "context" else ""
+            for row in wrapped(inert(line), width):  # stored kernel source
+                text.append(row + "\n", style=style)
         return text
-
-    def action_scroll_down(self) -> None:
-        self.query_one(VerticalScroll).scroll_down(animate=False)
-
-    def action_scroll_up(self) -> None:
-        self.query_one(VerticalScroll).scroll_up(animate=False)

@@ -176,4 +176,5 @@ class NewSessionScreen(ModalScreen[int | None]):
             return
         finally:
             self.query_one("#start", Button).disabled = False
+        self.app.engine_started(answer)
         self.dismiss(answer["session"])

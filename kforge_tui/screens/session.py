@@ -5,6 +5,8 @@ per pane, routes what its workers report (by message) to them, and carries the k
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from functools import partial
 from typing import ClassVar
 
 from textual import on, work
@@ -16,15 +18,16 @@ from textual.widgets import DataTable, Tree
 from kforge.core.candidate import Candidate
 from kforge.errors import KforgeError
 from kforge.eval.cluster import workers_of
-from kforge.store import CommandKind, SessionStatus, Store
+from kforge.store import CardStatus, CommandKind, SessionStatus, Store
 from kforge.store.commands import HELD_STATUSES, NoRunningSearch, issue
 from kforge.store.events import LogLine
 from kforge.store.records import CardRow, NodeDetail
 from kforge_tui.commands import PaletteCommand
 from kforge_tui.diffing import candidate_diff
 from kforge_tui.follow import follow_session, log_line, poll_wait
-from kforge_tui.format import focus_of, no_best_text
+from kforge_tui.format import focus_of, no_best_text, node_name, op_facts
 from kforge_tui.header import session_header
+from kforge_tui.legend import HEADER, OPS, TREE, Legend
 from kforge_tui.messages import (
     ErrorRaised,
     NodeLoaded,
@@ -35,7 +38,7 @@ from kforge_tui.messages import (
     SessionState,
 )
 from kforge_tui.screens.backdrop import Backdrop
-from kforge_tui.screens.dialogs import Ask, Choose, DiffView
+from kforge_tui.screens.dialogs import Ask, Choose, DiffView, Reading, facts_table
 from kforge_tui.search_model import NodeFilter, SearchModel
 from kforge_tui.widgets.footer import KeysFooter
 from kforge_tui.widgets.node_view import NodeCode, NodeLogs
@@ -47,6 +50,14 @@ from kforge_tui.widgets.workers import WorkersBar
 
 REPAINT_S = 0.25  # how often changed tree figures are redrawn
 NO_NODE_YET = "select a node in the search tree (2)"
+# Where what a key acts on shows: a search node on its tree line, or by its number atop its
+# kernel; an op on its row, or atop its search tree. There the key acts at once; in another
+# pane it names what it would act on and asks first, and the footer does not offer it.
+SHOWN_IN = {"node": frozenset({"tree", "code"}), "op": frozenset({"ops", "tree"})}
+ACTS_ON = {"prune": "node", "unprune": "node", "diff": "node", "focus_op": "op"}
+# Keys that work in some panes only: the footer offers them there.
+WORKS_IN = {"filter": frozenset({"ops", "tree"})}
+LEGENDS = {"ops": OPS, "tree": TREE}  # the legend of the symbols a pane shows
 
 
 async def read_node(store: Store, node_id: int) -> tuple[NodeDetail, Candidate | None]:
@@ -75,7 +86,7 @@ class SessionScreen(Backdrop):
         Binding("S", "stop", "stop", show=False, id="stop"),
         Binding("b", "best", "best", id="best"),
         Binding("d", "diff", "diff", id="diff"),
-        Binding("f", "focus_op", "focus op", show=False, id="focus"),
+        Binding("f", "focus_op", "focus", id="focus"),
         Binding("slash", "filter", "filter", id="filter"),
     ]
 
@@ -91,7 +102,8 @@ class SessionScreen(Backdrop):
     def compose(self) -> ComposeResult:
         yield StatusBar(f"session {self.session_id}: loading…", id="topbar")
         yield WorkersBar(id="workers")
-        # The op column stays put when the table scrolls sideways to its status and shapes.
+        # The op column stays put where even the columns the table keeps do not fit (a
+        # terminal under 80 columns) and it scrolls sideways.
         yield PaneGrid(Pane("ops", OpTable(id="ops", fixed_columns=1)),
                        Pane("code", NodeCode(id="code-tabs")),
                        Pane("tree", SearchTree(self.model, id="tree")),
@@ -104,6 +116,8 @@ class SessionScreen(Backdrop):
         self.grid.fit(self.size.width, self.size.height)
         self.set_interval(REPAINT_S, self.query_one(SearchTree).repaint_if_dirty)
         self.app.gpu_known_signal.subscribe(self, lambda _gpu: self.show_bar())
+        self.app.engine_starting_signal.subscribe(
+            self, lambda session_id: session_id == self.session_id and self.show_bar())
         self.follow()
         self.action_pane("ops")
 
@@ -133,6 +147,18 @@ class SessionScreen(Backdrop):
 
     def action_cycle_tab(self, step: int) -> None:
         self.grid.cycle_tab(step)
+
+    def footer_label(self, action: str, words: str) -> str | None:
+        """What the footer says for a key here (None: it leaves the key out): only the keys
+        that act on what the focused pane shows, in the words of what they do now."""
+        panes = SHOWN_IN[ACTS_ON[action]] if action in ACTS_ON else WORKS_IN.get(action)
+        if panes is not None and self.active not in panes:
+            return None
+        return "resume" if action == "pause" and self.paused else words
+
+    @property
+    def paused(self) -> bool:
+        return self.state is not None and self.state.session.status == SessionStatus.PAUSED
 
     # ----- following the store -----
 
@@ -181,12 +207,21 @@ class SessionScreen(Backdrop):
             self.query_one(NodeLogs).add_log(changes.log)
         for result in changes.results:
             self.app.notify(f"search: {result}", timeout=4)
+        if changes.ended is not None:
+            status, why = changes.ended
+            self.app.notify(f"the search of session {self.session_id} ended, {status}"
+                            + (f": {why}" if why else ""), timeout=8)
         shown = self.detail.row.id if self.detail else None
         if shown is not None and any(row.id == shown for row in changes.nodes):
             self.load_detail(shown, delay_s=0.0)
 
     def show_state(self, state: SessionState) -> None:
+        paused = self.paused
+        focus = focus_of(self.state.session) if self.state is not None else None
         self.state = state
+        if self.paused != paused:
+            self.refresh_bindings()  # the footer's p says what it does now
+        self.tell_focus_cleared(focus)
         self.query_one(OpTable).show(state.cards, focus_of(state.session),
                                      self.model.best_trends(), self.model.confirming_cards())
         tree = self.query_one(SearchTree)
@@ -198,6 +233,15 @@ class SessionScreen(Backdrop):
                 self.show_selected_node()
         self.watch_engine(state)
         self.show_bar()
+
+    def tell_focus_cleared(self, before: int | None) -> None:
+        """Say when the search let go of the op it was focused on because nothing is left to
+        search there: it goes on with every op."""
+        card = self.card(before) if before is not None else None
+        if card is not None and focus_of(self.state.session) is None \
+                and card.status in (CardStatus.DONE, CardStatus.SKIPPED):
+            self.app.notify(f"{card.card.label} is {card.status}: the search goes on with "
+                            "every op", title="focus cleared", timeout=8)
 
     def watch_engine(self, state: SessionState) -> None:
         """Say once, in a notice and in the session log, that the engine of a search died."""
@@ -214,7 +258,8 @@ class SessionScreen(Backdrop):
         if self.state is not None:
             self.query_one(StatusBar).show(session_header(
                 self.state.session, self.state.cards, self.state.alive, self.app.gpu_label,
-                self.size.width - 2, self.app.demo, self.state.measured))
+                self.size.width - 2, self.app.demo, self.state.measured, self.app.read_only,
+                self.app.starting.get(self.session_id)))
             self.query_one(WorkersBar).show(workers_of(self.state.session.settings),
                                             self.state.alive, self.size.width - 2)
 
@@ -222,6 +267,11 @@ class SessionScreen(Backdrop):
         if self.state is None:
             return None
         return next((c for c in self.state.cards if c.id == card_id), None)
+
+    def selected_card(self) -> CardRow | None:
+        """The op under the op list's cursor."""
+        card_id = self.query_one(OpTable).selected_card
+        return self.card(card_id) if card_id is not None else None
 
     # ----- selection -----
 
@@ -295,17 +345,30 @@ class SessionScreen(Backdrop):
             self.app.report("select a node in the search tree first (2, then j/k)")
         return node_id
 
+    def on_node(self, verb: str, act: Callable[[int], object], writes: bool = True) -> None:
+        """Run ``act`` on the tree's selected node: at once where the focused pane shows it,
+        else after a question that names it (the pane in sight shows another thing); one that
+        ``writes`` the store is refused, before any question, where nothing can be written."""
+        node_id = self.selected_node()
+        tree = self.query_one(SearchTree)
+        if node_id is None or tree.card is None or writes and self.app.refused_read_only(
+                verb.lower()):
+            return
+        if self.active in SHOWN_IN["node"]:
+            act(node_id)
+            return
+        name = node_name(self.model.nodes[node_id].row, tree.card)
+        # a diff only shows: yes is the safe answer there
+        self.app.confirm(f"{verb} {name}?", lambda: act(node_id), default_yes=not writes)
+
     def action_prune(self) -> None:
-        if (node_id := self.selected_node()) is not None:
-            self.command(CommandKind.PRUNE, node_id)
+        self.on_node("Prune", lambda node_id: self.command(CommandKind.PRUNE, node_id))
 
     def action_unprune(self) -> None:
-        if (node_id := self.selected_node()) is not None:
-            self.command(CommandKind.UNPRUNE, node_id)
+        self.on_node("Unprune", lambda node_id: self.command(CommandKind.UNPRUNE, node_id))
 
     def action_pause(self) -> None:
-        paused = self.state is not None and self.state.session.status == SessionStatus.PAUSED
-        self.command(CommandKind.RESUME if paused else CommandKind.PAUSE)
+        self.command(CommandKind.RESUME if self.paused else CommandKind.PAUSE)
 
     def action_resume(self) -> None:
         if self.state is not None and self.state.alive:
@@ -321,16 +384,23 @@ class SessionScreen(Backdrop):
                          lambda: self.command(CommandKind.STOP))
 
     def action_focus_op(self) -> None:
-        card_id = self.query_one(OpTable).selected_card
-        if card_id is None or self.state is None:
+        """Focus the search on the selected op, or clear the focus on it; where the focused
+        pane shows another thing, after a question that names the op."""
+        card = self.selected_card()
+        if card is None or self.state is None or self.app.refused_read_only("focus"):
             return
-        self.command(CommandKind.FOCUS,
-                     None if focus_of(self.state.session) == card_id else card_id)
+        clear = focus_of(self.state.session) == card.id
+        focus = partial(self.command, CommandKind.FOCUS, None if clear else card.id)
+        if self.active in SHOWN_IN["op"]:
+            focus()
+        else:
+            question = "Clear the focus on" if clear else "Focus the search on"
+            self.app.confirm(f"{question} {card.card.label}?", focus)
 
     @work(group="command")
     async def command(self, kind: CommandKind, arg: int | None = None) -> None:
         store = await self.app.open_store()
-        if store is None or self.app.refused_in_demo(f"{kind}"):
+        if store is None or self.app.refused_read_only(f"{kind}"):
             return
         try:
             said = await issue(store, self.session_id, kind, arg)
@@ -353,6 +423,23 @@ class SessionScreen(Backdrop):
 
     # ----- looking around -----
 
+    def action_op_details(self) -> None:
+        """Everything the op list says of the selected op, in full and with its basis: why it
+        has its status, its figures and who timed them, its call's shapes, dtypes and strides."""
+        card = self.selected_card()
+        if card is None or self.state is None:
+            return
+        focused = focus_of(self.state.session) == card.id
+        confirming = card.id in self.model.confirming_cards()
+        self.app.push_screen(Reading(f"op {card.card.short_op}",
+                                     facts_table(op_facts(card, focused, confirming))))
+
+    def legend(self) -> Legend:
+        """What the symbols and labels mean: the focused pane's first, then the other panes'
+        and the top bar's."""
+        panes = sorted((OPS, TREE), key=lambda legend: legend is not LEGENDS.get(self.active))
+        return (*panes[0], *panes[1], *HEADER)
+
     def action_best(self) -> None:
         tree = self.query_one(SearchTree)
         card = tree.card
@@ -365,9 +452,9 @@ class SessionScreen(Backdrop):
             self.app.report(f"the best node #{best} is hidden by the filter")
 
     def action_diff(self) -> None:
-        node_id = self.selected_node()
-        if node_id is None:
-            return
+        self.on_node("Diff", self.show_diff, writes=False)
+
+    def show_diff(self, node_id: int) -> None:
         detail = self.detail
         if detail is None or detail.row.id != node_id:
             self.app.report("the node is still loading; try again in a moment")
@@ -454,6 +541,8 @@ class SessionScreen(Backdrop):
             PaletteCommand("Jump to the best node", self.action_best, "best"),
             PaletteCommand("Diff the node against its parent", self.action_diff, "diff"),
             PaletteCommand("Focus the search on the selected op", self.action_focus_op, "focus"),
+            PaletteCommand("Details of the selected op: why its status, its figures' basis, "
+                           "its shapes", self.action_op_details, "op_details"),
             PaletteCommand("Filter ops or nodes", self.action_filter, "filter"),
             PaletteCommand("Back (out of a filter, to the tree, to the sessions)",
                            self.action_back, "back"),

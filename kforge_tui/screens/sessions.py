@@ -17,6 +17,7 @@ from kforge_tui.commands import PaletteCommand
 from kforge_tui.follow import poll_wait
 from kforge_tui.format import session_cells
 from kforge_tui.header import sessions_header, short_gpu, short_model
+from kforge_tui.legend import SESSIONS, Legend
 from kforge_tui.launch import needs_gpu, search_evaluator
 from kforge_tui.messages import DatabaseUnreadable, ErrorRaised, SessionsLoaded
 from kforge_tui.screens.backdrop import Backdrop
@@ -73,7 +74,8 @@ class SessionsScreen(Backdrop):
     def show_bar(self) -> None:
         app = self.app
         self.query_one(StatusBar).show(sessions_header(app.db_path, app.gpu_label,
-                                                       self.size.width - 2, app.demo))
+                                                       self.size.width - 2, app.demo,
+                                                       app.read_only))
         self.show_notice()
 
     def show_notice(self) -> None:
@@ -121,6 +123,8 @@ class SessionsScreen(Backdrop):
 
     @on(SessionsLoaded)
     def show_sessions(self, message: SessionsLoaded) -> None:
+        if not self.summaries:  # the store is open now: read-only or not
+            self.show_bar()
         self.summaries = {s.session.id: s for s in message.summaries}
         self.alive = message.alive
         self.problem = None
@@ -158,7 +162,7 @@ class SessionsScreen(Backdrop):
 
     def action_resume(self) -> None:
         sid = self.selected()
-        if sid is None or self.app.refused_in_demo("resuming a search"):
+        if sid is None or self.app.refused_read_only("resuming a search"):
             return
         if self.alive.get(sid):
             self.app.notify(f"session {sid} is already searching: attaching")
@@ -171,7 +175,7 @@ class SessionsScreen(Backdrop):
 
     def action_delete(self) -> None:
         sid = self.selected()
-        if sid is None or self.app.refused_in_demo("deleting a session"):
+        if sid is None or self.app.refused_read_only("deleting a session"):
             return
         if self.alive.get(sid):
             self.app.report(f"session {sid} is being searched right now: open it and stop it "
@@ -192,6 +196,9 @@ class SessionsScreen(Backdrop):
             self.post_message(ErrorRaised(str(exc)))
             return
         self.app.notify(f"deleted session {sid}")  # the list follows at its next look
+
+    def legend(self) -> Legend:
+        return SESSIONS
 
     def palette_commands(self) -> list[PaletteCommand]:
         rows = [PaletteCommand("New session: profile a model and start a search",

@@ -17,12 +17,23 @@ def key_width(key: FooterKey) -> int:
 
 
 class KeysFooter(Footer):
+    """A screen may word its keys for what they do now, or leave some out (``footer_label``:
+    an action and its binding's words, to the words shown or None)."""
+
     def __init__(self) -> None:
         super().__init__(compact=True)
 
     def compose(self) -> ComposeResult:
-        keys = sorted(super().compose(),
-                      key=lambda key: getattr(key, "action", None) not in FIRST)
+        label = getattr(self.screen, "footer_label", lambda _action, words: words)
+        keys = []
+        for key in super().compose():
+            if isinstance(key, FooterKey) and not key.has_class("-command-palette"):
+                words = label(key.action, key.description)
+                if words is None:
+                    continue
+                key.description = words
+            keys.append(key)
+        keys.sort(key=lambda key: getattr(key, "action", None) not in FIRST)
         palette = [key for key in keys if key.has_class("-command-palette")]
         room = (self.size.width or self.app.size.width) - sum(key_width(k) + 1 for k in palette)
         for key in keys:

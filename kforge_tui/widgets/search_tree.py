@@ -25,7 +25,7 @@ from kforge_tui.format import (
     node_label,
 )
 from kforge_tui.search_model import NodeFilter, NodeInfo, SearchModel
-from kforge_tui.widgets.scrolling import SteadyScrollbars
+from kforge_tui.widgets.scrolling import HALF_PAGE_KEYS, SteadyScrollbars
 
 Line = TreeNode[NodeInfo | None]
 # Widest label: "▼ ✔ #123456 refine 0.99x n=12345 ↳12.34x ★best: 12.34x over compile".
@@ -36,12 +36,14 @@ class SearchTree(SteadyScrollbars, Tree[NodeInfo | None]):
     """One card's search tree: status icon, result, visits and the subtree's best speedup."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("j", "cursor_down", "down", show=False, id="down"),
-        Binding("k", "cursor_up", "up", show=False, id="up"),
+        Binding("j,down", "cursor_down", "down", show=False, id="down"),
+        Binding("k,up", "cursor_up", "up", show=False, id="up"),
         Binding("g,home", "first", "top", show=False, id="top"),
         Binding("G,end", "last", "bottom", show=False, id="bottom"),
         Binding("l,right", "open_node", "expand", show=False, id="expand"),
         Binding("h,left", "close_node", "collapse", show=False, id="collapse"),
+        Binding("enter", "select_cursor", "its kernel", show=False, id="select"),
+        *HALF_PAGE_KEYS,
     ]
     COMPONENT_CLASSES: ClassVar[set[str]] = {
         "search-tree--ok", "search-tree--failed", "search-tree--flight", "search-tree--pruned",
@@ -208,6 +210,10 @@ class SearchTree(SteadyScrollbars, Tree[NodeInfo | None]):
 
     def action_last(self) -> None:
         self._jump(self.last_line)
+
+    def action_half_page(self, step: int) -> None:
+        half = max(1, self.scrollable_content_region.height // 2)
+        self._jump(min(max(0, self.cursor_line + step * half), self.last_line))
 
     def _jump(self, line: int) -> None:
         # No scroll animation: at 10,000 lines it would repaint the tree for every frame.

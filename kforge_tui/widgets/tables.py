@@ -30,12 +30,12 @@ from kforge_tui.format import (
     dtype_of,
     fmt_us,
     literal,
-    shapes_of,
+    percent_text,
     share_bar,
     sparkline,
 )
 from kforge_tui.header import clip
-from kforge_tui.widgets.scrolling import SteadyScrollbars
+from kforge_tui.widgets.scrolling import HALF_PAGE_KEYS, SteadyScrollbars
 
 Cell = RenderableType
 Row = tuple[str, Sequence[Cell]]  # a row's key and its cells, in column order
@@ -45,10 +45,12 @@ class VimTable(SteadyScrollbars, DataTable):
     """A row-cursor table that also moves with j/k and g/G."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("j", "cursor_down", "down", show=False, id="down"),
-        Binding("k", "cursor_up", "up", show=False, id="up"),
-        Binding("g", "scroll_top", "top", show=False, id="top"),
-        Binding("G", "scroll_bottom", "bottom", show=False, id="bottom"),
+        Binding("j,down", "cursor_down", "down", show=False, id="down"),
+        Binding("k,up", "cursor_up", "up", show=False, id="up"),
+        Binding("g,home", "scroll_top", "top", show=False, id="top"),
+        Binding("G,end", "scroll_bottom", "bottom", show=False, id="bottom"),
+        Binding("enter", "select_cursor", "open", show=False, id="select"),
+        *HALF_PAGE_KEYS,
     ]
 
     _rows_repaint_alone = False  # set by _row_repaints_only
@@ -108,6 +110,10 @@ class VimTable(SteadyScrollbars, DataTable):
             return self
         return super().refresh(*regions, repaint=repaint, layout=layout, recompose=recompose)
 
+    def action_half_page(self, step: int) -> None:
+        rows = self.scrollable_content_region.height - self.header_height
+        self.move_cursor(row=max(0, self.cursor_row + step * max(1, rows // 2)), animate=False)
+
     @property
     def selected_key(self) -> str | None:
         if not self.row_count:
@@ -155,7 +161,9 @@ SORTS = (SortKey("share", True), SortKey("best", True), SortKey("eager", True),
 class OpTable(VimTable):
     """The op profile: one row per op card, targets first. Where its cells do not fit the
     table's width, their narrower forms are taken column by column (``_widths``) as far as
-    needed; what still does not fit scrolls sideways.
+    needed; where even those do not fit (a pane of 40 columns beside the others), columns are
+    left out, least needed first (``DROPS``), so that the table never scrolls sideways: the op,
+    its share, its best speedup and its status always show.
 
     Headings say what a figure is relative to and where it came from: ``×eager`` (the best
     kernel's speedup over eager, both timed by the evaluator; ``-`` where no kernel beats eager
@@ -167,6 +175,8 @@ class OpTable(VimTable):
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("s", "next_sort", "sort", id="sort"),
+        Binding("i", "screen.op_details", "details", id="op_details"),
+        Binding("enter", "select_cursor", "its search tree", show=False, id="select"),
     ]
     # The figures people scan for come first, so they fit at 80 columns; shapes can be long.
     # "share" draws the op's share of the model's time as a bar; "trend" the best speedup over
@@ -186,6 +196,8 @@ class OpTable(VimTable):
     OP_SHORT = 12
     OP_SHORTEST = 8
     EAGER_UNIT_HEADING = "eager us"
+    # Left out in this order where even the narrowest cells do not fit (``i`` shows them all).
+    DROPS = ("shapes", "dtype", "calls", "trend", "eager")
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -196,10 +208,18 @@ class OpTable(VimTable):
         self._trends: Mapping[int, Sequence[float]] = {}
         self._confirming: Set[int] = frozenset()
         self._mixed = False  # eager figures of both sources: each cell names its own
+        self.shown: tuple[str, ...] = ()  # the columns in the table, in COLUMNS order
 
     def on_mount(self) -> None:
-        for name in self.COLUMNS:
-            self.add_column(self.HEADINGS.get(name, name), key=name)
+        self._show_columns(self.COLUMNS)
+
+    def _show_columns(self, names: Sequence[str]) -> None:
+        """Make the table's columns these (its rows go with them: ``show_rows`` adds them)."""
+        labels = {key.value: column.label for key, column in self.columns.items()}
+        self.clear(columns=True)
+        for name in names:
+            self.add_column(labels.get(name, Text(self.HEADINGS.get(name, name))), key=name)
+        self.shown = tuple(names)
 
     def on_resize(self) -> None:
         self._fill()
@@ -270,11 +290,22 @@ class OpTable(VimTable):
         widths = self._widths(rows, label)
         if self._mixed and widths.get("eager", 0) < self._eager_whole(rows):
             label = self.EAGER_UNIT_HEADING  # the cells leave their unit to the heading
+        shown = tuple(name for name in self.COLUMNS if name in widths)
+        reshaped = shown != self.shown
+        keep = self.selected_key
+        if reshaped:
+            self._show_columns(shown)
         relabelled = self._label_eager(label)
-        narrower = relabelled or any(self.columns[name].content_width > width
-                                     for name, width in widths.items() if name in self.columns)
-        self.show_rows([(self.row_key(row, region), self._cells(row, widths, region is not None))
-                        for row, region in rows], narrower)
+        narrower = reshaped or relabelled or any(
+            self.columns[name].content_width > width for name, width in widths.items())
+        picked = [self.COLUMNS.index(name) for name in shown]
+        table = []
+        for row, region in rows:
+            cells = self._cells(row, widths, region is not None)
+            table.append((self.row_key(row, region), [cells[i] for i in picked]))
+        self.show_rows(table, narrower)
+        if reshaped and keep is not None:
+            self.select_key(keep)
 
     def _label_eager(self, label: str) -> bool:
         """Head the eager column with its figures' source; whether the heading changed."""
@@ -300,8 +331,9 @@ class OpTable(VimTable):
         return max((len(self._eager(row, None)) for row, _ in rows), default=0)
 
     def _widths(self, rows: list[tuple[CardRow, bool]], eager_label: str) -> dict[str, int]:
-        """Each column's width for these rows: whole cells where they fit, else narrowed in the
-        order the class's comment gives, each as far as the others still need."""
+        """Each shown column's width for these rows: whole cells where they fit, else narrowed
+        in the order the class's comment gives, each as far as the others still need, and where
+        that is not enough, without the columns of ``DROPS``, one by one, as far as needed."""
         cards = [row for row, _ in rows]
         whole = [self._cells(row, {}, region is not None) for row, region in rows]
         heads = {name: len(self.HEADINGS.get(name, name)) for name in self.COLUMNS}
@@ -321,8 +353,14 @@ class OpTable(VimTable):
         floors = [("eager", eager), ("shapes", 0), ("status", words), ("op", self.OP_SHORT),
                   ("share", 1 + self.PERCENT_WIDTH), ("status", short),
                   ("share", 0), ("trend", 0), ("op", self.OP_SHORTEST), ("dtype", 0)]
-        return narrowed(needs, floors, self._room(len(cards)) - 2 * self.cell_padding * len(needs),
-                        heads)
+        room = self._room(len(cards))
+        drops = list(self.DROPS)
+        while True:
+            widths = narrowed(needs, [f for f in floors if f[0] in needs],
+                              room - 2 * self.cell_padding * len(needs), heads)
+            if sum(widths.values()) + 2 * self.cell_padding * len(needs) <= room or not drops:
+                return widths
+            del needs[drops.pop(0)]
 
     def _eager(self, row: CardRow, width: int | None) -> str:
         """A card's eager time per call: with its source in a table of both sources, and where
@@ -354,7 +392,7 @@ class OpTable(VimTable):
                  else percent.rjust(min(share_width, self.PERCENT_WIDTH)))
         trend_width = min(widths.get("trend", self.TREND_WIDTH), self.TREND_WIDTH)
         trend = sparkline(self._trends.get(row.id, ()), trend_width)
-        shapes, dtype = shapes_of(row), dtype_of(row)
+        shapes, dtype = c.shapes, dtype_of(row)
         cells = (op, share, best_cell(row), trend.ljust(trend_width),
                  self._eager(row, widths.get("eager")), str(c.calls),
                  clip(dtype, widths.get("dtype", len(dtype))),
@@ -375,11 +413,6 @@ def range_suffix(card: OpCard, room: int) -> str:
     if room - len(whole) >= 2:
         return whole
     return " " + ",".join(symbol.name for symbol in Ranges.from_dict(card.ranges).symbols) + "…"
-
-
-def percent_text(share: float) -> str:
-    """A share as a percentage, five cells at most: ``30.0%``, ``100%``."""
-    return "100%" if share >= 0.9995 else f"{100 * share:.1f}%"
 
 
 # The status words as a narrow op table shows them: four cells at most, so that a focus mark

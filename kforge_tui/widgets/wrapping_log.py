@@ -1,20 +1,25 @@
 """A log of plain lines that wrap to its width (a long line, such as the e2e summary, reads whole
 on 80 columns) and wrap again when it is resized. Lines show as they are: never read as markup,
-the characters a terminal would act on dropped (``inert``)."""
+the characters a terminal would act on dropped (``inert``). The panes' keys scroll it."""
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
+from typing import ClassVar
 
 from rich.text import Text
+from textual.binding import BindingType
 from textual.events import Resize
 from textual.widgets import RichLog
 
 from kforge.core.inert import inert
+from kforge_tui.widgets.scrolling import SCROLL_KEYS, PagerKeys
 
 
-class WrappingLog(RichLog):
+class WrappingLog(PagerKeys, RichLog):
+    BINDINGS: ClassVar[list[BindingType]] = SCROLL_KEYS
+
     def __init__(self, max_lines: int | None = None, **kwargs) -> None:
         super().__init__(max_lines=max_lines, wrap=True, markup=False, highlight=False,
                          min_width=1, **kwargs)

@@ -84,7 +84,7 @@ async def test_without_an_engine_prune_and_focus_write_the_store(store: Store):
     assert await issue(store, sid, "unprune", node) == f"unpruned node {node}"
     assert not (await store.get_nodes([node]))[0].pruned
     said = await issue(store, sid, CommandKind.FOCUS, card)
-    assert said.startswith(f"focused on card {card}")
+    assert said.startswith("focused on _softmax 8x1024;")  # the op as the op list names it
     assert (await store.get_session(sid)).settings["search"]["focus"] == card
     assert (await issue(store, sid, CommandKind.FOCUS)).startswith("focus cleared")
     assert (await store.get_session(sid)).settings["search"]["focus"] is None
@@ -111,13 +111,15 @@ async def test_pause_without_an_engine_is_refused(store: Store):
 
 
 async def test_a_live_engine_gets_the_command_queued(store: Store):
-    sid, _, node = await session_with_a_node(store)
+    sid, card, node = await session_with_a_node(store)
     await store.claim_engine(sid)  # this process, beating now: alive
     said = await issue(store, sid, CommandKind.PRUNE, node)
     assert said.startswith(f"asked the engine of session {sid}") and "prune node" in said
     (queued,) = await store.pending_commands(sid)
     assert (queued.kind, queued.arg) == (CommandKind.PRUNE, node)
     assert not (await store.get_nodes([node]))[0].pruned  # the engine prunes, not the viewer
+    said = await issue(store, sid, CommandKind.FOCUS, card)
+    assert said.endswith("to focus on _softmax 8x1024")
 
 
 async def test_stop_marks_a_session_whose_engine_died_as_stopped(store: Store):

@@ -194,6 +194,16 @@ async def test_a_schema_damaged_into_bytes_that_are_not_text_is_refused(tmp_path
             await store.close()
 
 
+async def test_a_store_says_whether_it_was_opened_read_only(tmp_path: Path):
+    path = tmp_path / "k.db"
+    async with await Store.open(path) as store:
+        assert not store.read_only
+    async with await Store.open_to_browse(path) as store:  # this process may write it
+        assert not store.read_only
+    async with await Store.open_read_only(path) as store:
+        assert store.read_only
+
+
 async def test_foreign_sqlite_file_is_refused(tmp_path: Path):
     path = tmp_path / "other.db"
     con = sqlite3.connect(path)

@@ -246,6 +246,7 @@ async def test_the_footer_shows_whole_keys_only(tmp_path: Path):
     app = make_app(db, session=sid)
     async with app.run_test(size=SIZE) as pilot:
         await open_session(pilot, len(llama_cards()))
+        await pilot.press("2")  # the search tree: the most keys
         await until(pilot, lambda: len(app.screen.query(FooterKey)) > 2
                     and "^p commands" in screen_lines(app)[-1], what="the footer")
         footer = screen_lines(app)[-1]

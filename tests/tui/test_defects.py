@@ -254,18 +254,6 @@ async def test_confirm_dialogs_wrap_their_question(fixture_db):
         assert app.screen.query_one("#no").has_focus
 
 
-async def test_the_op_name_stays_when_the_op_table_scrolls_sideways(fixture_db):
-    db, _ = fixture_db
-    app = make_app(db)
-    async with app.run_test(size=(120, 40)) as pilot:  # at 80 columns every column fits
-        screen = await open_first_session(pilot)
-        table = screen.query_one(OpTable)
-        table.scroll_to(x=table.max_scroll_x, animate=False)
-        await pilot.pause(0.1)
-        assert table.scroll_x > 0
-        assert on_screen(app, "_softmax")
-
-
 async def test_help_and_the_form_fit_80x24(fixture_db):
     db, _ = fixture_db
     app = make_app(db, gpu=NO_GPU)

@@ -77,6 +77,12 @@ async def test_a_kernel_slower_than_eager_but_faster_than_compile_is_best_over_c
         await pilot.press("b")
         await until(pilot, lambda: tree.selected_id == ids["b1"], what="b to jump to it")
 
+        # 0.997x eager never reads 1.00x: a kernel slower than eager stays below 1x
+        async with await Store.open(db) as store:
+            await store.update_card(ids["card"], best_speedup=0.997)
+        table = screen.query_one(OpTable)
+        await until(pilot, lambda: cell(table, ids["card"], BEST) == "0.997x", what="0.997x")
+
         async with await Store.open(db) as store:  # torch.compile as fast: no best
             await store.update_card(ids["card"], compiled_us=90.0)
         await until(pilot, lambda: "★best" not in text_of(tree, ids["b1"]),

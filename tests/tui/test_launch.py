@@ -95,7 +95,13 @@ async def test_a_session_naming_plug_ins_resumes_from_the_tui_once_trusted(tmp_p
         await until(pilot, lambda: isinstance(app.screen, TrustPlugins), what="the question")
         await pilot.press("t")
         # the real `kforge resume --trust-plugins`: the CLI takes the TUI's yes
-        await until(pilot, lambda: any("searching in the background" in n.message
-                                       for n in app._notifications), timeout_s=60,
+        await until(pilot, lambda: any(f"started an engine for session {sid} (process "
+                                       in n.message for n in app._notifications), timeout_s=60,
                     what="the engine to start")
+        # the search's end is said, with why, in one notice
+        await until(pilot, lambda: any(f"the search of session {sid} ended, done: iteration "
+                                       "budget spent" in n.message
+                                       for n in app._notifications), timeout_s=60,
+                    what="the search's end")
+        await until(pilot, lambda: app.starting == {}, what="the engine seen started")
     assert await until_released(db, sid) == SessionStatus.DONE

@@ -102,6 +102,45 @@ async def test_a_wider_terminal_gets_the_whole_cells_back(tmp_path: Path):
         assert table.max_scroll_x == 0
 
 
+# From 110 columns the four panes share the screen and the op list gets two fifths of it.
+WIDTHS = (80, 96, 109, 110, 116, 120, 132, 160, 200, 240)
+HEIGHTS = (24, 30, 40, 48)
+KEPT = ("op", "share", "best", "status")
+
+
+@pytest.mark.parametrize("session", ["long", "llama mid-search"])
+async def test_the_op_list_fits_every_width_without_scrolling_sideways(tmp_path: Path, session):
+    from tests.tui.test_80x24 import llama_cards, mid_search
+
+    db = tmp_path / "k.db"
+    sid = await (long_session if session == "long" else mid_search)(db)
+    rows = 30 if session == "long" else len(llama_cards())
+    app = make_app(db, session=sid)
+    async with app.run_test(size=(80, 24)) as pilot:
+        table = await opened(pilot, rows)
+        seen: set[tuple[str, ...]] = set()
+        for width in WIDTHS:
+            for height in HEIGHTS:
+                await pilot.resize_terminal(width, height)
+                await until(pilot, lambda: table.size.width and table.virtual_size.width
+                            <= table.scrollable_content_region.width,
+                            what=f"the op list fitted at {width}x{height}")
+                await pilot.pause(0.05)
+                assert table.max_scroll_x == 0, (width, height)
+                header = screen_lines(app)[table.region.y]
+                for name in KEPT:
+                    assert table.heading(name) in header, (width, height, name)
+                dropped = [name for name in OpTable.DROPS if name not in table.shown]
+                assert dropped == list(OpTable.DROPS[:len(dropped)]), (width, height)
+                seen.add(table.shown)
+                for line, row in zip(shown_rows(app, table), table.visible_cards(),
+                                     strict=False):
+                    words = {row.status, short_status(row.status), "confirming", "conf"}
+                    assert any(re.search(rf"(?<![\w…]){word}(?![\w…])", line)
+                               for word in words), (width, height, line)
+        assert tuple(OpTable.COLUMNS) in seen  # each column shows where there is room
+
+
 def test_a_status_gives_up_its_reason_then_its_word():
     row = card_row(0, 1.5)
     done = type(row)(**{**row.__dict__, "status": "done", "stop_reason": "budget spent"})
