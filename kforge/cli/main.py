@@ -177,7 +177,7 @@ def shown(text: str) -> str:
     store's own redaction: a library's log line quoted the endpoint's URL, password and all) and
     ``inert`` (log lines and errors quote stored text)."""
     global _secrets
-    from kforge.core.settings import redact
+    from kforge.core.secrets import redact
 
     if _secrets is None:
         from kforge.store.config import configured_secrets

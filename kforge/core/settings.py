@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 import math
 import re
 from collections.abc import Iterable, Mapping
@@ -25,10 +24,10 @@ from typing import Any, ClassVar, TypeVar, Union, get_args, get_origin, get_type
 from urllib.parse import urlsplit, urlunsplit
 
 from kforge.core.mcts import MctsParams
+from kforge.core.secrets import REDACTED, secret_problem, url_credentials
 from kforge.errors import KforgeError
 
 DEFAULT_THEME = "kforge-dark"
-REDACTED = "[redacted]"  # what a secret is replaced with in text kforge shows or keeps
 
 T = TypeVar("T")
 
@@ -41,9 +40,11 @@ class InvalidValue(SettingsError):
     """A value that breaks its field's rule, raised by a record's own check; reading a table
     re-raises it as a SettingsError that also says where the value came from."""
 
-    def __init__(self, key: str, rule: str, value: object) -> None:
-        super().__init__(f"{key} {rule}, not {value!r}")
+    def __init__(self, key: str, rule: str, value: object, *, secret: bool = False) -> None:
         self.key, self.rule, self.value = key, rule, value
+        # a secret's value is never quoted back
+        self.given = "" if secret else f", not {value!r}"
+        super().__init__(f"{key} {rule}{self.given}")
 
 
 @dataclass(frozen=True)
@@ -179,8 +180,7 @@ def _read(cls: type[T], data: object, origin: Origin, section: str, *,
         try:
             return cls(**values, **built)
         except InvalidValue as exc:
-            error = SettingsError(f"[{section}] {exc.key} {origin.where} {exc.rule}, "
-                                  f"not {exc.value!r}")
+            error = SettingsError(f"[{section}] {exc.key} {origin.where} {exc.rule}{exc.given}")
             if exc.key not in values:
                 raise error from None
             _drop(error, origin)
@@ -375,6 +375,11 @@ class LlmSection(_Section):
         _at_least(self, "max_retries", 0)
         _finite(self, "temperature")
         _at_least(self, "max_tokens", 1)
+        password = url_credentials(self.base_url)
+        for key, secret in (("api_key", self.api_key), ("base_url", password and password[1])):
+            if secret and (problem := secret_problem(secret)):
+                what = "its password " if key == "base_url" else ""
+                raise InvalidValue(key, what + problem, secret, secret=True)
 
     def to_dict(self) -> dict[str, Any]:
         table = self.table()
@@ -385,32 +390,6 @@ class LlmSection(_Section):
     def __repr__(self) -> str:
         shown = ", ".join(f"{key}={value!r}" for key, value in self.to_dict().items())
         return f"LlmSection({shown})"
-
-
-def known_secrets(section: LlmSection, env: Mapping[str, str]) -> tuple[str, ...]:
-    """Every LLM secret the config file's ``[llm]`` or the environment holds (keys, and passwords
-    in base URLs), whether or not a search sends it: what ``redact`` keeps out of the database."""
-    keys = [section.api_key, env.get("KFORGE_LLM_API_KEY"), env.get("OPENAI_API_KEY")]
-    urls = [section.base_url, env.get("KFORGE_LLM_BASE_URL"), env.get("OPENAI_BASE_URL")]
-    passwords = []
-    for url in urls:
-        try:
-            passwords.append(urlsplit(url).password if url else None)
-        except ValueError:  # not a URL: it holds no password to find
-            continue
-    return tuple(dict.fromkeys(s for s in keys + passwords if s))
-
-
-def redact(text: str, secrets: Iterable[str]) -> str:
-    """``text`` with every secret replaced by ``REDACTED``, also where JSON escaped it: the one
-    redaction of all text kforge records, shows or sends."""
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, REDACTED)
-            escaped = json.dumps(secret)[1:-1]
-            if escaped != secret:
-                text = text.replace(escaped, REDACTED)
-    return text
 
 
 def _without_password(url: str | None) -> str | None:

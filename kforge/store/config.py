@@ -34,7 +34,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from kforge.core.settings import LlmSection, Origin, Settings, StoreSettings, known_secrets
+from kforge.core.secrets import known_secrets
+from kforge.core.settings import LlmSection, Origin, Settings, StoreSettings
 from kforge.errors import KforgeError
 
 APP = "kforge"
@@ -99,7 +100,7 @@ def configured_secrets() -> tuple[str, ...]:
         section = load_config().llm
     except KforgeError:
         section = LlmSection()
-    return known_secrets(section, os.environ)
+    return known_secrets([section.api_key], [section.base_url], os.environ)
 
 
 def read_toml(path: Path, what: str) -> dict[str, Any]:

@@ -41,7 +41,8 @@ import aiosqlite
 from kforge.core.candidate import Baseline, Candidate, EvalOutcome, LlmCall
 from kforge.core.mcts import Action
 from kforge.core.opcard import OpCard
-from kforge.core.settings import SessionSettings, redact
+from kforge.core.secrets import redact, redact_values
+from kforge.core.settings import SessionSettings
 from kforge.errors import KforgeError
 from kforge.store.beside import check_database_files, own_folder
 from kforge.store.config import configured_durability, configured_secrets, regular_file
@@ -109,10 +110,17 @@ _NODE_COLUMNS = ("id, session_id, card_id, parent_id, action, status, meta, rewa
                  "confirmed")
 
 
+class Own(str):
+    """Text that names kforge's own things (an op, a card key, a model's path, an op card's
+    arguments as JSON, an event's kind): stored as it is, never passed through redaction,
+    which would rewrite it wherever a secret happened to match part of it."""
+
+
 class _Redacting:
-    """A connection whose statements never carry a secret: every text parameter is redacted
-    (``kforge.core.settings.redact``) on its way in, whichever table it is for (compile logs,
-    sanitizer reports, crash output, LLM calls, log lines)."""
+    """A connection whose statements never carry a secret: every text parameter but ``Own``
+    text is redacted (``kforge.core.secrets.redact``) on its way in, whichever table it is for
+    (compile logs, sanitizer reports, crash output, LLM calls, log lines); JSON is written by
+    ``json``, which redacts its text values and never its keys."""
 
     def __init__(self, db: aiosqlite.Connection, secrets: tuple[str, ...]) -> None:
         object.__setattr__(self, "_conn", db)
@@ -130,11 +138,18 @@ class _Redacting:
             return parameters
 
         def one(value: Any) -> Any:
+            if isinstance(value, Own):
+                return str(value)
             return redact(value, self._secrets) if isinstance(value, str) else value
 
         if isinstance(parameters, Mapping):  # named parameters
             return {name: one(value) for name, value in parameters.items()}
         return tuple(one(value) for value in parameters)
+
+    def json(self, value: Any) -> Own:
+        """``value`` as stored JSON: its text values redacted, its keys (kforge's own field
+        names) as they are."""
+        return Own(dumps(redact_values(value, self._secrets) if self._secrets else value))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._conn, name)
@@ -296,7 +311,7 @@ class Store:
 
     @asynccontextmanager
     async def transaction(self, *, patient: bool = False
-                          ) -> AsyncIterator[aiosqlite.Connection]:
+                          ) -> AsyncIterator[_Redacting]:
         """One write transaction (BEGIN IMMEDIATE: it takes the write lock up front), rolled back
         on any error or cancellation. A ``patient`` transaction, and every one while this store
         holds an engine lease, waits out another process's lock; under a lease it is refused
@@ -394,11 +409,10 @@ class Store:
                 raise _explain(exc, self.path) from None
 
     @staticmethod
-    async def _event(db: aiosqlite.Connection, session_id: int | None,
-                     record: EventRecord) -> None:
+    async def _event(db: _Redacting, session_id: int | None, record: EventRecord) -> None:
         kind, data = to_row(record)
         await db.execute("INSERT INTO events (session_id, kind, data, at) VALUES (?, ?, ?, ?)",
-                         (session_id, kind, dumps(data), time.time()))
+                         (session_id, Own(kind), db.json(data), time.time()))
 
     # ----- files beside the database -----
 
@@ -423,12 +437,13 @@ class Store:
         async with self.transaction() as db:
             return await self._insert_session(db, model, settings, gpu, status)
 
-    async def _insert_session(self, db: aiosqlite.Connection, model: str, settings: dict,
+    async def _insert_session(self, db: _Redacting, model: str, settings: dict,
                               gpu: dict, status: SessionStatus) -> int:
         now = time.time()
         cur = await db.execute(
             "INSERT INTO sessions (model, gpu, settings, status, created_at, updated_at) "
-            "VALUES (?, ?, ?, ?, ?, ?)", (model, dumps(gpu), dumps(settings), status, now, now))
+            "VALUES (?, ?, ?, ?, ?, ?)", (Own(model), db.json(gpu), db.json(settings), status,
+                                          now, now))
         session_id = cur.lastrowid
         await self._event(db, session_id, SessionCreated(model=model, status=status))
         return session_id
@@ -486,7 +501,7 @@ class Store:
             with reading(f"session {session_id}"):
                 settings = {**json_column(row, "settings", dict, {}), **changes}
             await db.execute("UPDATE sessions SET settings = ?, updated_at = ? WHERE id = ?",
-                             (dumps(settings), time.time(), session_id))
+                             (db.json(settings), time.time(), session_id))
             await self._event(db, session_id, SessionSettingsChanged(changes=changes))
             return settings
 
@@ -539,7 +554,7 @@ class Store:
 
     # ----- op cards -----
 
-    async def _insert_cards(self, db: aiosqlite.Connection, session_id: int, cards: list[OpCard],
+    async def _insert_cards(self, db: _Redacting, session_id: int, cards: list[OpCard],
                             modules: dict[str, list[str]]) -> None:
         for c in cards:
             status = CardStatus.PENDING if c.target else CardStatus.SKIPPED
@@ -547,11 +562,11 @@ class Store:
                 "INSERT INTO op_cards (session_id, key, op, args, kwargs, calls, total_us, share, "
                 "library, target, modules, eager_us, compiled_us, floor_us, status, region, "
                 "ranges) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (session_id, c.key, c.op, dumps(c.args), dumps(c.kwargs), c.calls, c.total_us,
-                 c.share, c.library, int(c.target), dumps(modules.get(c.key, [])), c.eager_us,
-                 c.compiled_us, c.floor_us, status,
-                 None if c.region is None else dumps(c.region),
-                 None if c.ranges is None else dumps(c.ranges)))
+                (session_id, Own(c.key), Own(c.op), Own(dumps(c.args)), Own(dumps(c.kwargs)),
+                 c.calls, c.total_us, c.share, Own(c.library), int(c.target),
+                 Own(dumps(modules.get(c.key, []))), c.eager_us, c.compiled_us, c.floor_us,
+                 status, None if c.region is None else Own(dumps(c.region)),
+                 None if c.ranges is None else Own(dumps(c.ranges))))
         await self._event(db, session_id, CardsAdded(count=len(cards)))
 
     async def list_cards(self, session_id: int) -> list[CardRow]:
@@ -569,14 +584,14 @@ class Store:
         async with self.transaction() as db:
             await self._update_card(db, card_id, changes)
 
-    async def _update_card(self, db: aiosqlite.Connection, card_id: int,
+    async def _update_card(self, db: _Redacting, card_id: int,
                            changes: dict[str, Any]) -> None:
         bad = set(changes) - set(_CARD_FIELDS)
         if bad:
             raise ValueError(f"not card fields: {sorted(bad)}")
         if not changes:
             return
-        values = [dumps(v) if k == "baseline" else v for k, v in changes.items()]
+        values = [db.json(v) if k == "baseline" else v for k, v in changes.items()]
         sets = ", ".join(f"{k} = ?" for k in changes)
         cur = await db.execute(f"UPDATE op_cards SET {sets} WHERE id = ? RETURNING session_id",
                                (*values, card_id))
@@ -610,8 +625,8 @@ class Store:
             await db.execute(
                 "UPDATE nodes SET status = ?, source = ?, plan = ?, meta = ?, "
                 "usd = usd + ? WHERE id = ?", (NodeStatus.EVALUATING, candidate.source,
-                                               dumps(candidate.plan), dumps(candidate.meta), usd,
-                                               node_id))
+                                               db.json(candidate.plan), db.json(candidate.meta),
+                                               usd, node_id))
             await self._insert_calls(db, row["session_id"], row["card_id"], node_id, calls)
             await self._event(db, row["session_id"], NodeUpdated(
                 node_id=node_id, card_id=row["card_id"], status=NodeStatus.EVALUATING))
@@ -651,7 +666,7 @@ class Store:
                  int(outcome.status.repairable), outcome.summary[:500], int(confirmed),
                  time.time(), node_id))
             await db.execute("INSERT OR REPLACE INTO evaluations (node_id, outcome) VALUES (?, ?)",
-                             (node_id, dumps(outcome.to_dict())))
+                             (node_id, db.json(outcome.to_dict())))
             card = await self._tally_card(db, row["card_id"])
             await self._event(db, row["session_id"], NodeFinished(
                 node_id=node_id, card_id=row["card_id"], status=status,
@@ -762,7 +777,7 @@ class Store:
         await self.get_session(session_id)
         async with self.transaction() as db:
             cur = await db.execute("INSERT INTO commands (session_id, kind, arg, created_at) "
-                                   "VALUES (?, ?, ?, ?)", (session_id, kind, dumps(arg),
+                                   "VALUES (?, ?, ?, ?)", (session_id, kind, db.json(arg),
                                                            time.time()))
             await self._event(db, session_id,
                               CommandSent(command_id=cur.lastrowid, command=kind, arg=arg))
