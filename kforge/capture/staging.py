@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import shutil
 import time
-import uuid
 from pathlib import Path
 
+from kforge.core.files import private_folder
 from kforge.errors import KforgeError
 
 PREFIX = ".staging-"
@@ -17,14 +17,14 @@ ABANDONED_AFTER_S = 24 * 3600.0
 
 
 def new_staging_dir(samples_root: Path) -> Path:
-    """A fresh staging folder under ``samples_root``; KforgeError when it cannot be written."""
-    path = samples_root / f"{PREFIX}{uuid.uuid4().hex[:12]}"
+    """A fresh staging folder under ``samples_root``, private to the user (nothing another can
+    plant in it is written through); KforgeError when it cannot be written."""
     try:
-        path.mkdir(parents=True)
+        samples_root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise KforgeError(f"cannot write sample inputs under {samples_root}: "
                           f"{exc.strerror}") from None
-    return path
+    return private_folder(samples_root, PREFIX)
 
 
 def remove_abandoned(samples_root: Path, now: float | None = None) -> list[Path]:

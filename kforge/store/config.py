@@ -34,6 +34,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from kforge.core.files import regular_file
 from kforge.core.secrets import known_secrets
 from kforge.core.settings import LlmSection, Origin, Settings, StoreSettings
 from kforge.errors import KforgeError
@@ -68,16 +69,6 @@ def db_path(explicit: str | os.PathLike[str] | None = None) -> Path:
     if env := os.environ.get(ENV_DB):
         return Path(env).expanduser()
     return data_dir() / "kforge.db"
-
-
-def regular_file(path: Path, what: str) -> None:
-    """Refuse what stands at ``path`` but is no regular file, naming ``what``: a folder, or a
-    pipe, socket or device (reading one waits forever or never ends). Nothing there passes."""
-    if path.is_dir():
-        raise KforgeError(f"{path} is a folder, not a {what}")
-    if path.exists() and not path.is_file():
-        raise KforgeError(f"{path} is not a regular file (a pipe, socket or device), not a "
-                          f"{what}")
 
 
 def load_config(path: Path | None = None) -> Settings:

@@ -29,7 +29,6 @@ import shutil
 import socket
 import sqlite3
 import time
-import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -45,7 +44,7 @@ from kforge.core.secrets import redact, redact_values
 from kforge.core.settings import SessionSettings
 from kforge.errors import KforgeError
 from kforge.store.beside import check_database_files, own_folder
-from kforge.store.config import configured_durability, configured_secrets, regular_file
+from kforge.store.config import configured_durability, configured_secrets
 from kforge.store.events import (
     CardsAdded,
     CardUpdated,
@@ -102,7 +101,6 @@ LOCK_BACKOFF_S = (0.05, 1.0)  # first and longest pause between waits for anothe
 # What the SQLite driver raises for a database it cannot use: its own errors, and the
 # UnicodeDecodeError it raises where SQLite's error message (quoting a damaged schema) is not UTF-8.
 DB_ERRORS = (sqlite3.Error, UnicodeDecodeError)
-DATABASE_FILE = "kforge database file"
 _CARD_FIELDS = ("status", "stop_reason", "spent", "best_node", "best_speedup", "eager_us",
                 "compiled_us", "floor_us", "baseline")
 _NODE_COLUMNS = ("id, session_id, card_id, parent_id, action, status, meta, reward, speedup, "
@@ -188,8 +186,6 @@ class Store:
             except OSError as exc:
                 raise KforgeError(f"cannot create the database folder {path.parent}: "
                                   f"{exc.strerror}") from None
-        else:  # SQLite fails on a pipe or a device inside aiosqlite's thread (see below)
-            regular_file(path, DATABASE_FILE)
         # Checked here: a connection that fails inside aiosqlite's thread leaves a traceback.
         if path.exists() and not os.access(path, os.R_OK | os.W_OK):
             raise KforgeError(f"cannot open database {path} for writing: no permission (a "
@@ -205,6 +201,7 @@ class Store:
         try:  # a connection left open keeps its thread, and the process, alive
             store = cls(db, path)
             await store._setup(timeout_s)
+            check_database_files(path)  # as SQLite left them: what it made is its own
         except BaseException:
             await db.close()
             raise
@@ -230,7 +227,6 @@ class Store:
         if not path.exists():
             raise KforgeError(f"no kforge database at {path} (profile a model first, "
                               "or point --db / KFORGE_DB at an existing one)")
-        regular_file(path, DATABASE_FILE)
         if not os.access(path, os.R_OK):
             raise KforgeError(f"cannot open database {path}: no permission to read it")
         for mode in ("mode=ro", "mode=ro&immutable=1"):
@@ -257,6 +253,7 @@ class Store:
                               f"one knows {LATEST}): upgrade kforge")
         try:
             await check_plain_schema(db, path)
+            check_database_files(path)
             return cls(db, path)
         except DB_ERRORS as exc:  # a schema SQLite cannot read
             await db.close()
@@ -423,12 +420,6 @@ class Store:
 
     def samples_dir(self, session_id: int) -> Path:
         return own_folder(self.path.parent, "samples", str(session_id))
-
-    def new_staging_dir(self) -> Path:
-        """A fresh folder to write a profile's samples into before its session exists."""
-        path = self.samples_root / f".staging-{uuid.uuid4().hex[:12]}"
-        path.mkdir(parents=True)
-        return path
 
     # ----- sessions -----
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from kforge.capture.staging import new_staging_dir
 from kforge.core.candidate import Candidate, EvalOutcome, EvalStatus, LlmCall, Timing
 from kforge.errors import KforgeError
 from kforge.store import CardStatus, NodeStatus, SessionStatus, Store
@@ -34,7 +35,7 @@ async def test_new_database_is_at_the_latest_schema_in_wal_mode(tmp_path: Path):
 
 
 async def test_profiled_session_holds_cards_and_moves_staged_samples(store: Store):
-    staging = store.new_staging_dir()
+    staging = new_staging_dir(store.samples_root)
     (staging / "abc").mkdir()
     (staging / "abc" / "0.pt").write_bytes(b"x")
     sid = await store.create_profiled_session("toy", {}, {}, sample_cards(), staging,
@@ -341,10 +342,12 @@ async def test_the_bests_of_a_database_from_before_confirmation_flags_count_as_c
 # ----- links beside a database -----
 
 
+@pytest.mark.parametrize("kind", ["symbolic", "hard"])
 @pytest.mark.parametrize("name", ["k.db-wal", "k.db-shm", "k.db-journal"])
-async def test_a_link_where_sqlite_keeps_its_files_is_refused(tmp_path: Path, name):
-    """A shared database's folder may hold a link where SQLite writes its log: it would write
-    into whatever the link names."""
+async def test_a_link_where_sqlite_keeps_its_files_is_refused(tmp_path: Path, name, kind):
+    """A shared database's folder (an unpacked archive) may hold a link of either kind where
+    SQLite writes its log or its shared memory: a hard-linked k.db-shm had `kforge sessions`
+    write 32 KiB of wal-index into the user's own file."""
     victim = tmp_path / "victim"
     victim.write_text("mine\n")
     shared = tmp_path / "shared"
@@ -352,11 +355,39 @@ async def test_a_link_where_sqlite_keeps_its_files_is_refused(tmp_path: Path, na
     async with await Store.open(shared / "k.db") as store:
         await make_session(store)
     (shared / name).unlink(missing_ok=True)
-    (shared / name).symlink_to(victim)
+    if kind == "hard":
+        (shared / name).hardlink_to(victim)
+    else:
+        (shared / name).symlink_to(victim)
     for opening in (Store.open, Store.open_read_only, Store.open_to_browse):
-        with pytest.raises(KforgeError, match="is a link"):
+        with pytest.raises(KforgeError, match="is a link" if kind == "symbolic" else
+                           f"{name} is a hard link \\(2 names for one file\\)"):
             await opening(shared / "k.db")
     assert victim.read_text() == "mine\n"
+    result = subprocess.run([sys.executable, "-m", "kforge", "sessions", "--db",
+                             str(shared / "k.db")], capture_output=True, text=True)
+    assert result.returncode == 1 and result.stderr.count("\n") == 1 and name in result.stderr
+    assert victim.read_text() == "mine\n"
+
+
+@pytest.mark.parametrize("kind", ["symbolic", "hard"])
+async def test_a_database_that_is_a_link_is_refused(tmp_path: Path, kind):
+    """The database is a file SQLite writes too: a second name of one of the user's files, or a
+    link to one, is not opened."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    async with await Store.open(tmp_path / "real.db") as store:
+        await make_session(store)
+    if kind == "hard":
+        (shared / "k.db").hardlink_to(tmp_path / "real.db")
+    else:
+        (shared / "k.db").symlink_to(tmp_path / "real.db")
+    before = (tmp_path / "real.db").read_bytes()
+    for opening in (Store.open, Store.open_read_only, Store.open_to_browse):
+        with pytest.raises(KforgeError, match="k.db is a (hard )?link"):
+            await opening(shared / "k.db")
+    assert (tmp_path / "real.db").read_bytes() == before
+    assert sorted(p.name for p in shared.iterdir()) == ["k.db"]
 
 
 async def test_a_samples_link_beside_the_database_leads_nowhere(tmp_path: Path):
@@ -371,7 +402,7 @@ async def test_a_samples_link_beside_the_database_leads_nowhere(tmp_path: Path):
     async with await Store.open(shared / "k.db") as store:
         sid = await make_session(store)
         with pytest.raises(KforgeError, match="is a link"):
-            store.new_staging_dir()
+            new_staging_dir(store.samples_root)
         with pytest.raises(KforgeError, match="is a link"):
             await store.delete_session(sid)
         assert (await store.get_session(sid)).id == sid  # nothing deleted
