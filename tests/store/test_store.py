@@ -176,6 +176,97 @@ async def test_a_database_with_sql_of_its_own_is_refused_before_it_is_used(tmp_p
 
 
 @pytest.mark.parametrize("opener", ["open", "open_read_only"])
+@pytest.mark.parametrize("craft, named", [
+    # the audit's: a trigger whose type column says 'Trigger' passed a check of the type column
+    (["CREATE TRIGGER swap AFTER UPDATE OF settings ON sessions BEGIN UPDATE sessions SET "
+      "settings = '{\"search\": {\"proposer\": \"evil:make\"}}' WHERE id = NEW.id; END",
+      "PRAGMA writable_schema = ON",
+      "UPDATE sqlite_master SET type = 'Trigger' WHERE name = 'swap'"], "trigger 'swap'"),
+    (["CREATE/**/VIRTUAL TABLE notes USING rtree(id, x0, x1)"], "virtual table 'notes'"),
+    (["create temp view v as select 1"], None),  # lives in the connection only: nothing stored
+    (["ALTER TABLE sessions ADD COLUMN big AS (zeroblob(100000000)) VIRTUAL"],
+     "table 'sessions' is not the one kforge creates"),
+    (["PRAGMA writable_schema = ON",
+      "UPDATE sqlite_master SET sql = replace(sql, 'DEFAULT 0', 'DEFAULT (zeroblob(9))') "
+      "WHERE name = 'sessions'"], "table 'sessions' is not the one kforge creates"),
+    (["CREATE INDEX mine ON nodes (status)"], "index 'mine'"),
+], ids=["trigger-typed-Trigger", "virtual-with-comment", "temp",
+        "generated-column", "default", "index"])
+async def test_only_kforges_exact_schema_opens(tmp_path: Path, opener, craft, named):
+    """A schema is compared with the one kforge creates by type, name and SQL (case and comments
+    aside), so no object of anyone else's passes, however its type column or SQL is spelled."""
+    path = tmp_path / "k.db"
+    async with await Store.open(path) as store:
+        sid = await store.create_profiled_session("toy", {}, {"name": "g"}, [])
+    con = sqlite3.connect(path)
+    for statement in craft:
+        con.execute(statement)
+    con.commit()
+    con.close()
+    if named is None:
+        await (await getattr(Store, opener)(path)).close()
+        return
+    with pytest.raises(KforgeError, match=f"not a kforge database: it(s| holds the) {named}"):
+        store = await getattr(Store, opener)(path)
+        await store.update_settings(sid, {"search": {"proposer": "library"}})
+    con = sqlite3.connect(path)
+    con.execute("PRAGMA writable_schema = ON")
+    (settings,) = con.execute("SELECT settings FROM sessions").fetchone()
+    con.close()
+    assert "evil" not in settings
+
+
+@pytest.mark.parametrize("craft", [
+    ["ALTER TABLE sessions ADD COLUMN big AS (printf('%.*c', 900000000, 'x')) VIRTUAL"],
+    ["ALTER TABLE sessions RENAME TO kept",
+     "CREATE VIEW sessions AS WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) "
+     "SELECT kept.* FROM r, kept", "PRAGMA writable_schema = ON",
+     "UPDATE sqlite_master SET type = 'View' WHERE name = 'sessions'"],
+], ids=["generated-column", "recursive-view"])
+def test_a_crafted_database_does_not_hang_a_reader(tmp_path: Path, craft):
+    """The audit's: a small database with a generated column, or with a view over an endless
+    recursive query where kforge reads its sessions, hung `kforge sessions`, which grew to
+    1.2 GB. It is refused at once, in one line."""
+    import time
+
+    path = tmp_path / "k.db"
+    asyncio.run(_made(path))
+    con = sqlite3.connect(path)
+    for statement in craft:
+        con.execute(statement)
+    con.commit()
+    con.close()
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "kforge", "sessions", "--db", str(path)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+    assert "is not a kforge database" in result.stderr
+    assert time.monotonic() - started < 120  # seconds where it hung; a start takes one or two
+
+
+async def _made(path: Path) -> None:
+    async with await Store.open(path) as store:
+        await make_session(store)
+
+
+async def test_every_read_is_bounded_in_time_and_rows(store: Store, monkeypatch):
+    """A read SQLite has not finished after READ_LIMIT_S is stopped, and a list longer than
+    kforge reads at once is refused, each in one line."""
+    from kforge.store import store as module
+
+    monkeypatch.setattr(module, "READ_LIMIT_S", 0.2)
+    with pytest.raises(KforgeError, match="took longer than 0 s, and was stopped"):
+        await store._read("WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) "
+                          "SELECT count(*) FROM r")
+    assert len(await store.list_sessions()) == 0  # the connection still serves
+    for _ in range(3):
+        await make_session(store)
+    monkeypatch.setattr(module, "MAX_SESSIONS", 2)
+    with pytest.raises(KforgeError, match="holds more than 2 sessions"):
+        await store.list_sessions()
+
+
+@pytest.mark.parametrize("opener", ["open", "open_read_only"])
 async def test_a_schema_damaged_into_bytes_that_are_not_text_is_refused(tmp_path: Path, opener):
     """SQLite's message about a damaged schema quotes it; where those bytes are not UTF-8 the
     driver raises UnicodeDecodeError, not an sqlite3 error: still one KforgeError."""
