@@ -22,6 +22,9 @@ from kforge.store.config import db_path
 from kforge.store.records import MAX_ROW_ID
 
 T = TypeVar("T")
+# How much of one stored text a view prints (``kforge.core.inert.capped``): a table's cell, a
+# line of its own, a block such as a kernel's source or a prompt.
+CELL_CHARS, LINE_CHARS, TEXT_CHARS = 200, 2_000, 100_000
 # Where an op's eager time comes from (``CardRow.eager_source``), as the CLI names it: the
 # evaluator's device time of the op alone, or the profile's time per call in the model run.
 EAGER_SOURCES = {"eval": "device", "prof": "profile"}
