@@ -26,6 +26,7 @@ import torch
 from kforge.capture import zoo
 from kforge.capture.builders import Resolved
 from kforge.core.argspec import dtype_name
+from kforge.core.settings import MODEL_RANGES
 from kforge.errors import KforgeError
 
 T = TypeVar("T")
@@ -112,7 +113,7 @@ def resolve_device(text: str | None) -> torch.device:
 def load_model(spec: str, options: ModelOptions,
                progress: Callable[[str, int, int], None] | None = None) -> LoadedModel:
     """Build or import the model named by ``spec`` and its example inputs, ready to run."""
-    _check_positive(options)
+    _check_ranges(options)
     device = resolve_device(options.device)
     if progress:
         progress("build", 0, 1)
@@ -147,11 +148,14 @@ def _cuda_indices(device: torch.device) -> list[int]:
     return [device.index if device.index is not None else torch.cuda.current_device()]
 
 
-def _check_positive(options: ModelOptions) -> None:
-    for name in ("batch", "seq_len", "layers"):
+def _check_ranges(options: ModelOptions) -> None:
+    for name, (least, most) in MODEL_RANGES.items():
         value = getattr(options, name)
-        if value is not None and value < 1:
-            raise KforgeError(f"--{name.replace('_', '-')} must be at least 1, not {value}")
+        flag = f"--{name.replace('_', '-')}"
+        if value is not None and value < least:
+            raise KforgeError(f"{flag} must be at least {least}, not {value}")
+        if value is not None and value > most:
+            raise KforgeError(f"{flag} must be at most {most:,}, not {value}")
 
 
 def _load_builtin(entry: zoo.ZooModel, options: ModelOptions, device: torch.device) -> LoadedModel:

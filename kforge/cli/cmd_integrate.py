@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from rich.table import Table
 
-from kforge.cli.common import add_db_option, count, err, out, session_id, with_store
+from kforge.cli.common import add_db_option, err, out, session_id, whole, with_store
 from kforge.core.fmt import fmt_headline, fmt_projection, fmt_speedup, fmt_us
 from kforge.errors import KforgeError
 from kforge.store import Store
@@ -88,8 +88,10 @@ def register(sub: Commands) -> None:
                    help="comma-separated modes: eager, graphs, compile, reduce-overhead, "
                         "max-autotune (each measured with and without kforge), or one variant "
                         "such as compile+kforge; default all (max-autotune compiles take minutes)")
-    p.add_argument("--reps", type=count, default=20, help="timed forwards each (default 20)")
-    p.add_argument("--warmup", type=count, default=3, help="untimed forwards first (default 3)")
+    p.add_argument("--reps", type=whole(1, 100_000), default=20,
+                   help="timed forwards each (default 20)")
+    p.add_argument("--warmup", type=whole(1, 10_000), default=3,
+                   help="untimed forwards first (default 3)")
     p.add_argument("--no-select", dest="select", action="store_false",
                    help="do not choose the kernels by measuring the model: eager + kforge then "
                         "uses those projected to pay for their guard, CUDA graphs + kforge and "

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import sys
 from collections.abc import Awaitable, Callable, Iterable, Iterator
@@ -16,6 +17,7 @@ from rich.console import Console
 from rich.segment import Segment
 
 from kforge.core.inert import inert
+from kforge.core.settings import SettingsError, parse_duration
 from kforge.store import Store
 from kforge.store.commands import shown_status
 from kforge.store.config import db_path
@@ -142,31 +144,55 @@ async def session_facts(store: Store, session_id: int) -> dict:
             "usd_spent": session.usd_spent, "confirming": confirming}
 
 
-def count_or_zero(text: str) -> int:
-    """argparse type: a whole number, zero allowed."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError("must not be negative")
-    return value
+def whole(least: int, most: int) -> Callable[[str], int]:
+    """argparse type: a whole number from ``least`` to ``most``; anything else is refused with
+    the range stated."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not least <= value <= most:
+            raise argparse.ArgumentTypeError(f"must be a whole number from {least:,} to "
+                                             f"{most:,}, not {text!r}")
+        return value
+
+    return parse
 
 
-def count(text: str) -> int:
-    """argparse type: a whole number of at least 1."""
-    if count_or_zero(text) < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return int(text)
+def number(least: float, most: float) -> Callable[[str], float]:
+    """argparse type: a finite number from ``least`` to ``most``, the range stated otherwise."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not least <= value <= most:  # nan is never in range
+            raise argparse.ArgumentTypeError(f"must be a number from {least:,} to {most:,}, "
+                                             f"not {text!r}")
+        return value
+
+    return parse
 
 
-def row_id(text: str) -> int:
-    """argparse type for the number of a stored node or op card: 1 up to the largest number
-    the database holds."""
-    value = count(text)
-    if value > MAX_ROW_ID:
-        raise argparse.ArgumentTypeError(f"must be at most {MAX_ROW_ID}")
-    return value
+def duration(most_s: float) -> Callable[[str], float]:
+    """argparse type: a duration (``90s``, ``15m``, ``2h``) above 0 and at most ``most_s``, in
+    seconds."""
+    def parse(text: str) -> float:
+        try:
+            seconds = parse_duration(text)
+        except SettingsError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        if not 0 < seconds <= most_s:
+            raise argparse.ArgumentTypeError(f"must be a duration above 0 s and at most "
+                                             f"{most_s / 86400:,.0f} days (e.g. 90s, 15m or 2h), "
+                                             f"not {text!r}")
+        return seconds
+
+    return parse
+
+
+row_id = whole(1, MAX_ROW_ID)  # the number of a stored node or op card
 
 
 def session_id(text: str) -> int:

@@ -84,6 +84,12 @@ def _at_least(record: object, key: str, minimum: int) -> None:
         raise InvalidValue(key, f"must be at least {minimum}", value)
 
 
+def _at_most(record: object, key: str, maximum: float) -> None:
+    value = getattr(record, key)
+    if value is not None and not value <= maximum:
+        raise InvalidValue(key, f"must be at most {maximum:,}", value)
+
+
 def _finite(record: object, key: str, minimum: float = 0.0, *, above: bool = False) -> None:
     """A finite number at least ``minimum`` (above it when ``above``); ``nan`` and ``inf`` fail."""
     value = getattr(record, key)
@@ -250,13 +256,24 @@ class SearchSettings(_Section):
     # [search.mcts]: the tree search's constants (exploration, widening, repairs)
     mcts: MctsParams = field(default_factory=MctsParams)
 
+    # The range each number may take (the command line's options state it): beyond it, a
+    # setting is a slip (--parallel 100000, --time 99999999999h), never a search to run.
+    RANGES: ClassVar[dict[str, tuple[float, float]]] = {
+        "iterations_per_op": (1, 1_000_000), "max_op_factor": (0, 1_000), "usd": (0, 1_000_000),
+        "wall_s": (0, 366 * 24 * 3600), "parallel": (1, 256), "confirmations": (1, 64),
+        "patience": (1, 1_000_000), "seed": (0, 2**32 - 1), "focus": (1, 2**63 - 1),
+        "top_ops": (1, 100_000)}
+
     def __post_init__(self) -> None:
         for key in ("iterations_per_op", "parallel", "confirmations", "patience", "focus",
                     "top_ops"):
             _at_least(self, key, 1)
+        _at_least(self, "seed", 0)
         _finite(self, "max_op_factor", above=True)
         _finite(self, "usd")
         _finite(self, "wall_s", above=True)
+        for key, (_, most) in self.RANGES.items():
+            _at_most(self, key, most)
         if self.cluster != self.cluster.strip():
             raise InvalidValue("cluster", "must be an address without spaces around it",
                                self.cluster)
@@ -265,6 +282,11 @@ class SearchSettings(_Section):
     def per_op_limit(self) -> int:
         """The most iterations one op may take."""
         return max(1, math.ceil(self.iterations_per_op * self.max_op_factor))
+
+
+# The range each option of how a model is built may take (`kforge profile --batch ...`).
+MODEL_RANGES: dict[str, tuple[int, int]] = {"batch": (1, 65_536), "seq_len": (1, 1 << 24),
+                                            "layers": (1, 10_000)}
 
 
 @dataclass(frozen=True)
