@@ -74,3 +74,20 @@ def no_inputs():
 
 def exiting_model():
     sys.exit(3)
+
+
+class Sleeps(nn.Module):
+    """Says it runs (a file named by $KFORGE_TOY_RUNNING), then runs for a minute."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import os
+        import time
+        from pathlib import Path
+
+        Path(os.environ["KFORGE_TOY_RUNNING"]).touch()
+        time.sleep(60)
+        return x * 2
+
+
+def sleeping_model():
+    return Sleeps(), (torch.ones(2, 4),)

@@ -114,6 +114,40 @@ def test_staging_folders_left_by_a_killed_profile_are_removed(tmp_path, capsys):
     assert live.exists()  # may belong to a profile running now
 
 
+def test_a_killed_profile_leaves_no_folder_behind(tmp_path):
+    """A profile killed while its model runs (most of its time) leaves no staging folder, nor a
+    samples folder: the staging folder is made only when samples are written."""
+    import signal
+
+    running = tmp_path / "running"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "KFORGE_TOY_RUNNING": str(running)}
+    proc = subprocess.Popen([sys.executable, "-m", "kforge", "profile", f"{TOY}:sleeping_model",
+                             "--device", "cpu", "--db", str(tmp_path / "kforge.db")], cwd=REPO,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not running.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert running.exists(), "the model never ran"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["running"]
+
+
+def test_a_staging_folder_whose_profile_is_gone_is_removed_by_the_next(tmp_path, capsys):
+    """One killed while it wrote samples: named for its process, which no longer runs."""
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    left = tmp_path / "samples" / f".staging-{int(gone.stdout)}-0123456789ab"
+    (left / "card").mkdir(parents=True)
+    (left / "card" / "0.pt").write_bytes(b"x")
+    assert main(["profile", f"{TOY}:build", "--device", "cpu", "--samples", "1",
+                 "--db", str(tmp_path / "kforge.db")]) == 0
+    assert not left.exists()
+    assert not list((tmp_path / "samples").glob(".staging-*"))
+
+
 def test_no_model_is_a_clear_error(capsys):
     assert main(["profile"]) == 1
     assert "name a model to profile" in capsys.readouterr().err

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kforge.capture.staging import new_staging_dir
+from kforge.capture.staging import make_staging, new_staging_dir
 from kforge.core.candidate import Candidate, EvalOutcome, EvalStatus, LlmCall, Timing
 from kforge.errors import KforgeError
 from kforge.store import CardStatus, NodeStatus, SessionStatus, Store
@@ -36,6 +36,7 @@ async def test_new_database_is_at_the_latest_schema_in_wal_mode(tmp_path: Path):
 
 async def test_profiled_session_holds_cards_and_moves_staged_samples(store: Store):
     staging = new_staging_dir(store.samples_root)
+    make_staging(staging)
     (staging / "abc").mkdir()
     (staging / "abc" / "0.pt").write_bytes(b"x")
     sid = await store.create_profiled_session("toy", {}, {}, sample_cards(), staging,
