@@ -26,6 +26,7 @@ import torch
 from kforge.capture import zoo
 from kforge.capture.builders import Resolved
 from kforge.core.argspec import dtype_name
+from kforge.core.gpu import memory_of
 from kforge.core.settings import MODEL_RANGES
 from kforge.errors import KforgeError
 
@@ -124,8 +125,8 @@ def load_model(spec: str, options: ModelOptions,
             loaded = _load(spec, options, device)
     except torch.OutOfMemoryError:
         _release(device)
-        raise KforgeError(f"out of GPU memory while building {spec} on {device}: try a smaller "
-                          "--batch, --seq-len or --layers") from None
+        raise KforgeError(f"out of {memory_of(device.type)} while building {spec} on {device}: "
+                          "try a smaller --batch, --seq-len or --layers") from None
     if progress:
         progress("build", 1, 1)
     return loaded

@@ -35,6 +35,7 @@ from kforge.capture.recorder import (
 from kforge.capture.regions import RegionPlan, TraceRecorder, region_cards, region_reads
 from kforge.capture.samples import SampleBudget, spread
 from kforge.capture.staging import make_staging
+from kforge.core.gpu import memory_of
 from kforge.core.opcard import OpCard, rank_cards
 from kforge.errors import KforgeError
 from kforge.runtime.regions import register_cards
@@ -85,6 +86,9 @@ def profile(loaded: LoadedModel, *, samples_per_card: int, staging_dir: Path,
 
     recorder, times, unattributed_us = _timed_passes(loaded, on_gpu, repeats, report)
     cards = _cards(recorder, times, repeats)
+    if not cards:
+        raise KforgeError(f"{loaded.name} ran no operator on {loaded.device}: its forward "
+                          "returned without calling any, so there is nothing to profile")
     total_us = sum(card.total_us for card in cards)
     cards = [c.with_(share=c.total_us / total_us if total_us else 0.0) for c in cards]
     found = _regions(loaded, on_gpu, cards, total_us, report) if regions else None
@@ -224,8 +228,9 @@ def _guarded(loaded: LoadedModel, work: Callable[[], Any]) -> Any:
         return work()
     except torch.OutOfMemoryError:
         torch.cuda.empty_cache()
-        raise KforgeError(f"out of GPU memory running {loaded.name} on {loaded.device}: try a "
-                          "smaller --batch, --seq-len or --layers") from None
+        raise KforgeError(f"out of {memory_of(loaded.device.type)} running {loaded.name} on "
+                          f"{loaded.device}: try a smaller --batch, --seq-len or --layers"
+                          ) from None
     except KforgeError:
         raise
     except SystemExit as exc:

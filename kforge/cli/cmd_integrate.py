@@ -12,6 +12,7 @@ from rich.table import Table
 
 from kforge.cli.common import add_db_option, err, out, session_id, whole, with_store
 from kforge.core.fmt import fmt_headline, fmt_projection, fmt_speedup, fmt_us
+from kforge.core.gpu import memory_of
 from kforge.errors import KforgeError
 from kforge.store import Store
 from kforge.store.events import ModelMeasured
@@ -206,14 +207,15 @@ def _check_used(patch: SessionPatch, report: Report) -> None:
 
 
 def _on_gpu(loaded: LoadedModel, work: Callable[[], T]) -> T:
-    """Run ``work``; running out of GPU memory becomes one clear message."""
+    """Run ``work``; running out of the device's memory becomes one clear message."""
     import torch
 
     try:
         return work()
     except torch.OutOfMemoryError:
         torch.cuda.empty_cache()
-        raise KforgeError(f"out of GPU memory running {loaded.name} on {loaded.device}") from None
+        raise KforgeError(f"out of {memory_of(loaded.device.type)} running {loaded.name} on "
+                          f"{loaded.device}") from None
 
 
 def _log(args: argparse.Namespace, plan: SessionPlan, message: str) -> None:

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from kforge.cli.cmd_profile import ProgressLine
 from kforge.cli.main import main
 from kforge.store import Store
@@ -72,6 +74,22 @@ def test_a_failing_model_stores_nothing(tmp_path, capsys):
     assert not db.exists()
     samples_root = tmp_path / "samples"
     assert not samples_root.exists() or not any(samples_root.iterdir())
+
+
+@pytest.mark.parametrize("factory, message", [
+    ("idle_model", "ran no operator on cpu: its forward returned without calling any"),
+    ("out_of_memory_model", "out of host memory running"),
+])
+def test_a_model_that_runs_no_op_or_runs_out_of_memory_stores_nothing(tmp_path, capsys,
+                                                                      factory, message):
+    """A model that runs no operator was stored as a session of 0 op cards with exit 0; a CPU
+    out-of-memory error said "out of GPU memory"."""
+    db = tmp_path / "kforge.db"
+    assert main(["profile", f"{TOY}:{factory}", "--device", "cpu", "--db", str(db)]) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
+    assert line.startswith("kforge: ") and message in line and "GPU" not in line
+    assert not db.exists()
+    assert not (tmp_path / "samples").exists()  # no staging folder either
 
 
 def test_a_model_option_that_does_not_apply_creates_no_database(tmp_path):
