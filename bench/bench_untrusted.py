@@ -83,7 +83,8 @@ def check_time(check: Callable[[str], object], text: str) -> tuple[float, str]:
         check(text)
         ended = "passed"
     except (SourceRefused, UnusableReply) as exc:
-        ended = "refused: " + str(exc).split(": ", 1)[-1][:50]
+        said = str(exc).split(": ", 1)[-1]
+        ended = "refused: " + (said if len(said) <= 80 else said[:77] + "...")
     return time.process_time() - started, ended
 
 
