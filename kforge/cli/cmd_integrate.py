@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from rich.table import Table
 
-from kforge.cli.common import add_db_option, err, out, session_id, whole, with_store
+from kforge.cli.common import add_db_option, cells, err, out, session_id, whole, with_store
 from kforge.core.fmt import fmt_headline, fmt_projection, fmt_speedup, fmt_us
 from kforge.core.gpu import memory_of
 from kforge.errors import KforgeError
@@ -171,7 +171,8 @@ def _prepare(args: argparse.Namespace, what: str, graphs: bool = False
 def print_plan(plan: SessionPlan, patch: SessionPatch | None = None) -> None:
     """Each target card's fate, largest share first; views and copies as a count."""
     session = plan.session
-    out.print(f"session {session.id}  {session.model}  searched on {session.gpu_label}")
+    model, gpu = cells(session.model, session.gpu_label)
+    out.print(f"session {session.id}  {model}  searched on {gpu}")
     table = Table(box=None, header_style="bold")
     for name, right in (("card", True), ("op", False), ("arguments", False), ("share", True),
                         ("runs", False), ("why", False)):
@@ -184,8 +185,8 @@ def print_plan(plan: SessionPlan, patch: SessionPatch | None = None) -> None:
         runs, why = f"kernel {fmt_speedup(d.speedup)}" if d.replaced else "eager", d.reason
         if d.replaced and patch is not None and not patch.loaded(d):
             runs, why = "eager", "won, but does not load here (see the note)"
-        table.add_row(str(d.card.id), d.card.short_op, d.card.signature[:60],
-                      f"{100 * d.card.share:.1f}%", runs, why)
+        table.add_row(str(d.card.id), *cells(d.card.short_op), d.card.signature[:60],
+                      f"{100 * d.card.share:.1f}%", runs, *cells(why))
     out.print(table)
     if hidden:
         out.print(f"  ({hidden} views and copies stay on eager: they are never targets)")
@@ -335,10 +336,10 @@ def e2e_rows(result: E2eResult) -> list[list[str]]:
 
 def print_e2e(plan: SessionPlan, result: E2eResult) -> None:
     session = plan.session
-    shown = " ".join(f"{k}={session.settings[k]}" for k in ("dtype", "batch", "seq_len", "mode",
-                                                           "layers")
+    shown = " ".join(f"{k}={cells(str(session.settings[k]))[0]}"
+                     for k in ("dtype", "batch", "seq_len", "mode", "layers")
                      if session.settings.get(k) is not None)
-    out.print(f"session {session.id}  {session.model} ({shown})")
+    out.print(f"session {session.id}  {cells(session.model)[0]} ({shown})")
     table = Table(box=None, header_style="bold")
     for name, right in (("mode", False), ("device", True), ("p10", True), ("p90", True),
                         ("host-incl.", True), ("vs eager", True), ("kforge gain", True),

@@ -12,10 +12,10 @@ from rich.table import Table
 from rich.text import Text
 
 from kforge.cli.common import (
-    CELL_CHARS,
     EAGER_SOURCES,
     LINE_CHARS,
     add_db_option,
+    cells,
     out,
     row_id,
     session_id,
@@ -116,9 +116,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     details = {k: settings[k] for k in ("dtype", "batch", "seq_len", "seq_lengths", "mode")
                if k in settings}
     if details:
-        out.print("  " + "  ".join(f"{k}={capped(str(v), CELL_CHARS)}"
+        out.print("  " + "  ".join(f"{k}={cells(str(v))[0]}"
                                    for k, v in details.items()))
-    out.print(f"  proposer={capped(search.proposer, CELL_CHARS)}  "
+    out.print(f"  proposer={cells(search.proposer)[0]}  "
               f"spent ${session.usd_spent:.2f}  ran {session.run_seconds / 60:.1f} min")
     if measured is not None:
         out.print(f"  {measured_line(measured.record, time.time() - measured.at)}")
@@ -175,11 +175,6 @@ def cmd_show(args: argparse.Namespace) -> int:
                   "eager' counts confirmed kernels only, and `kforge resume` finishes a "
                   "confirmation a stop cut short)")
     return 0
-
-
-def cells(*texts: str) -> tuple[str, ...]:
-    """Stored texts as a table's cells show them: each cut to ``CELL_CHARS``."""
-    return tuple(capped(text, CELL_CHARS) for text in texts)
 
 
 def measured_line(measured: ModelMeasured, age_s: float) -> str:

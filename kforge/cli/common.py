@@ -16,7 +16,7 @@ from typing import TypeVar
 from rich.console import Console
 from rich.segment import Segment
 
-from kforge.core.inert import inert
+from kforge.core.inert import capped, inert
 from kforge.core.settings import SettingsError, parse_duration
 from kforge.store import Store
 from kforge.store.commands import shown_status
@@ -53,6 +53,12 @@ class InertConsole(Console):
 out = InertConsole(highlight=False, markup=False, soft_wrap=True,
                    width=None if sys.stdout.isatty() else 200)
 err = InertConsole(stderr=True, highlight=False, markup=False, soft_wrap=True)
+
+
+def cells(*texts: str) -> tuple[str, ...]:
+    """Stored texts as a table's cells (or a header line) show them: each cut to
+    ``CELL_CHARS``."""
+    return tuple(capped(text, CELL_CHARS) for text in texts)
 
 
 def add_db_option(parser: argparse.ArgumentParser) -> None:
