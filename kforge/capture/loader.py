@@ -26,6 +26,8 @@ import torch
 from kforge.capture import zoo
 from kforge.capture.builders import Resolved
 from kforge.core.argspec import dtype_name
+from kforge.core.gpu import memory_of
+from kforge.core.settings import MODEL_RANGES
 from kforge.errors import KforgeError
 
 T = TypeVar("T")
@@ -112,7 +114,7 @@ def resolve_device(text: str | None) -> torch.device:
 def load_model(spec: str, options: ModelOptions,
                progress: Callable[[str, int, int], None] | None = None) -> LoadedModel:
     """Build or import the model named by ``spec`` and its example inputs, ready to run."""
-    _check_positive(options)
+    _check_ranges(options)
     device = resolve_device(options.device)
     if progress:
         progress("build", 0, 1)
@@ -123,8 +125,8 @@ def load_model(spec: str, options: ModelOptions,
             loaded = _load(spec, options, device)
     except torch.OutOfMemoryError:
         _release(device)
-        raise KforgeError(f"out of GPU memory while building {spec} on {device}: try a smaller "
-                          "--batch, --seq-len or --layers") from None
+        raise KforgeError(f"out of {memory_of(device.type)} while building {spec} on {device}: "
+                          "try a smaller --batch, --seq-len or --layers") from None
     if progress:
         progress("build", 1, 1)
     return loaded
@@ -147,11 +149,14 @@ def _cuda_indices(device: torch.device) -> list[int]:
     return [device.index if device.index is not None else torch.cuda.current_device()]
 
 
-def _check_positive(options: ModelOptions) -> None:
-    for name in ("batch", "seq_len", "layers"):
+def _check_ranges(options: ModelOptions) -> None:
+    for name, (least, most) in MODEL_RANGES.items():
         value = getattr(options, name)
-        if value is not None and value < 1:
-            raise KforgeError(f"--{name.replace('_', '-')} must be at least 1, not {value}")
+        flag = f"--{name.replace('_', '-')}"
+        if value is not None and value < least:
+            raise KforgeError(f"{flag} must be at least {least}, not {value}")
+        if value is not None and value > most:
+            raise KforgeError(f"{flag} must be at most {most:,}, not {value}")
 
 
 def _load_builtin(entry: zoo.ZooModel, options: ModelOptions, device: torch.device) -> LoadedModel:

@@ -5,8 +5,9 @@ forwards run under ``torch.profiler`` and a ``CallRecorder``, which wraps each a
 profiler range named after its card key: the CUDA kernels launched inside a range are that call's
 GPU time (on a CPU-only run, the range's CPU time is used instead). A last forward under a
 ``SampleRecorder`` saves the inputs of a few calls per target card, spread over the model's calls,
-into the staging folder, within the byte caps of ``kforge.capture.samples``. The caller owns the
-staging folder: it hands it to the store with the cards, or removes it if anything fails.
+into the staging folder (made only then), within the byte caps of
+``kforge.capture.samples``. The caller owns the staging folder: it hands it to the store with the
+cards, or removes it if anything fails.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from kforge.capture.recorder import (
 )
 from kforge.capture.regions import RegionPlan, TraceRecorder, region_cards, region_reads
 from kforge.capture.samples import SampleBudget, spread
+from kforge.capture.staging import make_staging
+from kforge.core.gpu import memory_of
 from kforge.core.opcard import OpCard, rank_cards
 from kforge.errors import KforgeError
 from kforge.runtime.regions import register_cards
@@ -69,7 +72,7 @@ def profile(loaded: LoadedModel, *, samples_per_card: int, staging_dir: Path,
             budget: SampleBudget | None = None, regions: bool = True) -> Profile:
     """Profile ``loaded`` into op cards, and with ``regions`` region cards (one more forward
     records which tensors each call reads and writes), saving sample inputs into
-    ``staging_dir``.
+    ``staging_dir`` (made as they are saved, where it is not a folder already).
 
     ``repeats`` timed forwards are averaged (default 3 on a GPU, 1 on the CPU).
     """
@@ -83,6 +86,9 @@ def profile(loaded: LoadedModel, *, samples_per_card: int, staging_dir: Path,
 
     recorder, times, unattributed_us = _timed_passes(loaded, on_gpu, repeats, report)
     cards = _cards(recorder, times, repeats)
+    if not cards:
+        raise KforgeError(f"{loaded.name} ran no operator on {loaded.device}: its forward "
+                          "returned without calling any, so there is nothing to profile")
     total_us = sum(card.total_us for card in cards)
     cards = [c.with_(share=c.total_us / total_us if total_us else 0.0) for c in cards]
     found = _regions(loaded, on_gpu, cards, total_us, report) if regions else None
@@ -153,6 +159,8 @@ def _save_samples(loaded: LoadedModel, on_gpu: bool, result: Profile, per_card: 
         return
     total_calls = sum(c.calls for c in result.cards if c.region is None)
     report("samples", 0, total_calls)
+    if staging_dir.is_symlink() or not staging_dir.is_dir():
+        make_staging(staging_dir)  # only now: a profile killed before leaves no folder
     sampler = SampleRecorder(plan, staging_dir, budget, on_progress=lambda passed: report(
         "samples", min(passed, total_calls), total_calls), region_reads=reads)
     _guarded(loaded, lambda: _sampled_forward(loaded, on_gpu, sampler))
@@ -220,8 +228,9 @@ def _guarded(loaded: LoadedModel, work: Callable[[], Any]) -> Any:
         return work()
     except torch.OutOfMemoryError:
         torch.cuda.empty_cache()
-        raise KforgeError(f"out of GPU memory running {loaded.name} on {loaded.device}: try a "
-                          "smaller --batch, --seq-len or --layers") from None
+        raise KforgeError(f"out of {memory_of(loaded.device.type)} running {loaded.name} on "
+                          f"{loaded.device}: try a smaller --batch, --seq-len or --layers"
+                          ) from None
     except KforgeError:
         raise
     except SystemExit as exc:

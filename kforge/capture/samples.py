@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from kforge.core.argspec import encode_value, storage_span
+from kforge.core.files import create_new
 
 MIB = 1 << 20
 # Defaults for one profile: enough for a few real activations and masks per card, while a weight
@@ -82,11 +83,12 @@ def snapshot_value(value: Any, key: str, budget: SampleBudget) -> Any:
 
 def save_sample(path: Path, key: str, args: tuple | list, kwargs: dict,
                 budget: SampleBudget) -> None:
-    """Write one call's inputs to ``path`` (its folder is created)."""
+    """Write one call's inputs to ``path``, a new file (its folder is created)."""
     sample = {"args": [snapshot_value(a, key, budget) for a in args],
               "kwargs": {k: snapshot_value(v, key, budget) for k, v in kwargs.items()}}
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(sample, path)
+    with create_new(path, "sample file") as out:
+        torch.save(sample, out)
 
 
 def spread(calls: int, count: int) -> set[int]:

@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, TypeVar
 
 from rich.table import Table
 
-from kforge.cli.common import add_db_option, count, err, out, session_id, with_store
+from kforge.cli.common import add_db_option, cells, err, out, session_id, whole, with_store
 from kforge.core.fmt import fmt_headline, fmt_projection, fmt_speedup, fmt_us
+from kforge.core.gpu import memory_of
 from kforge.errors import KforgeError
 from kforge.store import Store
 from kforge.store.events import ModelMeasured
@@ -88,8 +89,10 @@ def register(sub: Commands) -> None:
                    help="comma-separated modes: eager, graphs, compile, reduce-overhead, "
                         "max-autotune (each measured with and without kforge), or one variant "
                         "such as compile+kforge; default all (max-autotune compiles take minutes)")
-    p.add_argument("--reps", type=count, default=20, help="timed forwards each (default 20)")
-    p.add_argument("--warmup", type=count, default=3, help="untimed forwards first (default 3)")
+    p.add_argument("--reps", type=whole(1, 100_000), default=20,
+                   help="timed forwards each (default 20)")
+    p.add_argument("--warmup", type=whole(1, 10_000), default=3,
+                   help="untimed forwards first (default 3)")
     p.add_argument("--no-select", dest="select", action="store_false",
                    help="do not choose the kernels by measuring the model: eager + kforge then "
                         "uses those projected to pay for their guard, CUDA graphs + kforge and "
@@ -168,7 +171,8 @@ def _prepare(args: argparse.Namespace, what: str, graphs: bool = False
 def print_plan(plan: SessionPlan, patch: SessionPatch | None = None) -> None:
     """Each target card's fate, largest share first; views and copies as a count."""
     session = plan.session
-    out.print(f"session {session.id}  {session.model}  searched on {session.gpu_label}")
+    model, gpu = cells(session.model, session.gpu_label)
+    out.print(f"session {session.id}  {model}  searched on {gpu}")
     table = Table(box=None, header_style="bold")
     for name, right in (("card", True), ("op", False), ("arguments", False), ("share", True),
                         ("runs", False), ("why", False)):
@@ -181,8 +185,8 @@ def print_plan(plan: SessionPlan, patch: SessionPatch | None = None) -> None:
         runs, why = f"kernel {fmt_speedup(d.speedup)}" if d.replaced else "eager", d.reason
         if d.replaced and patch is not None and not patch.loaded(d):
             runs, why = "eager", "won, but does not load here (see the note)"
-        table.add_row(str(d.card.id), d.card.short_op, d.card.signature[:60],
-                      f"{100 * d.card.share:.1f}%", runs, why)
+        table.add_row(str(d.card.id), *cells(d.card.short_op), d.card.signature[:60],
+                      f"{100 * d.card.share:.1f}%", runs, *cells(why))
     out.print(table)
     if hidden:
         out.print(f"  ({hidden} views and copies stay on eager: they are never targets)")
@@ -204,14 +208,15 @@ def _check_used(patch: SessionPatch, report: Report) -> None:
 
 
 def _on_gpu(loaded: LoadedModel, work: Callable[[], T]) -> T:
-    """Run ``work``; running out of GPU memory becomes one clear message."""
+    """Run ``work``; running out of the device's memory becomes one clear message."""
     import torch
 
     try:
         return work()
     except torch.OutOfMemoryError:
         torch.cuda.empty_cache()
-        raise KforgeError(f"out of GPU memory running {loaded.name} on {loaded.device}") from None
+        raise KforgeError(f"out of {memory_of(loaded.device.type)} running {loaded.name} on "
+                          f"{loaded.device}") from None
 
 
 def _log(args: argparse.Namespace, plan: SessionPlan, message: str) -> None:
@@ -331,10 +336,10 @@ def e2e_rows(result: E2eResult) -> list[list[str]]:
 
 def print_e2e(plan: SessionPlan, result: E2eResult) -> None:
     session = plan.session
-    shown = " ".join(f"{k}={session.settings[k]}" for k in ("dtype", "batch", "seq_len", "mode",
-                                                           "layers")
+    shown = " ".join(f"{k}={cells(str(session.settings[k]))[0]}"
+                     for k in ("dtype", "batch", "seq_len", "mode", "layers")
                      if session.settings.get(k) is not None)
-    out.print(f"session {session.id}  {session.model} ({shown})")
+    out.print(f"session {session.id}  {cells(session.model)[0]} ({shown})")
     table = Table(box=None, header_style="bold")
     for name, right in (("mode", False), ("device", True), ("p10", True), ("p90", True),
                         ("host-incl.", True), ("vs eager", True), ("kforge gain", True),

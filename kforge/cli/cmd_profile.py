@@ -12,15 +12,15 @@ from typing import TYPE_CHECKING, TextIO
 from kforge.cli.common import (
     add_db_option,
     add_json_option,
-    count,
-    count_or_zero,
     out,
     resolve_db,
     respond,
     session_facts,
+    whole,
     with_store,
 )
 from kforge.core.gpu import NO_GPU, GpuInfo
+from kforge.core.settings import MODEL_RANGES
 from kforge.errors import KforgeError
 from kforge.store import Store
 from kforge.store.beside import own_folder
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from kforge.cli.main import Commands
 
 DEFAULT_SAMPLES = 3
+MOST_SAMPLES, MOST_SHOWN = 1_000, 100_000  # sample inputs per card; op variants printed
 STAGE_LABELS = {
     "build": "building the model",
     "warmup": "warm-up forward",
@@ -49,7 +50,8 @@ def register(sub: Commands) -> None:
                    help="a built-in model (see --list) or path/to/file.py:factory")
     p.add_argument("--list", action="store_true", help="list the built-in models and exit")
     add_model_options(p)
-    p.add_argument("--top", type=count, default=15, help="op variants to print (default 15)")
+    p.add_argument("--top", type=whole(1, MOST_SHOWN), default=15,
+                   help="op variants to print (default 15)")
     add_json_option(p)
     add_db_option(p)
     p.set_defaults(func=cmd_profile)
@@ -60,14 +62,15 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
     g.add_argument("--dtype", help="bf16, fp16 or fp32 (default: the model's own)")
     g.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when there is a GPU)")
-    g.add_argument("--batch", type=count, help="batch size (default: the model's)")
-    g.add_argument("--seq-len", type=count, dest="seq_len",
+    g.add_argument("--batch", type=whole(*MODEL_RANGES["batch"]),
+                   help="batch size (default: the model's)")
+    g.add_argument("--seq-len", type=whole(*MODEL_RANGES["seq_len"]), dest="seq_len",
                    help="sequence length; for decode, the tokens already in the KV cache")
     g.add_argument("--mode", choices=("prefill", "decode"),
                    help="for language models: the prompt pass or one generated token")
-    g.add_argument("--layers", type=count,
+    g.add_argument("--layers", type=whole(*MODEL_RANGES["layers"]),
                    help="keep only the first N layers, for speed (default: all)")
-    g.add_argument("--samples", type=count_or_zero, default=DEFAULT_SAMPLES,
+    g.add_argument("--samples", type=whole(0, MOST_SAMPLES), default=DEFAULT_SAMPLES,
                    help=f"sample inputs kept per op card (default {DEFAULT_SAMPLES})")
     g.add_argument("--no-regions", dest="regions", action="store_false",
                    help="op cards only: no fusion-region cards (chains of ops in one module "
@@ -79,17 +82,20 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    help="the lengths range cards cover (default: 1 to the model's cache size)")
 
 
+_length = whole(*MODEL_RANGES["seq_len"])
+
+
 def lengths(text: str) -> list[int]:
-    """argparse type: comma-separated whole numbers of at least 1."""
-    return [count(part) for part in text.split(",") if part.strip()]
+    """argparse type: comma-separated sequence lengths."""
+    return [_length(part) for part in text.split(",") if part.strip()]
 
 
 def span(text: str) -> tuple[int, int]:
-    """argparse type: ``LO:HI``, whole numbers with 1 <= LO <= HI."""
+    """argparse type: ``LO:HI``, sequence lengths with LO <= HI."""
     lo, sep, hi = text.partition(":")
-    if not sep or count(lo) > count(hi):
+    if not sep or _length(lo) > _length(hi):
         raise argparse.ArgumentTypeError(f"expected LO:HI with 1 <= LO <= HI, not {text!r}")
-    return count(lo), count(hi)
+    return _length(lo), _length(hi)
 
 
 def cmd_profile(args: argparse.Namespace) -> int:

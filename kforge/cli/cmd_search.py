@@ -11,15 +11,18 @@ from kforge.cli.common import (
     add_db_option,
     add_json_option,
     add_trust_plugins_option,
+    duration,
     err,
+    number,
     out,
     resolve_db,
     respond,
     session_facts,
     session_id,
+    whole,
     with_store,
 )
-from kforge.core.settings import Origin, parse_duration
+from kforge.core.settings import Origin, SearchSettings
 from kforge.engine.plugins import PluginConsent, check_can_start
 from kforge.errors import KforgeError
 from kforge.store import CommandKind, SessionStatus
@@ -59,19 +62,24 @@ def _add_search_options(p: argparse.ArgumentParser) -> None:
                    help="evaluate on the GPUs of this Ray cluster: auto (the one `ray start` "
                         "joined this machine to), host:6379 or ray://host:10001; none: this "
                         "machine's GPUs (default: none)")
-    g.add_argument("--iterations", type=int, dest="iterations_per_op", metavar="N",
+    ranges = SearchSettings.RANGES
+    g.add_argument("--iterations", type=whole(*ranges["iterations_per_op"]),
+                   dest="iterations_per_op", metavar="N",
                    help="average iterations per op; spread by time share (default 24)")
-    g.add_argument("--usd", type=float, help="total LLM spend allowed, in US dollars")
-    g.add_argument("--time", dest="wall", metavar="DURATION",
-                   help="total search time allowed, e.g. 30m or 2h")
-    g.add_argument("--parallel", type=int, help="proposals in flight at once (default 4)")
-    g.add_argument("--patience", type=int,
+    g.add_argument("--usd", type=number(*ranges["usd"]),
+                   help="total LLM spend allowed, in US dollars")
+    g.add_argument("--time", type=duration(ranges["wall_s"][1]), dest="wall_s",
+                   metavar="DURATION", help="total search time allowed, e.g. 30m or 2h")
+    g.add_argument("--parallel", type=whole(*ranges["parallel"]),
+                   help="proposals in flight at once (default 4)")
+    g.add_argument("--patience", type=whole(*ranges["patience"]),
                    help="stop an op after N iterations without improvement (default 12)")
-    g.add_argument("--seed", type=int, help="random seed of the search (default 0)")
-    g.add_argument("--focus", type=int, metavar="CARD",
+    g.add_argument("--seed", type=whole(*ranges["seed"]),
+                   help="random seed of the search (default 0)")
+    g.add_argument("--focus", type=whole(*ranges["focus"]), metavar="CARD",
                    help="search only this op card until it has nothing left to search, then "
                         "every op")
-    g.add_argument("--top", type=int, dest="top_ops", metavar="N",
+    g.add_argument("--top", type=whole(*ranges["top_ops"]), dest="top_ops", metavar="N",
                    help="search only the N ops with the largest time shares")
     g.add_argument("--detach", action="store_true",
                    help="run in the background, surviving the terminal; follow with kforge-tui")
@@ -85,8 +93,7 @@ def _given(args: argparse.Namespace) -> dict:
     given = {
         "proposer": args.proposer, "evaluator": args.evaluator,
         "cluster": "" if args.cluster in ("none", "") else args.cluster,
-        "iterations_per_op": args.iterations_per_op, "usd": args.usd,
-        "wall_s": parse_duration(args.wall) if args.wall else None,
+        "iterations_per_op": args.iterations_per_op, "usd": args.usd, "wall_s": args.wall_s,
         "parallel": args.parallel, "patience": args.patience, "seed": args.seed,
         "focus": args.focus, "top_ops": args.top_ops,
     }

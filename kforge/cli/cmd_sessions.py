@@ -11,7 +11,16 @@ from typing import TYPE_CHECKING
 from rich.table import Table
 from rich.text import Text
 
-from kforge.cli.common import EAGER_SOURCES, add_db_option, out, row_id, session_id, with_store
+from kforge.cli.common import (
+    EAGER_SOURCES,
+    LINE_CHARS,
+    add_db_option,
+    cells,
+    out,
+    row_id,
+    session_id,
+    with_store,
+)
 from kforge.core.candidate import EvalOutcome
 from kforge.core.fmt import (
     fmt_age,
@@ -22,7 +31,7 @@ from kforge.core.fmt import (
     fmt_speedup,
     fmt_us,
 )
-from kforge.core.inert import inert
+from kforge.core.inert import capped, inert
 from kforge.core.region import folded
 from kforge.core.settings import SessionSettings
 from kforge.errors import KforgeError
@@ -73,8 +82,8 @@ def cmd_sessions(args: argparse.Namespace) -> int:
                                                             "best vs eager", "cost") else "left")
     now = time.time()
     for s in summaries:
-        table.add_row(str(s.session.id), s.session.model, s.session.gpu_label,
-                      shown_status(s.session),
+        table.add_row(str(s.session.id), *cells(s.session.model, s.session.gpu_label,
+                                                 shown_status(s.session)),
                       f"{s.targets}/{s.cards}", str(s.nodes), str(s.improved),
                       fmt_best_over_eager(s.best_speedup), f"${s.session.usd_spent:.2f}",
                       fmt_age(now - s.last_activity))
@@ -102,18 +111,19 @@ def cmd_show(args: argparse.Namespace) -> int:
     session, cards, best, confirming, measured = with_store(args, work, reads_only=True)
     settings = session.settings
     search = SessionSettings.from_stored(settings).search
-    out.print(Text.assemble((f"session {session.id}", "bold"), f"  {session.model}  on "
-                            f"{session.gpu_label}  [{shown_status(session)}]"))
+    model, gpu, status = cells(session.model, session.gpu_label, shown_status(session))
+    out.print(Text.assemble((f"session {session.id}", "bold"), f"  {model}  on {gpu}  [{status}]"))
     details = {k: settings[k] for k in ("dtype", "batch", "seq_len", "seq_lengths", "mode")
                if k in settings}
     if details:
-        out.print("  " + "  ".join(f"{k}={v}" for k, v in details.items()))
-    out.print(f"  proposer={search.proposer}  "
+        out.print("  " + "  ".join(f"{k}={cells(str(v))[0]}"
+                                   for k, v in details.items()))
+    out.print(f"  proposer={cells(search.proposer)[0]}  "
               f"spent ${session.usd_spent:.2f}  ran {session.run_seconds / 60:.1f} min")
     if measured is not None:
         out.print(f"  {measured_line(measured.record, time.time() - measured.at)}")
     if session.error:
-        out.print(Text.assemble("  ", ("error:", "red"), f" {session.error}"))
+        out.print(Text.assemble("  ", ("error:", "red"), f" {capped(session.error, LINE_CHARS)}"))
     table = Table(box=None, header_style="bold")
     # range cards (kforge.core.ranges) cover a range of sizes: a column says which
     ranged = any(row.card.ranges is not None for row in cards)
@@ -142,11 +152,11 @@ def cmd_show(args: argparse.Namespace) -> int:
         eager = fmt_us(c.eager_us)
         if mixed and c.eager_us is not None:
             eager += f" {EAGER_SOURCES[row.eager_source]}"
-        table.add_row(str(row.id), ("└ " if region is not None else "") + c.short_op,
+        table.add_row(str(row.id), ("└ " if region is not None else "") + cells(c.short_op)[0],
                       c.signature[:70],
-                      *((c.range_text or "-",) if ranged else ()), str(c.calls),
-                      f"{100 * c.share:.1f}%", c.library, eager, fmt_us(c.compiled_us),
-                      best_cell(row), kernel, host, str(row.spent), status,
+                      *(cells(c.range_text or "-") if ranged else ()), str(c.calls),
+                      f"{100 * c.share:.1f}%", *cells(c.library), eager, fmt_us(c.compiled_us),
+                      best_cell(row), kernel, host, str(row.spent), *cells(status),
                       style=None if c.target and region is None else "dim")
     out.print(table)
     if any(region is not None for _, region in folded(cards, attrgetter("card"))):
@@ -159,7 +169,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     if hidden:
         out.print(f"  ({len(hidden)} views and copies hidden: they are never targets)")
     for line in untrusted:  # docs/evaluation.md, "Baselines against the profile"
-        out.print(f"  no speedup shown for {line}")
+        out.print(f"  no speedup shown for {capped(line, LINE_CHARS)}")
     if confirming:
         out.print("  (confirming: a would-be best under compute-sanitizer and re-timing; 'best vs "
                   "eager' counts confirmed kernels only, and `kforge resume` finishes a "
@@ -216,7 +226,8 @@ def cmd_delete(args: argparse.Namespace) -> int:
             if not sys.stdin.isatty():
                 raise KforgeError(f"not deleting session {args.session} without a terminal to "
                                   f"confirm on: add --yes")
-            answer = input(inert(f"delete session {args.session} ({session.model}) and all its "
+            answer = input(inert(f"delete session {args.session} ({cells(session.model)[0]}) "
+                                 "and all its "
                                  "kernels? [y/N] "))
             if answer.strip().lower() not in ("y", "yes"):
                 raise KforgeError("nothing deleted")

@@ -19,6 +19,7 @@ from kforge.cli.common import (
     with_store,
 )
 from kforge.core.candidate import Candidate, Proposal
+from kforge.core.files import regular_file
 from kforge.core.launch_plan import PlanError, PlanNotApplicable, parse_plan
 from kforge.core.mcts import ROOT, Action, Decision
 from kforge.core.opcard import OpCard
@@ -27,7 +28,6 @@ from kforge.engine.plugins import PluginConsent
 from kforge.errors import KforgeError
 from kforge.store import CardStatus, Store
 from kforge.store.commands import is_alive
-from kforge.store.config import regular_file
 from kforge.store.records import NodeRow
 
 if TYPE_CHECKING:

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import sys
 from collections.abc import Awaitable, Callable, Iterable, Iterator
@@ -15,13 +16,17 @@ from typing import TypeVar
 from rich.console import Console
 from rich.segment import Segment
 
-from kforge.core.inert import inert
+from kforge.core.inert import capped, inert
+from kforge.core.settings import SettingsError, parse_duration
 from kforge.store import Store
 from kforge.store.commands import shown_status
 from kforge.store.config import db_path
 from kforge.store.records import MAX_ROW_ID
 
 T = TypeVar("T")
+# How much of one stored text a view prints (``kforge.core.inert.capped``): a table's cell, a
+# line of its own, a block such as a kernel's source or a prompt.
+CELL_CHARS, LINE_CHARS, TEXT_CHARS = 200, 2_000, 100_000
 # Where an op's eager time comes from (``CardRow.eager_source``), as the CLI names it: the
 # evaluator's device time of the op alone, or the profile's time per call in the model run.
 EAGER_SOURCES = {"eval": "device", "prof": "profile"}
@@ -48,6 +53,12 @@ class InertConsole(Console):
 out = InertConsole(highlight=False, markup=False, soft_wrap=True,
                    width=None if sys.stdout.isatty() else 200)
 err = InertConsole(stderr=True, highlight=False, markup=False, soft_wrap=True)
+
+
+def cells(*texts: str) -> tuple[str, ...]:
+    """Stored texts as a table's cells (or a header line) show them: each cut to
+    ``CELL_CHARS``."""
+    return tuple(capped(text, CELL_CHARS) for text in texts)
 
 
 def add_db_option(parser: argparse.ArgumentParser) -> None:
@@ -139,31 +150,55 @@ async def session_facts(store: Store, session_id: int) -> dict:
             "usd_spent": session.usd_spent, "confirming": confirming}
 
 
-def count_or_zero(text: str) -> int:
-    """argparse type: a whole number, zero allowed."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError("must not be negative")
-    return value
+def whole(least: int, most: int) -> Callable[[str], int]:
+    """argparse type: a whole number from ``least`` to ``most``; anything else is refused with
+    the range stated."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not least <= value <= most:
+            raise argparse.ArgumentTypeError(f"must be a whole number from {least:,} to "
+                                             f"{most:,}, not {text!r}")
+        return value
+
+    return parse
 
 
-def count(text: str) -> int:
-    """argparse type: a whole number of at least 1."""
-    if count_or_zero(text) < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return int(text)
+def number(least: float, most: float) -> Callable[[str], float]:
+    """argparse type: a finite number from ``least`` to ``most``, the range stated otherwise."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not least <= value <= most:  # nan is never in range
+            raise argparse.ArgumentTypeError(f"must be a number from {least:,} to {most:,}, "
+                                             f"not {text!r}")
+        return value
+
+    return parse
 
 
-def row_id(text: str) -> int:
-    """argparse type for the number of a stored node or op card: 1 up to the largest number
-    the database holds."""
-    value = count(text)
-    if value > MAX_ROW_ID:
-        raise argparse.ArgumentTypeError(f"must be at most {MAX_ROW_ID}")
-    return value
+def duration(most_s: float) -> Callable[[str], float]:
+    """argparse type: a duration (``90s``, ``15m``, ``2h``) above 0 and at most ``most_s``, in
+    seconds."""
+    def parse(text: str) -> float:
+        try:
+            seconds = parse_duration(text)
+        except SettingsError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        if not 0 < seconds <= most_s:
+            raise argparse.ArgumentTypeError(f"must be a duration above 0 s and at most "
+                                             f"{most_s / 86400:,.0f} days (e.g. 90s, 15m or 2h), "
+                                             f"not {text!r}")
+        return seconds
+
+    return parse
+
+
+row_id = whole(1, MAX_ROW_ID)  # the number of a stored node or op card
 
 
 def session_id(text: str) -> int:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from kforge import __version__
 from kforge.cli import INTERRUPTED
-from kforge.core.inert import inert
+from kforge.core.inert import capped, inert
 from kforge.errors import KforgeError
 
 # command: (the module in kforge.cli that registers it, its line in `kforge --help`)
@@ -43,6 +43,8 @@ COMMANDS = {
 }
 BAD_USAGE = 2  # argparse's code for a command line it cannot read
 LONG_WORD = 120  # a longer word of an error message (a huge path) is shown by its ends
+LONG_LINE = 2_000  # an error message (which may quote stored text) is cut to this...
+LONG_MESSAGE = 1 << 20  # ...after redacting at most this much of it
 # The LLM secrets of the config file and the environment, read once per command by ``shown``.
 _secrets: tuple[str, ...] | None = None
 
@@ -160,8 +162,9 @@ def _tolerant_output() -> None:
 def fail(message: str, code: int, wants_json: bool) -> int:
     """Say what went wrong in one line on stderr (and as ``{"error": ...}`` on stdout for
     --json); return the exit code."""
-    line = " ".join(word if len(word) <= LONG_WORD else f"{word[:60]}...{word[-40:]}"
-                    for word in shown(message).split()) or "failed"
+    line = capped(" ".join(word if len(word) <= LONG_WORD else f"{word[:60]}...{word[-40:]}"
+                           for word in shown(message[:LONG_MESSAGE]).split()), LONG_LINE)
+    line = line or "failed"
     try:
         if wants_json:
             print(json.dumps({"error": line}), flush=True)
@@ -177,7 +180,7 @@ def shown(text: str) -> str:
     store's own redaction: a library's log line quoted the endpoint's URL, password and all) and
     ``inert`` (log lines and errors quote stored text)."""
     global _secrets
-    from kforge.core.settings import redact
+    from kforge.core.secrets import redact
 
     if _secrets is None:
         from kforge.store.config import configured_secrets

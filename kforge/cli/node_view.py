@@ -1,7 +1,8 @@
 """`kforge show SESSION --node N`: one search node in full, as text. Its op card and parent, who
 made it and how (proposer, action), its outcome with the evidence the evaluator kept, its kernel
 source and launch plan, and every language-model call made for it with the whole prompt and
-reply, so what the model was told and what it answered can be read back."""
+reply, so what the model was told and what it answered can be read back. Every stored text is
+shown cut to a bound (``kforge.core.inert.capped``), whatever the database holds."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import datetime
 import json
 from dataclasses import dataclass
 
-from kforge.cli.common import EAGER_SOURCES, out, with_store
+from kforge.cli.common import CELL_CHARS, EAGER_SOURCES, LINE_CHARS, TEXT_CHARS, out, with_store
 from kforge.core.candidate import EvalOutcome, Timing
 from kforge.core.fmt import fmt_speedup, fmt_us
+from kforge.core.inert import capped
 from kforge.core.gpu import NO_GPU, GpuInfo
 from kforge.errors import KforgeError
 from kforge.propose.llm.feedback import profile_lines, repair_evidence
@@ -25,6 +27,7 @@ TOLD_EXTRA = frozenset({"registers", "spills", "counters", "mismatch", "sets_pas
                         "sanitizer", "host_us", "eager_host_us", "confirmed", "first_speedup",
                         "held"})
 SUMMARY_SHOWN = 10_000  # a summary is shown whole here; this only guards the terminal
+CALLS_SHOWN = 20  # a node's last language-model calls shown (a search makes one to a few)
 
 
 @dataclass(frozen=True)
@@ -77,9 +80,9 @@ def node_text(facts: NodeFacts, with_prompts: bool = True) -> str:
     sections = [_head(facts), _made(row, facts.parent, facts.children),
                 _outcome(row, detail.outcome, facts)]
     if detail.candidate is not None:
-        sections.append(f"── kernel source ──\n{detail.candidate.source.rstrip()}")
+        sections.append(f"── kernel source ──\n{_text(detail.candidate.source.rstrip())}")
         plan = detail.candidate.plan
-        sections.append("── launch plan ──\n" + (plan_json(plan) if plan is not None
+        sections.append("── launch plan ──\n" + (_text(plan_json(plan)) if plan is not None
                                                   else "(none)"))
     else:
         sections.append("── kernel source ──\n(no candidate: "
@@ -89,12 +92,23 @@ def node_text(facts: NodeFacts, with_prompts: bool = True) -> str:
     return "\n\n".join(sections)
 
 
+def _text(text: str) -> str:
+    """A stored block (a source, a log, a prompt) as shown."""
+    return capped(text, TEXT_CHARS)
+
+
+def _line(text: object) -> str:
+    """A stored text shown on a line of its own."""
+    return capped(str(text), LINE_CHARS)
+
+
 def _head(facts: NodeFacts) -> str:
     row, card = facts.detail.row, facts.card.card
-    lines = [f"node {row.id}  session {row.session_id}  card {row.card_id}: {card.short_op}",
-             f"  call      {card.op}({card.signature})"]
+    lines = [f"node {row.id}  session {row.session_id}  card {row.card_id}: "
+             f"{capped(card.short_op, CELL_CHARS)}",
+             f"  call      {_line(f'{card.op}({card.signature})')}"]
     if card.range_text:
-        lines.append(f"  range     {card.range_text}")
+        lines.append(f"  range     {_line(card.range_text)}")
     best = facts.card.best_kernel
     lines.append(f"  eager     {EAGER_SOURCES[facts.card.eager_source]} {fmt_us(card.eager_us)} "
                  f"per call, torch.compile device {fmt_us(card.compiled_us)}, physical floor "
@@ -102,35 +116,35 @@ def _head(facts: NodeFacts) -> str:
                  + (f"{fmt_speedup(facts.card.best_over_eager)} over eager (node {best})"
                     if best is not None else "- (no kernel beats eager or torch.compile)"))
     if check := (facts.card.baseline or {}).get("profile_check"):
-        lines.append(f"  profile   {check}")
+        lines.append(f"  profile   {_line(check)}")
     return "\n".join(lines)
 
 
 def _result(node: NodeRow) -> str:
     """What a node's evaluation came to, as a neighbour's line names it."""
-    return f"{fmt_speedup(node.speedup)} over eager" if node.ok else node.status
+    return f"{fmt_speedup(node.speedup)} over eager" if node.ok else capped(node.status, CELL_CHARS)
 
 
 def _made(row: NodeRow, parent: NodeRow | None, children: list[NodeRow]) -> str:
     meta = row.meta
     lines = ["── how it was made ──",
-             f"proposer  {proposer_of(meta)}" + (f" ({meta['model']})" if "model" in meta
-                                                 else ""),
+             f"proposer  {_line(proposer_of(meta))}" + (f" ({_line(meta['model'])})"
+                                                        if "model" in meta else ""),
              f"action    {row.action}" + _action_meaning(row.action)]
     if parent is None:
         lines.append("parent    none: a new approach under eager PyTorch")
     else:
         lines.append(f"parent    node {parent.id} ({parent.action}, {_result(parent)}): "
-                     f"{parent.meta.get('approach', '-')}")
-    lines.append(f"approach  {meta.get('approach', '-')}")
+                     f"{_line(parent.meta.get('approach', '-'))}")
+    lines.append(f"approach  {_line(meta.get('approach', '-'))}")
     if meta.get("family"):
         params = " ".join(f"{k}={v}" for k, v in sorted((meta.get("params") or {}).items()))
-        lines.append(f"family    {meta['family']}" + (f" {params}" if params else ""))
+        lines.append(_line(f"family    {meta['family']}" + (f" {params}" if params else "")))
     if notes := meta.get("notes"):
-        lines.append(f"notes     {notes}")
+        lines.append(f"notes     {_line(notes)}")
     if children:
-        lines.append("children  " + ", ".join(f"{c.id} ({c.action}, {_result(c)})"
-                                              for c in children))
+        lines.append(_line("children  " + ", ".join(f"{c.id} ({c.action}, {_result(c)})"
+                                                    for c in children)))
     if row.pruned:
         lines.append("pruned    yes: out of the search")
     return "\n".join(lines)
@@ -142,7 +156,7 @@ def _action_meaning(action: str) -> str:
 
 
 def _outcome(row: NodeRow, outcome: EvalOutcome | None, facts: NodeFacts) -> str:
-    lines = ["── outcome ──", f"status    {row.status}" + (
+    lines = ["── outcome ──", f"status    {capped(row.status, CELL_CHARS)}" + (
         ": a would-be best waiting for or under its confirmation (compute-sanitizer, then a "
         "fresh worker's re-timing); never used before it passes" if row.confirming else "")]
     if row.summary:
@@ -159,7 +173,7 @@ def _outcome(row: NodeRow, outcome: EvalOutcome | None, facts: NodeFacts) -> str
     lines += [_timing("time", outcome.timing), _timing("eager", outcome.eager),
               f"speedup   {fmt_speedup(outcome.speedup)} (eager's device time over the kernel's)"]
     if outcome.extra.get("held"):
-        lines.append(f"held      {outcome.extra['held']}"
+        lines.append(f"held      {_line(outcome.extra['held'])}"
                      + ("; re-timed so: this is the confirmation run's figure"
                         if outcome.extra.get("confirmed") else ""))
     if outcome.bandwidth_gbs is not None:
@@ -182,16 +196,17 @@ def _outcome(row: NodeRow, outcome: EvalOutcome | None, facts: NodeFacts) -> str
     evidence = (profile_lines(outcome, facts.gpu) if outcome.ok
                 else repair_evidence(outcome, source, SUMMARY_SHOWN))
     if evidence:
-        lines += ["", "evidence:", *evidence]
+        lines += ["", "evidence:", *map(_text, evidence)]
     if outcome.compile_log.strip():
-        lines += ["", "compiler log:", outcome.compile_log.rstrip()]
+        lines += ["", "compiler log:", _text(outcome.compile_log.rstrip())]
     if outcome.correctness:
-        lines += ["", "correctness:", json.dumps(outcome.correctness, indent=2, sort_keys=True,
-                                                 default=str)]
+        lines += ["", "correctness:", _text(json.dumps(outcome.correctness, indent=2,
+                                                       sort_keys=True, default=str))]
     rest = {k: v for k, v in extra.items() if k not in TOLD_EXTRA}
     if rest:
-        lines += ["", "more figures:", *(f"  {k}: {json.dumps(v, default=str)}"
-                                         for k, v in sorted(rest.items()))]
+        lines += ["", "more figures:", _text("\n".join(
+            f"  {_line(k)}: {_line(json.dumps(v, default=str))}"
+            for k, v in sorted(rest.items())))]
     return "\n".join(lines)
 
 
@@ -214,16 +229,18 @@ def _calls(calls: list[dict], with_prompts: bool) -> str:
                "proposer made this node)"
     parts = [f"── language-model calls: {len(calls)}, "
              f"${sum(c['usd'] for c in calls):.4f} ──"]
-    for i, call in enumerate(calls, 1):
-        head = (f"call {i}: {call['model']}  {call['input_tokens']} prompt + "
+    if len(calls) > CALLS_SHOWN:
+        parts.append(f"(the first {len(calls) - CALLS_SHOWN} not shown)")
+    for i, call in list(enumerate(calls, 1))[-CALLS_SHOWN:]:
+        head = (f"call {i}: {capped(call['model'], CELL_CHARS)}  {call['input_tokens']} prompt + "
                 f"{call['output_tokens']} reply tokens  ${call['usd']:.4f}  "
                 f"{call['seconds']:.1f} s  at {_clock(call['created_at'])}")
         body = [head]
         if call["error"]:
-            body.append(f"error: {call['error']}")
+            body.append(f"error: {_line(call['error'])}")
         if with_prompts:
-            body += ["", f"»» prompt (call {i})", call["prompt"] or "(not recorded)", "",
-                     f"»» reply (call {i})", call["reply"] or "(empty)"]
+            body += ["", f"»» prompt (call {i})", _text(call["prompt"]) or "(not recorded)", "",
+                     f"»» reply (call {i})", _text(call["reply"]) or "(empty)"]
         parts.append("\n".join(body))
     return "\n\n".join(parts)
 

@@ -11,6 +11,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 
+def memory_of(device_type: str) -> str:
+    """The memory a device's tensors live in, as a message names it."""
+    return "GPU memory" if device_type == "cuda" else "host memory"
+
+
 @dataclass(frozen=True)
 class GpuInfo:
     name: str

@@ -47,7 +47,8 @@ class NoMetaKernel(SizeUnknown):
 @dataclass(frozen=True)
 class MetaCall:
     """One call on meta tensors: what it returns (a single result as a 1-tuple) and the bytes of
-    every storage it made (a view makes none; none is counted as freed)."""
+    every storage it made or grew (a view makes none, ``resize_`` grows its tensor's in place;
+    none is counted as freed)."""
 
     results: tuple[Any, ...]
     made_bytes: int
@@ -85,21 +86,23 @@ def meta_call(op: str, args_spec: list, kwargs_spec: dict,
 
 class _Watch(TorchDispatchMode):
     """Refuses a step that names a device other than meta before it runs, or returns a tensor
-    elsewhere, and adds up the bytes of every storage the steps make. Storages are kept until the
-    watch ends, so that one freed meanwhile never passes for a later one at its address."""
+    elsewhere, and adds up the bytes of every storage the steps make, and of every growth of one
+    in place (``resize_``, an ``out=`` argument resized). Storages are kept until the watch ends,
+    so that one freed meanwhile never passes for a later one at its address."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.storages: dict[int, torch.UntypedStorage] = {}
+        self.storages: dict[int, tuple[torch.UntypedStorage, int]] = {}  # with their bytes
         self.made_bytes = 0
 
     def keep(self, t: torch.Tensor) -> int:
-        """The bytes of ``t``'s storage where it is new (kept from now on), else 0."""
+        """The bytes ``t``'s storage adds: all of them where it is new (kept from now on), else
+        what it grew by since it was last seen."""
         storage = t.untyped_storage()
-        if storage._cdata in self.storages:
-            return 0
-        self.storages[storage._cdata] = storage
-        return storage.nbytes()
+        nbytes = storage.nbytes()
+        _, seen = self.storages.get(storage._cdata, (storage, 0))
+        self.storages[storage._cdata] = storage, max(nbytes, seen)
+        return max(0, nbytes - seen)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
@@ -117,12 +120,12 @@ class _Watch(TorchDispatchMode):
             if isinstance(exc, NotImplementedError) and not has_meta_kernel(func):
                 raise NoMetaKernel(f"{func} has no meta kernel") from None
             raise
-        for _, leaf in walk(result):
+        for _, leaf in walk([result, list(args), list(kwargs.values())]):
             if isinstance(leaf, torch.Tensor):
                 if leaf.device != META:
                     raise ArgSpecError(f"{func} makes a tensor on {leaf.device}, off the device "
                                        "the call runs on")
-                self.made_bytes += self.keep(leaf)
+                self.made_bytes += self.keep(leaf)  # an argument's: what it grew by in place
         return result
 
 

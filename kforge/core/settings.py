@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 import math
 import re
 from collections.abc import Iterable, Mapping
@@ -25,10 +24,10 @@ from typing import Any, ClassVar, TypeVar, Union, get_args, get_origin, get_type
 from urllib.parse import urlsplit, urlunsplit
 
 from kforge.core.mcts import MctsParams
+from kforge.core.secrets import REDACTED, secret_problem, url_credentials
 from kforge.errors import KforgeError
 
 DEFAULT_THEME = "kforge-dark"
-REDACTED = "[redacted]"  # what a secret is replaced with in text kforge shows or keeps
 
 T = TypeVar("T")
 
@@ -41,9 +40,11 @@ class InvalidValue(SettingsError):
     """A value that breaks its field's rule, raised by a record's own check; reading a table
     re-raises it as a SettingsError that also says where the value came from."""
 
-    def __init__(self, key: str, rule: str, value: object) -> None:
-        super().__init__(f"{key} {rule}, not {value!r}")
+    def __init__(self, key: str, rule: str, value: object, *, secret: bool = False) -> None:
         self.key, self.rule, self.value = key, rule, value
+        # a secret's value is never quoted back
+        self.given = "" if secret else f", not {value!r}"
+        super().__init__(f"{key} {rule}{self.given}")
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,12 @@ def _at_least(record: object, key: str, minimum: int) -> None:
     value = getattr(record, key)
     if value is not None and not value >= minimum:
         raise InvalidValue(key, f"must be at least {minimum}", value)
+
+
+def _at_most(record: object, key: str, maximum: float) -> None:
+    value = getattr(record, key)
+    if value is not None and not value <= maximum:
+        raise InvalidValue(key, f"must be at most {maximum:,}", value)
 
 
 def _finite(record: object, key: str, minimum: float = 0.0, *, above: bool = False) -> None:
@@ -179,8 +186,7 @@ def _read(cls: type[T], data: object, origin: Origin, section: str, *,
         try:
             return cls(**values, **built)
         except InvalidValue as exc:
-            error = SettingsError(f"[{section}] {exc.key} {origin.where} {exc.rule}, "
-                                  f"not {exc.value!r}")
+            error = SettingsError(f"[{section}] {exc.key} {origin.where} {exc.rule}{exc.given}")
             if exc.key not in values:
                 raise error from None
             _drop(error, origin)
@@ -250,13 +256,24 @@ class SearchSettings(_Section):
     # [search.mcts]: the tree search's constants (exploration, widening, repairs)
     mcts: MctsParams = field(default_factory=MctsParams)
 
+    # The range each number may take (the command line's options state it): beyond it, a
+    # setting is a slip (--parallel 100000, --time 99999999999h), never a search to run.
+    RANGES: ClassVar[dict[str, tuple[float, float]]] = {
+        "iterations_per_op": (1, 1_000_000), "max_op_factor": (0, 1_000), "usd": (0, 1_000_000),
+        "wall_s": (0, 366 * 24 * 3600), "parallel": (1, 256), "confirmations": (1, 64),
+        "patience": (1, 1_000_000), "seed": (0, 2**32 - 1), "focus": (1, 2**63 - 1),
+        "top_ops": (1, 100_000)}
+
     def __post_init__(self) -> None:
         for key in ("iterations_per_op", "parallel", "confirmations", "patience", "focus",
                     "top_ops"):
             _at_least(self, key, 1)
+        _at_least(self, "seed", 0)
         _finite(self, "max_op_factor", above=True)
         _finite(self, "usd")
         _finite(self, "wall_s", above=True)
+        for key, (_, most) in self.RANGES.items():
+            _at_most(self, key, most)
         if self.cluster != self.cluster.strip():
             raise InvalidValue("cluster", "must be an address without spaces around it",
                                self.cluster)
@@ -265,6 +282,11 @@ class SearchSettings(_Section):
     def per_op_limit(self) -> int:
         """The most iterations one op may take."""
         return max(1, math.ceil(self.iterations_per_op * self.max_op_factor))
+
+
+# The range each option of how a model is built may take (`kforge profile --batch ...`).
+MODEL_RANGES: dict[str, tuple[int, int]] = {"batch": (1, 65_536), "seq_len": (1, 1 << 24),
+                                            "layers": (1, 10_000)}
 
 
 @dataclass(frozen=True)
@@ -378,6 +400,11 @@ class LlmSection(_Section):
         _at_least(self, "max_retries", 0)
         _finite(self, "temperature")
         _at_least(self, "max_tokens", 1)
+        password = url_credentials(self.base_url)
+        for key, secret in (("api_key", self.api_key), ("base_url", password and password[1])):
+            if secret and (problem := secret_problem(secret)):
+                what = "its password " if key == "base_url" else ""
+                raise InvalidValue(key, what + problem, secret, secret=True)
 
     def to_dict(self) -> dict[str, Any]:
         table = self.table()
@@ -388,32 +415,6 @@ class LlmSection(_Section):
     def __repr__(self) -> str:
         shown = ", ".join(f"{key}={value!r}" for key, value in self.to_dict().items())
         return f"LlmSection({shown})"
-
-
-def known_secrets(section: LlmSection, env: Mapping[str, str]) -> tuple[str, ...]:
-    """Every LLM secret the config file's ``[llm]`` or the environment holds (keys, and passwords
-    in base URLs), whether or not a search sends it: what ``redact`` keeps out of the database."""
-    keys = [section.api_key, env.get("KFORGE_LLM_API_KEY"), env.get("OPENAI_API_KEY")]
-    urls = [section.base_url, env.get("KFORGE_LLM_BASE_URL"), env.get("OPENAI_BASE_URL")]
-    passwords = []
-    for url in urls:
-        try:
-            passwords.append(urlsplit(url).password if url else None)
-        except ValueError:  # not a URL: it holds no password to find
-            continue
-    return tuple(dict.fromkeys(s for s in keys + passwords if s))
-
-
-def redact(text: str, secrets: Iterable[str]) -> str:
-    """``text`` with every secret replaced by ``REDACTED``, also where JSON escaped it: the one
-    redaction of all text kforge records, shows or sends."""
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, REDACTED)
-            escaped = json.dumps(secret)[1:-1]
-            if escaped != secret:
-                text = text.replace(escaped, REDACTED)
-    return text
 
 
 def _without_password(url: str | None) -> str | None:

@@ -34,6 +34,7 @@ from kforge.core.argspec import (
     torch_dtype,
     walk,
 )
+from kforge.core.files import plain_file
 from kforge.core.opcard import OpCard, key_folder
 from kforge.errors import KforgeError
 from kforge.eval.placement import PRODUCTION, Shifts, fitted, placed
@@ -148,9 +149,10 @@ def load_samples(samples_dir: Path | None, card: OpCard, limit: int) -> list[tup
         folder = key_folder(Path(samples_dir), card.key)
     except ValueError:  # a key from a damaged database names no samples
         return []
-    if not folder.is_dir():
+    if folder.is_symlink() or not folder.is_dir():
         return []
-    files = sorted(folder.glob("*.pt"),
+    # a link or a pipe among them is skipped: a pipe would block the loader forever
+    files = sorted(filter(plain_file, folder.glob("*.pt")),
                    key=lambda p: (int(p.stem) if p.stem.isdigit() else math.inf, p.name))
     geometries = [Geometry.from_spec(s) for s in all_tensor_specs(card)]
     found = []

@@ -11,19 +11,22 @@ has no cubin for it compiles the sources with NVRTC.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kforge import __version__
+from kforge.core.files import private_folder, write_new
 from kforge.core.fmt import fmt_speedup
 from kforge.core.opcard import key_folder
+from kforge.core.secrets import redact, redact_values
 from kforge.errors import KforgeError
 from kforge.integrate.plan import SessionPlan
 from kforge.integrate.winners import Decision, card_label
 from kforge.runtime.nvrtc import PRELUDE, Compiler, check_options
+from kforge.store.config import configured_secrets
 
 FORMAT = 1
 PROFILE_SETTINGS = ("dtype", "batch", "seq_len", "mode", "layers")
@@ -75,12 +78,18 @@ def export_session(plan: SessionPlan, out_dir: Path, *, name: str | None = None,
         compiler = Compiler(default_cache_dir())
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        staging = out_dir / f".{name}.{uuid.uuid4().hex[:8]}.tmp"
-        staging.mkdir()
     except OSError as exc:
         raise KforgeError(f"cannot write into {out_dir}: {exc.strerror}") from None
+    # Staged in a folder only this user may enter, every file and folder in it made new: a link
+    # planted where the package's files go is never written through.
+    staging = private_folder(out_dir, f".{name}.")
+    made = staging.lstat()
     try:
         problems = _write(plan, staging, name, archs, compiler)
+        if not os.path.samestat(made, staging.lstat()):
+            raise KforgeError(f"the package's staging folder {staging} was replaced while it "
+                              "was written: export into a folder only you can write")
+        staging.chmod(0o777 & ~_umask())  # as a folder made the usual way
         if target.is_symlink():
             target.unlink()  # the link itself, never what it points to
         elif target.exists():
@@ -92,17 +101,27 @@ def export_session(plan: SessionPlan, out_dir: Path, *, name: str | None = None,
     return Exported(target, sum(d.card.region is None for d in plan.winners), archs, problems)
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def _write(plan: SessionPlan, root: Path, name: str, archs: list[str],
            compiler: Compiler) -> list[str]:
+    """The package's files, each new, under ``root``; what the session stored is written with
+    the LLM secrets redacted, as everything kforge writes."""
+    secrets = configured_secrets()
     copy_runtime(root / "runtime")
-    (root / "__init__.py").write_text((_HERE / "artifact.py").read_text())
-    (root / "prelude.cuh").write_text(PRELUDE)
+    write_new(root / "__init__.py", (_HERE / "artifact.py").read_text())
+    write_new(root / "prelude.cuh", PRELUDE)
+    (root / "kernels").mkdir()
     # A fusion region's kernel needs the region's operator and the model's module map, which
     # only kforge itself provides (kforge.patch with the model, kforge.compile).
     problems = [f"{card_label(d.card)}: not exported, a fusion region's kernel runs through "
                 "kforge itself (kforge.patch(..., model=...), kforge.compile)"
                 for d in plan.winners if d.card.region is not None]
-    kernels = [_write_kernel(root, d, archs, compiler, problems) for d in plan.winners
+    kernels = [_write_kernel(root, d, archs, compiler, problems, secrets) for d in plan.winners
                if d.card.region is None]
     session = plan.session
     manifest = {
@@ -118,34 +137,37 @@ def _write(plan: SessionPlan, root: Path, name: str, archs: list[str],
                    "target": d.card.target, "reason": d.reason}
                   for d in plan.decisions if not d.replaced],
     }
-    (root / "manifest.json").write_text(json.dumps(manifest, indent=1, allow_nan=True) + "\n")
-    (root / "README.md").write_text(readme(name, manifest))
+    manifest = redact_values(manifest, secrets)
+    write_new(root / "manifest.json", json.dumps(manifest, indent=1, allow_nan=True) + "\n")
+    write_new(root / "README.md", readme(name, manifest))
     return problems
 
 
 def copy_runtime(folder: Path) -> None:
     """The runtime layer as a package of its own: its kforge imports become relative."""
     folder.mkdir()
-    (folder / "__init__.py").write_text((_KFORGE / "runtime" / "__init__.py").read_text())
+    write_new(folder / "__init__.py", (_KFORGE / "runtime" / "__init__.py").read_text())
     for package, names in _RUNTIME_FILES.items():
         for file in names:
             text = _KFORGE_IMPORT.sub(r"\1from .\2 import ", (_KFORGE / package / file).read_text())
             if "kforge." in "".join(ln for ln in text.splitlines(True) if "import" in ln):
                 raise AssertionError(f"{package}/{file} imports kforge beyond the runtime layer")
-            (folder / file).write_text(text)
+            write_new(folder / file, text)
 
 
 def _write_kernel(root: Path, decision: Decision, archs: list[str], compiler: Compiler,
-                  problems: list[str]) -> dict:
+                  problems: list[str], secrets: tuple[str, ...]) -> dict:
     card, candidate = decision.card, decision.candidate
     assert candidate is not None  # a winner always carries its code
     try:
         folder = key_folder(Path("kernels"), card.key)
     except ValueError as exc:
         raise KforgeError(f"{exc} of the package: the session's database is damaged") from None
-    (root / folder).mkdir(parents=True)
-    (root / folder / "kernel.cu").write_text(candidate.source)
-    (root / folder / "plan.json").write_text(json.dumps(candidate.plan, indent=1) + "\n")
+    source = redact(candidate.source, secrets)  # what is compiled is what is written
+    (root / folder).mkdir()
+    write_new(root / folder / "kernel.cu", source)
+    write_new(root / folder / "plan.json",
+              json.dumps(redact_values(candidate.plan, secrets), indent=1) + "\n")
     label = card_label(card)
     cubins, errors = {}, {}
     try:
@@ -153,9 +175,9 @@ def _write_kernel(root: Path, decision: Decision, archs: list[str], compiler: Co
     except ValueError as exc:
         options, errors = [], {arch: str(exc) for arch in archs}
     for arch in archs if not errors else []:
-        compiled = compiler.compile(candidate.source, arch, options)
+        compiled = compiler.compile(source, arch, options)
         if compiled.ok:
-            (root / folder / f"{arch}.cubin").write_bytes(compiled.cubin)
+            write_new(root / folder / f"{arch}.cubin", compiled.cubin)
             cubins[arch] = f"{arch}.cubin"
         else:
             errors[arch] = compiled.log.strip().splitlines()[0] if compiled.log.strip() else "?"

@@ -17,6 +17,7 @@ start a directive, whatever the lexing says it is (in a comment, a literal), is 
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import io
 import os
@@ -72,11 +73,6 @@ _PRAGMA_PREFIXES = ("nv_diag_", "diag_")
 # NVRTC's identifiers and numbers are ASCII: any other character is a token of its own there
 # (a letter such as "é" is an "unrecognized token"), so it is one here too.
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-# Read blind to literals: a comment (one left open runs to the end), spaces and comments up to
-# a line's end, and the text to the first line end outside a comment.
-_COMMENT = re.compile(r"/\*.*?(?:\*/|\Z)|//[^\n]*", re.S)
-_BLANK = re.compile(r"(?:[ \t\f\v]|/\*.*?\*/)*", re.S)
-_TO_LINE_END = re.compile(r"(?:/\*.*?(?:\*/|\Z)|//[^\n]*|[^\n])*", re.S)
 _PP_NUMBER = re.compile(r"\.?[0-9](?:[eEpP][+-]|['A-Za-z0-9_.])*")
 _RAW_PREFIXES = frozenset({"R", "u8R", "uR", "UR", "LR"})
 # A raw string's opening as NVRTC surely reads one: a delimiter of at most 16 characters, here
@@ -89,52 +85,195 @@ class SourceRefused(ValueError):
     """Candidate source that names a file on the host or a pragma kforge does not pass on."""
 
 
+# The longest source checked: no kernel comes near it, and a longer one is refused unread.
+MAX_SOURCE_CHARS = 1 << 20
+# How much of a directive (its name and operand) or of a _Pragma's operand is read, comments
+# read as spaces, and across how many comments: an include, a pragma or a _Pragma reaching
+# further is refused, as no kernel writes one.
+_HEAD_CHARS, _PRAGMA_CHARS, _MOST_COMMENTS = 512, 256, 32
+_PASTES = re.compile(r"(?=(##|%:%:))")  # every place a paste starts, overlapping ones too
+_PRAGMA_OPERAND = re.compile(r"\s*\(\s*\"([^\"]*)\"\s*\)")
+_PLAIN = re.compile(r"[^/\"'.A-Za-z0-9_]+")  # text no comment, literal, number or word starts in
+_BLANKS = re.compile(r"[ \t\f\v]*")
+
+
 def check_source(source: str) -> None:
     """Raise SourceRefused, naming the line and what it names, where ``source`` includes a
     header other than ``HEADERS``, probes for a file or uses a pragma kforge does not allow.
     Both ways a compiler may splice lines (a backslash right before the newline, or with
     spaces between) are checked, each read two ways: as the preprocessor reads it (comments and
-    literals, ``_without_comments``), and line by line, blind to literals and to comments that
-    span lines (``_directive_lines``), so that a directive NVRTC reads where this reading saw a
-    comment or a literal (NVRTC lexes some text otherwise) is checked all the same."""
+    literals, ``_without_comments``), and directive by directive, blind to literals and to
+    comments that span lines (``_BlindReading``), so that a directive NVRTC reads where this
+    reading saw a comment or a literal (NVRTC lexes some text otherwise) is checked all the
+    same. The work is linear in the source's length, which is at most ``MAX_SOURCE_CHARS``."""
+    if len(source) > MAX_SOURCE_CHARS:
+        raise SourceRefused(f"candidate.cu: the source is {len(source):,} characters, more than "
+                            f"the {MAX_SOURCE_CHARS:,} a kernel may have")
     if "??=" in source or "??/" in source:
         raise SourceRefused("candidate.cu: trigraphs (??= ??/) are not allowed")
     text = source.replace("\r\n", "\n").replace("\r", "\n")
     for spliced in (text.replace("\\\n", ""), re.sub(r"\\[ \t]+\n", "", text).replace("\\\n", "")):
-        read = enumerate(_without_comments(spliced).split("\n"), 1)
-        for number, line in [*read, *_directive_lines(spliced)]:
-            problem = _directive_problem(line)
+        for number, line in enumerate(_without_comments(spliced).split("\n"), 1):
+            problem = _anywhere_problem(line) or _head_problem(line)
             if problem:
                 raise SourceRefused(f"candidate.cu({number}): {problem}")
+        if found := _BlindReading(spliced).first_problem():
+            raise SourceRefused(f"candidate.cu({found[0]}): {found[1]}")
 
 
-def _directive_lines(text: str) -> list[tuple[int, str]]:
-    """``(line number, directive)`` for every directive that may start in ``text`` whatever
-    the lexing: after a line's start or a ``*/`` (NVRTC reads a ``#`` that follows a comment
-    spanning lines as a directive's), past spaces and comments, a ``#`` or ``%:``; the
-    directive runs to the end of its line, every comment in it (one spanning lines too) a
-    space, as the preprocessor reads it."""
-    found = []
-    for start in [0, *(mark.end() for mark in re.finditer(r"\n|\*/", text))]:
-        begin = _BLANK.match(text, start).end()
-        if text.startswith(("#", "%:"), begin):
-            directive = _COMMENT.sub(" ", _TO_LINE_END.match(text, begin).group(0))
-            found.append((text.count("\n", 0, begin) + 1, directive))
-    return found
+class _BlindReading:
+    """Every directive that may start in a text whatever the lexing: after a line's start or a
+    ``*/`` (NVRTC reads a ``#`` that follows a comment spanning lines as a directive's), past
+    spaces and comments, a ``#`` or ``%:``; the directive runs to the end of its line, every
+    comment in it (one spanning lines too) a space, as the preprocessor reads it.
+
+    A directive is read as a chain of segments of the text, the comments between them read as
+    spaces. Where one comment ends, the reading goes on the same way whichever directive led
+    there, so what lies ahead of that point (its first file probe, paste or bad _Pragma; the
+    first characters of what it reads) is found once and kept: however the directives overlap
+    (a line of ``#a*/#a*/...``, or ``#/*`` on every line of a comment never closed), the work
+    is linear in the text's length."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        # where a segment ends: a line's end or a comment's start (overlapping ones too)
+        self.ends = [m.start() for m in re.finditer(r"\n|(?=/[*/])", text)]
+        self.closes = [m.start() for m in re.finditer(r"\*/", text)]
+        self.lines = [m.start() for m in re.finditer(r"\n", text)]
+        self.probes = [(m.start(), m.end(), f"{m.group(1)} is not allowed: kernels see no files")
+                       for m in _FILE_PROBES.finditer(text)]
+        self.pastes = [(m.start(), m.start() + len(m.group(1)),
+                        f"token pasting ({m.group(1)}) is not allowed: a name it makes is seen "
+                        "only as NVRTC preprocesses (__has_include probes a file)")
+                       for m in _PASTES.finditer(text)]
+        self.pragmas = [(m.start(), m.end(), problem) for m in _PRAGMA_OPERATOR.finditer(text)
+                        if (problem := self._pragma_operand_problem(m.end()))]
+        self._firsts: dict[int, dict[int, str | None]] = {}  # per kind of match, per point
+        self._blanks: dict[int, int] = {}
+
+    def first_problem(self) -> tuple[int, str] | None:
+        """``(line number, problem)`` of the first directive with a problem, or None."""
+        text, blank = self.text, self._blank_end
+        starts = [0, *sorted([p + 1 for p in self.lines] + [p + 2 for p in self.closes])]
+        for start in starts:
+            begin = blank(start)
+            if not text.startswith(("#", "%:"), begin):
+                continue
+            end, resumes, space = self._segment(begin)
+            if resumes is None and end - begin <= _PRAGMA_CHARS:  # most are: one short line
+                line = text[begin:end] + " " * space
+                problem = _anywhere_problem(line) or _head_problem(line)
+            else:
+                problem = (self._first(begin, self.probes) or self._first(begin, self.pastes)
+                           or self._first(begin, self.pragmas)
+                           or _head_problem(*self._read(begin, _HEAD_CHARS)))
+            if problem:
+                return bisect.bisect_left(self.lines, begin) + 1, problem
+        return None
+
+    def _segment(self, p: int) -> tuple[int, int | None, bool]:
+        """The segment the reading from ``p`` starts with: ``(end, resumes, space)``, where
+        ``resumes`` is where the reading goes on past the comment at ``end`` (None: it ends
+        there) and ``space`` whether a comment there is read as a space."""
+        i = bisect.bisect_left(self.ends, p)
+        if i == len(self.ends):
+            return len(self.text), None, False
+        end = self.ends[i]
+        if self.text[end] == "\n":
+            return end, None, False
+        if self.text[end + 1] == "/":  # a line comment runs to the line's end
+            return end, None, True
+        j = bisect.bisect_left(self.closes, end + 2)
+        return end, (self.closes[j] + 2 if j < len(self.closes) else None), True
+
+    def _blank_end(self, p: int) -> int:
+        """Past the spaces and closed comments at ``p`` (kept for every point on the way: a run
+        of comments is passed once, however many points in it a directive may start at)."""
+        passed = []
+        while p not in self._blanks:
+            passed.append(p)
+            p = _BLANKS.match(self.text, p).end()
+            if not self.text.startswith("/*", p):
+                break
+            j = bisect.bisect_left(self.closes, p + 2)
+            if j == len(self.closes):
+                break
+            p = self.closes[j] + 2
+        else:
+            p = self._blanks[p]
+        for point in passed:
+            self._blanks[point] = p
+        return p
+
+    def _first(self, p: int, matches: list[tuple[int, int, str]]) -> str | None:
+        """The problem of the first of ``matches`` (start, end, problem; sorted) that lies
+        whole in a segment of the reading from ``p``."""
+        known = self._firsts.setdefault(id(matches), {})
+        passed, found = [], None
+        while p not in known:
+            passed.append(p)
+            end, resumes, _ = self._segment(p)
+            i = bisect.bisect_left(matches, (p,))
+            while i < len(matches) and matches[i][0] < end:
+                if matches[i][1] <= end:
+                    found = matches[i][2]
+                    break
+                i += 1
+            if found or resumes is None:
+                break
+            p = resumes
+        else:
+            found = known[p]
+        for point in passed:
+            known[point] = found
+        return found
+
+    def _read(self, p: int, limit: int) -> tuple[str, bool]:
+        """The first ``limit`` characters the reading from ``p`` reads (comments as spaces), and
+        whether that is all of it; across at most ``_MOST_COMMENTS`` comments."""
+        parts, length, complete = [], 0, False
+        for _ in range(_MOST_COMMENTS):
+            end, resumes, space = self._segment(p)
+            part = self.text[p:min(end, p + limit - length)] + " " * space
+            parts.append(part)
+            length += len(part)
+            if length >= limit:
+                break
+            if resumes is None:
+                complete = True
+                break
+            p = resumes
+        return "".join(parts)[:limit], complete
+
+    def _pragma_operand_problem(self, p: int) -> str | None:
+        """Why the _Pragma whose operand the reading from ``p`` reads is refused, or None."""
+        operand, _ = self._read(p, _PRAGMA_CHARS)
+        pragma = _PRAGMA_OPERAND.match(operand)
+        if pragma is None:  # a pragma a macro makes (_Pragma(#x)): what it says is unknown
+            return "_Pragma is allowed only with a string literal, as in _Pragma(\"unroll\")"
+        return _pragma_problem(pragma.group(1))
 
 
-def _directive_problem(line: str) -> str | None:
+def _anywhere_problem(line: str) -> str | None:
+    """A file probe, token pasting or a _Pragma kforge does not pass on anywhere in ``line``."""
     if probe := _FILE_PROBES.search(line):
         return f"{probe.group(1)} is not allowed: kernels see no files"
     if paste := _PASTING.search(line):
         return (f"token pasting ({paste.group(0)}) is not allowed: a name it makes is seen only "
                 "as NVRTC preprocesses (__has_include probes a file)")
     for operator in _PRAGMA_OPERATOR.finditer(line):
-        pragma = re.compile(r"\s*\(\s*\"([^\"]*)\"\s*\)").match(line, operator.end())
+        pragma = _PRAGMA_OPERAND.match(line, operator.end())
         if pragma is None:  # a pragma a macro makes (_Pragma(#x)): what it says is unknown
             return "_Pragma is allowed only with a string literal, as in _Pragma(\"unroll\")"
         if problem := _pragma_problem(pragma.group(1)):
             return problem
+    return None
+
+
+def _head_problem(line: str, complete: bool = True) -> str | None:
+    """What a directive at the start of ``line`` names that kforge does not pass on: a file, or
+    a pragma outside the short list. ``complete``: ``line`` is the whole directive, not only its
+    start (then an include, which only a header named whole passes, is refused)."""
     stripped = line.lstrip()
     for hash_sign in ("#", "%:"):
         if stripped.startswith(hash_sign):
@@ -145,6 +284,9 @@ def _directive_problem(line: str) -> str | None:
     name = _IDENTIFIER.match(rest)
     directive = name.group(0) if name else ""
     operand = rest[len(directive):].strip()
+    if not complete and (directive in _FILE_DIRECTIVES or len(directive) == len(rest)):
+        return (f"#{directive or '?'} {operand[:60]}... reaches further than a directive a "
+                f"kernel writes ({_HEAD_CHARS} characters or {_MOST_COMMENTS} comments)")
     if directive in _FILE_DIRECTIVES:
         header = re.fullmatch(r"<([^<>]+)>|\"([^\"]+)\"", operand)
         named = (header.group(1) or header.group(2)) if header else None
@@ -155,7 +297,7 @@ def _directive_problem(line: str) -> str | None:
             # lying there (a link to any file) would be read
             return (f"#include {operand} is looked for in the folder kforge runs in: write "
                     f"#include <{named}>, or nothing (the prelude includes it already)")
-        return (f"#{directive} {operand} is not available to kernels: they see only "
+        return (f"#{directive} {operand[:200]} is not available to kernels: they see only "
                 f"{' and '.join(HEADERS)}, which the prelude includes already")
     if directive == "pragma":
         return _pragma_problem(operand)
@@ -180,7 +322,10 @@ def _without_comments(text: str) -> str:
     i, n = 0, len(text)
     while i < n:
         c = text[i]
-        if text.startswith("//", i):
+        if plain := _PLAIN.match(text, i):
+            out.append(plain.group(0))
+            i = plain.end()
+        elif text.startswith("//", i):
             end = text.find("\n", i)
             i = n if end < 0 else end
             out.append(" ")
@@ -213,16 +358,16 @@ def _without_comments(text: str) -> str:
 def _raw_string_end(text: str, quote: int) -> int:
     """Where the raw string literal whose opening quote is at ``quote`` ends (past its closing
     quote); SourceRefused where NVRTC may not read it as one, or it has no end."""
-    line = text.count("\n", 0, quote) + 1
     opening = _RAW_OPENING.match(text, quote)
     if opening is None:
-        raise SourceRefused(f"candidate.cu({line}): a raw string literal's delimiter may be at "
-                            "most 16 letters, digits or _ before its (")
+        raise SourceRefused(f"candidate.cu({text.count(chr(10), 0, quote) + 1}): a raw string "
+                            "literal's delimiter may be at most 16 letters, digits or _ before "
+                            "its (")
     closing = f"){opening.group(1)}\""
     end = text.find(closing, opening.end())
     if end < 0:
-        raise SourceRefused(f"candidate.cu({line}): a raw string literal that does not end "
-                            f"(no {closing})")
+        raise SourceRefused(f"candidate.cu({text.count(chr(10), 0, quote) + 1}): a raw string "
+                            f"literal that does not end (no {closing})")
     return end + len(closing)
 
 

@@ -1,37 +1,32 @@
-"""Files kforge keeps beside a database: SQLite's write-ahead log and shared memory, the samples
-folder (one folder per session) and the engines' logs.
+"""Files kforge keeps beside a database: the database itself, SQLite's write-ahead log and shared
+memory, the samples folder (one folder per session) and the engines' logs.
 
 A database's folder may be someone else's (a shared folder, an unpacked archive) and hold links
 that lead anywhere: a ``logs`` link would have an engine append its output to any file, a
-``samples`` link would have a profile write, and ``kforge delete`` remove, under any folder, a
-``k.db-wal`` link would have SQLite write into any file. kforge follows none of them: a link where
-one of these files or folders goes is refused, naming it.
+``samples`` link would have a profile write, and ``kforge delete`` remove, under any folder, and a
+``k.db-shm`` that is a hard link to one of the user's files would have SQLite write its
+wal-index into that file. kforge follows none of them: a link of either kind, or anything but a
+regular file, where one of these files or folders goes is refused, naming it
+(``kforge.core.files``).
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import BinaryIO
 
-from kforge.errors import KforgeError
+from kforge.core.files import check_own, no_link, open_append
 
+DATABASE_FILE = "kforge database file"
 _SQLITE_FILES = ("-wal", "-shm", "-journal")
 
 
-def no_link(path: Path) -> Path:
-    """``path``, unless it is a link (a dangling one too): then a KforgeError naming it."""
-    if path.is_symlink():
-        raise KforgeError(f"{path} is a link: kforge keeps its own files beside a database and "
-                          "follows no link there (in a shared folder one may lead anywhere); "
-                          "remove it")
-    return path
-
-
 def check_database_files(db: Path) -> None:
-    """Refuse a link where SQLite keeps a database's write-ahead log or shared memory."""
+    """Refuse the database, or a file where SQLite keeps its write-ahead log or shared memory,
+    unless each is absent or kforge's own (a regular file with no other name, no link)."""
+    check_own(db, DATABASE_FILE)
     for suffix in _SQLITE_FILES:
-        no_link(db.with_name(db.name + suffix))
+        check_own(db.with_name(db.name + suffix), "SQLite file")
 
 
 def own_folder(db_folder: Path, *parts: str) -> Path:
@@ -43,12 +38,7 @@ def own_folder(db_folder: Path, *parts: str) -> Path:
 
 
 def open_log(path: Path) -> BinaryIO:
-    """``path`` opened to append to, made where missing (with its folder), never through a
-    link."""
+    """``path`` opened to append to, made where missing (with its folder), never a link of
+    either kind."""
     no_link(path.parent).mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-    except OSError as exc:
-        no_link(path)  # the link named, where that was the reason
-        raise KforgeError(f"cannot write the log {path}: {exc.strerror}") from None
-    return os.fdopen(fd, "ab")
+    return open_append(path, "log file")

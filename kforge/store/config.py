@@ -34,7 +34,9 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from kforge.core.settings import LlmSection, Origin, Settings, StoreSettings, known_secrets
+from kforge.core.files import regular_file
+from kforge.core.secrets import known_secrets
+from kforge.core.settings import LlmSection, Origin, Settings, StoreSettings
 from kforge.errors import KforgeError
 
 APP = "kforge"
@@ -69,16 +71,6 @@ def db_path(explicit: str | os.PathLike[str] | None = None) -> Path:
     return data_dir() / "kforge.db"
 
 
-def regular_file(path: Path, what: str) -> None:
-    """Refuse what stands at ``path`` but is no regular file, naming ``what``: a folder, or a
-    pipe, socket or device (reading one waits forever or never ends). Nothing there passes."""
-    if path.is_dir():
-        raise KforgeError(f"{path} is a folder, not a {what}")
-    if path.exists() and not path.is_file():
-        raise KforgeError(f"{path} is not a regular file (a pipe, socket or device), not a "
-                          f"{what}")
-
-
 def load_config(path: Path | None = None) -> Settings:
     """The user's config file as the settings tree: an absent file gives every default; a file
     that is not TOML, or names an unknown key or a value out of range, is a KforgeError naming
@@ -99,7 +91,7 @@ def configured_secrets() -> tuple[str, ...]:
         section = load_config().llm
     except KforgeError:
         section = LlmSection()
-    return known_secrets(section, os.environ)
+    return known_secrets([section.api_key], [section.base_url], os.environ)
 
 
 def read_toml(path: Path, what: str) -> dict[str, Any]:

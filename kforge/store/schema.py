@@ -1,10 +1,22 @@
-"""The session database schema and its forward migrations.
+"""The session database schema and its forward migrations, and the schema objects each version
+has, which a database must have exactly.
 
 ``PRAGMA user_version`` holds the schema version. Each migration is applied once, in order, inside
 the transaction that bumps the version; a database from a newer kforge is refused, never altered.
+
+A database opens only when its schema objects are the ones these migrations create for its
+version (``schema_objects``), compared by type, name and SQL, case-insensitively and with comments
+and spaces left out (``normalized``): a trigger, a view, a virtual table, or a table with a
+generated column, a default or a check of someone else's is SQL that SQLite would run as kforge
+reads or writes, and none of them is kforge's.
 """
 
 from __future__ import annotations
+
+import re
+import sqlite3
+from dataclasses import dataclass
+from functools import cache
 
 MIGRATIONS: list[str] = [
     # 1: sessions, op cards, search nodes, evaluations, LLM calls, commands, events
@@ -125,3 +137,56 @@ MIGRATIONS: list[str] = [
 ]
 
 LATEST = len(MIGRATIONS)
+
+
+# SQL's tokens as SQLite reads them: string literals (kept as written), quoted identifiers,
+# comments (an unclosed one runs to the end) and spaces, words, and any other single character.
+_TOKEN = re.compile(r"""('(?:[^']|'')*'?)|("(?:[^"]|"")*"?|`(?:[^`]|``)*`?|\[[^\]]*\]?)|"""
+                    r"(--[^\n]*|/\*.*?(?:\*/|\Z)|\s+)|([\w$]+)|(.)", re.S)
+
+
+@dataclass(frozen=True)
+class SchemaObject:
+    """One row of ``sqlite_master`` as compared: its type, its name and its SQL, each
+    ``normalized`` (an automatic index has no SQL)."""
+
+    type: str
+    name: str
+    sql: tuple[str, ...] | None
+
+    @property
+    def kind(self) -> str:
+        """What the object is, as its SQL says (SQLite makes it from its SQL alone, whatever
+        its type column holds): ``virtual table``, ``trigger``, ``view``, ..."""
+        words = [t for t in self.sql or () if t not in ("temp", "temporary")]
+        if words[1:3] == ["virtual", "table"]:
+            return "virtual table"
+        return words[1] if len(words) > 1 else self.type
+
+
+def normalized(sql: str | None) -> tuple[str, ...] | None:
+    """``sql`` as a sequence of tokens, comments and spaces left out, every token but a string
+    literal's text lower-cased."""
+    if sql is None:
+        return None
+    tokens = []
+    for literal, quoted, _, word, other in _TOKEN.findall(sql):
+        if literal:
+            tokens.append(literal)
+        elif quoted or word or other:
+            tokens.append((quoted or word or other).lower())
+    return tuple(tokens)
+
+
+@cache
+def schema_objects(version: int) -> frozenset[SchemaObject]:
+    """The schema objects the migrations up to ``version`` create, as SQLite records them."""
+    db = sqlite3.connect(":memory:")
+    try:
+        for step in MIGRATIONS[:version]:
+            db.executescript(step)
+        rows = db.execute("SELECT type, name, sql FROM sqlite_master").fetchall()
+    finally:
+        db.close()
+    return frozenset(SchemaObject(str(t).lower(), str(n).lower(), normalized(q))
+                     for t, n, q in rows)

@@ -8,10 +8,13 @@ Durability is the ``[store] durability`` setting (``kforge.core.settings.StoreSe
 default ``full`` (SQLite ``synchronous = FULL``), so every committed transaction (a finished
 evaluation, its cost) survives a power loss, at the price of one fsync per commit.
 
-A database holds data only: one with SQL of its own that SQLite would run as kforge reads or writes
-it (a trigger, a view, a virtual table; kforge's schema has none) is refused as it opens, before
-anything is read or written (``check_plain_schema``). A trigger in a crafted database rewrote what
-kforge had just checked, such as the plug-ins a session names, as kforge saved it.
+A database holds data only: it opens only when its schema is exactly kforge's for its version
+(``check_schema``), before anything else is read or written, so no trigger, view, virtual table or
+generated column of anyone else's runs as kforge reads or writes it (a trigger in a crafted
+database rewrote what kforge had just checked, such as the plug-ins a session names, as kforge
+saved it; a view over an endless recursive query hung every reader). Every read is bounded in
+rows (a list the database could make as long as it likes ends with one line saying so) and in
+time (``READ_LIMIT_S``).
 
 A store that holds a session's engine lease (``claim_engine``) belongs to that engine: a write that
 finds the database locked by another process (a backup, an ``sqlite3`` shell) waits it out with
@@ -29,7 +32,6 @@ import shutil
 import socket
 import sqlite3
 import time
-import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -41,10 +43,11 @@ import aiosqlite
 from kforge.core.candidate import Baseline, Candidate, EvalOutcome, LlmCall
 from kforge.core.mcts import Action
 from kforge.core.opcard import OpCard
-from kforge.core.settings import SessionSettings, redact
+from kforge.core.secrets import redact, redact_values
+from kforge.core.settings import SessionSettings
 from kforge.errors import KforgeError
 from kforge.store.beside import check_database_files, own_folder
-from kforge.store.config import configured_durability, configured_secrets, regular_file
+from kforge.store.config import configured_durability, configured_secrets
 from kforge.store.events import (
     CardsAdded,
     CardUpdated,
@@ -87,7 +90,7 @@ from kforge.store.records import (
     reading,
     time_column,
 )
-from kforge.store.schema import LATEST, MIGRATIONS
+from kforge.store.schema import LATEST, MIGRATIONS, SchemaObject, normalized, schema_objects
 
 log = logging.getLogger("kforge.store")
 
@@ -101,7 +104,11 @@ LOCK_BACKOFF_S = (0.05, 1.0)  # first and longest pause between waits for anothe
 # What the SQLite driver raises for a database it cannot use: its own errors, and the
 # UnicodeDecodeError it raises where SQLite's error message (quoting a damaged schema) is not UTF-8.
 DB_ERRORS = (sqlite3.Error, UnicodeDecodeError)
-DATABASE_FILE = "kforge database file"
+# The longest one read may take, and how many of a kind one read returns at most: a database
+# holding more is refused with one line, never read into memory whole.
+READ_LIMIT_S = 30.0
+PROGRESS_STEPS = 10_000  # SQLite instructions between two looks at the clock
+MAX_SESSIONS, MAX_CARDS, MAX_NODES, MAX_ROWS = 10_000, 100_000, 200_000, 10_000
 _CARD_FIELDS = ("status", "stop_reason", "spent", "best_node", "best_speedup", "eager_us",
                 "compiled_us", "floor_us", "baseline")
 _NODE_COLUMNS = ("id, session_id, card_id, parent_id, action, status, meta, reward, speedup, "
@@ -109,10 +116,17 @@ _NODE_COLUMNS = ("id, session_id, card_id, parent_id, action, status, meta, rewa
                  "confirmed")
 
 
+class Own(str):
+    """Text that names kforge's own things (an op, a card key, a model's path, an op card's
+    arguments as JSON, an event's kind): stored as it is, never passed through redaction,
+    which would rewrite it wherever a secret happened to match part of it."""
+
+
 class _Redacting:
-    """A connection whose statements never carry a secret: every text parameter is redacted
-    (``kforge.core.settings.redact``) on its way in, whichever table it is for (compile logs,
-    sanitizer reports, crash output, LLM calls, log lines)."""
+    """A connection whose statements never carry a secret: every text parameter but ``Own``
+    text is redacted (``kforge.core.secrets.redact``) on its way in, whichever table it is for
+    (compile logs, sanitizer reports, crash output, LLM calls, log lines); JSON is written by
+    ``json``, which redacts its text values and never its keys."""
 
     def __init__(self, db: aiosqlite.Connection, secrets: tuple[str, ...]) -> None:
         object.__setattr__(self, "_conn", db)
@@ -130,11 +144,18 @@ class _Redacting:
             return parameters
 
         def one(value: Any) -> Any:
+            if isinstance(value, Own):
+                return str(value)
             return redact(value, self._secrets) if isinstance(value, str) else value
 
         if isinstance(parameters, Mapping):  # named parameters
             return {name: one(value) for name, value in parameters.items()}
         return tuple(one(value) for value in parameters)
+
+    def json(self, value: Any) -> Own:
+        """``value`` as stored JSON: its text values redacted, its keys (kforge's own field
+        names) as they are."""
+        return Own(dumps(redact_values(value, self._secrets) if self._secrets else value))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._conn, name)
@@ -149,6 +170,7 @@ class Store:
     def __init__(self, db: aiosqlite.Connection, path: Path) -> None:
         self._db = _Redacting(db, configured_secrets())
         self.path = path
+        self._clock = _Deadline()  # when the read under way is stopped
         self._lock = asyncio.Lock()
         self._lease: _Lease | None = None  # the engine lease this store holds
         self._lost: LeaseLost | None = None  # set once that lease was found taken over
@@ -174,8 +196,6 @@ class Store:
             except OSError as exc:
                 raise KforgeError(f"cannot create the database folder {path.parent}: "
                                   f"{exc.strerror}") from None
-        else:  # SQLite fails on a pipe or a device inside aiosqlite's thread (see below)
-            regular_file(path, DATABASE_FILE)
         # Checked here: a connection that fails inside aiosqlite's thread leaves a traceback.
         if path.exists() and not os.access(path, os.R_OK | os.W_OK):
             raise KforgeError(f"cannot open database {path} for writing: no permission (a "
@@ -191,6 +211,7 @@ class Store:
         try:  # a connection left open keeps its thread, and the process, alive
             store = cls(db, path)
             await store._setup(timeout_s)
+            check_database_files(path)  # as SQLite left them: what it made is its own
         except BaseException:
             await db.close()
             raise
@@ -216,7 +237,6 @@ class Store:
         if not path.exists():
             raise KforgeError(f"no kforge database at {path} (profile a model first, "
                               "or point --db / KFORGE_DB at an existing one)")
-        regular_file(path, DATABASE_FILE)
         if not os.access(path, os.R_OK):
             raise KforgeError(f"cannot open database {path}: no permission to read it")
         for mode in ("mode=ro", "mode=ro&immutable=1"):
@@ -242,8 +262,10 @@ class Store:
                               f"{path} was written by a newer kforge (schema {version}, this "
                               f"one knows {LATEST}): upgrade kforge")
         try:
-            await check_plain_schema(db, path)
             store = cls(db, path)
+            await store._bound_reads()
+            await store._check_schema(version)
+            check_database_files(path)
             store.read_only = True
             return store
         except DB_ERRORS as exc:  # a schema SQLite cannot read
@@ -258,12 +280,13 @@ class Store:
         db.row_factory = aiosqlite.Row
         try:
             await db.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
-            await check_plain_schema(db, self.path)
-            await db.execute("PRAGMA foreign_keys = ON")
+            await self._bound_reads()
             version = (await (await db.execute("PRAGMA user_version")).fetchone())[0]
             if version > LATEST:
                 raise KforgeError(f"{self.path} was written by a newer kforge (schema {version}, "
                                   f"this one knows {LATEST}): upgrade kforge")
+            await self._check_schema(version)
+            await db.execute("PRAGMA foreign_keys = ON")
             mode = (await (await db.execute("PRAGMA journal_mode = WAL")).fetchone())[0]
             if mode.lower() != "wal":
                 raise KforgeError(f"{self.path} cannot use write-ahead logging (journal mode "
@@ -277,11 +300,6 @@ class Store:
     async def _migrate(self) -> None:
         async with self.transaction() as db:
             version = (await (await db.execute("PRAGMA user_version")).fetchone())[0]
-            if version == 0:
-                tables = await (await db.execute(
-                    "SELECT count(*) FROM sqlite_master WHERE type = 'table'")).fetchone()
-                if tables[0]:
-                    raise KforgeError(f"{self.path} is an SQLite file but not a kforge database")
             for step in range(version, LATEST):
                 for statement in MIGRATIONS[step].split(";"):
                     if statement.strip():
@@ -299,7 +317,7 @@ class Store:
 
     @asynccontextmanager
     async def transaction(self, *, patient: bool = False
-                          ) -> AsyncIterator[aiosqlite.Connection]:
+                          ) -> AsyncIterator[_Redacting]:
         """One write transaction (BEGIN IMMEDIATE: it takes the write lock up front), rolled back
         on any error or cancellation. A ``patient`` transaction, and every one while this store
         holds an engine lease, waits out another process's lock; under a lease it is refused
@@ -387,21 +405,68 @@ class Store:
                                f"engine (its lease is now held by {holder}); stopped writing")
         raise self._lost
 
-    async def _read(self, sql: str, params: Iterable[Any] = ()) -> list[aiosqlite.Row]:
+    async def _bound_reads(self) -> None:
+        """Have SQLite stop a read that runs past its deadline (``_read``), and run no function
+        with side effects that a schema names (defence in depth: ``check_schema`` admits none)."""
+        await self._db.execute("PRAGMA trusted_schema = OFF")
+        await self._db.set_progress_handler(self._clock.overdue, PROGRESS_STEPS)
+
+    async def _read(self, sql: str, params: Iterable[Any] = (), *, at_most: int | None = None,
+                    what: str = "rows") -> list[aiosqlite.Row]:
+        """The rows of one read, which SQLite stops after ``READ_LIMIT_S``; with ``at_most``,
+        KforgeError (naming ``what``) where there are more."""
+        if at_most is not None:
+            sql, params = f"{sql} LIMIT ?", (*params, at_most + 1)
         async with self._lock:
+            self._clock.at = time.monotonic() + READ_LIMIT_S
             try:
                 # one step in the connection's thread: a reader cancelled meanwhile cannot leave a
                 # half-read statement open, which would pin the connection to an old snapshot
-                return list(await self._db.execute_fetchall(sql, tuple(params)))
+                rows = list(await self._db.execute_fetchall(sql, tuple(params)))
             except DB_ERRORS as exc:
+                if self._clock.overdue():
+                    raise KforgeError(f"reading {self.path} took longer than {READ_LIMIT_S:.0f} "
+                                      "s, and was stopped: the database is too large for this "
+                                      "read, or damaged") from None
                 raise _explain(exc, self.path) from None
+            finally:
+                self._clock.at = None
+        if at_most is not None and len(rows) > at_most:
+            raise KforgeError(f"{self.path} holds more than {at_most:,} {what}, more than kforge "
+                              "reads at once: it was not made by kforge, or is damaged")
+        return rows
+
+    async def _check_schema(self, version: int) -> None:
+        """Refuse the database unless its schema objects are exactly those kforge's migrations
+        create for ``version``, compared by type, name and SQL (``kforge.store.schema``)."""
+        expected = schema_objects(version)
+        rows = await self._read("SELECT type, name, sql FROM sqlite_master LIMIT ?",
+                                (len(expected) + 1,))  # one more names what is not kforge's
+        found = [SchemaObject(str(t).lower(), str(n).lower(),
+                              normalized(None if q is None else str(q))) for t, n, q in rows]
+        kinds = {o.name: o.kind for o in expected}
+        for thing in found:
+            if thing in expected:
+                continue
+            name, kind = repr(thing.name[:80]), kinds.get(thing.name)
+            if kind is None:
+                what = f"it holds the {thing.kind} {name}, which kforge does not create"
+            elif kind != thing.kind:
+                what = f"its {name} is a {thing.kind}, where kforge has a {kind}"
+            else:
+                what = (f"its {kind} {name} is not the one kforge creates (a column, a default "
+                        "or a check of its own)")
+            raise KforgeError(f"{self.path} is not a kforge database: {what}; SQL of its own "
+                              "would run as kforge reads or writes it")
+        if missing := sorted(o.name for o in expected - set(found)):
+            raise KforgeError(f"{self.path} is not a kforge database of schema {version}: it "
+                              f"lacks {', '.join(missing[:3])}")
 
     @staticmethod
-    async def _event(db: aiosqlite.Connection, session_id: int | None,
-                     record: EventRecord) -> None:
+    async def _event(db: _Redacting, session_id: int | None, record: EventRecord) -> None:
         kind, data = to_row(record)
         await db.execute("INSERT INTO events (session_id, kind, data, at) VALUES (?, ?, ?, ?)",
-                         (session_id, kind, dumps(data), time.time()))
+                         (session_id, Own(kind), db.json(data), time.time()))
 
     # ----- files beside the database -----
 
@@ -413,12 +478,6 @@ class Store:
     def samples_dir(self, session_id: int) -> Path:
         return own_folder(self.path.parent, "samples", str(session_id))
 
-    def new_staging_dir(self) -> Path:
-        """A fresh folder to write a profile's samples into before its session exists."""
-        path = self.samples_root / f".staging-{uuid.uuid4().hex[:12]}"
-        path.mkdir(parents=True)
-        return path
-
     # ----- sessions -----
 
     async def create_session(self, model: str, settings: dict, gpu: dict,
@@ -426,12 +485,13 @@ class Store:
         async with self.transaction() as db:
             return await self._insert_session(db, model, settings, gpu, status)
 
-    async def _insert_session(self, db: aiosqlite.Connection, model: str, settings: dict,
+    async def _insert_session(self, db: _Redacting, model: str, settings: dict,
                               gpu: dict, status: SessionStatus) -> int:
         now = time.time()
         cur = await db.execute(
             "INSERT INTO sessions (model, gpu, settings, status, created_at, updated_at) "
-            "VALUES (?, ?, ?, ?, ?, ?)", (model, dumps(gpu), dumps(settings), status, now, now))
+            "VALUES (?, ?, ?, ?, ?, ?)", (Own(model), db.json(gpu), db.json(settings), status,
+                                          now, now))
         session_id = cur.lastrowid
         await self._event(db, session_id, SessionCreated(model=model, status=status))
         return session_id
@@ -470,7 +530,7 @@ class Store:
                      AS top_speedup,
                  max(s.updated_at, coalesce((SELECT max(at) FROM events e
                      WHERE e.session_id = s.id), 0)) AS last_activity
-               FROM sessions s ORDER BY s.id""")
+               FROM sessions s ORDER BY s.id""", at_most=MAX_SESSIONS, what="sessions")
         return [_summary(r) for r in rows]
 
     async def set_session_status(self, session_id: int, status: SessionStatus,
@@ -489,7 +549,7 @@ class Store:
             with reading(f"session {session_id}"):
                 settings = {**json_column(row, "settings", dict, {}), **changes}
             await db.execute("UPDATE sessions SET settings = ?, updated_at = ? WHERE id = ?",
-                             (dumps(settings), time.time(), session_id))
+                             (db.json(settings), time.time(), session_id))
             await self._event(db, session_id, SessionSettingsChanged(changes=changes))
             return settings
 
@@ -542,7 +602,7 @@ class Store:
 
     # ----- op cards -----
 
-    async def _insert_cards(self, db: aiosqlite.Connection, session_id: int, cards: list[OpCard],
+    async def _insert_cards(self, db: _Redacting, session_id: int, cards: list[OpCard],
                             modules: dict[str, list[str]]) -> None:
         for c in cards:
             status = CardStatus.PENDING if c.target else CardStatus.SKIPPED
@@ -550,16 +610,17 @@ class Store:
                 "INSERT INTO op_cards (session_id, key, op, args, kwargs, calls, total_us, share, "
                 "library, target, modules, eager_us, compiled_us, floor_us, status, region, "
                 "ranges) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (session_id, c.key, c.op, dumps(c.args), dumps(c.kwargs), c.calls, c.total_us,
-                 c.share, c.library, int(c.target), dumps(modules.get(c.key, [])), c.eager_us,
-                 c.compiled_us, c.floor_us, status,
-                 None if c.region is None else dumps(c.region),
-                 None if c.ranges is None else dumps(c.ranges)))
+                (session_id, Own(c.key), Own(c.op), Own(dumps(c.args)), Own(dumps(c.kwargs)),
+                 c.calls, c.total_us, c.share, Own(c.library), int(c.target),
+                 Own(dumps(modules.get(c.key, []))), c.eager_us, c.compiled_us, c.floor_us,
+                 status, None if c.region is None else Own(dumps(c.region)),
+                 None if c.ranges is None else Own(dumps(c.ranges))))
         await self._event(db, session_id, CardsAdded(count=len(cards)))
 
     async def list_cards(self, session_id: int) -> list[CardRow]:
         rows = await self._read("SELECT * FROM op_cards WHERE session_id = ? "
-                                "ORDER BY target DESC, share DESC, id", (session_id,))
+                                "ORDER BY target DESC, share DESC, id", (session_id,),
+                                at_most=MAX_CARDS, what="op cards in one session")
         return [_card(r) for r in rows]
 
     async def get_card(self, card_id: int) -> CardRow:
@@ -572,14 +633,14 @@ class Store:
         async with self.transaction() as db:
             await self._update_card(db, card_id, changes)
 
-    async def _update_card(self, db: aiosqlite.Connection, card_id: int,
+    async def _update_card(self, db: _Redacting, card_id: int,
                            changes: dict[str, Any]) -> None:
         bad = set(changes) - set(_CARD_FIELDS)
         if bad:
             raise ValueError(f"not card fields: {sorted(bad)}")
         if not changes:
             return
-        values = [dumps(v) if k == "baseline" else v for k, v in changes.items()]
+        values = [db.json(v) if k == "baseline" else v for k, v in changes.items()]
         sets = ", ".join(f"{k} = ?" for k in changes)
         cur = await db.execute(f"UPDATE op_cards SET {sets} WHERE id = ? RETURNING session_id",
                                (*values, card_id))
@@ -613,8 +674,8 @@ class Store:
             await db.execute(
                 "UPDATE nodes SET status = ?, source = ?, plan = ?, meta = ?, "
                 "usd = usd + ? WHERE id = ?", (NodeStatus.EVALUATING, candidate.source,
-                                               dumps(candidate.plan), dumps(candidate.meta), usd,
-                                               node_id))
+                                               db.json(candidate.plan), db.json(candidate.meta),
+                                               usd, node_id))
             await self._insert_calls(db, row["session_id"], row["card_id"], node_id, calls)
             await self._event(db, row["session_id"], NodeUpdated(
                 node_id=node_id, card_id=row["card_id"], status=NodeStatus.EVALUATING))
@@ -654,7 +715,7 @@ class Store:
                  int(outcome.status.repairable), outcome.summary[:500], int(confirmed),
                  time.time(), node_id))
             await db.execute("INSERT OR REPLACE INTO evaluations (node_id, outcome) VALUES (?, ?)",
-                             (node_id, dumps(outcome.to_dict())))
+                             (node_id, db.json(outcome.to_dict())))
             card = await self._tally_card(db, row["card_id"])
             await self._event(db, row["session_id"], NodeFinished(
                 node_id=node_id, card_id=row["card_id"], status=status,
@@ -703,7 +764,8 @@ class Store:
         if card_id is not None:
             sql += " AND card_id = ?"
             params.append(card_id)
-        return [_node(r) for r in await self._read(sql + " ORDER BY id", params)]
+        return [_node(r) for r in await self._read(sql + " ORDER BY id", params, at_most=MAX_NODES,
+                                                   what="search nodes in one session")]
 
     async def get_nodes(self, node_ids: Iterable[int]) -> list[NodeRow]:
         ids = list(node_ids)
@@ -731,7 +793,8 @@ class Store:
             outcome = EvalOutcome.from_dict(json_column(ev[0], "outcome", dict)) if ev else None
         calls = await self._read("SELECT model, input_tokens, output_tokens, usd, seconds, prompt, "
                                  "reply, error, created_at FROM llm_calls WHERE node_id = ? "
-                                 "ORDER BY id", (node_id,))
+                                 "ORDER BY id", (node_id,), at_most=MAX_ROWS,
+                                 what="language-model calls of one node")
         return NodeDetail(row=row, candidate=candidate, outcome=outcome,
                           llm_calls=[_llm_call(c, node_id) for c in calls])
 
@@ -765,7 +828,7 @@ class Store:
         await self.get_session(session_id)
         async with self.transaction() as db:
             cur = await db.execute("INSERT INTO commands (session_id, kind, arg, created_at) "
-                                   "VALUES (?, ?, ?, ?)", (session_id, kind, dumps(arg),
+                                   "VALUES (?, ?, ?, ?)", (session_id, kind, db.json(arg),
                                                            time.time()))
             await self._event(db, session_id,
                               CommandSent(command_id=cur.lastrowid, command=kind, arg=arg))
@@ -773,7 +836,8 @@ class Store:
 
     async def pending_commands(self, session_id: int) -> list[Command]:
         rows = await self._read("SELECT * FROM commands WHERE session_id = ? AND done_at IS NULL "
-                                "ORDER BY id", (session_id,))
+                                "ORDER BY id", (session_id,), at_most=MAX_ROWS,
+                                what="pending commands")
         return [_command(r) for r in rows]
 
     async def ack_command(self, command_id: int, result: str) -> None:
@@ -827,6 +891,19 @@ class Store:
     async def last_seq(self) -> int:
         rows = await self._read("SELECT coalesce(max(seq), 0) FROM events")
         return rows[0][0]
+
+
+class _Deadline:
+    """When the statement under way is stopped (None: never). SQLite asks ``overdue`` in the
+    connection's thread; it holds nothing of the store, so that a store nobody closed is still
+    collected, and its connection's thread ended, as soon as it is dropped."""
+
+    def __init__(self) -> None:
+        self.at: float | None = None
+
+    def overdue(self) -> int:
+        """SQLite's progress handler: nonzero stops the statement."""
+        return int(self.at is not None and time.monotonic() > self.at)
 
 
 class LeaseLost(KforgeError):
@@ -883,20 +960,6 @@ def _proc_stat(pid: int) -> list[str]:
     """The fields of /proc/<pid>/stat after the command name (state first)."""
     with open(f"/proc/{pid}/stat") as stat:
         return stat.read().rsplit(")", 1)[1].split()
-
-
-async def check_plain_schema(db: Any, path: Path) -> None:
-    """Refuse a database whose schema holds SQL that SQLite runs as it is read or written: a
-    trigger (on kforge's own writes), a view or a virtual table (whose module reads tables of
-    its own). kforge creates none; only a crafted database has one."""
-    found = await (await db.execute(
-        "SELECT type, name FROM sqlite_master WHERE type IN ('trigger', 'view') "
-        "OR (type = 'table' AND sql LIKE 'CREATE VIRTUAL TABLE%') LIMIT 1")).fetchone()
-    if found is not None:
-        kind = "virtual table" if found[0] == "table" else found[0]
-        raise KforgeError(f"{path} is not a kforge database: it holds the {kind} "
-                          f"{str(found[1])[:80]!r}, SQL that would run as kforge reads or writes "
-                          "it")
 
 
 def _is_lock(exc: sqlite3.Error | UnicodeDecodeError) -> bool:

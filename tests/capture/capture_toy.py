@@ -74,3 +74,38 @@ def no_inputs():
 
 def exiting_model():
     sys.exit(3)
+
+
+class Idle(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x  # runs no operator
+
+
+def idle_model():
+    return Idle(), (torch.ones(2, 4),)
+
+
+class OutOfMemory(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise torch.OutOfMemoryError("DefaultCPUAllocator: not enough memory")
+
+
+def out_of_memory_model():
+    return OutOfMemory(), (torch.ones(2, 4),)
+
+
+class Sleeps(nn.Module):
+    """Says it runs (a file named by $KFORGE_TOY_RUNNING), then runs for a minute."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import os
+        import time
+        from pathlib import Path
+
+        Path(os.environ["KFORGE_TOY_RUNNING"]).touch()
+        time.sleep(60)
+        return x * 2
+
+
+def sleeping_model():
+    return Sleeps(), (torch.ones(2, 4),)

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from kforge.cli.cmd_profile import ProgressLine
 from kforge.cli.main import main
 from kforge.store import Store
@@ -74,6 +76,22 @@ def test_a_failing_model_stores_nothing(tmp_path, capsys):
     assert not samples_root.exists() or not any(samples_root.iterdir())
 
 
+@pytest.mark.parametrize("factory, message", [
+    ("idle_model", "ran no operator on cpu: its forward returned without calling any"),
+    ("out_of_memory_model", "out of host memory running"),
+])
+def test_a_model_that_runs_no_op_or_runs_out_of_memory_stores_nothing(tmp_path, capsys,
+                                                                      factory, message):
+    """A model that runs no operator was stored as a session of 0 op cards with exit 0; a CPU
+    out-of-memory error said "out of GPU memory"."""
+    db = tmp_path / "kforge.db"
+    assert main(["profile", f"{TOY}:{factory}", "--device", "cpu", "--db", str(db)]) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
+    assert line.startswith("kforge: ") and message in line and "GPU" not in line
+    assert not db.exists()
+    assert not (tmp_path / "samples").exists()  # no staging folder either
+
+
 def test_a_model_option_that_does_not_apply_creates_no_database(tmp_path):
     db = tmp_path / "kforge.db"
     assert main(["profile", f"{TOY}:build", "--device", "cpu", "--dtype", "fp8",
@@ -112,6 +130,40 @@ def test_staging_folders_left_by_a_killed_profile_are_removed(tmp_path, capsys):
                  "--db", str(db)]) == 0
     assert not abandoned.exists()
     assert live.exists()  # may belong to a profile running now
+
+
+def test_a_killed_profile_leaves_no_folder_behind(tmp_path):
+    """A profile killed while its model runs (most of its time) leaves no staging folder, nor a
+    samples folder: the staging folder is made only when samples are written."""
+    import signal
+
+    running = tmp_path / "running"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "KFORGE_TOY_RUNNING": str(running)}
+    proc = subprocess.Popen([sys.executable, "-m", "kforge", "profile", f"{TOY}:sleeping_model",
+                             "--device", "cpu", "--db", str(tmp_path / "kforge.db")], cwd=REPO,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not running.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert running.exists(), "the model never ran"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["running"]
+
+
+def test_a_staging_folder_whose_profile_is_gone_is_removed_by_the_next(tmp_path, capsys):
+    """One killed while it wrote samples: named for its process, which no longer runs."""
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    left = tmp_path / "samples" / f".staging-{int(gone.stdout)}-0123456789ab"
+    (left / "card").mkdir(parents=True)
+    (left / "card" / "0.pt").write_bytes(b"x")
+    assert main(["profile", f"{TOY}:build", "--device", "cpu", "--samples", "1",
+                 "--db", str(tmp_path / "kforge.db")]) == 0
+    assert not left.exists()
+    assert not list((tmp_path / "samples").glob(".staging-*"))
 
 
 def test_no_model_is_a_clear_error(capsys):

@@ -94,7 +94,8 @@ def build():
     (["show", str(2**63)], "a session is named by its number"),
     (["show", "-1"], "a session is named by its number"),
     (["show", "1.5"], "a session is named by its number"),
-    (["show", "1", "--node", str(2**64)], "must be at most 9223372036854775807"),
+    (["show", "1", "--node", str(2**64)],
+     "must be a whole number from 1 to 9,223,372,036,854,775,807"),
     (["show", "9223372036854775807"], "no session 9223372036854775807"),
     (["show", "1", "--node", "99"], "no search node 99"),
     (["delete", "1"], "add --yes"),
@@ -115,6 +116,49 @@ def build():
 def test_bad_command_lines(db: Path, capsys, argv, said):
     code, out, err = run(capsys, *argv, "--db", str(db))
     assert said in assert_one_line(code, err)
+
+
+@pytest.mark.parametrize("argv, said", [
+    # the audit's: each was accepted
+    (["resume", "1", "--parallel", "100000"],
+     "argument --parallel: must be a whole number from 1 to 256, not '100000'"),
+    (["resume", "1", "--time", "99999999999h"],
+     "argument --time: must be a duration above 0 s and at most 366 days"),
+    (["resume", "1", "--seed", "-1"],
+     "argument --seed: must be a whole number from 0 to 4,294,967,295, not '-1'"),
+    (["resume", "1", "--usd", "inf"], "argument --usd: must be a number from 0 to 1,000,000"),
+    (["resume", "1", "--iterations", str(10**7)], "from 1 to 1,000,000"),
+    (["resume", "1", "--top", "0"], "argument --top: must be a whole number from 1 to 100,000"),
+    (["profile", "toy", "--batch", "100000"],
+     "argument --batch: must be a whole number from 1 to 65,536"),
+    (["profile", "toy", "--samples", "5000"], "argument --samples: must be a whole number from "
+                                              "0 to 1,000"),
+    (["profile", "toy", "--seq-lengths", "8,0"], "argument --seq-lengths: must be a whole "
+                                                 "number from 1 to 16,777,216, not '0'"),
+    (["e2e", "1", "--warmup", str(10**9)], "argument --warmup: must be a whole number from 1"),
+])
+def test_a_number_out_of_its_stated_range_is_one_line(db: Path, capsys, argv, said):
+    code, out, err = run(capsys, *argv, "--db", str(db))
+    assert said in assert_one_line(code, err) and code == 2
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_numeric_option_states_a_range(command: str):
+    """No option takes a bare int or float: each number has a range, and what lies outside it
+    (a huge number, a negative one, nan) is refused by the option itself, saying the range."""
+    import argparse
+
+    from kforge.cli.main import build_parser
+
+    parser = build_parser(command)
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for action in sub.choices[command]._actions:
+        assert action.type not in (int, float), f"{command} {action.option_strings}"
+        if action.type is None or action.type in (str, Path):
+            continue
+        for text in ("9" * 30, "-1", "nan", "1e999"):
+            with pytest.raises(argparse.ArgumentTypeError, match="from|number|duration|LO:HI"):
+                action.type(text)
 
 
 @pytest.mark.parametrize("where", ["long-name", "long-path"])

@@ -32,8 +32,11 @@ def t(shape: list[int], dtype: str = "float32", stride: list[int] | None = None,
      {}, (64, 32), 64 * 32 * 4),
     ("aten.index.Tensor", [t([8, 4]), {"t": "list", "items": [t([3], "int64")]}], {}, (3, 4),
      48),
+    # growth in place counts as what it grows by (an input is the evaluator's to count)
+    ("aten.resize_.default", [t([4]), [1 << 39]], {}, (1 << 39,), (1 << 41) - 16),
+    ("aten.add.out", [t([4]), t([4])], {"out": t([0])}, (4,), 16),
 ], ids=["mm", "view", "in-place", "full-4EiB", "ones-cpu", "arange-device-none", "to-cpu",
-        "einsum", "index-by-position"])
+        "einsum", "index-by-position", "resize-2TiB", "out-resized"])
 def test_what_a_call_makes_is_learned_on_meta(op, args, kwargs, shape, made):
     found = meta_call(op, args, kwargs)
     (result,) = found.results

@@ -77,6 +77,12 @@ def test_unknown_keys_and_sections_suggest_what_was_meant(data, expected):
     ("search", "wall_s", 0, "must be a finite number above 0"),
     ("search", "wall_s", math.inf, "must be a finite number above 0"),
     ("search", "max_op_factor", 0, "must be a finite number above 0"),
+    # beyond each range the command line's options state too: a slip, never a search to run
+    ("search", "parallel", 100_000, "must be at most 256"),
+    ("search", "seed", -1, "must be at least 0"),
+    ("search", "seed", 2**32, "must be at most 4,294,967,295"),
+    ("search", "wall_s", 99999999999 * 3600.0, "must be at most 31,622,400"),
+    ("search", "usd", 1e12, "must be at most 1,000,000"),
     ("eval", "timeout_s", 0, "must be a finite number above 0"),
     ("eval", "baseline_timeout_s", -1, "must be a finite number above 0"),
     ("eval", "start_timeout_s", math.nan, "must be a finite number above 0"),

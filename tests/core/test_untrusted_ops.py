@@ -342,8 +342,15 @@ def test_a_region_runs_where_its_inputs_are_whatever_device_its_nodes_name():
     (op_card("aten._to_cpu.default", [{"t": "list", "items": [t()]}]), CpuRuntime(),
      "would make a tensor on cpu"),
     (op_card("aten._pin_memory.default", [t()]), CpuRuntime(), "eager PyTorch rejects"),
+    # growth in place: a 16-byte input resized to 2 TiB, as `full` of the same size is refused
+    (op_card("aten.resize_.default", [t(), [1 << 39]]), CpuRuntime(),
+     r"needs 2,048\.0 GiB \(0\.0 MiB of inputs, 2,048\.0 GiB made\)"),
+    (op_card("aten.full.default", [[1 << 39], 1.0]), CpuRuntime(), r"needs 2,048\.0 GiB"),
+    (op_card("aten.resize_as_.default", [t(), {"t": "tensor", "shape": [1 << 39], "stride": [0],
+                                               "dtype": "float32", "offset": 0}]),
+     CpuRuntime(), r"needs 2,048\.0 GiB"),
 ], ids=["ones", "full-4EiB-cpu", "arange", "region-repeat", "region-repeat-4EiB", "to-cpu",
-        "pin-memory"])
+        "pin-memory", "resize-2TiB", "full-2TiB", "resize-as-2TiB"])
 def test_a_card_is_refused_before_anything_of_it_is_made_or_run(card, runtime, needle):
     """The evaluator runs a card's call on meta tensors first: one that makes a tensor elsewhere
     than where it runs, or needs more memory (inputs, results, a region's intermediates) than the

@@ -94,19 +94,30 @@ async def test_sigkill_then_resume_loses_and_repeats_nothing(tmp_path: Path):
 import pytest  # noqa: E402
 
 
-@pytest.mark.parametrize("link", ["logs", "logs/session-1.log"])
+@pytest.mark.parametrize("link", ["logs", "logs/session-1.log", "hard logs/session-1.log",
+                                  "fifo logs/session-1.log"])
 def test_a_detached_engine_writes_its_log_through_no_link(tmp_path: Path, link):
-    """A shared database's folder with a ``logs`` link (or a link for the session's log) to a
-    file such as ~/.bashrc: the engine would append its lines, which quote stored text, there."""
+    """A shared database's folder with a ``logs`` link (or a link of either kind for the
+    session's log) to a file such as ~/.bashrc: the engine would append its lines, which quote
+    stored text (a crafted card name made one shell-active), there. A pipe there would block."""
+    import os
+
     from kforge.engine.runner import spawn_detached
     from kforge.errors import KforgeError
 
+    kind, _, link = link.rpartition(" ")
     victim = tmp_path / "outside" / "session-1.log"
     victim.parent.mkdir()
     victim.write_text("# mine\n")
     shared = tmp_path / "shared"
     (shared / "logs").mkdir(parents=True) if link != "logs" else shared.mkdir()
-    (shared / link).symlink_to(victim if link.endswith(".log") else victim.parent)
-    with pytest.raises(KforgeError, match="is a link"):
+    if kind == "hard":
+        (shared / link).hardlink_to(victim)
+    elif kind == "fifo":
+        os.mkfifo(shared / link)
+    else:
+        (shared / link).symlink_to(victim if link.endswith(".log") else victim.parent)
+    message = {"hard": "is a hard link", "fifo": "not a regular file"}.get(kind, "is a link")
+    with pytest.raises(KforgeError, match=message):
         spawn_detached(shared / "k.db", 1)
     assert victim.read_text() == "# mine\n"

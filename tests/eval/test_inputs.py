@@ -113,6 +113,34 @@ def test_a_sample_is_mapped_from_its_file_and_a_compressed_one_is_skipped(tmp_pa
     assert [label for label, _ in load_samples(tmp_path, card, 2)] == ["sample 0"]
 
 
+def test_a_pipe_or_a_link_among_the_samples_is_skipped_without_blocking(tmp_path):
+    """A shared database's samples folder may hold a pipe (or a link to one) named like a
+    sample: opening it would block the loader forever. Only regular files are read."""
+    import os
+    import threading
+
+    card = OpCard("aten.relu.default", [tensor([8])])
+    folder = tmp_path / card.key
+    folder.mkdir()
+    os.mkfifo(folder / "0.pt")
+    (folder / "1.pt").symlink_to(folder / "0.pt")
+    torch.save({"args": [torch.ones(8)], "kwargs": {}}, tmp_path / "elsewhere.pt")
+    (folder / "2.pt").symlink_to(tmp_path / "elsewhere.pt")
+    torch.save({"args": [torch.ones(8)], "kwargs": {}}, folder / "3.pt")
+    found: list = []
+    loader = threading.Thread(target=lambda: found.append(load_samples(tmp_path, card, 3)))
+    loader.start()
+    loader.join(60)
+    if loader.is_alive():  # blocked on the pipe: its writing end lets it go before failing
+        os.close(os.open(folder / "0.pt", os.O_WRONLY | os.O_NONBLOCK))
+        loader.join()
+    assert [[label for label, _ in samples] for samples in found] == [["sample 3"]]
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / card.key).symlink_to(folder, target_is_directory=True)
+    assert load_samples(linked, card, 3) == []
+
+
 def test_a_sample_that_kept_only_a_spec_gets_random_values(tmp_path):
     spec = tensor([8])
     card = OpCard("aten.add.Tensor", [spec, tensor([8])])

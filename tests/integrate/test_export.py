@@ -153,6 +153,39 @@ def test_a_link_named_like_the_package_is_replaced_never_followed(session, compi
     assert [p.name for p in elsewhere.iterdir()] == ["mine.txt"]
 
 
+class _Planting(Compiler):
+    """A compiler that, as the first kernel compiles, plants links where the package's next
+    files go in the staging folder, as someone who can write the export folder would: a link to
+    a file of the user's, and a folder link to a folder of the user's."""
+
+    def __init__(self, staged_in: Path, victim: Path) -> None:
+        super().__init__()
+        self.staged_in, self.victim, self.modes = staged_in, victim, []
+
+    def compile(self, source, arch, options=None):
+        for staging in self.staged_in.glob(".pkg.*"):
+            self.modes.append(staging.stat().st_mode & 0o777)
+            for folder in (staging / "kernels").iterdir():
+                (folder / f"{arch}.cubin").symlink_to(self.victim / "mine.txt")
+            (staging / "manifest.json").symlink_to(self.victim / "mine.txt")
+        return super().compile(source, arch, options)
+
+
+def test_a_link_planted_in_the_staging_folder_is_never_written_through(session, tmp_path):
+    db, sid = session
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "mine.txt").write_text("keep")
+    out = tmp_path / "out"
+    out.mkdir()
+    planting = _Planting(out, victim)
+    with pytest.raises(KforgeError, match="sm_90.cubin is there already: kforge writes"):
+        export_session(read_plan(db, sid), out, name="pkg", compiler=planting)
+    assert planting.modes == [0o700]  # nobody else may enter the staging folder
+    assert (victim / "mine.txt").read_text() == "keep"
+    assert list(out.iterdir()) == []  # nothing left behind
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"archs": ["90"]}, "not a GPU architecture"),
     ({"name": "my-kernels"}, "cannot be a Python package name"),

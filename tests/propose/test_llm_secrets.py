@@ -101,15 +101,18 @@ async def test_every_secret_the_store_redacts_is_redacted_from_requests(config, 
     assert KEY not in sent[0] and other not in sent[0]
 
 
-def test_a_detached_engines_log_keeps_no_secret(config, tmp_path):
+@pytest.mark.parametrize("password", ["pa55word-0123456789-secret", "S3cr=t;P4ss^word"],
+                         ids=["url-safe", "percent-encoded"])
+def test_a_detached_engines_log_keeps_no_secret(config, tmp_path, password):
     """A detached engine logs verbosely to a file beside the database: the endpoint's password
-    (the HTTP library logs each request's URL) and the key are redacted there as in the store."""
+    (the HTTP library logs each request's URL, percent-encoding what a URL cannot hold) and the
+    key are redacted there as in the store."""
     import asyncio
     import subprocess
+    from urllib.parse import quote
 
     from kforge.engine.command import kforge_command, kforge_env
 
-    password = "pa55word-0123456789-secret"
     async def make_db() -> int:
         async with await Store.open(tmp_path / "k.db") as store:
             return await store.create_profiled_session(
@@ -128,3 +131,4 @@ def test_a_detached_engines_log_keeps_no_secret(config, tmp_path):
     logged = result.stdout + result.stderr
     assert "HTTP Request: POST" in logged and "[redacted]" in logged
     assert password not in logged and KEY not in logged
+    assert quote(password, safe="") not in logged and "P4ss" not in logged

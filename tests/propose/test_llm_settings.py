@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kforge.core.settings import REDACTED, Origin, Settings
+from kforge.core.secrets import REDACTED
+from kforge.core.settings import Origin, Settings
 from kforge.errors import KforgeError
 from kforge.propose.llm.settings import (
     PLACEHOLDER_KEY,
@@ -31,11 +32,12 @@ def test_config_file_gives_every_setting():
 
 
 def test_kforge_env_wins_over_the_file():
-    config = {"llm": {"model": "file-model", "base_url": "http://file/v1", "api_key": "k-file"}}
-    env = {"KFORGE_LLM_MODEL": "env-model", "KFORGE_LLM_API_KEY": "k-env",
+    config = {"llm": {"model": "file-model", "base_url": "http://file/v1",
+                      "api_key": "k-file-0123"}}
+    env = {"KFORGE_LLM_MODEL": "env-model", "KFORGE_LLM_API_KEY": "k-env-0123",
            "KFORGE_LLM_BASE_URL": "http://env/v1"}
     s = load_llm(config, env)
-    assert (s.model, s.api_key, s.base_url) == ("env-model", "k-env", "http://env/v1")
+    assert (s.model, s.api_key, s.base_url) == ("env-model", "k-env-0123", "http://env/v1")
 
 
 def test_openai_variables_only_fill_gaps():
@@ -53,19 +55,19 @@ def test_the_openai_key_is_not_sent_to_a_server_configured_for_kforge():
 
 
 def test_session_setting_overrides_the_model():
-    s = load_llm({"llm": {"model": "a", "api_key": "k"}}, {}, model="b")
+    s = load_llm({"llm": {"model": "a", "api_key": "k-0123456"}}, {}, model="b")
     assert s.model == "b"
 
 
 def test_local_server_needs_no_key():
     s = load_llm({"llm": {"base_url": "http://127.0.0.1:11434/v1", "model": "llama3"}}, {})
     assert s.api_key == PLACEHOLDER_KEY
-    assert s.secrets == []
+    assert s.secrets == ()
     assert s.token_limit_field == "max_tokens"
 
 
 def test_openai_itself_uses_the_new_token_limit_field():
-    assert load_llm({"llm": {"model": "gpt", "api_key": "k"}}, {}).token_limit_field \
+    assert load_llm({"llm": {"model": "gpt", "api_key": "k-0123456"}}, {}).token_limit_field \
         == "max_completion_tokens"
 
 
@@ -80,19 +82,19 @@ def test_no_key_and_no_endpoint_is_one_clear_error():
 
 def test_no_model_is_an_error_naming_the_setting():
     with pytest.raises(KforgeError, match=r"\[llm\] model"):
-        load_llm({"llm": {"api_key": "k"}}, {})
+        load_llm({"llm": {"api_key": "k-0123456"}}, {})
 
 
 @pytest.mark.parametrize("key,value", [("timeout_s", "slow"), ("timeout_s", 0), ("max_retries", -1),
                                        ("max_tokens", 1.5), ("temperature", True)])
 def test_bad_values_are_named(key, value):
     with pytest.raises(KforgeError, match=key):
-        load_llm({"llm": {"api_key": "k", "model": "m", key: value}}, {})
+        load_llm({"llm": {"api_key": "k-0123456", "model": "m", key: value}}, {})
 
 
 def test_a_price_without_its_fields_is_an_error():
     with pytest.raises(KforgeError, match="output_per_mtok"):
-        load_llm({"llm": {"api_key": "k", "model": "m",
+        load_llm({"llm": {"api_key": "k-0123456", "model": "m",
                                    "prices": {"m": {"input_per_mtok": 1}}}}, {})
 
 

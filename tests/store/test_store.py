@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from kforge.capture.staging import make_staging, new_staging_dir
 from kforge.core.candidate import Candidate, EvalOutcome, EvalStatus, LlmCall, Timing
 from kforge.errors import KforgeError
 from kforge.store import CardStatus, NodeStatus, SessionStatus, Store
@@ -34,7 +35,8 @@ async def test_new_database_is_at_the_latest_schema_in_wal_mode(tmp_path: Path):
 
 
 async def test_profiled_session_holds_cards_and_moves_staged_samples(store: Store):
-    staging = store.new_staging_dir()
+    staging = new_staging_dir(store.samples_root)
+    make_staging(staging)
     (staging / "abc").mkdir()
     (staging / "abc" / "0.pt").write_bytes(b"x")
     sid = await store.create_profiled_session("toy", {}, {}, sample_cards(), staging,
@@ -172,6 +174,97 @@ async def test_a_database_with_sql_of_its_own_is_refused_before_it_is_used(tmp_p
     (settings,) = con.execute("SELECT settings FROM sessions").fetchone()
     con.close()
     assert "evil" not in settings
+
+
+@pytest.mark.parametrize("opener", ["open", "open_read_only"])
+@pytest.mark.parametrize("craft, named", [
+    # the audit's: a trigger whose type column says 'Trigger' passed a check of the type column
+    (["CREATE TRIGGER swap AFTER UPDATE OF settings ON sessions BEGIN UPDATE sessions SET "
+      "settings = '{\"search\": {\"proposer\": \"evil:make\"}}' WHERE id = NEW.id; END",
+      "PRAGMA writable_schema = ON",
+      "UPDATE sqlite_master SET type = 'Trigger' WHERE name = 'swap'"], "trigger 'swap'"),
+    (["CREATE/**/VIRTUAL TABLE notes USING rtree(id, x0, x1)"], "virtual table 'notes'"),
+    (["create temp view v as select 1"], None),  # lives in the connection only: nothing stored
+    (["ALTER TABLE sessions ADD COLUMN big AS (zeroblob(100000000)) VIRTUAL"],
+     "table 'sessions' is not the one kforge creates"),
+    (["PRAGMA writable_schema = ON",
+      "UPDATE sqlite_master SET sql = replace(sql, 'DEFAULT 0', 'DEFAULT (zeroblob(9))') "
+      "WHERE name = 'sessions'"], "table 'sessions' is not the one kforge creates"),
+    (["CREATE INDEX mine ON nodes (status)"], "index 'mine'"),
+], ids=["trigger-typed-Trigger", "virtual-with-comment", "temp",
+        "generated-column", "default", "index"])
+async def test_only_kforges_exact_schema_opens(tmp_path: Path, opener, craft, named):
+    """A schema is compared with the one kforge creates by type, name and SQL (case and comments
+    aside), so no object of anyone else's passes, however its type column or SQL is spelled."""
+    path = tmp_path / "k.db"
+    async with await Store.open(path) as store:
+        sid = await store.create_profiled_session("toy", {}, {"name": "g"}, [])
+    con = sqlite3.connect(path)
+    for statement in craft:
+        con.execute(statement)
+    con.commit()
+    con.close()
+    if named is None:
+        await (await getattr(Store, opener)(path)).close()
+        return
+    with pytest.raises(KforgeError, match=f"not a kforge database: it(s| holds the) {named}"):
+        store = await getattr(Store, opener)(path)
+        await store.update_settings(sid, {"search": {"proposer": "library"}})
+    con = sqlite3.connect(path)
+    con.execute("PRAGMA writable_schema = ON")
+    (settings,) = con.execute("SELECT settings FROM sessions").fetchone()
+    con.close()
+    assert "evil" not in settings
+
+
+@pytest.mark.parametrize("craft", [
+    ["ALTER TABLE sessions ADD COLUMN big AS (printf('%.*c', 900000000, 'x')) VIRTUAL"],
+    ["ALTER TABLE sessions RENAME TO kept",
+     "CREATE VIEW sessions AS WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) "
+     "SELECT kept.* FROM r, kept", "PRAGMA writable_schema = ON",
+     "UPDATE sqlite_master SET type = 'View' WHERE name = 'sessions'"],
+], ids=["generated-column", "recursive-view"])
+def test_a_crafted_database_does_not_hang_a_reader(tmp_path: Path, craft):
+    """The audit's: a small database with a generated column, or with a view over an endless
+    recursive query where kforge reads its sessions, hung `kforge sessions`, which grew to
+    1.2 GB. It is refused at once, in one line."""
+    import time
+
+    path = tmp_path / "k.db"
+    asyncio.run(_made(path))
+    con = sqlite3.connect(path)
+    for statement in craft:
+        con.execute(statement)
+    con.commit()
+    con.close()
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "kforge", "sessions", "--db", str(path)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+    assert "is not a kforge database" in result.stderr
+    assert time.monotonic() - started < 120  # seconds where it hung; a start takes one or two
+
+
+async def _made(path: Path) -> None:
+    async with await Store.open(path) as store:
+        await make_session(store)
+
+
+async def test_every_read_is_bounded_in_time_and_rows(store: Store, monkeypatch):
+    """A read SQLite has not finished after READ_LIMIT_S is stopped, and a list longer than
+    kforge reads at once is refused, each in one line."""
+    from kforge.store import store as module
+
+    monkeypatch.setattr(module, "READ_LIMIT_S", 0.2)
+    with pytest.raises(KforgeError, match="took longer than 0 s, and was stopped"):
+        await store._read("WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) "
+                          "SELECT count(*) FROM r")
+    assert len(await store.list_sessions()) == 0  # the connection still serves
+    for _ in range(3):
+        await make_session(store)
+    monkeypatch.setattr(module, "MAX_SESSIONS", 2)
+    with pytest.raises(KforgeError, match="holds more than 2 sessions"):
+        await store.list_sessions()
 
 
 @pytest.mark.parametrize("opener", ["open", "open_read_only"])
@@ -351,10 +444,12 @@ async def test_the_bests_of_a_database_from_before_confirmation_flags_count_as_c
 # ----- links beside a database -----
 
 
+@pytest.mark.parametrize("kind", ["symbolic", "hard"])
 @pytest.mark.parametrize("name", ["k.db-wal", "k.db-shm", "k.db-journal"])
-async def test_a_link_where_sqlite_keeps_its_files_is_refused(tmp_path: Path, name):
-    """A shared database's folder may hold a link where SQLite writes its log: it would write
-    into whatever the link names."""
+async def test_a_link_where_sqlite_keeps_its_files_is_refused(tmp_path: Path, name, kind):
+    """A shared database's folder (an unpacked archive) may hold a link of either kind where
+    SQLite writes its log or its shared memory: a hard-linked k.db-shm had `kforge sessions`
+    write 32 KiB of wal-index into the user's own file."""
     victim = tmp_path / "victim"
     victim.write_text("mine\n")
     shared = tmp_path / "shared"
@@ -362,11 +457,39 @@ async def test_a_link_where_sqlite_keeps_its_files_is_refused(tmp_path: Path, na
     async with await Store.open(shared / "k.db") as store:
         await make_session(store)
     (shared / name).unlink(missing_ok=True)
-    (shared / name).symlink_to(victim)
+    if kind == "hard":
+        (shared / name).hardlink_to(victim)
+    else:
+        (shared / name).symlink_to(victim)
     for opening in (Store.open, Store.open_read_only, Store.open_to_browse):
-        with pytest.raises(KforgeError, match="is a link"):
+        with pytest.raises(KforgeError, match="is a link" if kind == "symbolic" else
+                           f"{name} is a hard link \\(2 names for one file\\)"):
             await opening(shared / "k.db")
     assert victim.read_text() == "mine\n"
+    result = subprocess.run([sys.executable, "-m", "kforge", "sessions", "--db",
+                             str(shared / "k.db")], capture_output=True, text=True)
+    assert result.returncode == 1 and result.stderr.count("\n") == 1 and name in result.stderr
+    assert victim.read_text() == "mine\n"
+
+
+@pytest.mark.parametrize("kind", ["symbolic", "hard"])
+async def test_a_database_that_is_a_link_is_refused(tmp_path: Path, kind):
+    """The database is a file SQLite writes too: a second name of one of the user's files, or a
+    link to one, is not opened."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    async with await Store.open(tmp_path / "real.db") as store:
+        await make_session(store)
+    if kind == "hard":
+        (shared / "k.db").hardlink_to(tmp_path / "real.db")
+    else:
+        (shared / "k.db").symlink_to(tmp_path / "real.db")
+    before = (tmp_path / "real.db").read_bytes()
+    for opening in (Store.open, Store.open_read_only, Store.open_to_browse):
+        with pytest.raises(KforgeError, match="k.db is a (hard )?link"):
+            await opening(shared / "k.db")
+    assert (tmp_path / "real.db").read_bytes() == before
+    assert sorted(p.name for p in shared.iterdir()) == ["k.db"]
 
 
 async def test_a_samples_link_beside_the_database_leads_nowhere(tmp_path: Path):
@@ -381,7 +504,7 @@ async def test_a_samples_link_beside_the_database_leads_nowhere(tmp_path: Path):
     async with await Store.open(shared / "k.db") as store:
         sid = await make_session(store)
         with pytest.raises(KforgeError, match="is a link"):
-            store.new_staging_dir()
+            new_staging_dir(store.samples_root)
         with pytest.raises(KforgeError, match="is a link"):
             await store.delete_session(sid)
         assert (await store.get_session(sid)).id == sid  # nothing deleted

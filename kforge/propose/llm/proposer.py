@@ -28,7 +28,7 @@ from kforge.core.mcts import Action
 from kforge.core.opcard import OpCard
 from kforge.core.protocols import ProposalRequest, SearchContext
 from kforge.errors import KforgeError
-from kforge.propose.llm.parse import UnusableReply, parse_reply, plan_error_text
+from kforge.propose.llm.parse import MAX_REPLY_CHARS, UnusableReply, parse_reply, plan_error_text
 from kforge.propose.llm.prompt import build_messages, effective_action, render_messages
 from kforge.propose.llm.retry import Backoff, classify
 from kforge.propose.llm.settings import LlmSettings, Price, load_llm_settings
@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 PROPOSER = "llm"
 DEFAULT_BACKOFF = Backoff()
 MALFORMED = "the server's answer is not a chat completion"
+_SECRET_MARGIN = 1 << 16  # longer than any form of a secret (kforge.core.secrets)
 
 
 @dataclass(frozen=True)
@@ -168,8 +169,11 @@ class LlmProposer:
         if note and note not in self._noted:
             self._noted.add(note)
             log.warning(note)
+        # What is kept is at most what the parser reads, cut after redaction (a secret across
+        # the cut is redacted whole first)
+        kept = settings.redact(text[:MAX_REPLY_CHARS + _SECRET_MARGIN])[:MAX_REPLY_CHARS]
         call = LlmCall(model=settings.model, input_tokens=input_tokens, output_tokens=output_tokens,
-                       usd=usd, seconds=seconds, prompt=prompt, reply=settings.redact(text))
+                       usd=usd, seconds=seconds, prompt=prompt, reply=kept)
         finish = (choice.finish_reason or "") if choice is not None else ""
         return _Answer(text, finish, note), call
 

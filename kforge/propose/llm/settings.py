@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from kforge.core.settings import LlmSection, Price, known_secrets, redact
+from kforge.core.secrets import known_secrets, redact, secret_problem, url_credentials
+from kforge.core.settings import LlmSection, Price
 from kforge.errors import KforgeError
 
 # Sent as the key to servers that need none (vLLM, Ollama, llama.cpp): the SDK insists on one.
@@ -29,6 +30,7 @@ PLACEHOLDER_KEY = "no-key"
 DEFAULT_PRICE = "default"
 
 _DEFAULTS = LlmSection()
+_ENV_NAMES = "KFORGE_LLM_API_KEY, OPENAI_API_KEY, KFORGE_LLM_BASE_URL or OPENAI_BASE_URL"
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,14 @@ class LlmSettings:
     # the store redacts is redacted from what is sent too
     other_secrets: tuple[str, ...] = field(default=(), repr=False)
 
+    def __post_init__(self) -> None:
+        """A key or password too short to be kept out of what kforge writes is refused."""
+        credentials = url_credentials(self.base_url)
+        for what, secret in (("the API key", self.api_key),
+                             ("the password of the base URL", credentials and credentials[1])):
+            if secret and secret != PLACEHOLDER_KEY and (problem := secret_problem(secret)):
+                raise KforgeError(f"{what} {problem}")
+
     @property
     def openai_hosted(self) -> bool:
         """Whether requests go to OpenAI itself rather than a compatible server."""
@@ -58,11 +68,11 @@ class LlmSettings:
         return "max_completion_tokens" if self.openai_hosted else "max_tokens"
 
     @property
-    def secrets(self) -> list[str]:
-        found = [self.api_key] if self.api_key and self.api_key != PLACEHOLDER_KEY else []
-        if self.base_url and (password := urlsplit(self.base_url).password):
-            found.append(password)
-        return list(dict.fromkeys([*found, *self.other_secrets]))
+    def secrets(self) -> tuple[str, ...]:
+        """This endpoint's key and password, and the other LLM secrets kforge knows of."""
+        key = self.api_key if self.api_key != PLACEHOLDER_KEY else None
+        return tuple(dict.fromkeys([*known_secrets([key], [self.base_url]),
+                                    *self.other_secrets]))
 
     def redact(self, text: str) -> str:
         """``text`` with every secret replaced; applied to all text that is recorded, raised or
@@ -107,10 +117,15 @@ def load_llm_settings(section: LlmSection, env: Mapping[str, str], model: str | 
     if not model:
         raise KforgeError(f"no LLM model is configured: set [llm] model in {config_file} "
                           "(or KFORGE_LLM_MODEL) to a model name the endpoint serves")
-    return LlmSettings(model=model, base_url=base_url, api_key=api_key or PLACEHOLDER_KEY,
-                       timeout_s=section.timeout_s, max_retries=section.max_retries,
-                       temperature=section.temperature, max_tokens=section.max_tokens,
-                       prices=dict(section.prices), other_secrets=known_secrets(section, env))
+    try:
+        return LlmSettings(model=model, base_url=base_url, api_key=api_key or PLACEHOLDER_KEY,
+                           timeout_s=section.timeout_s, max_retries=section.max_retries,
+                           temperature=section.temperature, max_tokens=section.max_tokens,
+                           prices=dict(section.prices),
+                           other_secrets=known_secrets([section.api_key], [section.base_url],
+                                                       env))
+    except KforgeError as exc:  # a short key of the environment's (the file's was refused)
+        raise KforgeError(f"{exc} (from {_ENV_NAMES}, or [llm] in {config_file})") from None
 
 
 def _first(*values: object) -> str | None:
