@@ -29,11 +29,11 @@ from kforge.core.protocols import SearchContext
 from kforge.core.settings import EvalSettings, SearchSettings, SessionSettings
 from kforge.engine.engine import Engine
 from kforge.engine.plugins import make_proposer
-from kforge.eval.cluster import ClusterEvaluator
-from kforge.eval.gpuinfo import detect_gpu, require_cuda
-from kforge.eval.pool import GpuEvaluator
+from kforge.eval.process.cluster import ClusterEvaluator
+from kforge.eval.process.pool import GpuEvaluator
 from kforge.propose.library import supports
 from kforge.propose.library.examples import tensor
+from kforge.runtime.gpuinfo import detect_gpu, require_cuda
 from kforge.store import NodeStatus, SessionStatus, Store
 
 BF16, F32 = "bfloat16", "float32"

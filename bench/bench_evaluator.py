@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kforge.core.candidate import Candidate
 from kforge.core.opcard import OpCard
-from kforge.eval.local import baseline_local, device_context, evaluate_local
+from kforge.eval.process.local import baseline_local, device_context, evaluate_local
 from kforge.runtime.nvrtc import Compiler
 from tests.eval import candidates as C
 

@@ -89,8 +89,8 @@ def main() -> int:
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
     from kforge.capture import ModelOptions, load_model
+    from kforge.integrate.api import patch
     from kforge.integrate.generate import parse_modes, run_generation
-    from kforge.integrate.decide import patch
     from kforge.integrate.patching import projected_patch
     from kforge.integrate.plan import read_plan
     from kforge.store.config import db_path

@@ -60,12 +60,12 @@ from kforge.core.fmt import fmt_us  # noqa: E402
 from kforge.core.gpu import GpuInfo  # noqa: E402
 from kforge.core.opcard import OpCard  # noqa: E402
 from kforge.errors import KforgeError  # noqa: E402
-from kforge.integrate.measure import Subject, output_tensors, time_subjects  # noqa: E402
+from kforge.integrate.measure import ForwardRun, output_tensors, time_subjects  # noqa: E402
 from kforge.runtime.cubin import device_arch  # noqa: E402
 from kforge.runtime.guard import Patch  # noqa: E402
 from kforge.runtime.native import ENV_DISABLE  # noqa: E402
 from kforge.runtime.plan import (  # noqa: E402
-    Backend,
+    KernelLauncher,
     PlanRunner,
     check_kernels,
     check_widths,
@@ -144,7 +144,7 @@ class NoLaunch:
         return None
 
 
-def library_kernel(card: OpCard, device: torch.device) -> tuple[dict, Backend, list[str]]:
+def library_kernel(card: OpCard, device: torch.device) -> tuple[dict, KernelLauncher, list[str]]:
     """The kernel library's default kernel for ``card``: its launch plan, its cubin loaded on
     ``device`` (NoLaunch on the CPU) and the kernels the compiler reported."""
     from kforge.propose.library.proposer import build_candidate, make_plan
@@ -159,7 +159,7 @@ def library_kernel(card: OpCard, device: torch.device) -> tuple[dict, Backend, l
     candidate = build_candidate(plan, variant, variant.space.default, gpu, card, "bench")
     if device.type != "cuda":
         return candidate.plan, NoLaunch(), []
-    from kforge.eval.kernel_loader import NvrtcLoader
+    from kforge.runtime.kernel_loader import NvrtcLoader
 
     loader = NvrtcLoader(device.index, gpu.arch)
     compiled = loader.compile(candidate)
@@ -337,8 +337,8 @@ def bench(label: str, loaded: LoadedModel, reps: int, warmup: int, on_gpu: bool,
             continue
         # host-inclusive: the guard's cost is host time
         timings = {name: host for name, (_, host) in time_subjects(
-            loaded, [Subject("unpatched", loaded.step),
-                     Subject("patched", loaded.step, lambda p=patch: p)], reps, warmup).items()}
+            loaded, [ForwardRun("unpatched", loaded.step),
+                     ForwardRun("patched", loaded.step, lambda p=patch: p)], reps, warmup).items()}
         base, patched = timings["unpatched"], timings["patched"]
         print(f"{label:<18} {guard:<10} {len(guarded_ops):>4} {guarded_calls:>6} "
               f"{fmt_us(base.median_us):>10} {fmt_us(patched.median_us):>10} "

@@ -54,8 +54,8 @@ from kforge.core.mcts import Action
 from kforge.core.opcard import OpCard
 from kforge.core.protocols import NodeView, ProposalRequest
 from kforge.errors import KforgeError
-from kforge.eval.local import baseline_local, device_context, evaluate_local
-from kforge.eval.pipeline import EvalSettings
+from kforge.eval.process.local import baseline_local, device_context, evaluate_local
+from kforge.eval.verify.pipeline import EvalSettings
 from kforge.propose.library import LibraryProposer, supports
 from kforge.propose.library.examples import channels_last, tensor
 

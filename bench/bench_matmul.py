@@ -43,16 +43,16 @@ from kforge.core.candidate import EvalOutcome
 from kforge.core.opcard import OpCard
 from kforge.core.region import Region
 from kforge.errors import KforgeError
-from kforge.eval.inputs import InputFactory
-from kforge.eval.local import device_context, evaluate_local
-from kforge.eval.pipeline import EvalSettings
-from kforge.eval.timing import time_interleaved
+from kforge.eval.process.local import device_context, evaluate_local
+from kforge.eval.verify.inputs import InputFactory
+from kforge.eval.verify.pipeline import EvalSettings
 from kforge.propose.library.cards import Declined
 from kforge.propose.library.examples import tensor
 from kforge.propose.library.families.matmul import Matmul, MatmulProblem, region_problem
 from kforge.propose.library.proposer import Plan, build_candidate, make_plan
 from kforge.propose.library.space import Params
 from kforge.runtime.regions import region_function, register_cards
+from kforge.runtime.timing import time_interleaved
 
 BF16, F32 = "bfloat16", "float32"
 # Dense peak of the GPUs this was run on, TFLOP/s: 16-bit tensor cores, float32 CUDA cores.

@@ -348,8 +348,8 @@ def live_rows(budget: int, max_ops: int, only: str, params: MctsParams,
     from kforge.core.candidate import Candidate, EvalOutcome
     from kforge.core.protocols import NodeView, ProposalRequest
     from kforge.errors import KforgeError
-    from kforge.eval.local import baseline_local, device_context, evaluate_local
-    from kforge.eval.pipeline import EvalSettings
+    from kforge.eval.process.local import baseline_local, device_context, evaluate_local
+    from kforge.eval.verify.pipeline import EvalSettings
     from kforge.propose.library import LibraryProposer, supports
 
     gpu = device_context(0).gpu

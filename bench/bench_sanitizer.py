@@ -29,8 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kforge.eval import sanitize as S  # noqa: E402
-from kforge.eval.sanitize_child import PHASES  # noqa: E402
+from kforge.eval.process import sanitize as S  # noqa: E402
+from kforge.eval.process.sanitize_child import PHASES  # noqa: E402
 
 CASES = {  # name -> the red-team control it runs
     "softmax": "softmax-two-launches-scratch",
@@ -61,7 +61,7 @@ def phases_of(output: str, launched_at: float) -> dict:
 
 def child_run(binary: str | None, tool: str | None, kernels: list[str], job: Path) -> dict:
     """One child run (under ``tool``, or none) with its step times."""
-    command = ([sys.executable, "-P", "-m", "kforge.eval.sanitize_child", str(job)]
+    command = ([sys.executable, "-P", "-m", "kforge.eval.process.sanitize_child", str(job)]
                if tool is None else S.tool_command(binary or "", tool, kernels, job))
     launched = time.time()
     seconds, code, output = timed(command, {"PYTHONUNBUFFERED": "1"})
@@ -74,8 +74,8 @@ def process_costs() -> dict:
     probes = {
         "python": "pass",
         "torch + CUDA context": "import torch; torch.zeros(1, device='cuda')",
-        "child imports": "import kforge.eval.sanitize_child, kforge.eval.gpulock",
-        "child + driver context": "from kforge.eval.sanitize_child import Driver; "
+        "child imports": "import kforge.eval.process.sanitize_child, kforge.runtime.gpulock",
+        "child + driver context": "from kforge.eval.process.sanitize_child import Driver; "
                                   "Driver().context(0)",
     }
     return {name: round(timed([sys.executable, "-c", code])[0], 2)
@@ -87,7 +87,7 @@ def run_case(name: str, device: int, binary: str | None) -> dict:
 
     from kforge.core.launch_plan import parse_plan
     from kforge.core.settings import TimingPlan
-    from kforge.eval.local import device_context, evaluate_local
+    from kforge.eval.process.local import device_context, evaluate_local
     from kforge.runtime.nvrtc import Compiler
     from tests.eval import redteam as R
 

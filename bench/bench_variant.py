@@ -28,11 +28,11 @@ from kforge.core.argspec import resolve_op
 from kforge.core.opcard import OpCard
 from kforge.core.settings import TimingPlan
 from kforge.errors import KforgeError
-from kforge.eval.inputs import InputFactory
-from kforge.eval.local import device_context, evaluate_local
-from kforge.eval.pipeline import CandidateCalls, EvalSettings, plan_runner
-from kforge.eval.timing import Subject, time_interleaved
+from kforge.eval.process.local import device_context, evaluate_local
+from kforge.eval.verify.inputs import InputFactory
+from kforge.eval.verify.pipeline import CandidateCalls, EvalSettings, plan_runner
 from kforge.propose.library.proposer import build_candidate, make_plan
+from kforge.runtime.timing import Subject, time_interleaved
 
 
 def timed_median(runtime, calls: int, run, prepare=None) -> float:

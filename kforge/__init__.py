@@ -7,8 +7,7 @@ modules that use them.
 __version__ = "0.1.0"
 
 
-_API = {"patch": "kforge.integrate.decide", "backend": "kforge.integrate.decide",
-        "compile": "kforge.integrate.decide", "accelerate": "kforge.integrate.accelerate"}
+_API = {name: "kforge.integrate.api" for name in ("patch", "backend", "compile", "accelerate")}
 
 
 def __getattr__(name: str):

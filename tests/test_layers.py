@@ -3,8 +3,10 @@ layer above its own.
 
     core  <-  runtime  <-  capture, store  <-  eval, propose  <-  engine, integrate  <-  cli
 
-``kforge/`` never imports Textual or ``kforge_tui``; ``kforge_tui`` never imports torch, directly
-or through what it imports.
+Inside ``eval`` the verification pipeline lies below the process side that runs it
+(``eval.verify <- eval.process``). No module reaches itself through what it imports: the modules
+form no circle. ``kforge/`` never imports Textual or ``kforge_tui``; ``kforge_tui`` never imports
+torch, directly or through what it imports.
 """
 
 from __future__ import annotations
@@ -19,6 +21,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = {"core": 0, "errors": 0, "runtime": 1, "capture": 2, "store": 2, "eval": 3,
           "propose": 3, "engine": 4, "integrate": 4, "cli": 5, "__init__": 5, "__main__": 5}
+
+
+# Rooms inside a layer, bottom up: a room may not import one above it.
+ROOMS = {"kforge.eval.verify": 0, "kforge.eval.process": 1}
+
+
+def room_of(module: str) -> int | None:
+    return next((rank for room, rank in ROOMS.items()
+                 if module == room or module.startswith(room + ".")), None)
 
 
 def layer_of(module: str) -> int:
@@ -65,6 +76,41 @@ def imports(path: Path, module: str | None = None) -> list[tuple[int, str]]:
 
 def sources(package: str) -> list[Path]:
     return sorted((ROOT / package).rglob("*.py"))
+
+
+def test_no_room_imports_a_room_above_its_own():
+    upward = []
+    for path in sources("kforge"):
+        me = room_of(module_name(path))
+        for line, target in imports(path):
+            theirs = room_of(target)
+            if me is not None and theirs is not None and theirs > me:
+                upward.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
+    assert upward == []
+
+
+def test_kforge_modules_form_no_import_circle():
+    """Each module's imports (lazy ones included) lead only to modules that never lead back."""
+    graph: dict[str, set[str]] = {}
+    for path in sources("kforge"):
+        me = module_name(path)
+        graph[me] = {t for _, t in imports(path, me) if t.startswith("kforge.") and t != me}
+    graph = {m: {t for t in targets if t in graph} for m, targets in graph.items()}
+    circles, state = [], {}  # state: 1 on the current path, 2 finished
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(graph[module]):
+            if state.get(target) == 1:
+                circles.append(" -> ".join(path[path.index(target):] + [target]))
+            elif target not in state:
+                visit(target, path + [target])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert circles == []
 
 
 def test_no_kforge_module_imports_a_layer_above_its_own():

@@ -29,15 +29,9 @@ import torch
 
 from kforge.capture.loader import LoadedModel, ModelOptions, load_model
 from kforge.capture.profiler import Profile, profile
+from kforge.core.laws import Ranges, Symbol
 from kforge.core.opcard import OpCard, rank_cards
-from kforge.core.ranges import (
-    Ranges,
-    Symbol,
-    fit_laws,
-    range_card,
-    skeleton,
-    valid_span,
-)
+from kforge.core.ranges import fit_laws, range_card, skeleton, valid_span
 from kforge.errors import KforgeError
 
 SYMBOL = "L"

@@ -1,12 +1,12 @@
 """Save the real inputs of sampled op calls, within a byte budget, for the evaluator to replay.
 
-File format (a contract with ``kforge.eval.inputs``): ``<samples_dir>/<card key>/<n>.pt`` holds
-``torch.save({"args": [...], "kwargs": {...}})``, the call's arguments as the model passed them.
-Each tensor is a CPU tensor with the original shape, strides and storage offset (its storage holds
-the original storage's first ``offset + span`` elements). A tensor that did not fit the budget is
-left as its arg spec (a ``{"t": "tensor", ...}`` dict): the evaluator fills it with random values.
-Lists and tuples become lists; dtypes, devices, layouts and scalars are kept as they are; memory
-formats, which torch cannot pickle, are stored as their arg spec. Read a file with
+File format (a contract with ``kforge.eval.verify.inputs``): ``<samples_dir>/<card key>/<n>.pt``
+holds ``torch.save({"args": [...], "kwargs": {...}})``, the call's arguments as the model passed
+them. Each tensor is a CPU tensor with the original shape, strides and storage offset (its storage
+holds the original storage's first ``offset + span`` elements). A tensor that did not fit the budget
+is left as its arg spec (a ``{"t": "tensor", ...}`` dict): the evaluator fills it with random
+values. Lists and tuples become lists; dtypes, devices, layouts and scalars are kept as they are;
+memory formats, which torch cannot pickle, are stored as their arg spec. Read a file with
 ``torch.load(path, weights_only=True)``.
 """
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-INTERRUPTED = 130  # the shell's code for a command ended by SIGINT
+from kforge.cli.codes import INTERRUPTED
 
 
 def run() -> int:

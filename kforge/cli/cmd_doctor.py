@@ -199,7 +199,7 @@ def check_llm_live() -> Check:
 
 def check_sanitizer() -> Check:
     def probe() -> Check:
-        from kforge.eval.sanitize import find_sanitizer
+        from kforge.eval.process.sanitize import find_sanitizer
 
         found = find_sanitizer()
         if found is None:

@@ -184,7 +184,7 @@ async def _profile_into_store(args: argparse.Namespace, progress: ProgressLine
 def _gpu_info(device_type: str) -> GpuInfo:
     if device_type != "cuda":
         return NO_GPU
-    from kforge.eval.gpuinfo import detect_gpu
+    from kforge.runtime.gpuinfo import detect_gpu
 
     return detect_gpu()
 

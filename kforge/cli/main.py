@@ -18,7 +18,7 @@ import traceback
 from collections.abc import Sequence
 
 from kforge import __version__
-from kforge.cli import INTERRUPTED
+from kforge.cli.codes import INTERRUPTED
 from kforge.core.inert import capped, inert
 from kforge.errors import KforgeError
 

@@ -414,3 +414,13 @@ def freeze(spec: Any) -> Any:
     if kind is bool or kind is int:
         return (kind, spec)
     return spec
+
+
+def is_contiguous(shape: list[int], stride: list[int]) -> bool:
+    """Row-major contiguity, ignoring strides of size-1 dimensions as PyTorch does."""
+    expected = 1
+    for size, step in zip(reversed(shape), reversed(stride)):
+        if size != 1 and step != expected:
+            return False
+        expected *= size
+    return True

@@ -21,7 +21,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kforge.core.opcard import DTYPE_BYTES, is_contiguous
+from kforge.core.argspec import is_contiguous
+from kforge.core.opcard import DTYPE_BYTES
 from kforge.errors import KforgeError
 
 MAX_EXPRESSION_CHARS = 2000

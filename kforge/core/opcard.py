@@ -17,7 +17,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from kforge.core.argspec import decode, tensor_specs
+from kforge.core.argspec import tensor_specs
+from kforge.core.describe import describe_args, describe_range_args
+from kforge.core.laws import Ranges
 
 # Where eager time goes for an op. Native kernels are PyTorch's own and the best targets;
 # vendor-library ops (cuBLAS, cuDNN, flash attention) rarely lose to a generated kernel.
@@ -64,36 +66,6 @@ def tensor_bytes(spec: dict) -> int:
     """Bytes a tensor spec occupies when each element is read once."""
     numel = math.prod(spec["shape"]) if spec["shape"] else 1
     return numel * DTYPE_BYTES.get(spec["dtype"], 4)
-
-
-def describe_tensor(spec: dict) -> str:
-    """Short human form, e.g. ``bf16[8,4096]`` or ``f32[64,64]T`` for a non-contiguous tensor."""
-    short = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "float64": "f64",
-             "int64": "i64", "int32": "i32", "bool": "b8", "uint8": "u8", "int8": "i8"}
-    dims = ",".join(str(d) for d in spec["shape"])
-    mark = "" if is_contiguous(spec["shape"], spec["stride"]) else "*"
-    return f"{short.get(spec['dtype'], spec['dtype'])}[{dims}]{mark}"
-
-
-def is_contiguous(shape: list[int], stride: list[int]) -> bool:
-    """Row-major contiguity, ignoring strides of size-1 dimensions as PyTorch does."""
-    expected = 1
-    for size, step in zip(reversed(shape), reversed(stride)):
-        if size != 1 and step != expected:
-            return False
-        expected *= size
-    return True
-
-
-def describe_args(args: list, kwargs: dict) -> str:
-    """One-line human form of a call's arguments for tables and prompts."""
-
-    def one(spec: Any) -> str:
-        return decode(spec, describe_tensor, make_list=lambda items: f"[{', '.join(items)}]",
-                      make_named=lambda kind, name: str(name), make_scalar=repr)
-
-    parts = [one(a) for a in args] + [f"{k}={one(v)}" for k, v in sorted(kwargs.items())]
-    return ", ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -146,8 +118,6 @@ class OpCard:
         """The arguments in short; a range card's varying sizes by their laws, then its range
         (``bf16[1,1,L,256], -2 for L=1..4096``)."""
         if self.ranges is not None:
-            from kforge.core.ranges import Ranges, describe_range_args
-
             return describe_range_args(self.args, self.kwargs, Ranges.from_dict(self.ranges))
         return describe_args(self.args, self.kwargs)
 
@@ -169,8 +139,6 @@ class OpCard:
         """``L=1..4096`` for a range card, "" for an exact one."""
         if self.ranges is None:
             return ""
-        from kforge.core.ranges import Ranges
-
         return Ranges.from_dict(self.ranges).text()
 
     @property

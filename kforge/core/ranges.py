@@ -18,122 +18,18 @@ from __future__ import annotations
 import copy
 import random
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
-from kforge.core.argspec import decode, freeze, tensor_specs
-from kforge.core.opcard import OpCard, canonical_json, describe_tensor
-from kforge.errors import KforgeError
+from kforge.core.argspec import freeze
+from kforge.core.laws import Law, Path, Point, RangeError, Ranges
+from kforge.core.opcard import OpCard, canonical_json
 
-Path = tuple[str | int, ...]
-Point = dict[str, int]
 # Matched points kept per matcher (a generation visits one point per token).
 MATCH_CACHE_SIZE = 4096
 # What stands for an integer in a call's skeleton: a string no arg spec holds.
 _HOLE = "\0int"
 _NON_NEGATIVE_FIELDS = ("shape", "stride", "offset")
-
-
-class RangeError(KforgeError):
-    """A malformed range description, or a point outside a card's range."""
-
-
-@dataclass(frozen=True)
-class Symbol:
-    """One varying integer: its closed range and the value the card's arg specs hold (``at``)."""
-
-    name: str
-    lo: int
-    hi: int
-    at: int
-
-    def __post_init__(self) -> None:
-        if not self.name.isidentifier():
-            raise RangeError(f"range symbol {self.name!r} is not a name")
-        if not self.lo <= self.at <= self.hi:
-            raise RangeError(f"range symbol {self.name}: needs lo <= at <= hi, got "
-                             f"{self.lo} <= {self.at} <= {self.hi}")
-
-
-@dataclass(frozen=True)
-class Law:
-    """The integer at ``path`` equals ``a * symbol + b``."""
-
-    path: Path
-    symbol: str
-    a: int
-    b: int
-
-    def value(self, point: Mapping[str, int]) -> int:
-        return self.a * point[self.symbol] + self.b
-
-    def text(self) -> str:
-        """``L``, ``L+1``, ``2L-3``, ``-L+8``."""
-        scale = {1: "", -1: "-"}.get(self.a, str(self.a))
-        offset = f"{self.b:+d}" if self.b else ""
-        return f"{scale}{self.symbol}{offset}"
-
-
-@dataclass(frozen=True)
-class Ranges:
-    """A range card's symbols and laws."""
-
-    symbols: tuple[Symbol, ...]
-    laws: tuple[Law, ...]
-
-    def __post_init__(self) -> None:
-        names = [s.name for s in self.symbols]
-        if not names or len(set(names)) != len(names):
-            raise RangeError(f"a range needs one or more distinct symbols, got {names}")
-        for law in self.laws:
-            if law.symbol not in names:
-                raise RangeError(f"the law at {list(law.path)} uses {law.symbol!r}, which is not "
-                                 f"a symbol of the range ({', '.join(names)})")
-            if law.a == 0:
-                raise RangeError(f"the law at {list(law.path)} does not vary (a = 0)")
-        unused = set(names) - {law.symbol for law in self.laws}
-        if unused:
-            raise RangeError(f"range symbol {sorted(unused)[0]!r} governs no integer")
-
-    @property
-    def at(self) -> Point:
-        return {s.name: s.at for s in self.symbols}
-
-    def symbol(self, name: str) -> Symbol:
-        return next(s for s in self.symbols if s.name == name)
-
-    def contains(self, point: Mapping[str, int]) -> bool:
-        return all(s.lo <= point.get(s.name, s.lo - 1) <= s.hi for s in self.symbols)
-
-    def text(self) -> str:
-        """``L=1..4096`` (symbols joined with ``, ``)."""
-        return ", ".join(f"{s.name}={s.lo}..{s.hi}" for s in self.symbols)
-
-    def to_dict(self) -> dict:
-        return {"symbols": [{"name": s.name, "lo": s.lo, "hi": s.hi, "at": s.at}
-                            for s in self.symbols],
-                "laws": [{"path": list(law.path), "symbol": law.symbol, "a": law.a, "b": law.b}
-                         for law in self.laws]}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Ranges:
-        try:
-            symbols = tuple(Symbol(str(s["name"]), _int(s["lo"]), _int(s["hi"]), _int(s["at"]))
-                            for s in data["symbols"])
-            laws = tuple(Law(tuple(law["path"]), str(law["symbol"]), _int(law["a"]),
-                             _int(law["b"])) for law in data["laws"])
-        except (KeyError, TypeError) as exc:
-            raise RangeError(f"a range description lacks {exc} or is not a mapping") from None
-        return cls(symbols, laws)
-
-
-def _int(value: Any) -> int:
-    if type(value) is not int:
-        raise RangeError(f"a range holds integers, not {value!r}")
-    return value
-
-
-# ----- reading integers in arg specs -----
 
 
 def int_leaves(args: list, kwargs: dict) -> Iterator[tuple[Path, int]]:
@@ -350,45 +246,3 @@ def verification_points(ranges: Ranges, interior: int, chance: random.Random) ->
             points.append(point)
             wanted -= 1
     return points
-
-
-# ----- display -----
-
-
-class _LawText(str):
-    """A varying integer written as its law, told apart from a string argument."""
-
-
-def symbolic_args(args: list, kwargs: dict, ranges: Ranges) -> tuple[list, dict]:
-    """The arg specs with each varying integer written as its law (``"L+1"``), for display."""
-    root = copy.deepcopy({"args": args, "kwargs": kwargs})
-    for law in ranges.laws:
-        *parents, last = law.path
-        holder: Any = root
-        for step in parents:
-            holder = holder[step]
-        holder[last] = _LawText(law.text())
-    return root["args"], root["kwargs"]
-
-
-def describe_range_args(args: list, kwargs: dict, ranges: Ranges) -> str:
-    """``bf16[1,8,L+1,256], -2 for L=1..4096``: the arguments with varying integers written as
-    their laws (a tensor's dtype and contiguity mark as at the profiled point), and the range."""
-    shown_args, shown_kwargs = symbolic_args(args, kwargs, ranges)
-    # decode visits positional arguments in order, then keyword arguments sorted by name
-    exact = iter(tensor_specs(args) + [t for name in sorted(kwargs)
-                                       for t in tensor_specs(kwargs[name])])
-
-    def tensor(spec: dict) -> str:
-        held = describe_tensor(next(exact))
-        dims = ",".join(str(d) for d in spec["shape"])
-        return f"{held[:held.index('[')]}[{dims}]{'*' if held.endswith('*') else ''}"
-
-    def one(spec: Any) -> str:
-        return decode(spec, tensor, make_list=lambda items: f"[{', '.join(items)}]",
-                      make_named=lambda kind, name: str(name),
-                      make_scalar=lambda v: v if isinstance(v, _LawText) else repr(v))
-
-    parts = [one(a) for a in shown_args] + [f"{k}={one(v)}" for k, v in
-                                            sorted(shown_kwargs.items())]
-    return f"{', '.join(parts)} for {ranges.text()}"

@@ -26,7 +26,8 @@ from kforge.core.argspec import (
     tensor_specs,
     walk,
 )
-from kforge.core.opcard import canonical_json, describe_args
+from kforge.core.describe import describe_args
+from kforge.core.opcard import canonical_json
 
 NAMESPACE = "kforge_region"
 MIN_OPS = 2  # ops that compute (not views) a region needs: one op is an op card already

@@ -55,8 +55,8 @@ from kforge.core.schedule import (
 )
 from kforge.core.settings import SearchSettings
 from kforge.errors import KforgeError
-from kforge.eval.cluster import WORKERS_KEY
-from kforge.eval.pool import EvaluatorLost
+from kforge.eval.process.cluster import WORKERS_KEY
+from kforge.eval.process.pool import EvaluatorLost
 from kforge.runtime.regions import register_cards
 from kforge.store import CardStatus, CommandKind, NodeStatus, SessionStatus, Store
 from kforge.store.commands import BadCommand, checked, save_focus, save_pruned

@@ -133,12 +133,12 @@ def check_can_start(search: SearchSettings, llm: LlmSection, llm_model: str | No
         raise KforgeError(f"a Ray cluster ([search] cluster, --cluster) runs the gpu "
                           f"evaluator's workers, not the plug-in {search.evaluator!r}")
     if search.cluster:
-        from kforge.eval.cluster import check_reachable, require_ray
+        from kforge.eval.process.cluster import check_reachable, require_ray
 
         require_ray()  # the GPUs are the cluster's: this machine needs none
         check_reachable(search.cluster)
     elif search.evaluator == "gpu":
-        from kforge.eval.gpuinfo import require_cuda
+        from kforge.runtime.gpuinfo import require_cuda
 
         require_cuda()
     if search.proposer in ("llm", "both"):
@@ -179,7 +179,7 @@ def make_evaluator(spec: str, ctx: SearchContext) -> Evaluator:
         return make_plugin(spec, ctx, Evaluator, "evaluator")
     check_spec(spec, BUILTIN_EVALUATORS, "evaluator")
     if ctx.settings.search.cluster:
-        from kforge.eval.cluster import make_cluster_evaluator
+        from kforge.eval.process.cluster import make_cluster_evaluator
 
         return make_cluster_evaluator(ctx)
     from kforge.eval import make_gpu_evaluator

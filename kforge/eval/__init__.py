@@ -1,5 +1,8 @@
-"""Evaluation: compile, verify and time candidates (GPU work runs in worker processes), beside
-``propose`` above ``capture``/``store``; compute-sanitizer and re-timing confirm a would-be best.
+"""Evaluation: compile, verify and time candidates, beside ``propose`` above ``capture``/``store``,
+in two rooms: ``verify``, the pipeline that judges one candidate inside a worker, and ``process``,
+where that runs (workers per GPU, a Ray cluster, the calling process) and how a would-be best is
+confirmed (compute-sanitizer, a re-timing). What measures the device (its runtime, the timing
+protocol, the GPU's lock and facts) lies below, in ``kforge.runtime``.
 
 ``make_gpu_evaluator`` is the engine's factory for the ``gpu`` evaluator. Importing this package
 is cheap: torch and CUDA load only when an evaluator is made.
@@ -11,7 +14,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from kforge.core.protocols import SearchContext
-    from kforge.eval.pool import GpuEvaluator
+    from kforge.eval.process.pool import GpuEvaluator
 
 
 def make_gpu_evaluator(ctx: SearchContext) -> GpuEvaluator:
@@ -19,8 +22,8 @@ def make_gpu_evaluator(ctx: SearchContext) -> GpuEvaluator:
 
     Raises KforgeError when cuda-core is missing or no CUDA GPU is visible."""
     from kforge.errors import KforgeError
-    from kforge.eval.gpuinfo import require_cuda
-    from kforge.eval.pool import GpuEvaluator
+    from kforge.eval.process.pool import GpuEvaluator
+    from kforge.runtime.gpuinfo import require_cuda
 
     require_cuda()
     import torch

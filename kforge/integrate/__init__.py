@@ -14,15 +14,15 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "patch": "kforge.integrate.decide",
+    "patch": "kforge.integrate.api",
     "SessionPatch": "kforge.integrate.patching",
     "export_session": "kforge.integrate.export",
     "read_plan": "kforge.integrate.plan",
     "run_e2e": "kforge.integrate.measure",
     "run_modes": "kforge.integrate.measure",
-    "backend": "kforge.integrate.decide",
-    "compile": "kforge.integrate.decide",
-    "accelerate": "kforge.integrate.accelerate",
+    "backend": "kforge.integrate.api",
+    "compile": "kforge.integrate.api",
+    "accelerate": "kforge.integrate.api",
 }
 __all__ = list(_EXPORTS)
 

@@ -1,5 +1,6 @@
 """Which of a session's kernels go into a model, decided by measuring the whole model in the way
-the user runs it; ``kforge.integrate.measure`` does the measuring, this module the deciding.
+the user runs it; ``kforge.integrate.measure`` does the measuring, this module the deciding, and
+``kforge.integrate.api`` offers it to the user.
 
 * Eager and CUDA graphs (``patch(model=...)``, ``choose``): each winner is tried in whole
   forwards and kept only where they get faster beyond noise (``kforge.integrate.select``).
@@ -19,10 +20,8 @@ the user runs it; ``kforge.integrate.measure`` does the measuring, this module t
 
 from __future__ import annotations
 
-import os
 import warnings
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -30,18 +29,17 @@ from kforge.capture.loader import LoadedModel
 from kforge.core.candidate import Timing
 from kforge.core.reward import significant_win
 from kforge.errors import KforgeError
-from kforge.integrate.backend import Backend, KforgeWarning, inductor_fuses
+from kforge.integrate.backend import Backend, KforgeWarning
 from kforge.integrate.graphs import gc_paused
 from kforge.integrate.measure import (
     MODES,
     E2eResult,
+    ForwardRun,
     Measured,
     Mode,
-    Subject,
     _graphed,
     compare_once,
     compiled_step,
-    loaded_forward,
     ran_kernels,
     run_modes,
     time_forwards,
@@ -49,7 +47,6 @@ from kforge.integrate.measure import (
 from kforge.integrate.patching import (
     SessionPatch,
     by_saving,
-    load_patch,
     projected_patch,
     unused_message,
 )
@@ -74,39 +71,6 @@ INDUCTORS_OWN = "Inductor's own result is handed back"
 # ----- eager and CUDA graphs -----
 
 
-def patch(session_id: int, *, db: str | os.PathLike[str] | None = None,
-          device: str | torch.device | None = None, cuda_graphs: bool = False,
-          model: torch.nn.Module | None = None, example_inputs: Any = None,
-          example_kwargs: dict | None = None, reps: int = 20, warmup: int = 3) -> SessionPatch:
-    """The session's winning kernels, compiled and loaded on ``device`` (default: the current
-    CUDA device), as a context manager that patches them in while active::
-
-        with kforge.patch(3, model=model, example_inputs=(x,)) as p:
-            model(x)
-        print(p.report())
-
-    With ``model`` and ``example_inputs`` (a tensor or a tuple of arguments), each winner is
-    tried in whole forwards of the model on those inputs (``reps`` timed after ``warmup``) and
-    kept only where the forward gets faster beyond the timing noise, so the patched model is
-    never slower than eager by that measurement (``p.selection`` has every trial). Without them,
-    the winners are chosen by projection: every winner with ``cuda_graphs=True`` (the model is
-    captured and replayed as CUDA graphs), otherwise only those projected to save more than their
-    Python guard costs. ``cuda_graphs=True`` with a model measures CUDA graph replays. Kernels
-    of fusion regions run only in a patch that knows the model (``model=``, or
-    ``patch.for_model(model)``): they replace the forwards of the modules that are the region.
-    """
-    if model is not None and example_inputs is None:
-        raise KforgeError("kforge.patch(model=...) needs example_inputs= too: the winners are "
-                          "chosen by timing forwards of the model on them")
-    built = load_patch(session_id, db=db, device=device,
-                       cuda_graphs=cuda_graphs or model is not None)
-    if model is None:
-        return built
-    args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
-    return select_measured(built, loaded_forward(model, args, example_kwargs),
-                           cuda_graphs=cuda_graphs, reps=reps, warmup=warmup)
-
-
 def choose(loaded: LoadedModel, patch: Patch, *, cuda_graphs: bool,
            order: list[Entry] | None = None, reps: int = 20,
            warmup: int = 3) -> tuple[KernelTable, Selection[Entry]]:
@@ -117,7 +81,7 @@ def choose(loaded: LoadedModel, patch: Patch, *, cuda_graphs: bool,
 
     def measure(subset: frozenset[Entry]) -> Timing:
         trial = patch.subset([e for e in entries if e in subset])
-        subject = Subject("trial", loaded.step, lambda: trial)
+        subject = ForwardRun("trial", loaded.step, lambda: trial)
         if cuda_graphs:
             subject = _graphed(loaded, subject, Measured("trial"), None)
         return time_forwards(loaded, [subject], reps, warmup)["trial"]
@@ -159,7 +123,7 @@ def by_compiled_saving(patch: SessionPatch) -> list[Entry]:
 
 
 def compiled_subject(loaded: LoadedModel, compile_mode: str, table: KernelTable | None,
-                     name: str) -> tuple[Subject, Backend | None]:
+                     name: str) -> tuple[ForwardRun, Backend | None]:
     """The model compiled (by a first forward) in ``compile_mode``, through kforge's backend
     with ``table`` (None: torch.compile alone), as a subject timed by device time: replays of
     one compiled forward captured in a CUDA graph where the mode has no graphs of its own and the
@@ -171,7 +135,7 @@ def compiled_subject(loaded: LoadedModel, compile_mode: str, table: KernelTable 
         step, chosen = compiled_step(loaded, compile_mode, table)
         loaded.prepare()
         step()  # compiles
-    subject = Subject(name, step)
+    subject = ForwardRun(name, step)
     if loaded.device.type == "cuda" and not list_mode_options(compile_mode).get(
             "triton.cudagraphs"):
         try:
@@ -208,7 +172,7 @@ def choose_compiled(loaded: LoadedModel, patch: SessionPatch, mode: str = "defau
 
 
 @dataclass(frozen=True)
-class Verdict:
+class ModeVerdict:
     """kforge's compiled model against torch.compile alone, in one mode: whether kforge's
     version is kept, and the line that says so."""
 
@@ -216,22 +180,23 @@ class Verdict:
     line: str
 
 
-def verdict(mode: str, alone: Timing | None, with_kforge: Timing | None, kernels: int) -> Verdict:
+def verdict(mode: str, alone: Timing | None, with_kforge: Timing | None,
+            kernels: int) -> ModeVerdict:
     """Keep kforge's compiled model only if it runs kforge kernels and is faster than torch.compile
     alone in the same mode beyond noise, by at least ``MIN_COMPILED_GAIN``."""
     if not kernels:
-        return Verdict(False, f"{mode}: no kforge kernel is in the compiled model: "
+        return ModeVerdict(False, f"{mode}: no kforge kernel is in the compiled model: "
                               f"{INDUCTORS_OWN}")
     if alone is None or with_kforge is None:
-        return Verdict(False, f"{mode}: kforge's compiled model could not be timed against "
+        return ModeVerdict(False, f"{mode}: kforge's compiled model could not be timed against "
                               f"torch.compile alone: {INDUCTORS_OWN}")
     speedup = alone.median_us / with_kforge.median_us
     spread = combined_spread(with_kforge, alone)
     if significant_win(speedup, spread) and speedup >= MIN_COMPILED_GAIN:
-        return Verdict(True, f"{mode}: kforge's {kernels} kernel(s) make the compiled model "
+        return ModeVerdict(True, f"{mode}: kforge's {kernels} kernel(s) make the compiled model "
                              f"{speedup:.3f}x faster than torch.compile alone "
                              f"(noise ±{spread:.1%})")
-    return Verdict(False, f"{mode}: with kforge's kernels the compiled model is {speedup:.3f}x "
+    return ModeVerdict(False, f"{mode}: with kforge's kernels the compiled model is {speedup:.3f}x "
                           f"of torch.compile alone (noise ±{spread:.1%}, at least "
                           f"{MIN_COMPILED_GAIN:.2f}x needed): {INDUCTORS_OWN}")
 
@@ -313,80 +278,8 @@ def measure_session(patch: SessionPatch, loaded: LoadedModel, modes: list[Mode],
     return result
 
 
-def backend(source: int | KernelTable | Patch, *, mode: str | None = None,
-            options: dict | None = None, dynamic: bool | None = None,
-            db: str | os.PathLike[str] | None = None,
-            device: str | torch.device | None = None) -> Backend:
-    """A ``torch.compile`` backend running Inductor (``mode``, ``options`` as for
-    ``torch.compile``) with kforge's kernels: those of a ``KernelTable`` or ``Patch`` as given,
-    or of session ``source`` (loaded on ``device`` from database ``db``) those of ops Inductor
-    does not fuse (``inductor_fuses``; the others need a measurement in the model:
-    ``kforge.compile(..., example_inputs=...)``). A session that cannot be loaded here (no GPU,
-    another GPU architecture) leaves Inductor alone, with a warning."""
-    notes: list[str] = []
-    if isinstance(source, Patch):
-        table, notes = source.table, list(source.notes)
-    elif isinstance(source, KernelTable):
-        table = source
-    else:
-        try:
-            # compiled code calls a kernel only for its exact variant, with no guard in front
-            # of the op's other calls
-            loaded = load_patch(source, db=db, device=device, cuda_graphs=True)
-        except KforgeError as exc:
-            table, notes = KernelTable(), [str(exc)]
-        else:
-            fused = [e for e in loaded.table.entries if inductor_fuses(e.op)]
-            table = KernelTable(e for e in loaded.table.entries if e not in fused)
-            notes = [*loaded.notes, *(f"{e.label or e.op}: left to Inductor, which fuses it "
-                                      "(kforge.compile(..., example_inputs=...) tries it in "
-                                      "the model)" for e in fused)]
-    return Backend(table, mode=mode, options=options, dynamic=dynamic, notes=notes)
-
-
-def compile(model: Any, source: int | KernelTable | Patch, *, mode: str | None = None,
-            options: dict | None = None, dynamic: bool | None = None, fullgraph: bool = False,
-            db: str | os.PathLike[str] | None = None,
-            device: str | torch.device | None = None, example_inputs: Any = None,
-            example_kwargs: dict | None = None, reps: int = 20, warmup: int = 3) -> Any:
-    """``torch.compile(model, backend=kforge.backend(source, ...))``; the backend, with its
-    ``report``, is the compiled model's ``kforge_backend`` attribute. With ``example_inputs`` (a
-    tensor or a tuple of arguments) and a session (its id or its ``kforge.patch``) as ``source``,
-    the kernels are chosen by measuring the compiled model in ``mode`` on them
-    (``choose_compiled``), and the result is timed against torch.compile alone in ``mode``:
-    unless kforge's version is faster beyond noise, torch.compile's own model is returned (its
-    ``kforge_verdict`` says why, as does a KforgeWarning)."""
-    compile_mode = mode or "default"
-    if example_inputs is None:
-        chosen = backend(source, mode=mode, options=options, dynamic=dynamic, db=db,
-                         device=device)
-        compiled = torch.compile(model, backend=chosen, dynamic=dynamic, fullgraph=fullgraph)
-        compiled.kforge_backend = chosen
-        return compiled
-    if isinstance(source, int):
-        source = load_patch(source, db=db, device=device, cuda_graphs=True)
-    if not isinstance(source, SessionPatch):
-        raise KforgeError("kforge.compile(..., example_inputs=...) chooses among a session's "
-                          "kernels: pass the session id (or its kforge.patch)")
-    args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
-    loaded = loaded_forward(model, args, example_kwargs)
-    with torch.no_grad():
-        table, _ = choose_compiled(loaded, source, compile_mode, reps=reps, warmup=warmup)
-        judged = _final(loaded, compile_mode, table, reps, warmup)
-    if not judged.kept:
-        warnings.warn(judged.line, KforgeWarning, stacklevel=2)
-        compiled = torch.compile(model, mode=mode, options=options, dynamic=dynamic,
-                                 fullgraph=fullgraph)
-    else:
-        chosen = Backend(table, mode=mode, options=options, dynamic=dynamic, notes=[judged.line])
-        compiled = torch.compile(model, backend=chosen, dynamic=dynamic, fullgraph=fullgraph)
-        compiled.kforge_backend = chosen
-    compiled.kforge_verdict = judged
-    return compiled
-
-
-def _final(loaded: LoadedModel, mode: str, table: KernelTable, reps: int,
-           warmup: int) -> Verdict:
+def final_verdict(loaded: LoadedModel, mode: str, table: KernelTable, reps: int,
+                  warmup: int) -> ModeVerdict:
     """The model compiled in ``mode`` with ``table``'s kernels against torch.compile alone in
     the same mode, interleaved, by device time."""
     if not len(table):

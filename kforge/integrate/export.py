@@ -36,7 +36,8 @@ _KFORGE = _HERE.parent
 # What the exported package's runtime/ folder holds, and the kforge imports rewritten there.
 _RUNTIME_FILES = {"runtime": ["cache.py", "cubin.py", "cubin_elf.py", "guard.py", "native.py",
                               "native_guard.cpp", "nvrtc.py", "plan.py", "table.py"],
-                  "core": ["argspec.py", "launch_plan.py", "opcard.py", "ranges.py"],
+                  "core": ["argspec.py", "describe.py", "launch_plan.py", "laws.py", "opcard.py",
+                           "ranges.py"],
                   "": ["errors.py"]}
 _KFORGE_IMPORT = re.compile(r"^(\s*)from kforge\.(?:runtime\.|core\.)?(\w+) import ", re.M)
 
@@ -73,7 +74,7 @@ def export_session(plan: SessionPlan, out_dir: Path, *, name: str | None = None,
     if target.exists() and not force:
         raise KforgeError(f"{target} already exists: remove it or pass --force")
     if compiler is None:
-        from kforge.eval.kernel_loader import default_cache_dir
+        from kforge.runtime.kernel_loader import default_cache_dir
 
         compiler = Compiler(default_cache_dir())
     try:

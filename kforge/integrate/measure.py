@@ -33,12 +33,12 @@ from kforge.capture import zoo
 from kforge.capture.loader import LoadedModel, ModelOptions, first_line, load_model
 from kforge.core.candidate import KFORGE_SUFFIX, Timing
 from kforge.errors import KforgeError
-from kforge.eval.ops import flatten_tensors
-from kforge.eval.timing import summarize
+from kforge.eval.verify.ops import flatten_tensors
 from kforge.integrate.backend import Backend, KforgeWarning
 from kforge.integrate.graphs import capture, cuda_device_of, gc_paused
 from kforge.runtime.guard import Patch
 from kforge.runtime.table import KernelTable, Report
+from kforge.runtime.timing import summarize
 from kforge.store.records import Session
 
 EAGER, PATCHED, COMPILED = "eager", "patched", "torch.compile"
@@ -248,7 +248,7 @@ def loaded_forward(model: torch.nn.Module, args: tuple, kwargs: dict | None = No
 
 
 @dataclass
-class Subject:
+class ForwardRun:
     """One way of running a forward, for ``time_forwards``."""
 
     name: str
@@ -288,7 +288,7 @@ def run_modes(loaded: LoadedModel, modes: list[Mode], *, patched: Patch,
     compiled = compiled or graphed
     reference, difference, report = _first_runs(loaded, patched)
     results = {m.id: Measured(m.label, mode=m.id) for m in modes}
-    subjects: list[Subject] = []
+    subjects: list[ForwardRun] = []
     notes: list[str] = []
     # captures happen throughout (graphs, first and timed calls of modes with CUDA graphs)
     with gc_paused(), torch._dynamo.config.patch(recompile_limit=64):  # one compile per mode
@@ -323,7 +323,7 @@ def run_modes(loaded: LoadedModel, modes: list[Mode], *, patched: Patch,
 
 
 def _subject(loaded: LoadedModel, mode: Mode, kernels: KernelTable | Patch, measured: Measured,
-             reference: Any, warmup: int) -> Subject | None:
+             reference: Any, warmup: int) -> ForwardRun | None:
     """How to run one forward in ``mode`` (compiled or captured first); None, with the error
     in ``measured``, where the mode fails for this model."""
     try:
@@ -331,7 +331,7 @@ def _subject(loaded: LoadedModel, mode: Mode, kernels: KernelTable | Patch, meas
             return _compiled(loaded, mode, kernels, measured, reference, warmup)
         patch = kernels if isinstance(kernels, Patch) else Patch(kernels)
         scope = (lambda: patch) if mode.kforge else contextlib.nullcontext
-        subject = Subject(mode.label, loaded.step, scope)
+        subject = ForwardRun(mode.label, loaded.step, scope)
         if not mode.graphs:
             return subject
         if mode.kforge:
@@ -376,7 +376,7 @@ def compiled_step(loaded: LoadedModel, compile_mode: str,
 
 
 def _compiled(loaded: LoadedModel, mode: Mode, kernels: KernelTable | Patch, measured: Measured,
-              reference: Any, warmup: int) -> Subject:
+              reference: Any, warmup: int) -> ForwardRun:
     """torch.compile of the model in ``mode`` (through kforge's backend for a kforge mode),
     compiled by its first forward (timed apart)."""
     assert mode.compile is not None
@@ -400,7 +400,7 @@ def _compiled(loaded: LoadedModel, mode: Mode, kernels: KernelTable | Patch, mea
         measured.ran = len(ran_kernels(chosen))
         measured.kernels = (f"{chosen.report.nodes} nodes" if chosen.report.nodes
                             else f"{measured.ran} kernels")
-    return Subject(mode.label, step)
+    return ForwardRun(mode.label, step)
 
 
 def ran_kernels(chosen: Backend) -> set[str]:
@@ -410,8 +410,8 @@ def ran_kernels(chosen: Backend) -> set[str]:
     return chosen.report.kernels() | (ran if chosen.report.cached else set())
 
 
-def _graphed(loaded: LoadedModel, subject: Subject, measured: Measured,
-             reference: Any) -> Subject:
+def _graphed(loaded: LoadedModel, subject: ForwardRun, measured: Measured,
+             reference: Any) -> ForwardRun:
     """Capture one forward of ``subject`` in a CUDA graph; the subject then replays it."""
 
     def prepare() -> list[torch.Tensor]:
@@ -424,7 +424,7 @@ def _graphed(loaded: LoadedModel, subject: Subject, measured: Measured,
         measured.difference = output_difference(reference, captured.outputs)
     # The step stays alive with its graph: it owns what the graph launches (a compiled model's
     # kernels, a kernel table's cubins), unloaded when collected.
-    return Subject(subject.name, captured.graph.replay, prepare=False,
+    return ForwardRun(subject.name, captured.graph.replay, prepare=False,
                    keep=(captured, subject.step))
 
 
@@ -466,7 +466,7 @@ def reachable_tensors(value: Any, depth: int = 6) -> list[torch.Tensor]:
     return [t for item in items for t in reachable_tensors(item, depth - 1)]
 
 
-def time_forwards(loaded: LoadedModel, subjects: list[Subject], reps: int,
+def time_forwards(loaded: LoadedModel, subjects: list[ForwardRun], reps: int,
                   warmup: int) -> dict[str, Timing]:
     """Device time per forward of each subject, interleaved rep by rep (order flipped each
     rep): the GPU is held busy while the host enqueues the forward, so host work is out of
@@ -475,7 +475,7 @@ def time_forwards(loaded: LoadedModel, subjects: list[Subject], reps: int,
             time_subjects(loaded, subjects, reps, warmup, host=False).items()}
 
 
-def time_subjects(loaded: LoadedModel, subjects: list[Subject], reps: int, warmup: int, *,
+def time_subjects(loaded: LoadedModel, subjects: list[ForwardRun], reps: int, warmup: int, *,
                   host: bool = True) -> dict[str, tuple[Timing, Timing | None]]:
     """Per subject, device time per forward and (with ``host``) host-inclusive time (the GPU
     idle before the call), interleaved rep by rep, the order flipped each rep. Garbage
@@ -485,7 +485,7 @@ def time_subjects(loaded: LoadedModel, subjects: list[Subject], reps: int, warmu
         return _time_subjects(loaded, subjects, reps, warmup, host)
 
 
-def _time_subjects(loaded: LoadedModel, subjects: list[Subject], reps: int, warmup: int,
+def _time_subjects(loaded: LoadedModel, subjects: list[ForwardRun], reps: int, warmup: int,
                    host: bool) -> dict[str, tuple[Timing, Timing | None]]:
     holds = {s.name: 0.0 for s in subjects}
     for _ in range(warmup):
@@ -510,7 +510,7 @@ def _time_subjects(loaded: LoadedModel, subjects: list[Subject], reps: int, warm
 HOLD_MARGIN_US = 50.0
 
 
-def _one(loaded: LoadedModel, subject: Subject,
+def _one(loaded: LoadedModel, subject: ForwardRun,
          hold_us: float | None) -> tuple[Callable[[], float], float]:
     """Run one forward of ``subject``: its time in µs, read once the device is synchronized
     (between CUDA events on the stream; on the CPU, wall time), and the host time it took to

@@ -172,7 +172,7 @@ def check_arch(plan: SessionPlan, device: torch.device) -> None:
 def build_patch(plan: SessionPlan, device: torch.device) -> SessionPatch:
     """Compile and load the plan's winners on ``device``; a winner that fails to compile or
     load stays on eager, with a note saying why."""
-    from kforge.eval.kernel_loader import NvrtcLoader
+    from kforge.runtime.kernel_loader import NvrtcLoader
 
     loader = NvrtcLoader(device.index, device_arch(device))
     table, notes = KernelTable(), []

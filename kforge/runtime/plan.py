@@ -36,7 +36,7 @@ _NUMPY = {"i32": np.int32, "u32": np.uint32, "i64": np.int64, "u64": np.uint64,
 NULL = np.uint64(0)
 
 
-class Backend(Protocol):
+class KernelLauncher(Protocol):
     """Compiled kernels on one device: a cubin loaded with cuda.core (``KernelModule``), or a
     stand-in in tests. ``params`` holds tensors (passed as their data pointers) and numpy
     scalars of the kernel's parameter widths."""
@@ -118,7 +118,7 @@ class _Step:
 class PlanRunner:
     """A resolved plan bound to an op's schema and a backend on one device."""
 
-    def __init__(self, plan: ResolvedPlan, op: str, backend: Backend,
+    def __init__(self, plan: ResolvedPlan, op: str, backend: KernelLauncher,
                  device: torch.device) -> None:
         self.plan = plan
         self.backend = backend

@@ -19,14 +19,9 @@ from kforge.core.argspec import (
     torch_dtype,
 )
 from kforge.core.launch_plan import DeviceLimits, PlanError
-from kforge.core.ranges import (
-    MATCH_CACHE_SIZE,
-    RangeError,
-    RangeMatcher,
-    Ranges,
-    instantiate,
-)
-from kforge.runtime.plan import Backend, PlanRunner, resolve_for
+from kforge.core.laws import RangeError, Ranges
+from kforge.core.ranges import MATCH_CACHE_SIZE, RangeMatcher, instantiate
+from kforge.runtime.plan import KernelLauncher, PlanRunner, resolve_for
 
 _MISS = object()
 
@@ -166,7 +161,7 @@ class RangeRunner:
     a point, it finds the call's point itself."""
 
     def __init__(self, plan: Mapping[str, Any], op: str, args: list, kwargs: dict,
-                 ranges: dict, backend: Backend, device: torch.device,
+                 ranges: dict, backend: KernelLauncher, device: torch.device,
                  limits: DeviceLimits = DeviceLimits()) -> None:
         self.plan_source = plan
         self.op = op

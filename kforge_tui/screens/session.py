@@ -17,7 +17,7 @@ from textual.widgets import DataTable, Tree
 
 from kforge.core.candidate import Candidate
 from kforge.errors import KforgeError
-from kforge.eval.cluster import workers_of
+from kforge.eval.process.cluster import workers_of
 from kforge.store import CardStatus, CommandKind, SessionStatus, Store
 from kforge.store.commands import HELD_STATUSES, NoRunningSearch, issue
 from kforge.store.events import LogLine

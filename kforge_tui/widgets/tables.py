@@ -18,8 +18,8 @@ from textual.geometry import Region
 from textual.widgets import DataTable
 from textual.widgets.data_table import RowDoesNotExist
 
+from kforge.core.laws import Ranges
 from kforge.core.opcard import OpCard
-from kforge.core.ranges import Ranges
 from kforge.core.region import folded
 from kforge.store import CardStatus
 from kforge.store.records import CardRow

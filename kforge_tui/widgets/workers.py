@@ -7,7 +7,7 @@ from __future__ import annotations
 from textual.widgets import Static
 
 from kforge.core.inert import inert
-from kforge.eval.cluster import WorkerStatus
+from kforge.eval.process.cluster import WorkerStatus
 
 SEPARATOR = " · "
 

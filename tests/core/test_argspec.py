@@ -27,7 +27,7 @@ from kforge.core.argspec import (
     tensor_specs,
     walk,
 )
-from kforge.core.opcard import describe_args
+from kforge.core.describe import describe_args
 
 ROOT = Path(__file__).resolve().parents[2]
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.bool)

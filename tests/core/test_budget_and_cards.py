@@ -9,14 +9,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kforge.core import budget
+from kforge.core.argspec import is_contiguous
 from kforge.core.budget import OpBudget
-from kforge.core.opcard import (
-    OpCard,
-    describe_args,
-    is_contiguous,
-    rank_cards,
-    variant_key,
-)
+from kforge.core.describe import describe_args
+from kforge.core.opcard import OpCard, rank_cards, variant_key
 from kforge.core.reward import reward_from_speedup, significant_win, speedup_from_reward
 from tests.doubles import tensor
 

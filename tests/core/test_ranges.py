@@ -9,13 +9,10 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from kforge.core.laws import Law, RangeError, Ranges, Symbol
 from kforge.core.opcard import OpCard, variant_key
 from kforge.core.ranges import (
-    Law,
-    RangeError,
     RangeMatcher,
-    Ranges,
-    Symbol,
     card_at,
     fit_laws,
     instantiate,

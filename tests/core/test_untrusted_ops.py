@@ -15,8 +15,8 @@ from torch.utils._pytree import tree_leaves
 from kforge.core.argspec import ArgSpecError, check_call, checked_op, resolve_op
 from kforge.core.candidate import EvalStatus
 from kforge.core.region import Region
-from kforge.eval.device import CpuRuntime
-from kforge.runtime.regions import register, region_function
+from kforge.runtime.device import CpuRuntime
+from kforge.runtime.regions import region_function, register
 
 
 def t(shape=(4,)) -> dict:
@@ -356,8 +356,8 @@ def test_a_card_is_refused_before_anything_of_it_is_made_or_run(card, runtime, n
     than where it runs, or needs more memory (inputs, results, a region's intermediates) than the
     device has free, is refused with the reason before any input is built or node run."""
     from kforge.errors import KforgeError
-    from kforge.eval.baseline import measure_baseline
-    from kforge.eval.pipeline import evaluate_candidate
+    from kforge.eval.verify.baseline import measure_baseline
+    from kforge.eval.verify.evaluate import evaluate_candidate
     from tests.eval import candidates as C
     from tests.eval.fakes import CPU_GPU, PyLoader
     from tests.eval.redteam import FAST
@@ -374,7 +374,7 @@ def test_a_card_is_refused_before_anything_of_it_is_made_or_run(card, runtime, n
 def test_a_card_whose_results_depend_on_values_is_bounded_by_its_inputs():
     """Meta tensors cannot tell what ``nonzero`` or a boolean mask makes: such a card runs, on
     the evaluation's device, when its inputs fit."""
-    from kforge.eval.baseline import measure_baseline
+    from kforge.eval.verify.baseline import measure_baseline
     from tests.eval.fakes import CPU_GPU
     from tests.eval.redteam import FAST
 
@@ -389,7 +389,7 @@ def test_a_card_of_an_operator_with_no_meta_kernel_is_bounded_by_its_inputs():
     meta tensors sized calls), and one whose inputs do not fit is refused."""
     from kforge.capture.recorder import _KeyedMode
     from kforge.errors import KforgeError
-    from kforge.eval.baseline import measure_baseline
+    from kforge.eval.verify.baseline import measure_baseline
     from tests.eval.fakes import CPU_GPU
     from tests.eval.redteam import FAST
 
@@ -410,7 +410,7 @@ def test_a_plain_reshape_alias_card_runs_as_the_checked_as_strided():
     node) runs through ``as_strided``, which refuses a view past its input's memory, so eager's
     baseline never reads past it."""
     from kforge.errors import KforgeError
-    from kforge.eval.baseline import measure_baseline
+    from kforge.eval.verify.baseline import measure_baseline
     from tests.eval.fakes import CPU_GPU
     from tests.eval.redteam import FAST
 
@@ -428,7 +428,7 @@ def test_a_plain_reshape_alias_card_runs_as_the_checked_as_strided():
 async def test_the_engine_skips_a_card_too_large_for_its_device_with_the_reason(tmp_path):
     from kforge.core.settings import SearchSettings
     from kforge.engine.engine import Engine
-    from kforge.eval.baseline import measure_baseline
+    from kforge.eval.verify.baseline import measure_baseline
     from kforge.store import CardStatus, Store
     from tests.doubles import FakeEvaluator, FakeProposer, sample_cards
     from tests.eval.fakes import CPU_GPU

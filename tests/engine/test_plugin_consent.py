@@ -83,8 +83,8 @@ def test_no_child_kforge_starts_imports_from_its_folder(tmp_path: Path, monkeypa
     import sys
 
     from kforge.core.child import child_env, python_command
-    from kforge.eval.pool import worker_command
-    from kforge.eval.sanitize import tool_command
+    from kforge.eval.process.pool import worker_command
+    from kforge.eval.process.sanitize import tool_command
 
     prefix = [sys.executable, "-P", "-m"]
     assert worker_command(0)[:3] == prefix

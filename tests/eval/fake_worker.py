@@ -15,7 +15,7 @@ import time
 
 from kforge.core.candidate import Baseline, EvalOutcome, EvalStatus, Timing
 from kforge.core.gpu import GpuInfo
-from kforge.eval.protocol import (
+from kforge.eval.process.protocol import (
     BaselineMeasured,
     Evaluate,
     Evaluated,

@@ -30,8 +30,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from kforge.core.candidate import Candidate
 from kforge.core.gpu import GpuInfo
-from kforge.eval.device import CpuRuntime
-from kforge.eval.ops import flatten_tensors, traffic_bytes
+from kforge.eval.verify.ops import flatten_tensors, traffic_bytes
+from kforge.runtime.device import CpuRuntime
 from kforge.runtime.nvrtc import Compiler, CompileResult, KernelResources
 from tests.eval.standins import strided_tree_sum
 
@@ -675,7 +675,7 @@ def relu_off_by_one(k: Launch, x, out, n):
 
 
 class Contention:
-    """The CPU's stand-in for work competing for the GPU (``kforge.eval.contention``): while one
+    """The CPU's stand-in for work competing for the GPU (``kforge.eval.verify.contention``): while one
     is entered, ``busy`` holds, and stand-ins of racy kernels read what a block scheduled late
     would leave."""
 

@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from kforge.core.gpu import GpuInfo
-from kforge.eval.protocol import (
+from kforge.eval.process.protocol import (
     Evaluate,
     Evaluated,
     Ready,

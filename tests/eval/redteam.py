@@ -35,10 +35,11 @@ import torch
 from kforge.core.candidate import Candidate, EvalStatus
 from kforge.core.opcard import OpCard
 from kforge.core.region import Region
-from kforge.eval.inputs import InputFactory
-from kforge.eval.pipeline import EvalSettings
-from kforge.eval.timing import TimingPlan
+from kforge.eval.verify.inputs import InputFactory
+from kforge.eval.verify.pipeline import EvalSettings
+from kforge.eval.verify.stress import usable_stress_sets
 from kforge.runtime.regions import register
+from kforge.runtime.timing import TimingPlan
 from tests.eval import candidates as C
 from tests.eval.candidates import (
     CONVERT,
@@ -131,7 +132,7 @@ def calls_before_timing(card: OpCard, settings: EvalSettings, samples: int = 0) 
     """Calls of a candidate before timing starts: two per sample, random set and usable stress
     set, one with new values at the first set's addresses and one after part of them changed."""
     factory = InputFactory(card, torch.device("cpu"))
-    stress = len(factory.stress_sets(settings.stress_seed))
+    stress = len(usable_stress_sets(factory, settings.stress_seed)[0])
     return 2 * (min(samples, settings.max_samples) + len(settings.seeds) + stress) + 2
 
 

@@ -23,8 +23,8 @@ from kforge.core.settings import LlmSection, SearchSettings
 from kforge.engine.engine import Engine
 from kforge.engine.plugins import check_can_start
 from kforge.errors import KforgeError
-from kforge.eval import cluster
-from kforge.eval.cluster import (
+from kforge.eval.process import cluster
+from kforge.eval.process.cluster import (
     DEVICE,
     PYTHON,
     ClusterEvaluator,

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from kforge.eval.compare import (
+from kforge.eval.verify.compare import (
     Meta,
     compare_structure,
     compare_values,

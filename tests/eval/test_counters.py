@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kforge.eval.counters import (
+from kforge.runtime.counters import (
     INSUFFICIENT_PRIVILEGES,
     STRUCTS,
     CounterReport,
@@ -24,7 +24,7 @@ from kforge.eval.counters import (
     struct_size,
     supported_metrics,
 )
-from kforge.eval.gpuinfo import device_limits
+from kforge.runtime.gpuinfo import device_limits
 
 
 def cupti_headers() -> Path | None:
@@ -123,8 +123,8 @@ def test_cupti_is_found_where_the_wheel_or_toolkit_puts_it():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_a_correct_candidates_outcome_carries_its_kernels_counters_or_why_not():
-    from kforge.eval.local import evaluate_local
-    from kforge.eval.pipeline import EvalSettings
+    from kforge.eval.process.local import evaluate_local
+    from kforge.eval.verify.pipeline import EvalSettings
     from tests.eval import candidates as C
 
     card = C.softmax_card(4096, 4096)
@@ -147,8 +147,8 @@ def test_a_correct_candidates_outcome_carries_its_kernels_counters_or_why_not():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_counters_leave_later_timings_alone():
     """Measuring counters in a worker must not slow the candidates it evaluates next."""
-    from kforge.eval.local import evaluate_local
-    from kforge.eval.pipeline import EvalSettings
+    from kforge.eval.process.local import evaluate_local
+    from kforge.eval.verify.pipeline import EvalSettings
     from tests.eval import candidates as C
 
     card = C.softmax_card(4096, 4096)
@@ -163,8 +163,8 @@ def test_counters_leave_later_timings_alone():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_the_baseline_names_eagers_kernels_with_their_times():
-    from kforge.eval.local import baseline_local
-    from kforge.eval.pipeline import EvalSettings
+    from kforge.eval.process.local import baseline_local
+    from kforge.eval.verify.pipeline import EvalSettings
     from tests.eval import candidates as C
 
     base = baseline_local(C.softmax_card(4096, 4096), settings=EvalSettings(compile_baseline=False))
@@ -177,7 +177,7 @@ def test_the_baseline_names_eagers_kernels_with_their_times():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_the_gpus_limits_are_read_from_the_driver():
-    from kforge.eval.gpuinfo import detect_gpu
+    from kforge.runtime.gpuinfo import detect_gpu
 
     gpu = detect_gpu(0)
     props = torch.cuda.get_device_properties(0)

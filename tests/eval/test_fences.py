@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kforge.eval.fences import FENCE_BYTES, FencedAllocation, Fences
+from kforge.eval.verify.fences import FENCE_BYTES, FencedAllocation, Fences
 
 
 @pytest.mark.parametrize("shift", [0, 256, 16, 2])

@@ -18,13 +18,13 @@ from kforge.core.candidate import Candidate, EvalStatus
 from kforge.core.protocols import SearchContext
 from kforge.core.settings import TimingPlan
 from kforge.eval import make_gpu_evaluator
-from kforge.eval.gpuinfo import arch_name, detect_gpu
-from kforge.eval.inputs import Geometry, allocate
-from kforge.eval.local import baseline_local, device_context, evaluate_local
-from kforge.eval.pipeline import EvalSettings
-from kforge.eval.timing import time_interleaved
+from kforge.eval.process.local import baseline_local, device_context, evaluate_local
+from kforge.eval.verify.inputs import Geometry, allocate
+from kforge.eval.verify.pipeline import EvalSettings
 from kforge.runtime.cubin import KernelModule
+from kforge.runtime.gpuinfo import arch_name, detect_gpu
 from kforge.runtime.plan import PlanRunner, resolve_for
+from kforge.runtime.timing import time_interleaved
 from tests.eval import candidates as C
 from tests.eval import redteam as R
 
@@ -190,8 +190,8 @@ def samples_for(case: R.Case | R.Control, card, tmp_path: Path) -> Path | None:
 
 def sanitize(card, candidate: Candidate, samples_dir: Path | None):
     """compute-sanitizer's report on ``candidate`` (skips where it cannot run)."""
-    sanitizer = pytest.importorskip("kforge.eval.sanitize",
-                                    reason="kforge.eval.sanitize is not there yet")
+    sanitizer = pytest.importorskip("kforge.eval.process.sanitize",
+                                    reason="kforge.eval.process.sanitize is not there yet")
     report = sanitizer.sanitize_candidate(card, candidate, samples_dir=samples_dir, device=0)
     if not getattr(report, "ran", True):
         pytest.skip(f"compute-sanitizer could not run: {report.message}")

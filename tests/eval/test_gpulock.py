@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from kforge.eval.gpulock import GpuLock
+from kforge.runtime.gpulock import GpuLock
 
 WAIT_S = 10.0
 

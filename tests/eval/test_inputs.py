@@ -9,7 +9,7 @@ import torch
 
 from kforge.core.argspec import resolve_op
 from kforge.core.opcard import OpCard
-from kforge.eval.inputs import (
+from kforge.eval.verify.inputs import (
     Geometry,
     InputFactory,
     allocate,
@@ -287,7 +287,7 @@ def test_differences_taken_after_a_call_judge_it_later():
 
 
 def test_large_buffers_are_compared_in_chunks(monkeypatch):
-    from kforge.eval import inputs as I
+    from kforge.eval.verify import inputs as I
 
     monkeypatch.setattr(I, "COMPARE_CHUNK", 5)
     a = torch.arange(23, dtype=torch.float16)

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from kforge.core.candidate import EvalStatus
-from kforge.eval.compare import Meta
-from kforge.eval.observe import Observed, Verdict, compare_observed
+from kforge.eval.verify.compare import Meta
+from kforge.eval.verify.observe import Observed, Verdict, compare_observed
 
 
 def observed(t: torch.Tensor) -> Observed:

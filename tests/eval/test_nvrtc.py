@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from kforge.core.candidate import Candidate
-from kforge.eval.gpuinfo import arch_name
-from kforge.eval.kernel_loader import NvrtcLoader
 from kforge.runtime.cubin_elf import cubin_kernels
+from kforge.runtime.gpuinfo import arch_name
+from kforge.runtime.kernel_loader import NvrtcLoader
 from kforge.runtime.nvrtc import Compiler, kernel_resources, parse_ptxas_report
 from tests.eval import candidates as C
 

@@ -13,11 +13,12 @@ import torch
 
 from kforge.core.candidate import Candidate, EvalOutcome, EvalStatus
 from kforge.errors import KforgeError
-from kforge.eval.baseline import measure_baseline
-from kforge.eval.device import CpuRuntime
-from kforge.eval.pipeline import EvalSettings, evaluate_candidate
-from kforge.eval.timing import TimingPlan
+from kforge.eval.verify.baseline import measure_baseline
+from kforge.eval.verify.evaluate import evaluate_candidate
+from kforge.eval.verify.pipeline import EvalSettings
+from kforge.runtime.device import CpuRuntime
 from kforge.runtime.plan import PlanRunner, resolve_for
+from kforge.runtime.timing import TimingPlan
 from tests.eval import candidates as C
 from tests.eval.fakes import CPU_GPU, PyLoader
 from tests.eval.redteam import FAST, calls_before_timing
@@ -133,7 +134,7 @@ def test_baseline_of_an_op_eager_cannot_run_is_a_clear_error():
 
 
 def test_a_compiled_subject_that_recompiles_while_timed_leaves_eager_alone_with_the_guard():
-    from kforge.eval.baseline import time_subjects
+    from kforge.eval.verify.baseline import time_subjects
 
     def recompiles(r: int) -> None:
         raise RuntimeError("Detected recompile when torch.compile stance is 'fail_on_recompile'. "

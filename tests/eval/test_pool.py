@@ -17,8 +17,8 @@ from kforge.core.gpu import GpuInfo
 from kforge.core.protocols import Evaluator, SearchContext
 from kforge.errors import KforgeError
 from kforge.eval import make_gpu_evaluator
-from kforge.eval.pool import GpuEvaluator
-from kforge.eval.protocol import (
+from kforge.eval.process.pool import GpuEvaluator
+from kforge.eval.process.protocol import (
     HEADER,
     BaselineMeasured,
     Evaluate,
@@ -276,7 +276,7 @@ async def test_a_worker_is_replaced_after_serving_its_share():
 
 
 async def test_a_new_best_is_confirmed_by_a_fresh_worker_on_new_inputs(monkeypatch):
-    import kforge.eval.sanitize as sanitize
+    import kforge.eval.process.sanitize as sanitize
 
     seen = []
     monkeypatch.setattr(sanitize, "sanitize_candidate", lambda card, cand, **kw: (
@@ -293,7 +293,7 @@ async def test_a_new_best_is_confirmed_by_a_fresh_worker_on_new_inputs(monkeypat
 
 
 async def test_a_sanitizer_report_rejects_the_new_best(monkeypatch):
-    import kforge.eval.sanitize as sanitize
+    import kforge.eval.process.sanitize as sanitize
 
     monkeypatch.setattr(sanitize, "sanitize_candidate", lambda card, cand, **kw: (
         sanitize.SanitizerReport(False, "racecheck", "compute-sanitizer racecheck: Error: Race "
@@ -312,7 +312,7 @@ async def test_a_cancelled_confirmation_stops_its_sanitizer_run(monkeypatch):
     is told to stop, and its fresh worker goes."""
     import threading
 
-    import kforge.eval.sanitize as sanitize
+    import kforge.eval.process.sanitize as sanitize
 
     began, stopped = threading.Event(), threading.Event()
 
@@ -337,7 +337,7 @@ async def test_a_cancelled_confirmation_stops_its_sanitizer_run(monkeypatch):
 
 
 def test_confirmation_runs_use_other_seeds():
-    from kforge.eval.pool import confirmation_settings
+    from kforge.eval.process.pool import confirmation_settings
 
     again = confirmation_settings({"seeds": [1, 2, 3], "stress_seed": 11, "warmup": 2})
     assert set(again["seeds"]).isdisjoint({1, 2, 3}) and again["stress_seed"] != 11

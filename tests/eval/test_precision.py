@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 from kforge.core.opcard import OpCard
 from kforge.errors import KforgeError
-from kforge.eval.inputs import InputFactory
-from kforge.eval.ops import resolve_op
-from kforge.eval.precision import judge_precision, precision_reference
+from kforge.eval.verify.inputs import InputFactory
+from kforge.eval.verify.ops import resolve_op
+from kforge.eval.verify.precision import judge_precision, precision_reference
 from tests.eval.candidates import add_card, layer_norm_card, softmax_card, tensor
 from tests.eval.standins import (
     layer_norm_two_pass,

@@ -9,12 +9,13 @@ import random
 import pytest
 
 from kforge.core.candidate import Candidate, EvalStatus
+from kforge.core.laws import Law, Ranges, Symbol
 from kforge.core.opcard import OpCard
-from kforge.core.ranges import Law, Ranges, Symbol, range_card
-from kforge.eval.device import CpuRuntime
-from kforge.eval.pipeline import evaluate_candidate
-from kforge.eval.protocol import Evaluate, decode, encode
-from kforge.eval.ranges import INTERIOR_POINTS, evaluate_range
+from kforge.core.ranges import range_card
+from kforge.eval.process.protocol import Evaluate, decode, encode
+from kforge.eval.verify.evaluate import evaluate_candidate
+from kforge.eval.verify.ranges import INTERIOR_POINTS, evaluate_range
+from kforge.runtime.device import CpuRuntime
 from tests.eval import candidates as C
 from tests.eval.fakes import CPU_GPU, PyLoader
 from tests.eval.redteam import FAST

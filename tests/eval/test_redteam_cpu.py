@@ -14,11 +14,12 @@ import pytest
 
 from kforge.core.candidate import Candidate, EvalStatus
 from kforge.core.launch_plan import PlanError
-from kforge.eval.inputs import InputFactory, InputSet
-from kforge.eval.pipeline import CandidateCalls, evaluate_candidate
-from kforge.eval.timing import TimingPlan
+from kforge.eval.verify.evaluate import evaluate_candidate
+from kforge.eval.verify.inputs import InputFactory, InputSet
+from kforge.eval.verify.pipeline import CandidateCalls
 from kforge.runtime.nvrtc import PRELUDE, cuda_include_dirs
 from kforge.runtime.plan import check_kernels, check_widths, resolve_for
+from kforge.runtime.timing import TimingPlan
 from tests.eval import candidates as C
 from tests.eval import redteam as R
 from tests.eval.fakes import (

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kforge.core.candidate import Candidate
-from kforge.eval.sanitize import (
+from kforge.eval.process.sanitize import (
     EXTRA_CALLS,
     MAX_CALLS,
     MIN_CALLS,
@@ -102,7 +102,7 @@ def test_the_sanitizer_takes_the_kernel_filter():
     """Where compute-sanitizer is installed (no GPU needed to parse its options)."""
     import subprocess
 
-    from kforge.eval.sanitize import find_sanitizer
+    from kforge.eval.process.sanitize import find_sanitizer
 
     binary = find_sanitizer()
     if binary is None:
@@ -113,7 +113,7 @@ def test_the_sanitizer_takes_the_kernel_filter():
 
 
 def test_options_the_sanitizer_refuses_are_no_verdict_on_the_kernel():
-    from kforge.eval.sanitize import _verdict
+    from kforge.eval.process.sanitize import _verdict
 
     verdict = _verdict("memcheck", 1, "Filter ill-formed: invalid filter key \"regex:k\"")
     assert verdict is not None and not verdict.ok and not verdict.ran
@@ -121,7 +121,7 @@ def test_options_the_sanitizer_refuses_are_no_verdict_on_the_kernel():
 
 
 def test_a_kernels_own_words_cannot_excuse_it_from_the_sanitizer():
-    from kforge.eval.sanitize import _verdict
+    from kforge.eval.process.sanitize import _verdict
 
     printed = "tool not supported on this device\n========= Error: process didn't terminate successfully"
     verdict = _verdict("memcheck", 1, printed)  # the child failed; its kernel printed the words
@@ -145,7 +145,7 @@ def run_fake_tools(tmp_path, memcheck_s: float, other_s: float, tools: tuple[str
     import threading
     import time
 
-    from kforge.eval.sanitize import _run_tools
+    from kforge.eval.process.sanitize import _run_tools
 
     binary = tmp_path / "compute-sanitizer"
     binary.write_text(FAKE_SANITIZER.format(memcheck_s=memcheck_s, other_s=other_s))
@@ -273,9 +273,9 @@ def test_the_childs_job_maps_every_parameter_to_a_buffer_or_a_typed_scalar(tmp_p
     launch parameter is an input, a per-call buffer or a scalar of the kernel's width."""
     import torch
 
-    from kforge.eval.inputs import InputFactory
-    from kforge.eval.sanitize import job_for, write_job
-    from kforge.eval.sanitize_child import Job
+    from kforge.eval.process.sanitize import job_for, write_job
+    from kforge.eval.process.sanitize_child import Job
+    from kforge.eval.verify.inputs import InputFactory
     from tests.eval.candidates import reference, relu_card
 
     card = relu_card([7, 333])
@@ -294,7 +294,7 @@ def test_the_childs_job_maps_every_parameter_to_a_buffer_or_a_typed_scalar(tmp_p
 
 
 def test_a_strided_input_is_written_as_the_span_it_covers(tmp_path):
-    from kforge.eval.sanitize import job_for
+    from kforge.eval.process.sanitize import job_for
     from tests.eval.candidates import relu_card, tensor, unary_plan
 
     card = relu_card().with_(args=[tensor([5, 7], stride=[1, 5])])  # a transposed view
@@ -305,7 +305,7 @@ def test_a_strided_input_is_written_as_the_span_it_covers(tmp_path):
 
 
 def test_zeroed_scratch_is_zeroed_and_the_rest_poisoned(tmp_path):
-    from kforge.eval.sanitize import job_for
+    from kforge.eval.process.sanitize import job_for
     from tests.eval import candidates as C
 
     card = C.softmax_card()
@@ -318,7 +318,7 @@ def test_zeroed_scratch_is_zeroed_and_the_rest_poisoned(tmp_path):
 
 
 def test_the_child_chooses_the_unaligned_twin_by_its_own_addresses():
-    from kforge.eval.sanitize_child import Launch, Param, kernel_for
+    from kforge.eval.process.sanitize_child import Launch, Param, kernel_for
 
     launch = Launch("k4", (1, 1, 1), (32, 1, 1), 0, (Param("memory", 0), Param("i64", 0, 3)),
                     align=16, unaligned_kernel="k1")
@@ -331,8 +331,8 @@ def test_an_honest_kernel_gets_the_tools_it_needs_and_its_verdict_is_kept(tmp_pa
     memory, no barriers), passes, and the same kernel again costs a cache lookup."""
     import torch
 
-    from kforge.eval.local import device_context
-    from kforge.eval.sanitize import find_sanitizer, sanitize_candidate
+    from kforge.eval.process.local import device_context
+    from kforge.eval.process.sanitize import find_sanitizer, sanitize_candidate
     from tests.eval import candidates as C
 
     if not torch.cuda.is_available() or find_sanitizer() is None:
@@ -378,9 +378,9 @@ def test_the_child_launches_the_candidate_alone_through_the_driver(tmp_path, fak
     import torch
 
     from kforge.core.child import child_env
-    from kforge.eval.inputs import InputFactory
-    from kforge.eval.sanitize import job_for, write_job
-    from kforge.eval.sanitize_child import PHASES
+    from kforge.eval.process.sanitize import job_for, write_job
+    from kforge.eval.process.sanitize_child import PHASES
+    from kforge.eval.verify.inputs import InputFactory
     from tests.eval.candidates import reference, relu_card
 
     card = relu_card([7, 333])
@@ -391,7 +391,7 @@ def test_the_child_launches_the_candidate_alone_through_the_driver(tmp_path, fak
     no_torch.mkdir(parents=True)
     (no_torch / "__init__.py").write_text("raise ImportError('the child imported torch')\n")
     done = subprocess.run(
-        [sys.executable, "-P", "-m", "kforge.eval.sanitize_child", str(job)],
+        [sys.executable, "-P", "-m", "kforge.eval.process.sanitize_child", str(job)],
         env=child_env({**os.environ, "PYTHONPATH": str(no_torch.parent)},
                       LD_LIBRARY_PATH=str(fake_driver), FAKE_CUDA_LOG=str(log),
                       KFORGE_GPU_LOCKS=str(tmp_path / "locks")),

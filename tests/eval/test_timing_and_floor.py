@@ -11,8 +11,7 @@ import torch
 
 from kforge.core.argspec import resolve_op
 from kforge.errors import KforgeError
-from kforge.eval.device import CpuRuntime
-from kforge.eval.ops import (
+from kforge.eval.verify.ops import (
     beats_floor,
     flop_count,
     hard_floor_us,
@@ -20,7 +19,8 @@ from kforge.eval.ops import (
     mutated_args,
     unique_bytes,
 )
-from kforge.eval.timing import (
+from kforge.runtime.device import CpuRuntime
+from kforge.runtime.timing import (
     WALL_ROUND,
     Subject,
     TimingPlan,
@@ -266,7 +266,7 @@ def test_a_call_that_fails_releases_the_hold_before_the_error_goes_on():
 
 
 def test_the_hold_kernel_compiles_with_nvrtc():
-    from kforge.eval.device import HOLD_KERNEL, HOLD_SOURCE
+    from kforge.runtime.device import HOLD_KERNEL, HOLD_SOURCE
     from kforge.runtime.nvrtc import Compiler, cuda_include_dirs
 
     try:
@@ -306,7 +306,7 @@ def test_a_checked_timed_call_keeps_no_copy_of_its_inputs(tmp_path, monkeypatch)
     """A checked timed call keeps the values it was given and what it returned: no copy of its
     input buffers (an embedding's table can take gigabytes), nor of its outputs' memory beside
     the returned values' own copies."""
-    from kforge.eval import pipeline
+    from kforge.eval.verify import pipeline
 
     kept: list = []
     keep = pipeline.Evaluation.keep_timed_call

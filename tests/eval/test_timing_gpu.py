@@ -11,9 +11,9 @@ import torch
 
 from kforge.core.candidate import profile_disagreement
 from kforge.core.settings import TimingPlan
-from kforge.eval.baseline import eager_kernels
-from kforge.eval.local import device_context
-from kforge.eval.timing import time_interleaved
+from kforge.eval.process.local import device_context
+from kforge.eval.verify.baseline import eager_kernels
+from kforge.runtime.timing import time_interleaved
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -93,7 +93,7 @@ def test_an_eager_chain_times_as_the_kernels_the_profiler_sees():
 def test_a_compiled_15_op_chain_is_timed_without_recompiling():
     """A LayerNorm then an RMSNorm written out in 15 aten ops, as a fusion region's baseline:
     torch.compile is timed under fail_on_recompile, so its figure holds no compile."""
-    from kforge.eval.local import baseline_local
+    from kforge.eval.process.local import baseline_local
     from tests.eval import candidates as C
     from tests.eval.redteam import ref, region_card
 

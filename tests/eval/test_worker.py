@@ -7,8 +7,8 @@ import io
 from types import SimpleNamespace
 
 from kforge.core.gpu import GpuInfo
-from kforge.eval import local, worker
-from kforge.eval.protocol import Ready, read_frame
+from kforge.eval.process import local, worker
+from kforge.eval.process.protocol import Ready, read_frame
 from kforge.runtime import native
 from kforge.runtime.native import NativeUnavailable
 

@@ -13,6 +13,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 
 import kforge
 from kforge.errors import KforgeError
+from kforge.integrate.api import backend
 from kforge.integrate.backend import (
     GRADIENTS,
     OTHER_DEVICE,
@@ -23,7 +24,6 @@ from kforge.integrate.backend import (
     inductor_fuses,
     tensor_paths,
 )
-from kforge.integrate.decide import backend
 from kforge.runtime.guard import Patch
 from kforge.runtime.table import Entry, KernelTable
 from tests.integrate.helpers import WINNING_OPS, profile_toy

@@ -98,11 +98,11 @@ def test_compile_with_example_inputs_is_never_slower_than_torch_compile(session,
 
 
 def test_device_time_leaves_the_host_out(toy):
-    from kforge.integrate.measure import Subject, compiled_step, time_subjects
+    from kforge.integrate.measure import ForwardRun, compiled_step, time_subjects
 
     step, _ = compiled_step(toy, "default", None)
     step()
-    (device, host), = time_subjects(toy, [Subject("compiled", step)], 10, 2).values()
+    (device, host), = time_subjects(toy, [ForwardRun("compiled", step)], 10, 2).values()
     assert device.median_us <= host.median_us * 1.2
 
 

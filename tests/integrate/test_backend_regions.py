@@ -10,8 +10,8 @@ from collections import Counter
 import pytest
 import torch
 
+from kforge.integrate.api import backend
 from kforge.integrate.backend import KforgeWarning
-from kforge.integrate.decide import backend
 from kforge.runtime.regions import register
 from kforge.runtime.table import Entry, KernelTable
 from tests.capture.test_regions import Block

@@ -16,7 +16,13 @@ import torch
 from kforge.capture.loader import LoadedModel
 from kforge.integrate import graphs, measure
 from kforge.integrate.graphs import gc_paused
-from kforge.integrate.measure import Measured, Subject, parse_modes, run_modes, time_subjects
+from kforge.integrate.measure import (
+    ForwardRun,
+    Measured,
+    parse_modes,
+    run_modes,
+    time_subjects,
+)
 from kforge.runtime.guard import Patch
 from kforge.runtime.table import KernelTable
 
@@ -145,7 +151,7 @@ def test_a_graphed_subject_keeps_the_step_that_owns_its_kernels_alive(monkeypatc
     alive = weakref.ref(forward)
     loaded = LoadedModel("m", torch.nn.Identity(), (torch.ones(2),), {}, torch.float32,
                          torch.device("cuda", 0))
-    graphed = measure._graphed(loaded, Subject("compiled", forward), Measured("compiled"), None)
+    graphed = measure._graphed(loaded, ForwardRun("compiled", forward), Measured("compiled"), None)
     del forward
     gc.collect()
     assert alive() is not None, "the graph would launch kernels of a collected model"
@@ -169,7 +175,7 @@ def test_timed_forwards_run_without_collection(collector):
         seen.append(gc.isenabled())
         loaded.step()
 
-    time_subjects(loaded, [Subject("a", step), Subject("b", step)], reps=3, warmup=1)
+    time_subjects(loaded, [ForwardRun("a", step), ForwardRun("b", step)], reps=3, warmup=1)
     assert seen and not any(seen)
     assert gc.isenabled()
 

@@ -12,8 +12,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from kforge.core.argspec import encode_call
+from kforge.core.laws import Ranges, Symbol
 from kforge.core.opcard import OpCard
-from kforge.core.ranges import Ranges, Symbol, fit_laws, range_card, skeleton
+from kforge.core.ranges import fit_laws, range_card, skeleton
 from kforge.errors import KforgeError
 from kforge.integrate.generate import (
     DYNAMIC,

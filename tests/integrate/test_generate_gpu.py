@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from kforge.core.candidate import Candidate, EvalStatus
-from kforge.core.ranges import Law, Ranges, Symbol, range_card
-from kforge.eval.local import device_context, evaluate_local
+from kforge.core.laws import Law, Ranges, Symbol
+from kforge.core.ranges import range_card
+from kforge.eval.process.local import device_context, evaluate_local
 from kforge.runtime.cubin import KernelModule
 from kforge.runtime.guard import Patch
 from kforge.runtime.table import Entry, KernelTable, RangeRunner

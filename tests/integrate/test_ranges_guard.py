@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from kforge.core.argspec import encode_call
+from kforge.core.laws import RangeError, Ranges, Symbol
 from kforge.core.opcard import OpCard
-from kforge.core.ranges import RangeError, Ranges, Symbol, fit_laws, range_card
+from kforge.core.ranges import fit_laws, range_card
 from kforge.runtime.guard import Patch, _native_variants
 from kforge.runtime.table import Entry, KernelTable, RangeRunner
 from tests.integrate.standins import PyKernels

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from kforge.core.candidate import Timing
-from kforge.integrate import decide, measure
+from kforge.integrate import api, decide, measure
 from kforge.integrate.backend import KforgeWarning
 from kforge.integrate.decide import by_compiled_saving, choose_compiled
 from kforge.integrate.patching import SessionPatch
@@ -80,13 +80,13 @@ def test_compile_hands_back_torch_compiles_own_model_where_kforges_is_slower(mon
     patch = SessionPatch(SessionPlan(session, [Decision(card, True, "faster", speedup=2.0)]),
                          table, [])
     monkeypatch.setattr(measure, "cuda_device_of", lambda *a: torch.device("cpu"))
-    monkeypatch.setattr(decide, "choose_compiled", lambda *a, **k: (table, None))
+    monkeypatch.setattr(api, "choose_compiled", lambda *a, **k: (table, None))
     monkeypatch.setattr(decide, "time_forwards", lambda loaded, subjects, reps, warmup: {
         "alone": timing(1000.0), "kforge": timing(1100.0)})
     with pytest.warns(KforgeWarning, match="0.909x of torch.compile alone .*Inductor's own "
                                            "result is handed back"):
-        compiled = decide.compile(loaded.model, patch, example_inputs=loaded.args, reps=2,
-                                  warmup=1)
+        compiled = api.compile(loaded.model, patch, example_inputs=loaded.args, reps=2,
+                               warmup=1)
     assert not compiled.kforge_verdict.kept and not hasattr(compiled, "kforge_backend")
     assert calls[card.op] > 0  # kforge's version was compiled and run, then left out
     calls.clear()

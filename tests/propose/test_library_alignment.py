@@ -2,7 +2,7 @@
 PTX NVRTC makes of them (no GPU needed).
 
 The evaluator puts every storage a candidate sees at byte shifts past 512-byte boundaries
-(``kforge.eval.placement``): shifts that keep 16 bytes of alignment for a plan without an
+(``kforge.eval.verify.placement``): shifts that keep 16 bytes of alignment for a plan without an
 ``align`` fallback, and shifts down to the element size for a plan that has one. So:
 
 - a launch with ``align`` runs its kernel only where every pointer is a multiple of ``align``:
@@ -32,7 +32,7 @@ import torch
 from kforge.core.candidate import Candidate
 from kforge.core.launch_plan import ResolvedPlan
 from kforge.core.opcard import OpCard
-from kforge.eval.placement import (
+from kforge.eval.verify.placement import (
     ALIGNED_SHIFTS,
     BOUNDARY,
     FALLBACK_SHIFTS,

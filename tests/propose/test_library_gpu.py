@@ -142,9 +142,9 @@ NAMES = sorted(all_cards("float32"))
 
 @pytest.fixture(scope="module")
 def gpu_eval():
-    from kforge.eval.local import device_context, evaluate_local
-    from kforge.eval.pipeline import EvalSettings
-    from kforge.eval.timing import TimingPlan
+    from kforge.eval.process.local import device_context, evaluate_local
+    from kforge.eval.verify.pipeline import EvalSettings
+    from kforge.runtime.timing import TimingPlan
 
     settings = EvalSettings(timing=TimingPlan(warmup=1, min_reps=5, max_reps=20, budget_s=0.02),
                             compile_baseline=False)

@@ -72,9 +72,9 @@ def cards() -> dict[str, OpCard]:
 
 @pytest.fixture(scope="module")
 def gpu_eval():
-    from kforge.eval.local import device_context, evaluate_local
-    from kforge.eval.pipeline import EvalSettings
-    from kforge.eval.timing import TimingPlan
+    from kforge.eval.process.local import device_context, evaluate_local
+    from kforge.eval.verify.pipeline import EvalSettings
+    from kforge.runtime.timing import TimingPlan
 
     settings = EvalSettings(timing=TimingPlan(warmup=2, min_reps=10, max_reps=50, budget_s=0.05),
                             compile_baseline=False)

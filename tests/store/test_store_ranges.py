@@ -6,8 +6,9 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+from kforge.core.laws import Law, Ranges, Symbol
 from kforge.core.opcard import OpCard
-from kforge.core.ranges import Law, Ranges, Symbol, range_card
+from kforge.core.ranges import range_card
 from kforge.store import Store
 from kforge.store.schema import LATEST, MIGRATIONS
 from tests.doubles import sample_cards

@@ -10,8 +10,9 @@ from textual.widgets import Button, DataTable
 from textual.widgets._footer import FooterKey
 
 from kforge.core.candidate import EvalOutcome, EvalStatus
+from kforge.core.laws import Law, Ranges, Symbol
 from kforge.core.opcard import OpCard
-from kforge.core.ranges import Law, Ranges, Symbol, range_card
+from kforge.core.ranges import range_card
 from kforge.errors import KforgeError
 from kforge.store import CardStatus, Store
 from kforge_tui.screens import new_session

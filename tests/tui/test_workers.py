@@ -7,7 +7,7 @@ import os
 
 from textual.widgets import Input
 
-from kforge.eval.cluster import WorkerStatus
+from kforge.eval.process.cluster import WorkerStatus
 from kforge.store import SessionStatus, Store
 from kforge_tui.screens import new_session
 from kforge_tui.screens.session import SessionScreen

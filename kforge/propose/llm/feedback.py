@@ -64,7 +64,7 @@ def source_lines(log: str, source: str) -> list[str]:
 
 
 def mismatch_lines(mismatch: dict, sets_passed: list[dict]) -> list[str]:
-    """A mismatch's evidence (``kforge.eval.observe.mismatch_details``) as text."""
+    """A mismatch's evidence (``kforge.eval.verify.observe.mismatch_details``) as text."""
     shape = mismatch.get("shape")
     what = f"result {mismatch.get('result', '?')}"
     if shape is not None:
@@ -126,7 +126,7 @@ def register_occupancy(registers: int, gpu: GpuInfo) -> float | None:
 
 
 def counter_lines(counters: dict) -> list[str]:
-    """Hardware counters per launch (``kforge.eval.counters.CounterReport.to_dict``)."""
+    """Hardware counters per launch (``kforge.runtime.counters.CounterReport.to_dict``)."""
     tool = counters.get("tool", "hardware counters")
     kernels = counters.get("kernels") or []
     if not kernels:

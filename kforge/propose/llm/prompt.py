@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 
-from kforge.core.argspec import resolve_op
+from kforge.core.argspec import is_contiguous, resolve_op
 from kforge.core.candidate import EvalOutcome, EvalStatus
 from kforge.core.gpu import NO_GPU, GpuInfo
 from kforge.core.launch_plan import ArgValue, TensorMeta
 from kforge.core.mcts import Action
-from kforge.core.opcard import OpCard, is_contiguous
+from kforge.core.opcard import OpCard
 from kforge.core.protocols import NodeView, ProposalRequest
 from kforge.propose.llm.feedback import eager_section, profile_lines, repair_evidence
 from kforge.propose.llm.text import head_and_tail, one_line

@@ -1,13 +1,13 @@
 """The verdict on a candidate for a range card: the full evaluation at each of several points of
 the range, and the candidate passes only if it passes at every one.
 
-The points: the profiled one (``at``, with the captured samples), then every symbol at its
-``lo``, at its ``hi``, and ``INTERIOR_POINTS`` points drawn at random inside the range (drawn
-where the candidate cannot see them, anew for every evaluation). Each is an evaluation of the
-card's exact variant at that point through ``kforge.eval.pipeline.evaluate_candidate``: the plan
-resolved for that variant, random and stress inputs (samples are of the profiled point only),
-timing against eager. The first failure is the verdict, naming its point, so a kernel that is
-wrong anywhere in the range is not used for it.
+The points: the profiled one (``at``, with the captured samples), then every symbol at its ``lo``,
+at its ``hi``, and ``INTERIOR_POINTS`` points drawn at random inside the range (drawn where the
+candidate cannot see them, anew for every evaluation). Each is an evaluation of the card's exact
+variant at that point through ``kforge.eval.verify.pipeline.evaluate_variant``: the plan resolved
+for that variant, random and stress inputs (samples are of the profiled point only), timing against
+eager. The first failure is the verdict, naming its point, so a kernel that is wrong anywhere in the
+range is not used for it.
 
 The outcome is the profiled point's (its timings, correctness and work), with the speedup over
 the whole range: eager's time summed over the points over the candidate's, the saving of a
@@ -23,11 +23,12 @@ from pathlib import Path
 
 from kforge.core.candidate import Candidate, EvalOutcome, EvalStatus
 from kforge.core.gpu import GpuInfo
+from kforge.core.laws import RangeError
 from kforge.core.opcard import OpCard
-from kforge.core.ranges import RangeError, card_at, card_ranges, verification_points
+from kforge.core.ranges import card_at, card_ranges, verification_points
 from kforge.core.settings import EvalSettings
-from kforge.eval.device import Runtime
-from kforge.eval.pipeline import KernelLoader, evaluate_candidate
+from kforge.eval.verify.pipeline import KernelLoader, evaluate_variant
+from kforge.runtime.device import Runtime
 
 INTERIOR_POINTS = 3
 
@@ -52,9 +53,9 @@ def evaluate_range(card: OpCard, candidate: Candidate, *, runtime: Runtime,
         # the profiled point keeps the card's key, under which its samples are stored
         exact = (dataclasses.replace(card, ranges=None) if point == profiled
                  else card_at(card, point))
-        return evaluate_candidate(exact, candidate, runtime=runtime, loader=loader, gpu=gpu,
-                                  samples_dir=samples_dir if point == profiled else None,
-                                  settings=settings)
+        return evaluate_variant(exact, candidate, runtime=runtime, loader=loader, gpu=gpu,
+                                samples_dir=samples_dir if point == profiled else None,
+                                settings=settings)
 
     figures = []
     first: EvalOutcome | None = None

@@ -1,9 +1,9 @@
 """What one call returned, as the checks see it, and the verdicts those checks reach.
 
-A call's results are its returned tensors, then the arguments the op writes in place, each with
-its layout and the input buffer it aliases. Two observations are compared layout first, then
-values (``kforge.eval.compare``); the first difference ends the evaluation with a ``Verdict``,
-whose details carry the evidence a repair needs: the worst elements at fault with eager's and the
+A call's results are its returned tensors, then the arguments the op writes in place, each with its
+layout and the input buffer it aliases. Two observations are compared layout first, then values
+(``kforge.eval.verify.compare``); the first difference ends the evaluation with a ``Verdict``, whose
+details carry the evidence a repair needs: the worst elements at fault with eager's and the
 candidate's values, where the faults lie, error norms, and NaN and inf counts.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from kforge.core.candidate import EvalStatus
-from kforge.eval.compare import (
+from kforge.eval.verify.compare import (
     Meta,
     ValueReport,
     compare_structure,
@@ -26,8 +26,8 @@ from kforge.eval.compare import (
 )
 
 WORST_SHOWN = 8  # elements at fault listed in a mismatch's details
-from kforge.eval.inputs import InputSet
-from kforge.eval.ops import flatten_tensors, mutated_values
+from kforge.eval.verify.inputs import InputSet
+from kforge.eval.verify.ops import flatten_tensors, mutated_values
 
 
 class Verdict(Exception):

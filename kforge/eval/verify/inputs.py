@@ -37,7 +37,7 @@ from kforge.core.argspec import (
 from kforge.core.files import plain_file
 from kforge.core.opcard import OpCard, key_folder
 from kforge.errors import KforgeError
-from kforge.eval.placement import PRODUCTION, Shifts, fitted, placed
+from kforge.eval.verify.placement import PRODUCTION, Shifts, fitted, placed
 
 # Canary bytes on each side of a tensor's elements.
 CANARY_BYTES = 256
@@ -114,7 +114,7 @@ class Buffer:
 def allocate(geometry: Geometry, device: torch.device, shift: int = PRODUCTION) -> Buffer:
     """An uninitialised tensor of ``geometry`` with canaries around it, its storage starting
     ``shift`` bytes (rounded to the item size) past a 512-byte boundary
-    (``kforge.eval.placement``)."""
+    (``kforge.eval.verify.placement``)."""
     item = torch.empty((), dtype=geometry.dtype).element_size()
     pad = max(1, CANARY_BYTES // item)
     used = geometry.used
@@ -457,9 +457,10 @@ class InputFactory:
                            for t, g, d in zip(first, self.geometries, defaults)]
         else:
             self.models = defaults
-        self.stress_dropped: dict[str, str] = {}  # stress kind -> why its last set was dropped
 
-    def _build(self, label: str, fill) -> InputSet:
+    def build(self, label: str, fill) -> InputSet:
+        """A new set (at the next placement) whose buffer ``i`` ``fill(i, buffer)`` fills; the
+        sets that stress an op's semantics are built so (``kforge.eval.verify.stress``)."""
         buffers = []
         shift = self.shifts.next()
         for i, g in enumerate(self.geometries):
@@ -471,7 +472,7 @@ class InputFactory:
                          self.device, shift=shift)
 
     def random_set(self, seed: int) -> InputSet:
-        return self._build(f"seed {seed}", self._random_fill(seed))
+        return self.build(f"seed {seed}", self._random_fill(seed))
 
     def refill(self, inputs: InputSet, seed: int) -> None:
         """New random values (drawn as for ``random_set(seed)``) in a set built by this factory,
@@ -535,24 +536,9 @@ class InputFactory:
             buf.region().copy_(random_values(self.models[i], g.dtype, g.span, generator,
                                              self.device))
 
-        return self._build(label, fill)
+        return self.build(label, fill)
 
     def sets(self, seeds: tuple[int, ...] | list[int]) -> list[InputSet]:
         """Every sample, then one random set per seed."""
         return ([self.sample_set(i) for i in range(len(self.samples))]
                 + [self.random_set(s) for s in seeds])
-
-    def stress_set(self, kind: str, seed: int) -> InputSet:
-        """Values that stress the op's semantics (see ``kforge.eval.stress``, which builds on
-        this module and is imported here)."""
-        from kforge.eval.stress import stress_filler, stress_label
-
-        return self._build(stress_label(kind, seed), stress_filler(self, kind, seed))
-
-    def stress_sets(self, seed: int) -> list[InputSet]:
-        """One set per stress kind of the card, less those eager cannot answer (all-NaN results
-        or errors); why each was dropped is kept in ``stress_dropped``."""
-        from kforge.eval.stress import usable_stress_sets
-
-        sets, self.stress_dropped = usable_stress_sets(self, seed)
-        return sets

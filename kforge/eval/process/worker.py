@@ -1,9 +1,10 @@
-"""An evaluation worker: one process per GPU that compiles, runs and times candidates.
+"""An evaluation worker: a process on one GPU that compiles, runs and times candidates.
 
-Started as ``python -m kforge.eval.worker --device N``; speaks ``kforge.eval.protocol`` on its
-stdin/stdout (anything else the process prints, kernel printf included, goes to stderr). After a
-candidate kills the CUDA context it answers, then exits with ``EXIT_RESTART`` so the pool starts a
-fresh one. Candidate code runs only here, never in the engine.
+Started as ``python -m kforge.eval.process.worker --device N``; speaks
+``kforge.eval.process.protocol`` on its stdin/stdout (anything else the process prints, kernel
+printf included, goes to stderr). After a candidate kills the CUDA context it answers, then exits
+with ``EXIT_RESTART`` so the pool starts a fresh one. Candidate code runs only here, never in the
+engine.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 import traceback
 from typing import TYPE_CHECKING, BinaryIO
 
-from kforge.eval.protocol import (
+from kforge.eval.process.protocol import (
     BaselineMeasured,
     Evaluate,
     Evaluated,
@@ -46,14 +47,14 @@ WARM_UP_SOURCE = 'extern "C" __global__ void kforge_warm_up(float* x) { x[thread
 
 def card_bytes(card: OpCard) -> int:
     """The bytes of a card's tensor inputs."""
-    from kforge.eval.inputs import Geometry, all_tensor_specs
+    from kforge.eval.verify.inputs import Geometry, all_tensor_specs
 
     return sum(Geometry.from_spec(spec).nbytes for spec in all_tensor_specs(card))
 
 
 class Worker:
     def __init__(self, device: int) -> None:
-        from kforge.eval.local import device_context
+        from kforge.eval.process.local import device_context
         from kforge.runtime import native
 
         self.ctx = device_context(device)
@@ -81,8 +82,9 @@ class Worker:
                 torch.cuda.empty_cache()
 
     def _handle(self, request: Evaluate | MeasureBaseline | Ping) -> Reply:
-        from kforge.eval.baseline import measure_baseline
-        from kforge.eval.pipeline import EvalSettings, evaluate_candidate
+        from kforge.eval.verify.baseline import measure_baseline
+        from kforge.eval.verify.evaluate import evaluate_candidate
+        from kforge.eval.verify.pipeline import EvalSettings
 
         ctx = self.ctx
         match request:
@@ -134,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", type=int, default=0, help="GPU index among the visible ones")
     args = parser.parse_args(argv)
-    # Longer launch queues let the timing hold (kforge.eval.device) keep a whole batch of rounds
+    # Longer launch queues let the timing hold (kforge.runtime.device) keep a whole batch of rounds
     # queued behind it; read by the driver when CUDA starts, so before anything touches it.
     os.environ.setdefault("CUDA_SCALE_LAUNCH_QUEUES", "4x")
     # The protocol owns the real stdout; everything else written to fd 1 lands on stderr.

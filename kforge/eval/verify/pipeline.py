@@ -8,16 +8,16 @@ call from a timed one.
 
 Verification, per input set (captured samples, fresh random sets, then values that stress the
 op's semantics, NaN, inf and -0.0 included), each set's storages and each call's new memory a
-varying shift past a 512-byte boundary (production's 0 first; ``kforge.eval.placement``):
+varying shift past a 512-byte boundary (production's 0 first; ``kforge.eval.verify.placement``):
 1. the candidate runs twice, the second time while other work holds the device
-   (``kforge.eval.contention``: races between blocks); after each run its inputs (and the
+   (``kforge.eval.verify.contention``: races between blocks); after each run its inputs (and the
    canaries around them) must be untouched;
 2. eager PyTorch runs on a copy of the inputs, *after* the candidate, so no reference result
    exists anywhere while the candidate runs;
 3. both runs must match eager (layout, NaN/Inf positions, tolerances or, where eager is exact,
    bits; error norm) and each other;
 4. each run's error against a higher-precision reference may not exceed a small multiple of
-   eager's own (``kforge.eval.precision``), as for every other checked result.
+   eager's own (``kforge.eval.verify.precision``), as for every other checked result.
 On the first set the inputs then get new values at the same addresses, then a few of them change
 in place, and the candidate must follow both. While timed, every call gets new input values
 (rotating over buffers at different addresses), and randomly chosen timed calls are checked
@@ -51,13 +51,11 @@ from kforge.core.launch_plan import PlanError, PlanNotApplicable
 from kforge.core.opcard import OpCard
 from kforge.core.settings import EvalSettings
 from kforge.errors import KforgeError
-from kforge.eval.compare import compare_values, tolerance_for
-from kforge.eval.contention import contention_for
-from kforge.eval.counters import CounterReport, measure_counters
-from kforge.eval.device import Runtime
-from kforge.eval.fences import FencedAllocation, Fences
-from kforge.eval.inputs import InputFactory, InputSet
-from kforge.eval.observe import (
+from kforge.eval.verify.compare import compare_values, tolerance_for
+from kforge.eval.verify.contention import contention_for
+from kforge.eval.verify.fences import FencedAllocation, Fences
+from kforge.eval.verify.inputs import InputFactory, InputSet
+from kforge.eval.verify.observe import (
     Observed,
     Verdict,
     bitwise_equal,
@@ -65,7 +63,7 @@ from kforge.eval.observe import (
     observe,
     written_buffers,
 )
-from kforge.eval.ops import (
+from kforge.eval.verify.ops import (
     admit,
     beats_floor,
     flatten_tensors,
@@ -74,27 +72,29 @@ from kforge.eval.ops import (
     memory_floor_us,
     traffic_bytes,
 )
-from kforge.eval.placement import Shifts, shifts_for
-from kforge.eval.poison import PoisonCycle
-from kforge.eval.precision import (
+from kforge.eval.verify.placement import Shifts, shifts_for
+from kforge.eval.verify.poison import PoisonCycle
+from kforge.eval.verify.precision import (
     PrecisionReport,
     eager_errors,
     judge_precision,
     precision_reference,
 )
-from kforge.eval.stress import INDEX, card_family, exact_op
-from kforge.eval.timing import WALL_ROUND, Subject, time_interleaved, timing_stage
+from kforge.eval.verify.stress import INDEX, card_family, exact_op, usable_stress_sets
+from kforge.runtime.counters import CounterReport, measure_counters
+from kforge.runtime.device import Runtime
 from kforge.runtime.guard import Patch
 from kforge.runtime.nvrtc import CompileResult
 from kforge.runtime.plan import (
     Allocation,
-    Backend,
+    KernelLauncher,
     PlanRunner,
     check_kernels,
     check_widths,
 )
 from kforge.runtime.plan import resolve_for as resolve_plan
 from kforge.runtime.table import Entry, KernelTable
+from kforge.runtime.timing import WALL_ROUND, Subject, time_interleaved, timing_stage
 
 # On stress values a result outside eager's tolerances still passes when it is this many times
 # the precision rule's multiple as close to the float64 truth as eager is (ill-conditioned inputs
@@ -114,7 +114,7 @@ TYPICAL_SEED = 1_000_005
 class KernelLoader(Protocol):
     def compile(self, candidate: Candidate) -> CompileResult: ...
 
-    def load(self, compiled: CompileResult) -> Backend: ...
+    def load(self, compiled: CompileResult) -> KernelLauncher: ...
 
 
 # ----- calling the candidate -----
@@ -122,7 +122,7 @@ class KernelLoader(Protocol):
 
 class CandidateCalls:
     """Every call of the candidate, checked or timed, made the same way: fresh outputs and
-    scratch between fences (``kforge.eval.fences``; not where ``fenced`` is False: under
+    scratch between fences (``kforge.eval.verify.fences``; not where ``fenced`` is False: under
     compute-sanitizer each buffer ends its allocation instead) filled with the next poison
     pattern, then the plan's launches."""
 
@@ -176,7 +176,8 @@ class TimedCheck:
 
     label: str
     inputs: InputSet  # its input buffers, the values it was given as their snapshot
-    differences: list[tuple[torch.Tensor, torch.Tensor]]  # the buffers right after it, against those
+    # the buffers right after it, against those
+    differences: list[tuple[torch.Tensor, torch.Tensor]]
     fences: Allocation
     observed: Observed
 
@@ -431,8 +432,8 @@ class Evaluation:
                 raise
         # Stress values are ill-conditioned on purpose: eager's tolerances judge them, not the
         # precision rule, which holds honest half-precision kernels to eager's own error.
-        stressed = [self.verify(s, precision=False)
-                    for s in self.factory.stress_sets(self.settings.stress_seed)]
+        stress, dropped = usable_stress_sets(self.factory, self.settings.stress_seed)
+        stressed = [self.verify(s, precision=False) for s in stress]
         candidate, eager, work, out_dtypes = self.time_against_eager(self.timing_sets(sets))
         del sets  # the last check needs only a fresh set
         fresh = self.factory.random_set(RECHECK_SEED)
@@ -441,8 +442,8 @@ class Evaluation:
         correctness = {"sets": checked, "stress": stressed, "after_timing": recheck,
                        "tolerances": {str(d).removeprefix("torch."): vars(tol)
                                       for d in out_dtypes if (tol := tolerance_for(d))}}
-        if self.factory.stress_dropped:
-            correctness["stress_dropped"] = self.factory.stress_dropped
+        if dropped:
+            correctness["stress_dropped"] = dropped
         return correctness, candidate, eager, work
 
     def counters(self) -> CounterReport:
@@ -464,7 +465,7 @@ class Evaluation:
 
     def time_against_eager(self, buffers: list[InputSet]
                            ) -> tuple[Timing, Timing, dict, set[torch.dtype]]:
-        """Candidate and eager timed interleaved (``kforge.eval.timing``: device, host and wall
+        """Candidate and eager timed interleaved (``kforge.runtime.timing``: device, host and wall
         time), each call on new input values; then the checked timed calls, the floor and the
         work done.
 
@@ -639,8 +640,8 @@ def outcome_from(status: EvalStatus, summary: str, started: float, compiled: Com
                        wall_s=round(time.perf_counter() - started, 4), extra=extra, **fields_)
 
 
-def plan_runner(card: OpCard, candidate: Candidate, backend: Backend, compiled: CompileResult,
-                device: torch.device) -> PlanRunner:
+def plan_runner(card: OpCard, candidate: Candidate, backend: KernelLauncher,
+                compiled: CompileResult, device: torch.device) -> PlanRunner:
     """The candidate's plan resolved for the card and checked against the compiled kernels."""
     try:
         plan = resolve_plan(candidate.plan, card.op, card.args, card.kwargs)
@@ -654,16 +655,11 @@ def plan_runner(card: OpCard, candidate: Candidate, backend: Backend, compiled: 
         raise Verdict(EvalStatus.LAUNCH_ERROR, f"launch plan: {exc}") from None
 
 
-def evaluate_candidate(card: OpCard, candidate: Candidate, *, runtime: Runtime,
-                       loader: KernelLoader, gpu: GpuInfo, samples_dir: Path | None = None,
-                       settings: EvalSettings | None = None) -> EvalOutcome:
-    """The full verdict on ``candidate`` for ``card`` (a range card: at several points of its
-    range, ``kforge.eval.ranges``). Never raises for a bad candidate."""
-    if card.ranges is not None:
-        from kforge.eval.ranges import evaluate_range
-
-        return evaluate_range(card, candidate, runtime=runtime, loader=loader, gpu=gpu,
-                              samples_dir=samples_dir, settings=settings)
+def evaluate_variant(card: OpCard, candidate: Candidate, *, runtime: Runtime,
+                     loader: KernelLoader, gpu: GpuInfo, samples_dir: Path | None = None,
+                     settings: EvalSettings | None = None) -> EvalOutcome:
+    """The full verdict on ``candidate`` for ``card``'s one exact variant. Never raises for a
+    bad candidate."""
     settings = settings or EvalSettings()
     started = time.perf_counter()
     compiled: CompileResult | None = None

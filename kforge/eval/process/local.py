@@ -13,12 +13,13 @@ from pathlib import Path
 from kforge.core.candidate import Baseline, Candidate, EvalOutcome
 from kforge.core.gpu import GpuInfo
 from kforge.core.opcard import OpCard
-from kforge.eval.baseline import measure_baseline
-from kforge.eval.device import CudaRuntime
-from kforge.eval.gpuinfo import detect_gpu
-from kforge.eval.gpulock import GpuLock
-from kforge.eval.kernel_loader import NvrtcLoader
-from kforge.eval.pipeline import EvalSettings, evaluate_candidate
+from kforge.eval.verify.baseline import measure_baseline
+from kforge.eval.verify.evaluate import evaluate_candidate
+from kforge.eval.verify.pipeline import EvalSettings
+from kforge.runtime.device import CudaRuntime
+from kforge.runtime.gpuinfo import detect_gpu
+from kforge.runtime.gpulock import GpuLock
+from kforge.runtime.kernel_loader import NvrtcLoader
 
 
 @dataclass

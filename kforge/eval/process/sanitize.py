@@ -1,19 +1,19 @@
 """Run a candidate under NVIDIA's compute-sanitizer before it may win, and cache the verdict.
 
 A race, an out-of-bounds or misaligned access, a barrier misuse or a read of uninitialized memory
-can leave the result right on the inputs tried; the sanitizer sees it whatever the values. The
-tools a kernel needs run at once, each in a process of its own, and the first report ends the
-others: memcheck and initcheck always, racecheck where a kernel uses shared memory, synccheck
-where it has barriers or warp-synchronous instructions (read from the cubin, with the source and
-the plan as a second opinion). The child (``kforge.eval.sanitize_child``) launches nothing but
-the candidate's kernels, straight through the driver, so every report is the candidate's,
-whichever function of its module it names; memcheck, racecheck and synccheck are also told the
-candidate's kernels by name (``--kernel-name``). The child needs neither torch nor kforge's
-evaluator: this process resolves the launch plan for the card's variant, makes one input set (the
-evaluator's first: a captured sample, else seed 1) on the CPU and writes it as bytes, and maps
-every kernel parameter to a buffer or a typed scalar (``job_for``), so a tool's run costs the
-kernel's calls and a driver context, not a torch start. The child calls the candidate as many
-times as it is timed for (a count it cannot know in advance).
+can leave the result right on the inputs tried; the sanitizer sees it whatever the values. The tools
+a kernel needs run at once, each in a process of its own, and the first report ends the others:
+memcheck and initcheck always, racecheck where a kernel uses shared memory, synccheck where it has
+barriers or warp-synchronous instructions (read from the cubin, with the source and the plan as a
+second opinion). The child (``kforge.eval.process.sanitize_child``) launches nothing but the
+candidate's kernels, straight through the driver, so every report is the candidate's, whichever
+function of its module it names; memcheck, racecheck and synccheck are also told the candidate's
+kernels by name (``--kernel-name``). The child needs neither torch nor kforge's evaluator: this
+process resolves the launch plan for the card's variant, makes one input set (the evaluator's first:
+a captured sample, else seed 1) on the CPU and writes it as bytes, and maps every kernel parameter
+to a buffer or a typed scalar (``job_for``), so a tool's run costs the kernel's calls and a driver
+context, not a torch start. The child calls the candidate as many times as it is timed for (a count
+it cannot know in advance).
 
 Verdicts are kept in ``<cache>/sanitizer/`` by (cubin, launch plan, op variant, sanitizer
 version, checking policy): the same kernel found again costs nothing.
@@ -43,8 +43,8 @@ from kforge.core.child import child_env, python_command
 from kforge.core.launch_plan import PlanError, parse_plan
 from kforge.core.opcard import DTYPE_BYTES, OpCard
 from kforge.errors import KforgeError
-from kforge.eval.inputs import InputFactory
-from kforge.eval.sanitize_child import Job, Launch, Memory, Param
+from kforge.eval.process.sanitize_child import Job, Launch, Memory, Param
+from kforge.eval.verify.inputs import InputFactory
 from kforge.runtime.cubin_elf import cubin_kernels
 from kforge.runtime.plan import NULL, Allocation, PlanRunner, resolve_for
 
@@ -231,7 +231,7 @@ def tool_command(binary: str, tool: str, kernels: list[str], job: Path) -> list[
     return [binary, "--tool", tool, *padding, *only,
             "--error-exitcode", str(FOUND),
             "--report-api-errors", "no", "--print-limit", "20",
-            *python_command("kforge.eval.sanitize_child", str(job))]
+            *python_command("kforge.eval.process.sanitize_child", str(job))]
 
 
 def sanitize_candidate(card: OpCard, candidate: Candidate, *, samples_dir: Path | None = None,
@@ -278,8 +278,8 @@ def compiled_here(candidate: Candidate, device: int) -> bytes | None:
     """The candidate's cubin for GPU ``device``, compiled here (the compile cache's, as a rule);
     None where NVRTC or the GPU cannot be reached or the source does not compile."""
     try:
-        from kforge.eval.kernel_loader import NvrtcLoader
         from kforge.runtime.cubin import device_arch
+        from kforge.runtime.kernel_loader import NvrtcLoader
 
         compiled = NvrtcLoader(device, device_arch(device)).compile(candidate)
     except Exception:  # noqa: BLE001 - no NVRTC or no GPU here: nothing to check

@@ -4,18 +4,18 @@ through the CUDA driver.
 It imports neither torch nor anything of kforge that does: Python, ``ctypes`` and the driver start
 in a fraction of a second under a tool, where a torch child spent about 9 of its 13 seconds on
 Python, ``import torch`` and a CUDA context before its first call. Everything it needs comes
-resolved in its job (``Job``), written by the parent (``kforge.eval.sanitize``): the cubin, the
-input values as bytes, each buffer's size, and each launch with its parameters already mapped to
+resolved in its job (``Job``), written by the parent (``kforge.eval.process.sanitize``): the cubin,
+the input values as bytes, each buffer's size, and each launch with its parameters already mapped to
 buffers or typed scalars, so no kernel runs in this process but the candidate's own.
 
 Every buffer is an allocation of its own (``cuMemAlloc``) that the buffer *ends*: the first byte
 past it is the sanitizer's padding, where memcheck sees a read or write past its end. Outputs and
 scratch are made afresh for every call, poisoned (``0xFF`` bytes) or zeroed as the plan says, as
-the evaluator makes them. The GPU's lock (``kforge.eval.gpulock``) is held shared while this
+the evaluator makes them. The GPU's lock (``kforge.runtime.gpulock``) is held shared while this
 process works on the GPU, call by call, so a timed section elsewhere never runs beside it.
 
-Run as ``python -P -m kforge.eval.sanitize_child JOB.json``; with ``phases`` in the job it prints,
-last, ``PHASES {json}``: when it began and each step's seconds.
+Run as ``python -P -m kforge.eval.process.sanitize_child JOB.json``; with ``phases`` in the job it
+prints, last, ``PHASES {json}``: when it began and each step's seconds.
 """
 
 from __future__ import annotations
@@ -223,7 +223,7 @@ def run(job: Job, phases: dict[str, float]) -> None:
         phases[name] = round(now - clock[0], 3)
         clock[0] = now
 
-    from kforge.eval.gpulock import GpuLock, device_uuid
+    from kforge.runtime.gpulock import GpuLock, device_uuid
 
     driver = Driver()
     driver.context(job.device)

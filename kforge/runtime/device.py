@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 if TYPE_CHECKING:
-    from kforge.eval.gpulock import GpuLock
+    from kforge.runtime.gpulock import GpuLock
 
 
 class Runtime(Protocol):
@@ -160,7 +160,7 @@ def _check(err: Any, what: str) -> None:
 
 class CudaRuntime:
     """One GPU: a private stream, an L2 flush buffer and CUDA events. ``lock``: the GPU's lock
-    (``kforge.eval.gpulock``) where other processes work on it beside this one; its shared hold
+    (``kforge.runtime.gpulock``) where other processes work on it beside this one; its shared hold
     is taken around GPU work (``shared``), its exclusive one around timed sections."""
 
     def __init__(self, index: int = 0, l2_bytes: int | None = None,

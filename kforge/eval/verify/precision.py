@@ -1,4 +1,5 @@
-"""Precision against a higher-precision reference: is a candidate's arithmetic as precise as eager's?
+"""Precision against a higher-precision reference: is a candidate's arithmetic as precise as
+eager's?
 
 Comparing a candidate with eager only bounds their difference, so a kernel that rounds an operand
 or its intermediates to a lower precision can stay inside the tolerances. Here the op runs once
@@ -44,7 +45,7 @@ gave the same 1.00 for an honest bf16 softmax against its own eager):
 
 Judge on captured samples and random sets. Stress sets are ill-conditioned on purpose (zero
 variance, a mean 50 to 1000 times the spread): there honest reduction orders differ from eager
-by more than these multiples, and ``kforge.eval.compare``'s tolerances are the check.
+by more than these multiples, and ``kforge.eval.verify.compare``'s tolerances are the check.
 """
 
 from __future__ import annotations

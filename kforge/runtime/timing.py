@@ -38,7 +38,7 @@ import numpy as np
 
 from kforge.core.candidate import Timing
 from kforge.core.settings import TimingPlan  # the plan is a setting: [eval] warmup, ...
-from kforge.eval.device import Runtime
+from kforge.runtime.device import Runtime
 
 # The round of the wall-time calls: below every plan's warm-up, so never a checked round.
 WALL_ROUND = -1

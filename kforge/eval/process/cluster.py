@@ -1,13 +1,13 @@
 """Evaluation on a Ray cluster: the engine stays here, one evaluation actor per GPU on every node.
 
-Each actor runs a one-GPU ``GpuEvaluator`` (``kforge.eval.pool``), so a candidate still runs in
-the actor's own worker subprocess, with the local pool's timeouts, crash isolation and recycling.
+Each actor runs a one-GPU ``GpuEvaluator`` (``kforge.eval.process.pool``), so a candidate still runs
+in the actor's own worker subprocess, with the local pool's timeouts, crash isolation and recycling.
 This module adds the cluster: joining it, placing the actors, keeping only GPUs of the session's
-architecture, shipping each op's captured samples through Ray's object store once (every actor
-on a node reads the node's copy, and unpacks it once), and running again elsewhere a request
-whose actor or node was lost (a candidate that crashes its worker is the candidate's failure; an
-actor that vanishes is the cluster's, and costs only a re-queue). The engine alone owns the
-store: actors get a card, a candidate and samples, and answer an outcome.
+architecture, shipping each op's captured samples through Ray's object store once (every actor on a
+node reads the node's copy, and unpacks it once), and running again elsewhere a request whose actor
+or node was lost (a candidate that crashes its worker is the candidate's failure; an actor that
+vanishes is the cluster's, and costs only a re-queue). The engine alone owns the store: actors get a
+card, a candidate and samples, and answer an outcome.
 
 Ray is imported only here, and only once a cluster is used.
 """
@@ -32,12 +32,12 @@ from kforge.core.gpu import NO_GPU, GpuInfo
 from kforge.core.opcard import OpCard, key_folder
 from kforge.core.settings import EvalSettings
 from kforge.errors import KforgeError
-from kforge.eval.pool import EvaluatorLost
+from kforge.eval.process.pool import EvaluatorLost
 
 if TYPE_CHECKING:
     from kforge.core.protocols import SearchContext
 
-log = logging.getLogger("kforge.eval.cluster")
+log = logging.getLogger("kforge.eval.process.cluster")
 
 MIN_RAY = (2, 40)
 INSTALL_RAY = "pip install 'kforge[cluster]'"
@@ -205,7 +205,7 @@ def unpack_samples(root: Path, card_key: str, files: dict[str, bytes]) -> None:
 def worker_command_from(template: tuple[str, ...] | None):
     """The ``GpuEvaluator`` command of an actor: the real worker, or ``template`` with
     ``{python}`` and ``{device}`` filled in (stand-in workers in tests)."""
-    from kforge.eval.pool import worker_command
+    from kforge.eval.process.pool import worker_command
 
     if template is None:
         return worker_command
@@ -219,7 +219,7 @@ class EvaluationActor:
 
     def __init__(self, settings: dict, timeouts: dict[str, float],
                  command: tuple[str, ...] | None) -> None:
-        from kforge.eval.pool import GpuEvaluator
+        from kforge.eval.process.pool import GpuEvaluator
 
         self.samples_root = Path(tempfile.mkdtemp(prefix="kforge-samples-"))
         self.unpacked: set[str] = set()
@@ -492,7 +492,7 @@ class ClusterEvaluator:
         return Baseline.from_dict(reply["baseline"])
 
     def _respawn_limit(self) -> float:
-        from kforge.eval.pool import RESPAWN_TRIES
+        from kforge.eval.process.pool import RESPAWN_TRIES
 
         return RESPAWN_TRIES * self.timeouts["start_timeout_s"]
 

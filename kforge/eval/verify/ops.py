@@ -15,11 +15,11 @@ from kforge.core.argspec import ArgSpecError, checked_op, resolve_op, storage_sp
 from kforge.core.meta import SizeUnknown, meta_call
 from kforge.core.opcard import OpCard
 from kforge.errors import KforgeError
-from kforge.eval.inputs import Geometry, all_tensor_specs
+from kforge.eval.verify.inputs import Geometry, all_tensor_specs
 from kforge.runtime.regions import region_function, register_cards
 
 if TYPE_CHECKING:
-    from kforge.eval.device import Runtime
+    from kforge.runtime.device import Runtime
 
 
 def admit(card: OpCard, runtime: Runtime) -> None:

@@ -2,9 +2,9 @@
 over them.
 
 Workers of one GPU evaluate side by side: compiles and correctness checks overlap, and only timed
-sections hold the GPU alone (``kforge.eval.gpulock``), so a timing is the candidate's own. Each GPU
-also has a *spare*: a worker started ahead of need that has run nothing, so that replacing a worker
-or confirming a new best never waits for a process to start.
+sections hold the GPU alone (``kforge.runtime.gpulock``), so a timing is the candidate's own. Each
+GPU also has a *spare*: a worker started ahead of need that has run nothing, so that replacing a
+worker or confirming a new best never waits for a process to start.
 
 A worker that hangs past the timeout is killed, one that dies is noted; either way the candidate's
 outcome says what happened (TIMEOUT, CRASH), the spare takes its place and the search goes on. A
@@ -34,7 +34,7 @@ from kforge.core.gpu import NO_GPU, GpuInfo
 from kforge.core.opcard import OpCard
 from kforge.core.settings import EvalSettings, TimingPlan
 from kforge.errors import KforgeError
-from kforge.eval.protocol import (
+from kforge.eval.process.protocol import (
     BaselineMeasured,
     Evaluate,
     Evaluated,
@@ -52,7 +52,7 @@ from kforge.eval.protocol import (
 )
 
 if TYPE_CHECKING:
-    from kforge.eval.sanitize import SanitizerReport
+    from kforge.eval.process.sanitize import SanitizerReport
 
 DEFAULT_TIMEOUT_S = EvalSettings.timeout_s
 DEFAULT_BASELINE_TIMEOUT_S = EvalSettings.baseline_timeout_s
@@ -62,7 +62,7 @@ STDERR_LINES = 200
 
 
 def worker_command(device: int) -> list[str]:
-    return python_command("kforge.eval.worker", "--device", str(device))
+    return python_command("kforge.eval.process.worker", "--device", str(device))
 
 
 class WorkerGone(Exception):
@@ -372,8 +372,8 @@ class GpuEvaluator:
                   device: int, stop: threading.Event) -> SanitizerReport:
         """compute-sanitizer's verdict, from the cache where the same kernel was judged before.
         The cubin comes from the compile cache the worker filled."""
-        from kforge.eval.kernel_loader import NvrtcLoader
-        from kforge.eval.sanitize import VerdictCache, sanitize_candidate
+        from kforge.eval.process.sanitize import VerdictCache, sanitize_candidate
+        from kforge.runtime.kernel_loader import NvrtcLoader
 
         arch = self.gpus[device].arch if device in self.gpus else self.gpu.arch
         try:

@@ -1,5 +1,5 @@
 """An op card's baseline: eager PyTorch and torch.compile timed interleaved on the card's inputs
-(device, host and wall time: ``kforge.eval.timing``), the memory floor of one call, the kernels
+(device, host and wall time: ``kforge.runtime.timing``), the memory floor of one call, the kernels
 eager launches (names and times, from torch.profiler), and whether the baseline agrees with the
 model profile's GPU time per call for the variant (``profile_disagreement``). Measured once per
 card; candidates are timed against eager again in their own runs.
@@ -24,11 +24,16 @@ from kforge.core.gpu import GpuInfo
 from kforge.core.opcard import OpCard
 from kforge.core.settings import EvalSettings
 from kforge.errors import KforgeError
-from kforge.eval.device import Runtime
-from kforge.eval.inputs import InputFactory
-from kforge.eval.ops import admit, flatten_tensors, memory_floor_us, traffic_bytes
-from kforge.eval.timing import time_interleaved
+from kforge.eval.verify.inputs import InputFactory
+from kforge.eval.verify.ops import (
+    admit,
+    flatten_tensors,
+    memory_floor_us,
+    traffic_bytes,
+)
+from kforge.runtime.device import Runtime
 from kforge.runtime.regions import region_function
+from kforge.runtime.timing import time_interleaved
 
 PROFILED_CALLS = 5  # eager calls profiled for the kernels they launch
 

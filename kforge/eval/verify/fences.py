@@ -2,7 +2,7 @@
 between bytes of a known pattern, so a kernel that writes past either end of one (an off-by-one,
 a vector store over the tail) is caught on that call, not only under compute-sanitizer.
 
-Inputs have their own canaries (``kforge.eval.inputs``); arguments an op writes in place are
+Inputs have their own canaries (``kforge.eval.verify.inputs``); arguments an op writes in place are
 inputs. A write that jumps further than a fence is left to compute-sanitizer.
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from kforge.core.argspec import storage_span
-from kforge.eval.placement import PRODUCTION, SCRATCH_GRAIN, fitted, placed
+from kforge.eval.verify.placement import PRODUCTION, SCRATCH_GRAIN, fitted, placed
 from kforge.runtime.plan import Allocation
 
 FENCE_BYTES = 256  # each side at least: a multiple of every item size
@@ -32,7 +32,7 @@ class Fence:
 
 class Fences:
     """The fenced buffers of one call, in the order they were made, each starting ``shift``
-    bytes past a 512-byte boundary (``kforge.eval.placement``; scratch keeps 16-byte
+    bytes past a 512-byte boundary (``kforge.eval.verify.placement``; scratch keeps 16-byte
     alignment)."""
 
     def __init__(self, shift: int = PRODUCTION) -> None:

@@ -23,12 +23,11 @@ last, as random sets do), canaries kept:
 - ``full_range``: integer tensors over their whole valid range (indices: 0 .. size - 1, both ends
   present; arithmetic on integers: the dtype's range), booleans half True.
 - ``special_values``: eager's contract on NaN, +-inf and -0.0. Softmax, norms, reductions and
-  pooling get one special value in a quarter of their rows (a NaN or inf spreads over its row:
-  the other rows stay answers; norms get NaN only, whose statistics are NaN however they are
-  taken); activations, elementwise and index ops get them at an eighth of the elements, with as
-  many zeros of either sign (where eager is exact, ``kforge.eval.compare`` tells -0.0 from 0.0).
-  Matmuls and convolutions ("other") do not: where a NaN spreads depends on the algorithm eager
-  picks.
+  pooling get one special value in a quarter of their rows (a NaN or inf spreads over its row: the
+  other rows stay answers; norms get NaN only, whose statistics are NaN however they are taken);
+  activations, elementwise and index ops get them at an eighth of the elements, with as many zeros
+  of either sign (where eager is exact, ``kforge.eval.verify.compare`` tells -0.0 from 0.0). Matmuls
+  and convolutions ("other") do not: where a NaN spreads depends on the algorithm eager picks.
 
 A fusion region's card takes the family of the computation it fuses (``card_family``): a softmax
 when it holds one (or normalizes exponentials by their sum), a norm when it scales by a reciprocal
@@ -57,7 +56,7 @@ import torch
 from kforge.core.argspec import bind, checked_op, list_items
 from kforge.core.opcard import OpCard
 from kforge.errors import KforgeError
-from kforge.eval.inputs import (
+from kforge.eval.verify.inputs import (
     POSITIVE_INPUT_OPS,
     Buffer,
     Geometry,
@@ -67,11 +66,11 @@ from kforge.eval.inputs import (
     index_bounds,
     random_values,
 )
-from kforge.eval.ops import flatten_tensors
-from kforge.eval.precision import ulp
+from kforge.eval.verify.ops import flatten_tensors
+from kforge.eval.verify.precision import ulp
 
 if TYPE_CHECKING:
-    from kforge.eval.inputs import InputFactory
+    from kforge.eval.verify.inputs import InputFactory
 
 # ----- op families -----
 
@@ -654,12 +653,18 @@ def eager_problem(op_name: str, inputs: InputSet) -> str | None:
     return None
 
 
+def stress_set(factory: InputFactory, kind: str, seed: int) -> InputSet:
+    """A set of ``factory``'s card whose values stress the op's semantics as ``kind`` says."""
+    return factory.build(stress_label(kind, seed), stress_filler(factory, kind, seed))
+
+
 def usable_stress_sets(factory: InputFactory, seed: int
                        ) -> tuple[list[InputSet], dict[str, str]]:
-    """Every applicable kind's set for ``seed``, and ``{kind: why it was dropped}``."""
+    """One set per stress kind of the card for ``seed``, less those eager cannot answer
+    (all-NaN results or errors), and ``{kind: why it was dropped}``."""
     sets, dropped = [], {}
     for kind in stress_kinds(factory.card):
-        inputs = factory.stress_set(kind, seed)
+        inputs = stress_set(factory, kind, seed)
         if problem := eager_problem(factory.card.op, inputs):
             dropped[kind] = f"{inputs.label}: {problem}"
         else:
