@@ -9,11 +9,10 @@ from typing import Any
 
 from rich.text import Text
 
-from kforge.core.argspec import decode, tensor_specs
+from kforge.core.argspec import decode, is_contiguous, tensor_specs
 from kforge.core.candidate import Candidate, EvalOutcome, Timing
 from kforge.core.fmt import fmt_age, fmt_best_over_eager, fmt_speedup, fmt_us
 from kforge.core.inert import inert
-from kforge.core.argspec import is_contiguous
 from kforge.core.settings import SessionSettings
 from kforge.integrate.winners import Decision, projected_speedup
 from kforge.store import NodeStatus

@@ -104,7 +104,6 @@ async def long_kernel(db: Path) -> None:
 
 
 async def kernel_in_view(pilot) -> CodeView:
-    app = pilot.app
     screen = await session_open(pilot)
     await pilot.press("3")
     kernel = screen.query_one("#kernel", CodeView)
