@@ -57,16 +57,17 @@ class Interest:
     gone: bool = False
     measured: ModelMeasured | None = None  # the latest whole-model measurement among them
     ended: tuple[str, str] | None = None  # the search ended: its status, and why ("": unsaid)
+    said: str = ""  # the log's last line, after these events
 
 
 # The statuses a search ends in; a viewer says why it ended.
 ENDED = frozenset({SessionStatus.DONE, SessionStatus.STOPPED, SessionStatus.FAILED})
 
 
-def fold(events: list[Event]) -> Interest:
-    """Reduce events to the reads that bring a viewer up to date (pure)."""
+def fold(events: list[Event], said: str = "") -> Interest:
+    """Reduce events to the reads that bring a viewer up to date (pure); ``said`` is the log's
+    last line before them (a search that is done logs why, then ends: maybe a poll apart)."""
     got = Interest()
-    said = ""  # the log's last line so far: a search that is done logs why, then ends
     for event in events:
         match event.record:
             case (NodeAdded(node_id=node) | NodeUpdated(node_id=node) | NodePruned(node_id=node)
@@ -96,6 +97,7 @@ def fold(events: list[Event]) -> Interest:
                 got.state = True
             case UnknownEvent():
                 got.state = True  # written by a newer kforge: re-reading the state is always safe
+    got.said = said
     return got
 
 
@@ -147,6 +149,7 @@ async def follow_session(store: Store, session_id: int, post: Callable[[Message]
     post(SessionSnapshot(state, await store.list_nodes(session_id),
                          await log_tail(store, session_id, seq)))
     alive_at = time.monotonic()
+    said = ""  # the log's last line seen while following
     while True:
         await wait()
         try:
@@ -154,7 +157,8 @@ async def follow_session(store: Store, session_id: int, post: Callable[[Message]
             changes = Changes()
             if events:
                 seq = events[-1].seq
-                got = fold(events)
+                got = fold(events, said)
+                said = got.said
                 if got.gone:
                     post(SessionChanged(Changes(gone=True)))
                     return

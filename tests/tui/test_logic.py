@@ -14,6 +14,7 @@ from tree_sitter import Parser, Query, QueryCursor
 from kforge.core.candidate import Candidate
 from kforge.core.settings import KeyBindings
 from kforge.errors import KforgeError
+from kforge.store import SessionStatus
 from kforge.store.events import (
     CommandDone,
     Event,
@@ -24,6 +25,7 @@ from kforge.store.events import (
     NodeFinished,
     NodePruned,
     SessionDeleted,
+    SessionStatusChanged,
     UnknownEvent,
 )
 from kforge.store.records import NodeRow
@@ -106,6 +108,20 @@ def test_fold_turns_events_into_the_reads_that_catch_up():
     assert fold(events(SessionDeleted())).gone
     assert not fold(events(NodePruned(3, 1, True))).state
     assert fold(events(UnknownEvent("from_a_newer_kforge", {"x": 1}))).state
+
+
+def test_a_search_that_ends_is_said_with_the_line_it_logged_last_even_a_poll_before():
+    done = SessionStatusChanged(SessionStatus.DONE)
+    whole = fold(events(LogLine("search done: no op left to search (3 done)"), done))
+    assert whole.ended == ("done", "search done: no op left to search (3 done)")
+    first = fold(events(LogLine("iteration budget spent")))  # the poll splits them
+    assert fold(events(done), first.said).ended == ("done", "iteration budget spent")
+    failed = SessionStatusChanged(SessionStatus.FAILED, error="proposer: no API key")
+    assert fold(events(LogLine("node 7 confirmed"), failed)).ended == (
+        "failed", "proposer: no API key")
+    stopped = fold(events(LogLine("node 7 confirmed"), SessionStatusChanged("stopped")))
+    assert stopped.ended == ("stopped", "")  # a stop logs no reason: none is made up
+    assert fold(events(done, SessionStatusChanged("running"))).ended is None  # resumed since
 
 
 def test_new_session_form_becomes_a_checked_kforge_command(tmp_path: Path):
