@@ -43,9 +43,10 @@ async def fixture_db(tmp_path: Path) -> tuple[Path, dict[str, int]]:
     return db, await build(db)
 
 
-async def until(pilot, condition: Callable[[], bool], timeout_s: float = 10.0,
+async def until(pilot, condition: Callable[[], bool], timeout_s: float = 30.0,
                 what: str = "condition") -> None:
-    """Let the app run until ``condition()`` holds."""
+    """Let the app run until ``condition()`` holds: a bound on a broken app, not a speed test
+    (a loaded 2-core machine has taken over 10 s for a screen to open)."""
     deadline = time.monotonic() + timeout_s
     while not condition():
         if time.monotonic() > deadline:
