@@ -523,7 +523,10 @@ class Engine:
                                 f"{outcome.speedup:.2f}x over eager: confirming it once the "
                                 f"op's search settles")
                 await self._record(search, node_id, outcome, None, confirming=True)
-                self._queue(provisional)
+                if search.would_lead(outcome.speedup):
+                    self._queue(provisional)
+                else:  # a confirmation settled the op while this result was being stored
+                    await self._settle_unconfirmed(provisional)
                 return
             await self._log(f"node {node_id} ({outcome.speedup:.2f}x over eager) is not "
                             f"confirmed: {why}")
@@ -662,13 +665,17 @@ class Engine:
             if not search.would_lead(q.speedup) or (
                     search.best.node == node_id and not q.beats(p)):
                 del self._waiting[search.card_id][q.node_id]
-                card = await self.store.finish_node(
-                    q.node_id, q.first, _result(q.node_id, q.first, None, meta).reward)
-                self.rows[search.card_id] = card
+                await self._settle_unconfirmed(q)
         if reason := self.schedule.conclude(search):
             self._done_queue.append((search, reason))
         await self._flush_card_done()
         self._notify()
+
+    async def _settle_unconfirmed(self, p: Provisional) -> None:
+        """A would-be best that no longer leads its op keeps its result, unconfirmed."""
+        meta = p.search.metas.get(p.node_id, p.candidate.meta)
+        self.rows[p.search.card_id] = await self.store.finish_node(
+            p.node_id, p.first, _result(p.node_id, p.first, None, meta).reward)
 
     async def _drain_confirmations(self) -> None:
         """Confirm every would-be best now, and wait until each is confirmed or not."""
