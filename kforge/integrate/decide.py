@@ -50,7 +50,7 @@ from kforge.integrate.patching import (
     projected_patch,
     unused_message,
 )
-from kforge.integrate.select import Selection, select
+from kforge.integrate.select import Selection, TrialFailed, select
 from kforge.integrate.winners import combined_spread
 from kforge.runtime.guard import Patch
 from kforge.runtime.table import Entry, KernelTable
@@ -83,7 +83,12 @@ def choose(loaded: LoadedModel, patch: Patch, *, cuda_graphs: bool,
         trial = patch.subset([e for e in entries if e in subset])
         subject = ForwardRun("trial", loaded.step, lambda: trial)
         if cuda_graphs:
-            subject = _graphed(loaded, subject, Measured("trial"), None)
+            try:
+                subject = _graphed(loaded, subject, Measured("trial"), None)
+            except KforgeError as exc:  # a kernel's launch path that a graph cannot hold
+                if not subset:
+                    raise
+                raise TrialFailed(str(exc)) from None
         return time_forwards(loaded, [subject], reps, warmup)["trial"]
 
     selection = select(entries, measure)
@@ -246,7 +251,12 @@ def measure_session(patch: SessionPatch, loaded: LoadedModel, modes: list[Mode],
             return patch
         if not select:
             return patch if graphs else projected_patch(patch)
-        return select_measured(patch, loaded, cuda_graphs=graphs, reps=reps, warmup=warmup)
+        try:
+            return select_measured(patch, loaded, cuda_graphs=graphs, reps=reps, warmup=warmup)
+        except KforgeError:
+            if not graphs:
+                raise
+            return patch  # the forward cannot be captured at all: the graph rows say why
 
     eager, graphed = kernels(False), kernels(True)
     compiled: dict[str, KernelTable] = {}

@@ -10,7 +10,9 @@ noise of both measurements (the rule and noise estimate every kforge speedup dec
 
 Every kept winner makes the measured median strictly smaller, so the selection is never slower
 than the model without any winner, by the same measure. Pure: ``measure`` is the only effect,
-called ``len(winners) + 1`` times.
+called ``len(winners) + 1`` times. A trial that ``measure`` cannot run (``TrialFailed``: the
+forward with that winner cannot be captured as a CUDA graph, say) leaves the winner out with
+the reason; the model without any winner must run.
 """
 
 from __future__ import annotations
@@ -26,18 +28,25 @@ from kforge.integrate.winners import combined_spread
 K = TypeVar("K", bound=Hashable)
 
 
+class TrialFailed(Exception):
+    """``measure`` could not run the model with a subset of winners; the message says why."""
+
+
 @dataclass(frozen=True)
 class Trial(Generic[K]):
     """One winner tried on top of the winners kept before it."""
 
     winner: K
-    timing: Timing  # the model with the kept winners and this one
+    timing: Timing | None  # the model with the kept winners and this one (None: it failed)
     speedup: float  # the model's time without this winner over its time with it
     spread: float  # the combined relative noise of the two timings
     kept: bool
+    failed: str = ""  # why the model could not run with this winner
 
     @property
     def reason(self) -> str:
+        if self.failed:
+            return f"the model cannot run with it: {self.failed}"
         if self.kept:
             return f"the model is {self.speedup:.3f}x faster with it (noise ±{self.spread:.1%})"
         if self.speedup < 1.0:
@@ -76,7 +85,11 @@ def select(winners: Sequence[K], measure: Callable[[frozenset[K]], Timing], *,
     baseline = current = measure(frozenset())
     trials = []
     for winner in winners:
-        timing = measure(frozenset([*kept, winner]))
+        try:
+            timing = measure(frozenset([*kept, winner]))
+        except TrialFailed as failed:
+            trials.append(Trial(winner, None, 0.0, 0.0, False, str(failed)))
+            continue
         speedup = current.median_us / timing.median_us if timing.median_us > 0 else 0.0
         spread = combined_spread(timing, current)
         keep = significant_win(speedup, spread) and speedup >= min_gain

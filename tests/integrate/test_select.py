@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kforge.core.candidate import Timing
-from kforge.integrate.select import select
+from kforge.integrate.select import TrialFailed, select
 
 BASE_US = 1000.0
 
@@ -94,3 +94,19 @@ def test_no_winners_measures_the_model_once():
     model = FakeModel({}, 0.01, 0)
     selection = select([], model)
     assert selection.kept == () and selection.speedup == 1.0 and model.measured == [frozenset()]
+
+
+def test_a_winner_the_model_cannot_run_with_is_left_out_with_the_reason():
+    model = FakeModel({"a": 100.0, "b": 50.0, "c": 80.0}, noise=0.01, seed=1)
+
+    def measure(subset: frozenset[str]) -> Timing:
+        if "b" in subset:
+            raise TrialFailed("the forward cannot be captured as a CUDA graph")
+        return model(subset)
+
+    selection = select(["a", "b", "c"], measure)
+    assert selection.kept == ("a", "c")
+    failed = next(t for t in selection.trials if t.winner == "b")
+    assert not failed.kept and failed.timing is None
+    assert failed.reason == ("the model cannot run with it: the forward cannot be captured as "
+                             "a CUDA graph")

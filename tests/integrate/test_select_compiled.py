@@ -25,10 +25,11 @@ from tests.integrate.standins import Counting
 
 
 class Slow(Counting):
-    """A stand-in kernel that takes 5 ms a call: any model it runs in gets slower."""
+    """A stand-in kernel that takes 20 ms a call: any model it runs in gets slower, by more than
+    a busy machine's scheduling noise."""
 
     def __call__(self, args: tuple, kwargs: dict):
-        time.sleep(0.005)
+        time.sleep(0.02)
         return super().__call__(args, kwargs)
 
 
