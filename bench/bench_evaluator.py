@@ -155,7 +155,7 @@ def main() -> int:
             "vs_compiled": base.compiled.median_us / best.timing.median_us if base.compiled else None,
             "floor": base.floor_us,
             "gbs": best.bandwidth_gbs,
-            "nvrtc": statistics.median(o.extra["compile_s"] for o in outcomes),
+            "nvrtc": statistics.median(o.compile.seconds for o in outcomes if o.compile),
             "turnaround": statistics.median(o.wall_s for o in outcomes),
         }
         rows.append(row)

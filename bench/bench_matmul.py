@@ -262,7 +262,7 @@ def main() -> int:
         speedup = best.outcome.speedup if best else None
         vs_compile = compiled_us / best.us if best and compiled_us else None
         variant = f"{best.approach} {best.params}" if best else "-"
-        nvrtc = best.outcome.extra.get("compile_s") if best else None
+        nvrtc = best.outcome.compile.seconds if best and best.outcome.compile else None
         print(f"| {model} | {label} | {eager_us:.1f} | {fmt(compiled_us)} | {fmt(best.us if best else None)} "
               f"| {variant} | {fmt(speedup, '.2f', 'x')} | {fmt(vs_compile, '.2f', 'x')} | {fmt(tflops, '.0f')} "
               f"| {fmt(share, '.0f', '%')} | {fmt(nvrtc, '.2f')} | {count} |")

@@ -25,6 +25,9 @@ import sys
 import time
 from pathlib import Path
 
+from kforge.core.candidate import EvalOutcome
+from kforge.core.outcome import Confirmation, SanitizerReport
+
 REPO = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
 MODELS = {"llama": f"{HERE / 'bench_e2e.py'}:build_llama",
@@ -65,19 +68,18 @@ def summarize(db: Path, session: int = SESSION) -> dict:
     evaluated = [n for n in nodes if n["outcome"] is not None]
     latencies, tools, cached, verdicts, confirmed_at = [], {}, 0, {}, []
     for n in evaluated:
-        extra = json.loads(n["outcome"]).get("extra") or {}
-        if "confirmation" in extra:
-            c = extra["confirmation"]
-            latencies.append(c["waited_s"] + c["ran_s"])
+        c = EvalOutcome.from_dict(json.loads(n["outcome"])).confirmation or Confirmation()
+        if c.waited_s is not None and c.ran_s is not None:
+            latencies.append(c.waited_s + c.ran_s)
             verdict = ("passed" if n["confirmed"] else "failed" if n["status"] != "ok"
                        else "kept unconfirmed")
             verdicts[verdict] = verdicts.get(verdict, 0) + 1
             if n["confirmed"]:
-                confirmed_at.append(c["at"])
-        sanitizer = extra.get("sanitizer") or {}
-        if sanitizer.get("cached"):
+                confirmed_at.append(c.at)
+        sanitizer = c.sanitizer or SanitizerReport(True)
+        if sanitizer.cached:
             cached += 1
-        for tool, seconds in (sanitizer.get("tool_seconds") or {}).items():
+        for tool, seconds in sanitizer.tool_seconds.items():
             tools.setdefault(tool, []).append(seconds)
     first = min((n["created_at"] for n in nodes), default=None)
     winners = [c["best_node"] for c in cards if c["best_node"] is not None]

@@ -70,7 +70,7 @@ async def card_records(db: Path) -> tuple[list[dict], str | None]:
                 "device_ratio": (eager_run.device_us / kernel.device_us
                                  if kernel and eager_run and kernel.device_us > 0 else None),
                 "profile_check": base.profile_check, "note": base.note,
-                "held": (best.extra.get("held") if best else None) or ""})
+                "held": best.confirmation.held if best and best.confirmation else ""})
         measured = await store.latest_model_measurement(SESSION)
         projection = None
         if measured is not None:

@@ -12,6 +12,7 @@ from kforge.core.candidate import Baseline, Candidate, EvalOutcome, EvalStatus, 
 from kforge.core.gpu import GpuInfo
 from kforge.core.mcts import Action
 from kforge.core.opcard import OpCard
+from kforge.core.outcome import CompileFacts, CounterFigures, LaunchCounters
 from kforge.core.protocols import NodeView, ProposalRequest
 from kforge.core.region import Region
 from kforge.propose.llm.prompt import (
@@ -65,12 +66,11 @@ def softmax_request() -> ProposalRequest:
         status=EvalStatus.OK, speedup=1.31, timing=timing(87.8), eager=timing(115.0),
         bandwidth_gbs=1530.0, floor_fraction=31.2 / 87.8,
         compile_log="ptxas info    : Used 18 registers, 128 bytes smem, used 1 barriers",
-        extra={"registers": {"softmax_rows_bf16": 18}, "spills": False,
-               "counters": {"tool": "CUPTI range profiler", "kernels": [
-                   {"kernel": "softmax_rows_bf16", "duration_ns": 86900,
-                    "dram_read_bytes": 67_400_000, "dram_write_bytes": 67_100_000,
-                    "dram_gbs": 1548.0, "dram_peak_pct": 36.0, "occupancy_pct": 71.0,
-                    "sm_peak_pct": 44.0, "l2_hit_pct": 49.0}]}})
+        compile=CompileFacts(registers={"softmax_rows_bf16": 18}, spills=False),
+        counters=CounterFigures("CUPTI range profiler", kernels=(LaunchCounters(
+            "softmax_rows_bf16", duration_ns=86900, dram_read_bytes=67_400_000,
+            dram_write_bytes=67_100_000, dram_gbs=1548.0, dram_peak_pct=36.0,
+            occupancy_pct=71.0, sm_peak_pct=44.0, l2_hit_pct=49.0),)))
     meta = {"proposer": "llm", "model": "kernel-writer",
             "approach": "one block per row, two-pass reductions"}
     parent = NodeView(id=7, action=Action.NEW,

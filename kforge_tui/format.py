@@ -10,9 +10,10 @@ from typing import Any
 from rich.text import Text
 
 from kforge.core.argspec import decode, is_contiguous, tensor_specs
-from kforge.core.candidate import Candidate, EvalOutcome, Timing
+from kforge.core.candidate import Candidate, EvalOutcome
 from kforge.core.fmt import fmt_age, fmt_best_over_eager, fmt_speedup, fmt_us
 from kforge.core.inert import inert
+from kforge.core.report import no_outcome, outcome_sections
 from kforge.core.settings import SessionSettings
 from kforge.integrate.winners import Decision, projected_speedup
 from kforge.store import NodeStatus
@@ -273,15 +274,8 @@ def model_projection(cards: Iterable[CardRow]) -> float | None:
 
 # ----- node reports -----
 
-def _timing(name: str, t: Timing | None) -> str:
-    if t is None:
-        return f"{name:<10} -"
-    return (f"{name:<10} median {fmt_us(t.median_us)}  p10 {fmt_us(t.p10_us)}  "
-            f"p90 {fmt_us(t.p90_us)}  ({t.reps} reps)")
-
-
 def eval_report(detail: NodeDetail) -> str:
-    """Compile, correctness and timing of one node, as plain text."""
+    """One node's outcome, as plain text: its sections (``kforge.core.report``)."""
     row = detail.row
     lines = [f"node #{row.id}  {row.action}  status: {row.status}",
              f"approach: {row.meta.get('approach', '-')}"]
@@ -289,33 +283,11 @@ def eval_report(detail: NodeDetail) -> str:
         lines.append(f"summary: {row.summary}")
     outcome: EvalOutcome | None = detail.outcome
     if outcome is None:
-        lines.append("" if row.in_flight else "no evaluation recorded")
-        if row.in_flight:
-            lines.append("in flight: waiting for the proposer or the evaluator")
+        lines.append(no_outcome(row.in_flight))
         return "\n".join(lines)
-    lines += ["", "── compile ──", outcome.compile_log.strip() or "(no compiler output)",
-              "", "── correctness ──",
-              json.dumps(outcome.correctness, indent=2, sort_keys=True)
-              if outcome.correctness else "(not checked)",
-              "", "── timing ──", _timing("candidate", outcome.timing),
-              _timing("eager", outcome.eager),
-              f"speedup    {fmt_speedup(outcome.speedup)} over eager (device time)"]
-    if outcome.bandwidth_gbs is not None:
-        lines.append(f"bandwidth  {outcome.bandwidth_gbs:.0f} GB/s")
-    if outcome.floor_fraction is not None:
-        lines.append(f"floor      {100 * outcome.floor_fraction:.0f}% of the physical floor")
-    extra = outcome.extra
-    if "host_us" in extra and "eager_host_us" in extra:
-        lines.append(f"host       {fmt_us(extra['host_us'])} per call for the launch path, "
-                     f"{fmt_us(extra['eager_host_us'])} for eager's dispatch")
-    if extra.get("confirmed"):
-        sanitizer = extra.get("sanitizer") or {}
-        checked = ("compute-sanitizer clean" if sanitizer.get("ok") and sanitizer.get("ran")
-                   else sanitizer.get("message") or "not sanitized")
-        lines.append(f"confirmed  {fmt_speedup(outcome.speedup)} on new inputs in a fresh "
-                     f"worker (first timed at {fmt_speedup(extra.get('first_speedup'))}); "
-                     f"{checked}")
-    lines.append(f"evaluated in {outcome.wall_s:.2f} s")
+    source = detail.candidate.source if detail.candidate is not None else ""
+    for part in outcome_sections(outcome, source=source, used=row.confirmed):
+        lines += ["", f"── {part.title} ──", *part.lines]
     return "\n".join(lines)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kforge.core.candidate import (
     Baseline,
@@ -28,6 +28,7 @@ from kforge.core.candidate import (
 )
 from kforge.core.gpu import GpuInfo
 from kforge.core.opcard import OpCard
+from kforge.core.outcome import Confirmation, HostCost
 from kforge.core.protocols import ProposalRequest, SearchContext
 
 FAKE_GPU = GpuInfo(name="Fake GPU", arch="sm_90", sm_count=132, bandwidth_gbs=4300.0)
@@ -159,7 +160,7 @@ class FakeEvaluator:
         speed = float(candidate.meta.get("speed", 1.0))
         return EvalOutcome(EvalStatus.OK, summary=f"{speed:.2f}x", timing=timing(EAGER_US / speed),
                            eager=timing(EAGER_US), speedup=speed,
-                           extra={"host_us": HOST_US, "eager_host_us": EAGER_HOST_US})
+                           host=HostCost(HOST_US, EAGER_HOST_US))
 
     async def confirm(self, card: OpCard, candidate: Candidate,
                       outcome: EvalOutcome) -> EvalOutcome:
@@ -169,10 +170,11 @@ class FakeEvaluator:
         if candidate.meta.get("racy"):
             return EvalOutcome(EvalStatus.MISMATCH, summary="compute-sanitizer racecheck: race")
         speed = float(candidate.meta.get("confirmed_speed", outcome.speedup or 1.0))
-        return EvalOutcome(EvalStatus.OK, summary=f"{speed:.2f}x", timing=timing(EAGER_US / speed),
-                           eager=timing(EAGER_US), speedup=speed,
-                           extra={**outcome.extra, "confirmed": True,
-                                  "first_speedup": outcome.speedup})
+        return replace(outcome.judged_again(EvalStatus.OK, f"{speed:.2f}x"),
+                       timing=timing(EAGER_US / speed), eager=timing(EAGER_US), speedup=speed,
+                       confirmation=replace(
+                           outcome.confirmation or Confirmation(), confirmed=True,
+                           first_speedup=outcome.speedup))
 
     def _write(self, line: str) -> None:
         if self.journal:

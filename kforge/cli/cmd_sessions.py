@@ -210,9 +210,8 @@ def kernel_times(outcome: EvalOutcome | None) -> tuple[str, str]:
     call next to eager's dispatch ("-" where not measured)."""
     if outcome is None or outcome.timing is None:
         return "-", "-"
-    extra = outcome.extra
-    host = (f"{fmt_us(extra['host_us'])} vs {fmt_us(extra['eager_host_us'])}"
-            if "host_us" in extra and "eager_host_us" in extra else "-")
+    cost = outcome.host
+    host = f"{fmt_us(cost.host_us)} vs {fmt_us(cost.eager_host_us)}" if cost is not None else "-"
     return fmt_us(outcome.timing.median_us), host
 
 

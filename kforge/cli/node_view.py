@@ -1,6 +1,6 @@
 """`kforge show SESSION --node N`: one search node in full, as text. Its op card and parent, who
-made it and how (proposer, action), its outcome with the evidence the evaluator kept, its kernel
-source and launch plan, and every language-model call made for it with the whole prompt and
+made it and how (proposer, action), its outcome (the sections of ``kforge.core.report``), its
+kernel source and launch plan, and every language-model call made for it with the whole prompt and
 reply, so what the model was told and what it answered can be read back. Every stored text is
 shown cut to a bound (``kforge.core.inert.capped``), whatever the database holds."""
 
@@ -8,24 +8,19 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 from dataclasses import dataclass
 
 from kforge.cli.common import CELL_CHARS, EAGER_SOURCES, LINE_CHARS, TEXT_CHARS, out, with_store
-from kforge.core.candidate import EvalOutcome, Timing
+from kforge.core.candidate import EvalOutcome
 from kforge.core.fmt import fmt_speedup, fmt_us
-from kforge.core.inert import capped
 from kforge.core.gpu import NO_GPU, GpuInfo
+from kforge.core.inert import capped
+from kforge.core.report import TIMING, no_outcome, outcome_sections
 from kforge.errors import KforgeError
-from kforge.propose.llm.feedback import profile_lines, repair_evidence
 from kforge.propose.llm.prompt import plan_json
 from kforge.store import Store
 from kforge.store.records import CardRow, NodeDetail, NodeRow, reading
 
-# Keys of an outcome's ``extra`` that the evidence lines already tell in words.
-TOLD_EXTRA = frozenset({"registers", "spills", "counters", "mismatch", "sets_passed", "stderr",
-                        "sanitizer", "host_us", "eager_host_us", "confirmed", "first_speedup",
-                        "held"})
 SUMMARY_SHOWN = 10_000  # a summary is shown whole here; this only guards the terminal
 CALLS_SHOWN = 20  # a node's last language-model calls shown (a search makes one to a few)
 
@@ -167,60 +162,16 @@ def _outcome(row: NodeRow, outcome: EvalOutcome | None, facts: NodeFacts) -> str
                     if row.finished_at is not None else ", not finished"))
     lines.append(f"cost      ${row.usd:.4f}")
     if outcome is None:
-        lines.append("no evaluation recorded" if not row.in_flight
-                     else "in flight: waiting for the proposer or the evaluator")
+        lines.append(no_outcome(row.in_flight))
         return "\n".join(lines)
-    lines += [_timing("time", outcome.timing), _timing("eager", outcome.eager),
-              f"speedup   {fmt_speedup(outcome.speedup)} (eager's device time over the kernel's)"]
-    if outcome.extra.get("held"):
-        lines.append(f"held      {_line(outcome.extra['held'])}"
-                     + ("; re-timed so: this is the confirmation run's figure"
-                        if outcome.extra.get("confirmed") else ""))
-    if outcome.bandwidth_gbs is not None:
-        lines.append(f"bandwidth {outcome.bandwidth_gbs:.0f} GB/s")
-    if outcome.floor_fraction is not None:
-        lines.append(f"floor     runs at {outcome.floor_fraction:.0%} of the physical "
-                     f"floor's speed")
-    extra = outcome.extra
-    if "host_us" in extra and "eager_host_us" in extra:
-        lines.append(f"patched   host time to issue one call of the patched op: "
-                     f"{fmt_us(extra['host_us'])} through the launch path, "
-                     f"{fmt_us(extra['eager_host_us'])} through eager's dispatch")
-    if extra.get("confirmed"):
-        lines.append(f"confirmed on new inputs in a fresh worker (first timed at "
-                     f"{fmt_speedup(extra.get('first_speedup'))})"
-                     + ("" if row.confirmed else "; not used: it no longer beats every "
-                        "baseline beyond the timing noise"))
-    lines.append(f"evaluated in {outcome.wall_s:.2f} s")
     source = facts.detail.candidate.source if facts.detail.candidate is not None else ""
-    evidence = (profile_lines(outcome, facts.gpu) if outcome.ok
-                else repair_evidence(outcome, source, SUMMARY_SHOWN))
-    if evidence:
-        lines += ["", "evidence:", *map(_text, evidence)]
-    if outcome.compile_log.strip():
-        lines += ["", "compiler log:", _text(outcome.compile_log.rstrip())]
-    if outcome.correctness:
-        lines += ["", "correctness:", _text(json.dumps(outcome.correctness, indent=2,
-                                                       sort_keys=True, default=str))]
-    rest = {k: v for k, v in extra.items() if k not in TOLD_EXTRA}
-    if rest:
-        lines += ["", "more figures:", _text("\n".join(
-            f"  {_line(k)}: {_line(json.dumps(v, default=str))}"
-            for k, v in sorted(rest.items())))]
+    for part in outcome_sections(outcome, gpu=facts.gpu, source=source,
+                                 summary_shown=SUMMARY_SHOWN, used=row.confirmed):
+        if part.title == TIMING:  # the figures continue the outcome's lines
+            lines += map(_line, part.lines)
+        else:
+            lines += ["", f"{part.title}:", *map(_text, part.lines)]
     return "\n".join(lines)
-
-
-def _timing(name: str, t: Timing | None) -> str:
-    """Every figure of a timing, each named: device time (its spread), host and wall time."""
-    if t is None:
-        return f"{name:<9} -"
-    text = (f"{name:<9} device median {fmt_us(t.device_us)}, p10 {fmt_us(t.p10_us)}, "
-            f"p90 {fmt_us(t.p90_us)} ({t.reps} reps)")
-    if t.host_us is not None:
-        text += f"; host {fmt_us(t.host_us)}"
-    if t.wall_us is not None:
-        text += f"; wall {fmt_us(t.wall_us)}"
-    return text
 
 
 def _calls(calls: list[dict], with_prompts: bool) -> str:

@@ -10,9 +10,23 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from typing import Any
+
+from kforge.core.outcome import (
+    CompileFacts,
+    Confirmation,
+    Correctness,
+    CounterFigures,
+    FailureEvidence,
+    HostCost,
+    Placement,
+    RangeFigures,
+    Work,
+    decode,
+    encode,
+)
 
 
 @dataclass(frozen=True)
@@ -106,27 +120,37 @@ def held_reason(speedup: float | None) -> str:
 
 @dataclass(frozen=True)
 class EvalOutcome:
-    """The full verdict on one candidate: compile, correctness and timing.
+    """The full verdict on one candidate: compile, correctness and timing, with the facts the
+    evaluation kept as typed records (``kforge.core.outcome``), each None where not measured.
 
     ``speedup`` is eager's median device time over the candidate's, measured interleaved in the
-    same run. ``extra["held"]`` (``held_reason``) marks a speedup too large to believe before it
-    is re-timed in a fresh worker; the confirmation run's outcome carries ``extra["confirmed"]``.
+    same run. ``confirmation.held`` (``held_reason``) marks a speedup too large to believe before
+    it is re-timed in a fresh worker; the confirmation run's outcome is ``confirmation.confirmed``.
     ``restart`` says the evaluation left its process unfit for another (a dead GPU context,
-    replaced timers, threads left running): the worker that ran it must be replaced.
+    replaced timers, threads left running): the worker that ran it must be replaced. ``notes``:
+    what reading a stored outcome dropped as damaged.
     """
 
     status: EvalStatus
     summary: str = ""
     compile_log: str = ""
-    correctness: dict = field(default_factory=dict)
     timing: Timing | None = None
     eager: Timing | None = None
     speedup: float | None = None
     bandwidth_gbs: float | None = None
     floor_fraction: float | None = None
     wall_s: float = 0.0
-    extra: dict = field(default_factory=dict)
     restart: bool = False
+    work: Work | None = None
+    compile: CompileFacts | None = None
+    host: HostCost | None = None
+    confirmation: Confirmation | None = None
+    ranges: RangeFigures | None = None
+    failure: FailureEvidence | None = None
+    correctness: Correctness | None = None
+    counters: CounterFigures | None = None
+    placement: Placement | None = None
+    notes: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -135,35 +159,112 @@ class EvalOutcome:
     @property
     def held(self) -> bool:
         """A speedup above ``HELD_SPEEDUP`` not yet re-timed by a confirmation run."""
-        return bool(self.extra.get("held")) and not self.extra.get("confirmed")
+        c = self.confirmation
+        return c is not None and bool(c.held) and not c.confirmed
+
+    @property
+    def confirmed(self) -> bool:
+        """The outcome of a confirmation run."""
+        return self.confirmation is not None and self.confirmation.confirmed
+
+    def judged_again(self, status: EvalStatus, summary: str) -> EvalOutcome:
+        """A later verdict on the same candidate (its confirmation's): ``status`` and
+        ``summary``, with this outcome's facts but none of its figures or correctness."""
+        return EvalOutcome(status, summary, **{name: getattr(self, name) for name in FACTS
+                                               if name != "correctness"})
 
     def to_dict(self) -> dict:
-        data = asdict(self)
-        data["status"] = self.status.value
+        data: dict[str, Any] = {"status": self.status.value}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name != "status" and (f.name in _FIGURES or value not in (None, ())):
+                data[f.name] = encode(value)
         return data
 
     @classmethod
     def from_dict(cls, data: dict) -> EvalOutcome:
+        """An outcome from its stored or wire form, either this version's or the one before
+        (its facts in ``extra`` and ``correctness`` tables). Its status and figures are checked
+        (``stored_figure``: a damaged one is a ValueError); its facts are read leniently
+        (``kforge.core.outcome.decode``: what is damaged is dropped and noted in ``notes``)."""
         def timing(value: Any) -> Timing | None:
             return timing_from(value) if value else None
 
-        extra = dict(data.get("extra") or {})
-        # Outcomes stored before ``restart`` was a field carried it in ``extra``.
-        restart = bool(data.get("restart") or extra.pop("restart", False))
+        notes: list[str] = []
+        tables = _old_tables(data, notes) if "extra" in data else data
+        facts = {name: decode(kind, tables[name], name, notes)
+                 for name, kind in FACTS.items() if tables.get(name) is not None}
+        stored_notes = data.get("notes")
+        if isinstance(stored_notes, list):
+            notes[:0] = [str(n) for n in stored_notes]
         return cls(
             status=EvalStatus(data["status"]),
             summary=data.get("summary", ""),
             compile_log=data.get("compile_log", ""),
-            correctness=data.get("correctness") or {},
             timing=timing(data.get("timing")),
             eager=timing(data.get("eager")),
             speedup=stored_figure(data, "speedup"),
             bandwidth_gbs=stored_figure(data, "bandwidth_gbs"),
             floor_fraction=stored_figure(data, "floor_fraction"),
             wall_s=stored_figure(data, "wall_s") or 0.0,
-            extra=extra,
-            restart=restart,
+            restart=bool(data.get("restart") or tables.get("restart")),
+            notes=tuple(notes),
+            **facts,
         )
+
+
+# The fields every stored outcome writes; the others only where set.
+_FIGURES = ("summary", "compile_log", "timing", "eager", "speedup", "bandwidth_gbs",
+            "floor_fraction", "wall_s", "restart")
+# The typed facts of an outcome, by field.
+FACTS: dict[str, type] = {"work": Work, "compile": CompileFacts, "host": HostCost,
+                           "confirmation": Confirmation, "ranges": RangeFigures,
+                           "failure": FailureEvidence, "correctness": Correctness,
+                           "counters": CounterFigures, "placement": Placement}
+# Where each key of the previous form's ``extra`` went: (fact, its field); a field of None
+# takes the whole value as the fact's table, a fact of "restart" the flag.
+_OLD_EXTRA: dict[str, tuple[str, str | None]] = {
+    **{key: ("work", key) for key in ("read_bytes", "write_bytes", "floor_us", "hard_floor_us",
+                                      "flops", "tflops", "launches", "checked_timed_calls",
+                                      "timing_notes")},
+    "compile_s": ("compile", "seconds"), "compile_cached": ("compile", "cached"),
+    "registers": ("compile", "registers"), "spills": ("compile", "spills"),
+    "host_us": ("host", "host_us"), "eager_host_us": ("host", "eager_host_us"),
+    **{key: ("confirmation", key) for key in ("held", "confirmed", "first_speedup",
+                                              "sanitizer")},
+    "confirmation_error": ("confirmation", "error"), "confirmation": ("confirmation", None),
+    "ranges": ("ranges", "points"), "range_point": ("ranges", "failed_at"),
+    "range_points": ("ranges", "visited"),
+    **{key: ("failure", key) for key in ("mismatch", "sets_passed", "report", "stderr",
+                                         "traceback")},
+    "counters": ("counters", None),
+    **{key: ("placement", key) for key in ("device", "node", "node_gpu")},
+    "restart": ("restart", None),
+}
+
+
+def _old_tables(data: dict, notes: list[str]) -> dict[str, Any]:
+    """The previous form's ``extra`` and ``correctness`` as this version's tables; keys it
+    does not know are ignored."""
+    extra = data.get("extra")
+    if not isinstance(extra, dict):
+        notes.append(f"extra is {extra!r:.80}, not a table: dropped")
+        extra = {}
+    tables: dict[str, Any] = {"correctness": data.get("correctness") or None}
+    for key, value in extra.items():
+        fact, name = _OLD_EXTRA.get(key, (None, None))
+        if fact is None:
+            continue
+        if name is None:
+            tables[fact] = ({**tables.get(fact, {}), **value}
+                            if isinstance(value, dict) and fact != "restart" else value)
+        else:
+            table = tables.setdefault(fact, {})
+            if isinstance(table, dict):
+                table[name] = value
+    if isinstance(tables.get("placement", {}).get("device"), int):
+        tables["placement"]["device"] = f"cuda:{tables['placement']['device']}"
+    return tables
 
 
 def stored_figure(data: dict, key: str) -> float | None:

@@ -40,6 +40,7 @@ from kforge.core.argspec import ArgSpecError, resolve_op
 from kforge.core.candidate import Baseline, Candidate, EvalOutcome, EvalStatus, Proposal
 from kforge.core.mcts import ROOT, Action, Decision, Tree
 from kforge.core.opcard import OpCard
+from kforge.core.outcome import Confirmation
 from kforge.core.protocols import Evaluator, NodeView, ProposalRequest, Proposer
 from kforge.core.reward import short_of_baselines, significant_win
 from kforge.core.schedule import (
@@ -602,9 +603,9 @@ class Engine:
         try:
             outcome = await self._confirm(p)
             p.judged = True
-            outcome = replace(outcome, extra={**outcome.extra, "confirmation": {
-                "waited_s": round(started - p.queued_at, 2),
-                "ran_s": round(time.monotonic() - started, 2), "at": time.time()}})
+            outcome = replace(outcome, confirmation=replace(
+                outcome.confirmation or Confirmation(), waited_s=round(started - p.queued_at, 2),
+                ran_s=round(time.monotonic() - started, 2), at=time.time()))
             await _completed(self._settle(p, outcome))
         except asyncio.CancelledError:
             if not p.superseded or p.judged or self._closing:
@@ -649,8 +650,9 @@ class Engine:
         elif outcome.status is EvalStatus.INFRA:
             await self._log(f"node {node_id} could not be confirmed: {outcome.summary}; kept "
                             f"unconfirmed", "warning")
-            kept = replace(p.first, extra={**p.first.extra, **outcome.extra,
-                                           "confirmation_error": outcome.summary})
+            first = p.first.confirmation or Confirmation()
+            kept = replace(p.first, confirmation=replace(
+                outcome.confirmation or first, held=first.held, error=outcome.summary))
             card = await self.store.finish_node(node_id, kept,
                                                 _result(node_id, kept, None, meta).reward)
         else:

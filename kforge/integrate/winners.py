@@ -123,13 +123,8 @@ def decide(row: CardRow, best: NodeDetail | None, *, made_on: str,
 
 def measured_host_extra_us(outcome: EvalOutcome) -> float | None:
     """What a call through the kernel's launch path costs the CPU beyond eager's own call
-    (``host_us - eager_host_us`` from the outcome's ``extra``), or None where it was not
-    measured."""
-    host, eager = outcome.extra.get("host_us"), outcome.extra.get("eager_host_us")
-    if not isinstance(host, (int, float)) or not isinstance(eager, (int, float)):
-        return None
-    extra = float(host) - float(eager)
-    return extra if math.isfinite(extra) else None
+    (``HostCost.extra_us``), or None where it was not measured."""
+    return outcome.host.extra_us if outcome.host is not None else None
 
 
 def projected_speedup(decisions: Iterable[Decision]) -> float:

@@ -25,6 +25,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from kforge.core.outcome import CounterFigures, LaunchCounters
+
 TOOL = "CUPTI range profiler"
 
 # What is measured, by the name kforge uses, and CUPTI's metrics that give it, best first (chips
@@ -82,16 +84,11 @@ class CounterReport:
     def ok(self) -> bool:
         return bool(self.kernels)
 
-    def to_dict(self) -> dict:
-        data: dict[str, Any] = {"tool": self.tool}
-        if self.note:
-            data["note"] = self.note
-        if self.kernels:
-            data["passes"] = self.passes
-            data["kernels"] = [{"kernel": k.kernel, **k.values,
-                                **({"dram_gbs": k.dram_gbs} if k.dram_gbs else {})}
-                               for k in self.kernels]
-        return data
+    def figures(self) -> CounterFigures:
+        """The report as an outcome keeps it."""
+        return CounterFigures(self.tool, self.note, self.passes if self.kernels else 0, tuple(
+            LaunchCounters(k.kernel, **k.values, dram_gbs=k.dram_gbs or None)
+            for k in self.kernels))
 
 
 def unavailable(why: str) -> CounterReport:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from kforge.core.candidate import Baseline, Candidate, EvalOutcome, EvalStatus, LlmCall, Timing
 from kforge.core.opcard import OpCard
+from kforge.core.outcome import Correctness, HostCost, SetCheck
 from kforge.store import SessionStatus, Store
 from kforge_tui.demo import recording
 
@@ -83,14 +84,14 @@ def verdict(step: recording.Step, card: recording.Card) -> EvalOutcome:
     if step.speedup is None:
         return EvalOutcome(EvalStatus(step.status), summary=step.log.splitlines()[0],
                            compile_log=step.log if step.status == "compile_error" else "",
-                           correctness={"error": step.log} if step.status == "mismatch" else {},
                            wall_s=1.4)
     us = card.eager_us / step.speedup
     summary = f"{step.speedup:.2f}x eager (device {us:.1f} us vs {card.eager_us:.1f} us)"
     return EvalOutcome(EvalStatus.OK, summary=summary, timing=timing(us),
                        eager=timing(card.eager_us), speedup=step.speedup,
-                       correctness=step.correctness, floor_fraction=card.floor_us / us,
-                       wall_s=2.3, extra={"host_us": 6.1, "eager_host_us": 5.4})
+                       correctness=Correctness(tuple(SetCheck(inputs, max_abs=step.max_abs)
+                                                     for inputs in ("sample 0", "seed 1"))),
+                       floor_fraction=card.floor_us / us, wall_s=2.3, host=HostCost(6.1, 5.4))
 
 
 def exchange(step: recording.Step, op: str) -> LlmCall:

@@ -313,7 +313,7 @@ def test_unreadable_config_files(db: Path, _isolated_kforge_dirs: Path, capsys, 
     assert said in line and str(config) in line
 
 
-# An outcome that decodes, with a figure a viewer shows that is not a number.
+# An outcome whose facts hold a figure that is not a number: read leniently, the fact is dropped.
 SHOWN_BADLY = json.dumps({"status": "ok", "timing": timing(30.0).__dict__,
                           "extra": {"host_us": "fast", "eager_host_us": 5.0}})
 NOT_A_SPEEDUP = json.dumps({"status": "ok", "timing": timing(30.0).__dict__, "speedup": "fast"})
@@ -352,8 +352,6 @@ DAMAGE = [  # (table, column, value stored, where the row is read, what the erro
     ("sessions", "gpu", '{"name": "G", "arch": 90}', ["sessions"], "session 1 "),
     ("nodes", "action", "sideways", ["show", "1", "--node", "1"], "search node 1 "),
     ("nodes", "parent_id", 999, ["show", "1", "--node", "1"], "search node 1 "),
-    ("evaluations", "outcome", SHOWN_BADLY, ["show", "1", "--node", "1"], "search node 1 "),
-    ("evaluations", "outcome", SHOWN_BADLY, ["show", "1"], "the evaluation of search node 1 "),
     # figures the decisions and the headline compute with: no text, no infinity, no zero time
     ("evaluations", "outcome", NOT_A_SPEEDUP, ["apply", "1"], "the evaluation of search node 1 "),
     ("evaluations", "outcome", INFINITE_TIME, ["show", "1", "--node", "1"],
@@ -369,6 +367,17 @@ def test_damaged_rows_are_one_clear_line(db: Path, capsys, table, column, value,
         raw.execute(f"UPDATE {table} SET {column} = ? WHERE {where}", (value,))
     line = assert_one_line(*run(capsys, *argv, "--db", str(db))[::2])
     assert f"kforge: {what}" in line and "in the database cannot be read" in line
+
+
+def test_a_damaged_fact_of_a_stored_outcome_is_dropped_and_said(db: Path, capsys):
+    with sqlite3.connect(db) as raw:
+        raw.execute("UPDATE evaluations SET outcome = ? WHERE 1", (SHOWN_BADLY,))
+    code, out, err = run(capsys, "show", "1", "--node", "1", "--db", str(db))
+    assert code == 0 and "Traceback" not in err
+    assert 'dropped from the stored row:\nhost.host_us is "fast", not a finite number' in out
+    assert "patched   host time" not in out
+    code, out, err = run(capsys, "show", "1", "--db", str(db))
+    assert code == 0 and "Traceback" not in err
 
 
 @pytest.mark.parametrize("argv", [

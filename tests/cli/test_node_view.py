@@ -8,6 +8,7 @@ from pathlib import Path
 
 from kforge.cli.main import main
 from kforge.core.candidate import Candidate, EvalOutcome, EvalStatus, LlmCall, Timing
+from kforge.core.outcome import CompileFacts
 from kforge.store import Store
 from tests.doubles import FAKE_PLAN, sample_cards
 
@@ -31,7 +32,7 @@ def make_session(db: Path) -> tuple[int, int, int]:
             await store.finish_node(parent, EvalOutcome(
                 EvalStatus.OK, speedup=1.4, timing=Timing(40.0, 39.0, 41.0, 100, host_us=6.0, wall_us=41.5),
                 eager=Timing(56.0, 55.0, 57.0, 100),
-                extra={"registers": {"k": 32}, "spills": False}), 0.3, confirmed=True)
+                compile=CompileFacts(registers={"k": 32}, spills=False)), 0.3, confirmed=True)
             node = await store.add_node(sid, card, parent, "refine")
             calls = [LlmCall("kernel-writer-1", 0, 0, 0.0, 2.5, prompt=PROMPT,
                              error="rate limited (429)"),

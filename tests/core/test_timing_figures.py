@@ -47,12 +47,13 @@ def test_a_baseline_far_from_the_profile_gives_no_speedup_and_says_why():
 
 def test_a_speedup_above_ten_is_held_until_a_confirmation_run_retimes_it():
     from kforge.core.candidate import held_reason
+    from kforge.core.outcome import Confirmation
 
     assert held_reason(9.9) == "" and held_reason(None) == ""
     reason = held_reason(36.74)
     assert "36.7x" in reason and "fresh worker" in reason
-    first = EvalOutcome(EvalStatus.OK, speedup=36.74, extra={"held": reason})
+    first = EvalOutcome(EvalStatus.OK, speedup=36.74, confirmation=Confirmation(held=reason))
     assert first.held
-    confirmed = EvalOutcome(EvalStatus.OK, speedup=35.0, extra={"held": reason,
-                                                                "confirmed": True})
+    confirmed = EvalOutcome(EvalStatus.OK, speedup=35.0,
+                            confirmation=Confirmation(held=reason, confirmed=True))
     assert not confirmed.held and not EvalOutcome(EvalStatus.OK, speedup=3.0).held

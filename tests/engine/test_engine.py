@@ -320,7 +320,7 @@ async def test_a_would_be_best_counts_only_as_confirmed(store: Store):
             continue
         best = nodes[card.best_node]
         detail = await store.get_node(best.id)
-        assert detail.outcome.extra["confirmed"] is True
-        assert best.speedup == pytest.approx(detail.outcome.extra["first_speedup"] * 0.8)
+        assert detail.outcome.confirmed
+        assert best.speedup == pytest.approx(detail.outcome.confirmation.first_speedup * 0.8)
         assert not detail.candidate.meta["racy"]
     assert any(not n.ok for n in nodes.values())  # the racy ones failed their confirmation

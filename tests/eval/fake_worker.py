@@ -2,19 +2,21 @@
 how to behave (``behaviour``: ok, hang, die, restart, infra, infra_restart; ``delay_s``).
 
 Run as ``python -m tests.eval.fake_worker --device N [--fail-start] [--start-delay S]``; an
-outcome's ``extra`` says which process answered (``pid``) and when it said it was ready
-(``started_at``).
+outcome's summary is JSON saying which process answered (``pid``) and when it said it was ready
+(``started_at``): ``worker_said`` reads it.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
 
 from kforge.core.candidate import Baseline, EvalOutcome, EvalStatus, Timing
 from kforge.core.gpu import GpuInfo
+from kforge.core.outcome import Placement
 from kforge.eval.process.protocol import (
     BaselineMeasured,
     Evaluate,
@@ -33,6 +35,11 @@ from kforge.eval.process.protocol import (
 )
 
 TIMING = Timing(median_us=10.0, p10_us=9.0, p90_us=11.0, reps=20)
+
+
+def worker_said(outcome: EvalOutcome) -> dict:
+    """What the fake worker that answered said of itself: its ``pid`` and ``started_at``."""
+    return json.loads(outcome.summary)
 STARTED_AT = [0.0]  # when this worker said it was ready
 
 
@@ -54,12 +61,14 @@ def reply_to(request: Evaluate | MeasureBaseline | Ping, device: int) -> Reply:
         os._exit(1)
     if behaviour in ("infra", "infra_restart"):
         return Failed("something broke", restart=behaviour == "infra_restart", id=request.id)
-    extra = {"pid": os.getpid(), "device": device, "started_at": STARTED_AT[0]}
+    placement = Placement(f"cuda:{device}")
+    said = json.dumps({"pid": os.getpid(), "started_at": STARTED_AT[0]})
     if behaviour == "restart":
-        outcome = EvalOutcome(EvalStatus.CRASH, "a kernel crashed", extra=extra, restart=True)
+        outcome = EvalOutcome(EvalStatus.CRASH, "a kernel crashed", placement=placement,
+                              restart=True)
         return Evaluated(outcome, restart=True, id=request.id)
-    outcome = EvalOutcome(EvalStatus.OK, "fine", timing=TIMING, eager=TIMING, speedup=1.0,
-                          extra=extra)
+    outcome = EvalOutcome(EvalStatus.OK, said, timing=TIMING, eager=TIMING, speedup=1.0,
+                          placement=placement)
     return Evaluated(outcome, id=request.id)
 
 

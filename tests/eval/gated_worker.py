@@ -1,7 +1,8 @@
 """A stand-in evaluation worker for the cluster tests: ``tests.eval.fake_worker``'s replies, with
 the GPU's architecture read from ``KFORGE_TEST_ARCH`` (each test node sets its own), an
 evaluation held back until the file its candidate's meta names as ``gate`` exists, and the
-captured samples the worker was given reported (name -> sha256) in the outcome's extra.
+captured samples the worker was given reported (name -> sha256) as ``samples`` in what
+``tests.eval.fake_worker.worker_said`` reads.
 
 Run as ``python -m tests.eval.gated_worker --device N``.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import sys
 import time
@@ -26,7 +28,7 @@ from kforge.eval.process.protocol import (
     worker_exits_after,
     write_frame,
 )
-from tests.eval.fake_worker import reply_to
+from tests.eval.fake_worker import reply_to, worker_said
 
 GATE_POLL_S = 0.02
 
@@ -60,9 +62,9 @@ def main() -> int:
         if isinstance(request, Evaluate) and request.candidate.meta.get("gate"):
             wait_for_gate(request.candidate.meta["gate"], parent)
         reply = reply_to(request, args.device)
-        if isinstance(request, Evaluate) and isinstance(reply, Evaluated):
-            extra = {**reply.outcome.extra, "samples": samples_seen(request)}
-            reply = replace(reply, outcome=replace(reply.outcome, extra=extra))
+        if isinstance(request, Evaluate) and isinstance(reply, Evaluated) and reply.outcome.ok:
+            said = {**worker_said(reply.outcome), "samples": samples_seen(request)}
+            reply = replace(reply, outcome=replace(reply.outcome, summary=json.dumps(said)))
         write_frame(out, reply)
         if worker_exits_after(reply):
             return 3

@@ -39,6 +39,7 @@ from kforge.eval.process.cluster import (
 )
 from kforge.store import NodeStatus, SessionStatus, Store
 from tests.doubles import FakeEvaluator, FakeProposer, sample_cards
+from tests.eval.fake_worker import worker_said
 
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                                reason="ray is not installed (pip install 'kforge[cluster]')")
@@ -269,7 +270,7 @@ async def test_a_lost_actor_and_a_lost_node_cost_only_a_requeue(ray_cluster, tmp
             outcome = (await store.get_node(node.id)).outcome
             assert outcome is not None
             expected = {"0.pt": digest} if node.card_id == softmax_id else {}
-            assert outcome.extra["samples"] == expected
+            assert worker_said(outcome)["samples"] == expected
         # none once it ended (a search over before its first heartbeat never stored any)
         assert (await store.get_session(sid)).settings.get("workers", []) == []
     finally:
@@ -311,7 +312,7 @@ async def test_a_session_is_evaluated_only_on_gpus_of_its_architecture(ray_clust
         assert evaluator.capacity == 1 and evaluator.gpu.arch == "sm_80"
         assert [w.arch for w in evaluator.workers()] == ["sm_80"]
         outcome = await evaluator.evaluate(sample_cards()[1], Candidate("src", meta={}))
-        assert outcome.ok and outcome.extra["node"] == evaluator.workers()[0].node
+        assert outcome.ok and outcome.placement.node == evaluator.workers()[0].node
         assert evaluator.workers()[0].done == 1 and not evaluator.workers()[0].busy
     finally:
         await evaluator.close()

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from kforge.core.outcome import encode
 from kforge.runtime.counters import (
     INSUFFICIENT_PRIVILEGES,
     STRUCTS,
@@ -66,7 +67,7 @@ def test_without_counters_the_report_says_why_and_nothing_raises():
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
     assert not report.ok and report.note.startswith("counters not available: ")
-    assert report.to_dict() == {"tool": report.tool, "note": report.note}
+    assert encode(report.figures()) == {"tool": report.tool, "note": report.note}
 
 
 def test_privileges_and_other_refusals_are_explained():
@@ -89,7 +90,7 @@ def test_a_report_gives_each_launchs_achieved_bandwidth():
     kernel = KernelCounters("rows", {"duration_ns": 10_000.0, "dram_read_bytes": 30e6,
                                      "dram_write_bytes": 10e6, "occupancy_pct": 48.0})
     assert kernel.dram_gbs == pytest.approx(4000.0)
-    data = CounterReport((kernel,), passes=2).to_dict()
+    data = encode(CounterReport((kernel,), passes=2).figures())
     assert data["kernels"][0] == {"kernel": "rows", "duration_ns": 10_000.0,
                                   "dram_read_bytes": 30e6, "dram_write_bytes": 10e6,
                                   "occupancy_pct": 48.0, "dram_gbs": pytest.approx(4000.0)}
@@ -130,14 +131,14 @@ def test_a_correct_candidates_outcome_carries_its_kernels_counters_or_why_not():
     card = C.softmax_card(4096, 4096)
     outcome = evaluate_local(card, C.softmax(), settings=EvalSettings(sanitize=False))
     assert outcome.ok, outcome.summary
-    counters = outcome.extra["counters"]
+    counters = outcome.counters
     print(counters)
-    if "kernels" not in counters:
-        assert counters["note"].startswith("counters not available: ")
-        pytest.skip(counters["note"])
-    (kernel,) = counters["kernels"]
-    assert kernel["kernel"] == "softmax_f32"
-    assert kernel["duration_ns"] > 0
+    if not counters.kernels:
+        assert counters.note.startswith("counters not available: ")
+        pytest.skip(counters.note)
+    (kernel,) = counters.kernels
+    assert kernel.kernel == "softmax_f32"
+    assert kernel.duration_ns > 0
     moved = kernel.get("dram_read_bytes", 0) + kernel.get("dram_write_bytes", 0)
     assert moved >= 0.5 * 2 * 4096 * 4096 * 4  # read the input and write the output, cold L2
     assert 0 < kernel["occupancy_pct"] <= 100

@@ -97,7 +97,8 @@ REFERENCE_CASES = [
 @pytest.mark.parametrize("name, card", REFERENCE_CASES, ids=[c[0] for c in REFERENCE_CASES])
 def test_reference_candidates_pass_on_the_gpu(name, card):
     outcome = evaluate_local(card, C.reference(card))
-    assert outcome.status is EvalStatus.OK, f"{outcome.summary}\n{outcome.extra.get('traceback', '')}"
+    trace = outcome.failure.traceback if outcome.failure else ""
+    assert outcome.status is EvalStatus.OK, f"{outcome.summary}\n{trace}"
     assert outcome.speedup and outcome.speedup > 0
     assert outcome.bandwidth_gbs and outcome.floor_fraction
     assert outcome.floor_fraction < 1.5, "faster than the memory floor allows"
@@ -119,7 +120,7 @@ def test_captured_samples_with_masks_are_replayed_and_mimicked(tmp_path):
     torch.save({"args": [scores, -1, False], "kwargs": {}}, tmp_path / card.key / "0.pt")
     outcome = evaluate_local(card, C.softmax(), samples_dir=tmp_path)
     assert outcome.ok, outcome.summary
-    assert outcome.correctness["sets"][0]["inputs"] == "sample 0"
+    assert outcome.correctness.sets[0].inputs == "sample 0"
 
 
 @pytest.mark.parametrize("name, card, build, expected", C.CHEATS, ids=[c[0] for c in C.CHEATS])

@@ -46,12 +46,12 @@ def test_reference_candidates_pass(card):
     assert outcome.status is EvalStatus.OK, outcome.summary
     assert outcome.speedup == pytest.approx(outcome.eager.median_us / outcome.timing.median_us)
     assert outcome.timing.reps >= 5 and outcome.timing.p10_us <= outcome.timing.p90_us
-    sets = outcome.correctness["sets"]
-    assert [s["inputs"] for s in sets] == ["seed 1", "seed 2", "seed 3"]
-    assert sets[0]["address_check"] is True
-    assert outcome.correctness["after_timing"]["inputs"] == f"seed {1_000_003}"
-    assert outcome.extra["launches"] >= 1
-    assert outcome.extra["read_bytes"] > 0 and outcome.extra["write_bytes"] > 0
+    sets = outcome.correctness.sets
+    assert [s.inputs for s in sets] == ["seed 1", "seed 2", "seed 3"]
+    assert sets[0].address_check is True
+    assert outcome.correctness.after_timing.inputs == f"seed {1_000_003}"
+    assert outcome.work.launches >= 1
+    assert outcome.work.read_bytes > 0 and outcome.work.write_bytes > 0
 
 
 @pytest.mark.parametrize("name, card, candidate, expected", C.CHEATS,
@@ -109,7 +109,7 @@ def test_samples_are_verified_before_random_inputs(tmp_path):
     torch.save({"args": [torch.randn(8, 64), -1, False], "kwargs": {}}, tmp_path / card.key / "0.pt")
     outcome = run(card, C.softmax(), samples_dir=tmp_path)
     assert outcome.ok, outcome.summary
-    assert [s["inputs"] for s in outcome.correctness["sets"]][:2] == ["sample 0", "seed 1"]
+    assert [s.inputs for s in outcome.correctness.sets][:2] == ["sample 0", "seed 1"]
 
 
 def test_outcomes_survive_json():

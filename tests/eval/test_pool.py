@@ -14,6 +14,7 @@ import pytest
 
 from kforge.core.candidate import Baseline, Candidate, EvalOutcome, EvalStatus, Timing
 from kforge.core.gpu import GpuInfo
+from kforge.core.outcome import Element, FailureEvidence, Mismatch
 from kforge.core.protocols import Evaluator, SearchContext
 from kforge.errors import KforgeError
 from kforge.eval import make_gpu_evaluator
@@ -38,6 +39,7 @@ from kforge.eval.process.protocol import (
     worker_exits_after,
 )
 from tests.eval.candidates import add_card
+from tests.eval.fake_worker import worker_said
 
 CARD = add_card([4, 4])
 
@@ -70,7 +72,8 @@ MESSAGES = [
     Ping(id=9),
     Shutdown(),
     Evaluated(EvalOutcome(EvalStatus.OK, "fine", timing=TIMING, speedup=12.5,
-                          extra={"x": [1, 2.5, None, float("inf")]}), id=7),
+                          failure=FailureEvidence(Mismatch(max_abs="inf", worst=(
+                              Element((1, 2), 2.5, "nan"),)))), id=7),
     Evaluated(EvalOutcome(EvalStatus.CRASH, "a kernel crashed", restart=True), restart=True, id=3),
     BaselineMeasured(Baseline(eager=TIMING, compiled=TIMING, floor_us=1.0), id=8),
     Pong(id=9),
@@ -139,11 +142,11 @@ async def test_evaluations_and_baselines_come_back():
 async def test_a_hung_evaluation_times_out_and_the_worker_is_replaced():
     evaluator = await started(timeout_s=1.0)
     try:
-        before = (await evaluator.evaluate(CARD, candidate())).extra["pid"]
+        before = worker_said(await evaluator.evaluate(CARD, candidate()))["pid"]
         hung = await evaluator.evaluate(CARD, candidate(behaviour="hang"))
         assert hung.status is EvalStatus.TIMEOUT and "restarted" in hung.summary
         after = await evaluator.evaluate(CARD, candidate())
-        assert after.ok and after.extra["pid"] != before
+        assert after.ok and worker_said(after)["pid"] != before
         assert evaluator.restarts == 1
     finally:
         await evaluator.close()
@@ -166,11 +169,11 @@ async def test_a_dead_worker_is_a_crash_and_the_search_goes_on():
 async def test_an_evaluator_failure_that_ends_the_worker_replaces_it_at_once():
     evaluator = await started()
     try:
-        before = (await evaluator.evaluate(CARD, candidate())).extra["pid"]
+        before = worker_said(await evaluator.evaluate(CARD, candidate()))["pid"]
         broken = await evaluator.evaluate(CARD, candidate(behaviour="infra_restart"))
         assert broken.status is EvalStatus.INFRA and "something broke" in broken.summary
         after = await evaluator.evaluate(CARD, candidate())
-        assert after.ok and after.extra["pid"] != before
+        assert after.ok and worker_said(after)["pid"] != before
         assert evaluator.restarts == 1
     finally:
         await evaluator.close()
@@ -183,7 +186,7 @@ async def test_evaluations_spread_over_gpus():
         outcomes = await asyncio.gather(*(evaluator.evaluate(CARD, candidate(delay_s=0.3))
                                           for _ in range(4)))
         assert all(o.ok for o in outcomes)
-        assert {o.extra["device"] for o in outcomes} == {0, 1}
+        assert {o.placement.device for o in outcomes} == {"cuda:0", "cuda:1"}
     finally:
         await evaluator.close()
 
@@ -212,8 +215,8 @@ async def test_workers_of_one_gpu_evaluate_side_by_side():
         outcomes = await asyncio.gather(*(evaluator.evaluate(CARD, candidate(delay_s=1.0))
                                           for _ in range(2)))
         assert time.monotonic() - began < 1.9  # not one after the other
-        assert all(o.ok and o.extra["device"] == 0 for o in outcomes)
-        assert len({o.extra["pid"] for o in outcomes}) == 2
+        assert all(o.ok and o.placement.device == "cuda:0" for o in outcomes)
+        assert len({worker_said(o)["pid"] for o in outcomes}) == 2
     finally:
         await evaluator.close()
 
@@ -227,8 +230,8 @@ async def test_a_worker_is_replaced_by_the_spare_started_ahead_of_need():
         dead = await evaluator.evaluate(CARD, candidate(behaviour="die"))
         assert dead.status is EvalStatus.CRASH
         after = await evaluator.evaluate(CARD, candidate())
-        assert after.ok and after.extra["pid"] != first.extra["pid"]
-        assert after.extra["started_at"] < asked  # ready before it was needed
+        assert after.ok and worker_said(after)["pid"] != worker_said(first)["pid"]
+        assert worker_said(after)["started_at"] < asked  # ready before it was needed
     finally:
         await evaluator.close()
 
@@ -268,7 +271,8 @@ def test_the_factory_refuses_without_a_gpu():
 async def test_a_worker_is_replaced_after_serving_its_share():
     evaluator = await started(settings={"recycle_after": 2})
     try:
-        pids = [(await evaluator.evaluate(CARD, candidate())).extra["pid"] for _ in range(5)]
+        pids = [worker_said(await evaluator.evaluate(CARD, candidate()))["pid"]
+                for _ in range(5)]
     finally:
         await evaluator.close()
     assert pids[0] == pids[1] and pids[2] == pids[3] and len(set(pids)) == 3
@@ -287,9 +291,10 @@ async def test_a_new_best_is_confirmed_by_a_fresh_worker_on_new_inputs(monkeypat
         confirmed = await evaluator.confirm(CARD, candidate(), first)
     finally:
         await evaluator.close()
-    assert confirmed.ok and confirmed.extra["confirmed"] is True
-    assert confirmed.extra["pid"] != first.extra["pid"]  # a worker of its own: the spare
-    assert confirmed.extra["sanitizer"]["ok"] is True and seen
+    assert confirmed.ok and confirmed.confirmed
+    # a worker of its own: the spare
+    assert worker_said(confirmed)["pid"] != worker_said(first)["pid"]
+    assert confirmed.confirmation.sanitizer.ok is True and seen
 
 
 async def test_a_sanitizer_report_rejects_the_new_best(monkeypatch):

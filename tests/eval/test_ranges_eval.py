@@ -38,20 +38,20 @@ def test_a_shape_generic_kernel_passes_over_the_whole_range():
     card = rows_card()
     outcome = run(card, C.relu())
     assert outcome.status is EvalStatus.OK, outcome.summary
-    points = [figure["point"]["L"] for figure in outcome.extra["ranges"]]
+    points = [figure.point["L"] for figure in outcome.ranges.points]
     assert points[:3] == [AT, 1, 200] and len(set(points)) == 3 + INTERIOR_POINTS
     assert all(1 <= p <= 200 for p in points)
-    eager = sum(f["eager_us"] for f in outcome.extra["ranges"])
-    kernel = sum(f["median_us"] for f in outcome.extra["ranges"])
+    eager = sum(f.eager_us for f in outcome.ranges.points)
+    kernel = sum(f.median_us for f in outcome.ranges.points)
     assert outcome.speedup == pytest.approx(eager / kernel)
     assert "over L=1..200 at 6 points" in outcome.summary
-    assert outcome.correctness["sets"]  # the profiled point's full verdict is kept
+    assert outcome.correctness.sets  # the profiled point's full verdict is kept
 
 
 def test_the_pipeline_hands_a_range_card_to_the_range_evaluation():
     outcome = evaluate_candidate(rows_card(), C.relu(), runtime=CpuRuntime(), loader=PyLoader(),
                                  gpu=CPU_GPU, settings=FAST)
-    assert outcome.ok and len(outcome.extra["ranges"]) == 3 + INTERIOR_POINTS
+    assert outcome.ok and len(outcome.ranges.points) == 3 + INTERIOR_POINTS
 
 
 def test_a_kernel_sized_for_the_profiled_point_is_rejected_for_the_range():
@@ -62,7 +62,7 @@ def test_a_kernel_sized_for_the_profiled_point_is_rejected_for_the_range():
     outcome = run(rows_card(), fixed)
     assert outcome.status is not EvalStatus.OK
     assert outcome.summary.startswith("at L=1: ")
-    assert outcome.extra["range_point"] == {"L": 1}
+    assert outcome.ranges.failed_at == {"L": 1}
 
 
 def test_a_plan_that_covers_only_the_profiled_point_is_rejected():

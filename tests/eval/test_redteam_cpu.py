@@ -62,14 +62,14 @@ def test_every_honest_control_passes(control, tmp_path):
     outcome = evaluate(card, control.candidate("cpu"), sample=control.sample,
                        samples_dir=tmp_path)
     assert outcome.status is EvalStatus.OK, f"{control.name}: {outcome.summary}"
-    assert outcome.correctness["stress"], "no stress set was tried"
+    assert outcome.correctness.stress, "no stress set was tried"
 
 
 def test_honest_kernels_respect_the_physical_floor():
     card = C.softmax_card()
     outcome = evaluate(card, C.reference(card, "cpu"), modelled=True)
     assert outcome.status is EvalStatus.OK, outcome.summary
-    assert outcome.timing.median_us >= outcome.extra["hard_floor_us"]
+    assert outcome.timing.median_us >= outcome.work.hard_floor_us
 
 
 def test_every_class_has_several_cases():
@@ -101,7 +101,7 @@ def test_timed_calls_are_prepared_alike_whether_checked_or_not(monkeypatch):
                                    timing=TimingPlan(warmup=1, min_reps=rounds, max_reps=rounds))
     card = C.softmax_card(8, 64)
     outcome = evaluate(card, C.softmax(), settings=settings)
-    assert outcome.ok and outcome.extra["checked_timed_calls"] == 3, outcome.summary
+    assert outcome.ok and outcome.work.checked_timed_calls == 3, outcome.summary
 
     timing = events[events.index("refill"):]
     preparations = []

@@ -245,8 +245,8 @@ def test_an_embedding_lookup_is_not_charged_for_the_rows_it_does_not_read(tmp_pa
                        samples_dir=tmp_path)
     assert outcome.ok, outcome.summary
     indices = R.TOKENS * 8
-    assert outcome.extra["read_bytes"] == indices
-    assert outcome.extra["write_bytes"] == R.TOKENS * R.EMBED_DIM * 4
+    assert outcome.work.read_bytes == indices
+    assert outcome.work.write_bytes == R.TOKENS * R.EMBED_DIM * 4
 
 
 def test_a_call_that_fails_releases_the_hold_before_the_error_goes_on():

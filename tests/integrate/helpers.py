@@ -9,6 +9,7 @@ from pathlib import Path
 from kforge.core.candidate import Candidate, EvalOutcome, EvalStatus, Timing
 from kforge.core.gpu import GpuInfo
 from kforge.core.opcard import OpCard
+from kforge.core.outcome import HostCost
 from kforge.core.reward import reward_from_speedup
 from kforge.propose.library.proposer import build_candidate, make_plan
 from kforge.store import Store
@@ -20,7 +21,7 @@ FAKE_GPU = {"name": "Fake GPU", "arch": "sm_90"}
 WINNING_OPS = {"aten._softmax.default": 1.8, "aten.native_layer_norm.default": 1.4,
                "aten.gelu.default": 1.3}
 # host time per call of each winner's launch path and of eager's own call, as recorded
-HOST_COSTS = {"host_us": 9.0, "eager_host_us": 6.5}
+HOST_COSTS = HostCost(9.0, 6.5)
 
 
 def timing(us: float, spread: float = 0.02) -> Timing:
@@ -51,7 +52,7 @@ async def add_winner(store: Store, session: int, card_id: int, candidate: Candid
     ok = status is EvalStatus.OK
     outcome = EvalOutcome(status, summary="test", timing=timing(100.0 / speedup, spread),
                           eager=timing(100.0, spread), speedup=speedup if ok else None,
-                          extra=dict(HOST_COSTS))
+                          host=HOST_COSTS)
     await store.finish_node(node, outcome, reward_from_speedup(speedup) if ok else None,
                             confirmed=ok)
     return node

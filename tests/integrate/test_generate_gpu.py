@@ -35,7 +35,7 @@ def test_a_generic_cuda_kernel_passes_over_its_range_and_a_sized_one_does_not():
     card = rows_card()
     outcome = evaluate_local(card, C.relu("bfloat16"))
     assert outcome.status is EvalStatus.OK, outcome.summary
-    assert len(outcome.extra["ranges"]) == 6 and "over L=1..8192" in outcome.summary
+    assert len(outcome.ranges.points) == 6 and "over L=1..8192" in outcome.summary
     plan = C.unary_plan(C.kernel_name("relu", "bfloat16"), "bfloat16")
     plan["let"] = {"n": str(AT * 256)}
     sized = evaluate_local(card, Candidate(C.ELEMENTWISE_SOURCE, plan=plan))

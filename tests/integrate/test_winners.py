@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from kforge.core.candidate import Candidate, EvalOutcome, EvalStatus, Timing
 from kforge.core.opcard import OpCard
+from kforge.core.outcome import HostCost
 from kforge.integrate.winners import (
     Decision,
     best_nodes,
@@ -48,10 +50,9 @@ def node(node_id: int = 10, card_id: int = 3, parent: int | None = None, status:
 
 
 def detail(speedup: float, spread: float = 0.02, status: EvalStatus = EvalStatus.OK,
-           candidate: Candidate | None = CODE, extra: dict | None = None) -> NodeDetail:
+           candidate: Candidate | None = CODE, host: HostCost | None = None) -> NodeDetail:
     outcome = EvalOutcome(status, timing=timing(100 / speedup, spread), eager=timing(100, spread),
-                          speedup=speedup if status is EvalStatus.OK else None,
-                          extra=extra or {})
+                          speedup=speedup if status is EvalStatus.OK else None, host=host)
     return NodeDetail(row=node(speedup=speedup), candidate=candidate, outcome=outcome)
 
 
@@ -169,27 +170,28 @@ MEAN = OpCard("aten.mean.dim", [{"t": "tensor", "shape": [1, 1, 1536], "stride":
               calls=100, eager_us=4.0, id=7)
 
 
-def host_costs(host_us: float, eager_host_us: float) -> dict:
-    return {"host_us": host_us, "eager_host_us": eager_host_us}
+def host_costs(host_us: float, eager_host_us: float) -> HostCost:
+    return HostCost(host_us, eager_host_us)
 
 
 def test_the_measured_host_cost_of_the_launch_path_is_carried_into_the_decision():
-    measured = decide(row(MEAN), detail(2.0, extra=host_costs(9.5, 7.0)), made_on="sm_90")
+    measured = decide(row(MEAN), detail(2.0, host=host_costs(9.5, 7.0)), made_on="sm_90")
     assert measured.host_extra_us == pytest.approx(2.5)
     assert decide(row(MEAN), detail(2.0), made_on="sm_90").host_extra_us is None
-    broken = detail(2.0, extra={"host_us": "fast", "eager_host_us": 7.0})
+    stored = {**detail(2.0).outcome.to_dict(), "extra": {"host_us": "fast", "eager_host_us": 7.0}}
+    broken = replace(detail(2.0), outcome=EvalOutcome.from_dict(stored))
     assert decide(row(MEAN), broken, made_on="sm_90").host_extra_us is None
 
 
-@pytest.mark.parametrize(("extra", "replaced", "cost"), [
+@pytest.mark.parametrize(("host", "replaced", "cost"), [
     # 100 calls at 4 us and 2x save 200 us; the guard alone costs 100 x 1 us
     (host_costs(6.0, 7.0), True, None),     # a launch path cheaper than eager's adds nothing
     (host_costs(7.5, 7.0), True, None),     # 100 + 100 x 0.5 = 150 us < 200 us
     (host_costs(8.5, 7.0), False, 250),     # 100 + 100 x 1.5 = 250 us > 200 us
-    ({}, False, 300),                       # recorded before: the estimate, 100 + 100 x 2
+    (None, False, 300),                       # recorded before: the estimate, 100 + 100 x 2
 ])
-def test_routing_weighs_the_measured_launch_path_against_eagers_own_call(extra, replaced, cost):
-    winner = decide(row(MEAN), detail(2.0, extra=extra), made_on="sm_90")
+def test_routing_weighs_the_measured_launch_path_against_eagers_own_call(host, replaced, cost):
+    winner = decide(row(MEAN), detail(2.0, host=host), made_on="sm_90")
     assert winner.replaced
     decision, = worth_routing([winner], miss_us=1.0, call_us=3.0)
     assert decision.replaced is replaced
@@ -200,10 +202,10 @@ def test_routing_weighs_the_measured_launch_path_against_eagers_own_call(extra, 
 
 
 def test_each_kernel_of_an_op_is_charged_its_own_launch_path():
-    cheap = decide(row(MEAN), detail(2.0, extra=host_costs(7.0, 7.0)), made_on="sm_90")
+    cheap = decide(row(MEAN), detail(2.0, host=host_costs(7.0, 7.0)), made_on="sm_90")
     wide = {**MEAN.args[0], "shape": [1, 2, 768], "stride": [1536, 768, 1]}
     other = OpCard(**{**MEAN.to_dict(), "key": "", "args": [wide, [-1], True], "id": 8})
-    dear = decide(row(other), detail(2.0, extra=host_costs(17.0, 7.0)), made_on="sm_90")
+    dear = decide(row(other), detail(2.0, host=host_costs(17.0, 7.0)), made_on="sm_90")
     assert worth_routing([cheap], miss_us=1.0, call_us=3.0)[0].replaced
     # together, per op: saved 2 x 200 us = 400; cost 200 calls x 1 us + 100 x 0 + 100 x 10 = 1200
     decisions = worth_routing([cheap, dear], miss_us=1.0, call_us=3.0)

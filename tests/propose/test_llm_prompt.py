@@ -13,6 +13,20 @@ from kforge.core.candidate import Baseline, Candidate, EvalOutcome, EvalStatus, 
 from kforge.core.gpu import GpuInfo
 from kforge.core.mcts import Action
 from kforge.core.opcard import OpCard
+from kforge.core.outcome import (
+    CompileFacts,
+    Comparison,
+    Confirmation,
+    Correctness,
+    CounterFigures,
+    Element,
+    FailureEvidence,
+    LaunchCounters,
+    Mismatch,
+    NonFinite,
+    SanitizerReport,
+    SetCheck,
+)
 from kforge.core.region import Region
 from kforge.propose.llm.parse import parse_reply
 from kforge.propose.llm.prompt import (
@@ -124,7 +138,7 @@ def test_repair_after_a_compile_error_carries_the_log():
 
 def test_repair_after_a_mismatch_carries_the_summary():
     outcome = EvalOutcome(EvalStatus.MISMATCH, summary="max abs error 0.5 at [3, 17]",
-                          correctness={"max_abs": 0.5, "worst_index": [3, 17], "seed": 1})
+                          correctness=Correctness((SetCheck("seed 1", max_abs=0.5),)))
     text = user_prompt(request(Action.REPAIR, parent=node(5, Action.REFINE, outcome)))
     assert "mismatch: max abs error 0.5 at [3, 17]" in text
     assert "correctness details:\n```json" in text and '"max_abs": 0.5' in text
@@ -275,12 +289,13 @@ def test_the_eager_kernels_and_their_times_are_shown():
 
 
 def test_a_refine_gets_the_parents_registers_and_hardware_counters():
-    outcome = replace(ok_outcome(1.4, 21.0), extra={
-        "registers": {"softmax_rows_bf16": 40}, "spills": False,
-        "counters": {"tool": "CUPTI range profiler", "passes": 1, "kernels": [
-            {"kernel": "softmax_rows_bf16", "duration_ns": 20500.0, "dram_read_bytes": 67.1e6,
-             "dram_write_bytes": 67.1e6, "dram_gbs": 6546.0, "dram_peak_pct": 71.0,
-             "occupancy_pct": 43.5, "sm_peak_pct": 22.0}]}})
+    outcome = replace(
+        ok_outcome(1.4, 21.0), compile=CompileFacts(registers={"softmax_rows_bf16": 40},
+                                                    spills=False),
+        counters=CounterFigures("CUPTI range profiler", passes=1, kernels=(LaunchCounters(
+            "softmax_rows_bf16", duration_ns=20500.0, dram_read_bytes=67.1e6,
+            dram_write_bytes=67.1e6, dram_gbs=6546.0, dram_peak_pct=71.0, occupancy_pct=43.5,
+            sm_peak_pct=22.0),)))
     text = user_prompt(replace(request(Action.REFINE, parent=node(3, Action.NEW, outcome)),
                                gpu=h200_from_the_driver()))
     parent = text.split("# The parent kernel", 1)[1]
@@ -292,8 +307,8 @@ def test_a_refine_gets_the_parents_registers_and_hardware_counters():
 
 
 def test_a_parent_whose_spills_went_unreported_is_not_said_to_have_none():
-    outcome = replace(ok_outcome(1.4, 21.0), extra={"registers": {"softmax_rows_bf16": 40},
-                                                    "spills": None})
+    outcome = replace(ok_outcome(1.4, 21.0),
+                      compile=CompileFacts(registers={"softmax_rows_bf16": 40}, spills=None))
     text = user_prompt(replace(request(Action.REFINE, parent=node(3, Action.NEW, outcome)),
                                gpu=h200_from_the_driver()))
     assert "softmax_rows_bf16 40 registers/thread" in text
@@ -303,24 +318,20 @@ def test_a_parent_whose_spills_went_unreported_is_not_said_to_have_none():
 def test_a_refine_is_told_when_counters_are_not_permitted():
     note = ("counters not available: not permitted: the driver restricts GPU performance "
             "counters to administrators (NVreg_RestrictProfilingToAdminUsers=1)")
-    outcome = replace(ok_outcome(1.2), extra={"counters": {"tool": "CUPTI range profiler",
-                                                           "note": note}})
+    outcome = replace(ok_outcome(1.2), counters=CounterFigures("CUPTI range profiler", note))
     text = user_prompt(request(Action.REFINE, parent=node(3, Action.NEW, outcome)))
     assert f"hardware counters (CUPTI range profiler): {note}" in text
 
 
 def test_a_mismatch_repair_gets_the_worst_elements_spans_and_norms_per_input_set():
-    extra = {"report": {"ok": False}, "mismatch": {
-        "where": "random seed 2, run 1", "result": 0, "shape": [8192, 4096],
-        "dtype": "bfloat16", "faults": 8192, "max_abs": 0.75, "rel_norm": 0.031,
-        "fault_span": [[0, 8191], [4032, 4095]],
-        "nonfinite": {"nan": {"eager": 0, "candidate": 3}},
-        "worst": [{"index": [17, 4095], "eager": 0.5, "candidate": "nan"},
-                  {"index": [3, 4032], "eager": 0.25, "candidate": 1.0}]},
-        "sets_passed": [{"inputs": "captured sample 0", "max_abs": 0.0039, "rel_norm": 0.0012}]}
+    evidence = FailureEvidence(
+        Mismatch("random seed 2, run 1", 0, (8192, 4096), "bfloat16", 8192, 0.75, 0.031,
+                 ((0, 8191), (4032, 4095)), {"nan": NonFinite(0, 3)},
+                 (Element((17, 4095), 0.5, "nan"), Element((3, 4032), 0.25, 1.0))),
+        (SetCheck("captured sample 0", 0.0039, 0.0012),), Comparison(False))
     outcome = EvalOutcome(EvalStatus.MISMATCH, summary="random seed 2, run 1, result 0: NaN "
                           "positions differ from eager's at 3 elements, first at [17, 4095]",
-                          extra=extra)
+                          failure=evidence)
     text = user_prompt(request(Action.REPAIR, parent=node(5, Action.NEW, outcome)))
     assert "mismatch evidence, random seed 2, run 1, result 0 (bfloat16 [8192, 4096]):" in text
     assert "- 8192 elements at fault; max abs error 0.75, relative error norm 0.031" in text
@@ -345,8 +356,8 @@ def test_a_compile_repair_quotes_the_lines_the_log_points_at():
 def test_a_sanitizer_rejection_and_a_long_plan_error_reach_the_repair_in_full():
     message = ("compute-sanitizer racecheck: Race reported between Write access at "
                "softmax_rows_bf16+0x1f0 and Read access at softmax_rows_bf16+0x2a0")
-    outcome = EvalOutcome(EvalStatus.MISMATCH, summary=message, extra={
-        "sanitizer": {"ok": False, "ran": True, "tool": "racecheck", "message": message}})
+    outcome = EvalOutcome(EvalStatus.MISMATCH, summary=message, confirmation=Confirmation(
+        sanitizer=SanitizerReport(False, "racecheck", message)))
     text = user_prompt(request(Action.REPAIR, parent=node(5, Action.NEW, outcome)))
     assert f"compute-sanitizer (racecheck) report: {message}" in text
     field = "launches[2].params[7]"
@@ -357,8 +368,8 @@ def test_a_sanitizer_rejection_and_a_long_plan_error_reach_the_repair_in_full():
 
 
 def test_a_crash_repair_gets_the_workers_last_output():
-    outcome = EvalOutcome(EvalStatus.CRASH, summary="the worker died", extra={
-        "stderr": "CUDA error: an illegal memory access was encountered\nat softmax_rows_bf16"})
+    outcome = EvalOutcome(EvalStatus.CRASH, summary="the worker died", failure=FailureEvidence(
+        stderr="CUDA error: an illegal memory access was encountered\nat softmax_rows_bf16"))
     text = user_prompt(request(Action.REPAIR, parent=node(5, Action.NEW, outcome)))
     assert "the worker's last output:\n```text\nCUDA error: an illegal memory access" in text
 

@@ -12,6 +12,7 @@ import pytest
 
 from kforge.core.candidate import Candidate, EvalOutcome, EvalStatus
 from kforge.core.mcts import Action
+from kforge.core.outcome import Confirmation, FailureEvidence, SanitizerReport
 from kforge.propose.llm import LlmProposer, LlmSettings
 from kforge.runtime.nvrtc import Compiler
 from kforge.store import Store
@@ -48,9 +49,9 @@ async def test_the_configured_key_reaches_neither_the_database_nor_a_request(con
             # Text that holds the key anyway, however it got there, as the evaluator reports it.
             outcome = EvalOutcome(EvalStatus.COMPILE_ERROR, summary=f"1 error {KEY}",
                                   compile_log=f"{compiled.log}\napi_key = \"{KEY}\"",
-                                  extra={"sanitizer": {"ok": False, "tool": "memcheck",
-                                                     "message": f"report {KEY}"},
-                                         "stderr": f"crashed: {KEY}\n"})
+                                  confirmation=Confirmation(sanitizer=SanitizerReport(
+                                      False, "memcheck", f"report {KEY}")),
+                                  failure=FailureEvidence(stderr=f"crashed: {KEY}\n"))
             store = await Store.open(tmp_path / "k.db")
             try:
                 sid = await store.create_profiled_session("toy", {}, {"name": "g"},

@@ -72,7 +72,8 @@ def check(gpu_eval, card: OpCard, plan: Plan, label: str) -> None:
         outcome = evaluate(card, candidate)
         time_us = outcome.timing.median_us if outcome.timing else None
         print(f"{label}: {variant.approach} {params}: {outcome.status.value}, "
-              f"{time_us} us, {outcome.speedup}x eager, nvrtc {outcome.extra.get('compile_s')} s")
+              f"{time_us} us, {outcome.speedup}x eager, nvrtc "
+              f"{outcome.compile.seconds if outcome.compile else None} s")
         if not outcome.ok:
             failures.append(f"{variant.approach} {params}: {outcome.status.value}: {outcome.summary}")
     assert not failures, f"{label}:\n" + "\n".join(failures)

@@ -9,6 +9,7 @@ from pathlib import Path
 from unittest import mock
 
 from kforge.core.candidate import Baseline, Candidate, EvalOutcome, EvalStatus, LlmCall, Timing
+from kforge.core.outcome import Correctness, SetCheck
 from kforge.store import SessionStatus, Store
 from tests.doubles import sample_cards
 
@@ -78,7 +79,8 @@ async def build(db: Path, extra_nodes: int = 0) -> dict[str, int]:
                 return node_id  # left in flight
             outcome = (EvalOutcome(status, summary=f"{speed:.2f}x", timing=timing(100 / speed),
                                    eager=timing(100.0), speedup=speed,
-                                   correctness={"max_abs_err": 0.0009, "trials": 5})
+                                   correctness=Correctness((SetCheck("seed 1",
+                                                                     max_abs=0.0009),)))
                        if status is EvalStatus.OK else
                        EvalOutcome(status, summary="error: expected ';'",
                                    compile_log="kernel.cu(7): error: expected a \";\""))

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import kforge
 from kforge.core.candidate import Baseline, Candidate, EvalOutcome, EvalStatus
 from kforge.core.gpu import NO_GPU, GpuInfo
+from kforge.core.outcome import Placement
 from kforge.core.opcard import OpCard, key_folder
 from kforge.core.settings import EvalSettings
 from kforge.errors import KforgeError
@@ -482,8 +483,7 @@ class ClusterEvaluator:
         except EvaluatorLost:
             raise
         except KforgeError as exc:
-            return EvalOutcome(EvalStatus.INFRA, f"the confirmation run failed: {exc}",
-                               extra=outcome.extra)
+            return outcome.judged_again(EvalStatus.INFRA, f"the confirmation run failed: {exc}")
         return _placed(EvalOutcome.from_dict(reply["outcome"]), reply["node"])
 
     async def baseline(self, card: OpCard) -> Baseline:
@@ -525,7 +525,8 @@ class ClusterEvaluator:
 
 def _placed(outcome: EvalOutcome, where: WorkerStatus) -> EvalOutcome:
     """The outcome with the host and GPU that measured it."""
-    return replace(outcome, extra={**outcome.extra, "node": where.node, "node_gpu": where.gpu})
+    return replace(outcome, placement=replace(outcome.placement or Placement(), node=where.node,
+                                              node_gpu=where.gpu))
 
 
 def one_line(exc: BaseException) -> str:

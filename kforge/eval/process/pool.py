@@ -26,12 +26,17 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from kforge.core.candidate import Baseline, Candidate, EvalOutcome, EvalStatus
 from kforge.core.child import child_env, python_command
 from kforge.core.gpu import NO_GPU, GpuInfo
 from kforge.core.opcard import OpCard
+from kforge.core.outcome import (
+    Confirmation,
+    FailureEvidence,
+    Placement,
+    SanitizerReport,
+)
 from kforge.core.settings import EvalSettings, TimingPlan
 from kforge.errors import KforgeError
 from kforge.eval.process.protocol import (
@@ -50,9 +55,6 @@ from kforge.eval.process.protocol import (
     read_frame_async,
     worker_exits_after,
 )
-
-if TYPE_CHECKING:
-    from kforge.eval.process.sanitize import SanitizerReport
 
 DEFAULT_TIMEOUT_S = EvalSettings.timeout_s
 DEFAULT_BASELINE_TIMEOUT_S = EvalSettings.baseline_timeout_s
@@ -314,19 +316,20 @@ class GpuEvaluator:
         if failure == "timeout":
             return EvalOutcome(EvalStatus.TIMEOUT, f"no verdict within {self.timeout_s:.0f} s (a "
                                f"hung kernel?): the worker on GPU {worker.device} was restarted",
-                               wall_s=wall, extra={"device": worker.device})
+                               wall_s=wall, placement=Placement(f"cuda:{worker.device}"))
         if failure == "died":
             code = worker.process.returncode if worker.process else None
             return EvalOutcome(EvalStatus.CRASH, f"the worker on GPU {worker.device} died (exit "
                                f"code {code}): {worker.last_error()}", wall_s=wall,
-                               extra={"device": worker.device,
-                                      "stderr": "\n".join(list(worker.stderr)[-30:])})
+                               placement=Placement(f"cuda:{worker.device}"),
+                               failure=FailureEvidence(
+                                   stderr="\n".join(list(worker.stderr)[-30:])))
         match reply:
             case Evaluated(outcome=outcome):
                 return outcome
             case Failed(error=error, traceback=trace):
                 return EvalOutcome(EvalStatus.INFRA, f"evaluator error: {error}", wall_s=wall,
-                                   extra={"traceback": trace})
+                                   failure=FailureEvidence(traceback=trace))
         raise KforgeError(f"the worker on GPU {worker.device} answered an evaluation with "
                           f"{reply!r}")
 
@@ -338,35 +341,40 @@ class GpuEvaluator:
 
         Both run beside the search's evaluations, holding the GPU only as any evaluation does:
         alone while timed, shared otherwise."""
-        where = str(outcome.extra.get("device", ""))
+        where = outcome.placement.device if outcome.placement else ""
         device = int(where.split(":")[1]) if where.startswith("cuda:") else self.devices[0]
-        extra: dict = {"first_speedup": outcome.speedup}
+        facts = replace(outcome.confirmation or Confirmation(), first_speedup=outcome.speedup)
         stop = threading.Event()  # a confirmation cancelled (superseded) ends its sanitizer run
         fresh: WorkerProcess | None = None
         try:
             if self.settings.get("sanitize", EvalSettings.sanitize):
                 report = await asyncio.to_thread(self._sanitize, card, candidate, outcome, device,
                                                  stop)
-                extra["sanitizer"] = report.to_dict()
+                facts = replace(facts, sanitizer=report)
                 if not report.ok:  # a report rejects it; a sanitizer that could not run, not
-                    return EvalOutcome(EvalStatus.MISMATCH if report.ran else EvalStatus.INFRA,
-                                       report.message, extra={**outcome.extra, **extra})
+                    return replace(outcome.judged_again(
+                        EvalStatus.MISMATCH if report.ran else EvalStatus.INFRA, report.message),
+                        confirmation=facts)
             fresh = await self._fresh(device)
             request = Evaluate(card, candidate, self.samples_dir,
                                confirmation_settings(self.settings))
             reply = await fresh.request(request, self.timeout_s)
         except (KforgeError, TimeoutError, WorkerGone) as exc:
-            return EvalOutcome(EvalStatus.INFRA, f"the confirmation run failed: {exc}",
-                               extra={**outcome.extra, **extra})
+            return replace(outcome.judged_again(EvalStatus.INFRA,
+                                                f"the confirmation run failed: {exc}"),
+                           confirmation=facts)
         finally:
             stop.set()
             if fresh is not None:
                 await fresh.kill()
         if not isinstance(reply, Evaluated):
-            return EvalOutcome(EvalStatus.INFRA, f"the confirmation run answered {reply!r}",
-                               extra={**outcome.extra, **extra})
+            return replace(outcome.judged_again(EvalStatus.INFRA,
+                                                f"the confirmation run answered {reply!r}"),
+                           confirmation=facts)
         again = reply.outcome
-        return replace(again, extra={**again.extra, **extra, "confirmed": True})
+        return replace(again, confirmation=replace(
+            again.confirmation or Confirmation(), first_speedup=facts.first_speedup,
+            sanitizer=facts.sanitizer, confirmed=True))
 
     def _sanitize(self, card: OpCard, candidate: Candidate, outcome: EvalOutcome,
                   device: int, stop: threading.Event) -> SanitizerReport:

@@ -32,7 +32,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -42,6 +42,7 @@ from kforge.core.candidate import Candidate
 from kforge.core.child import child_env, python_command
 from kforge.core.launch_plan import PlanError, parse_plan
 from kforge.core.opcard import DTYPE_BYTES, OpCard
+from kforge.core.outcome import SanitizerReport
 from kforge.errors import KforgeError
 from kforge.eval.process.sanitize_child import Job, Launch, Memory, Param
 from kforge.eval.verify.inputs import InputFactory
@@ -77,27 +78,6 @@ _REFUSED = re.compile(r"ill-formed|[Uu]nrecognized option|[Uu]nknown option|inva
 # runtime copy's source (the evaluator's own copies).
 _ABOUT_THE_RUN = re.compile(r"process didn't terminate|Program hit|not supported|"
                             r"Target application|on access by cu")
-
-
-@dataclass(frozen=True)
-class SanitizerReport:
-    """``ok`` when no tool reported anything about the candidate's kernels; ``tool`` and
-    ``message`` name the first report (or why the sanitizer could not run: ``ran`` False).
-    ``tool_seconds``: each tool's wall time (a tool ended by another's report is left out);
-    ``cached``: the verdict was found in the cache."""
-
-    ok: bool
-    tool: str = ""
-    message: str = ""
-    ran: bool = True
-    seconds: float = 0.0
-    tool_seconds: dict[str, float] = field(default_factory=dict)
-    cached: bool = False
-
-    def to_dict(self) -> dict:
-        return {"ok": self.ok, "ran": self.ran, "tool": self.tool, "message": self.message,
-                "seconds": round(self.seconds, 1), "cached": self.cached,
-                "tool_seconds": {k: round(v, 2) for k, v in self.tool_seconds.items()}}
 
 
 def find_sanitizer() -> str | None:

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from kforge.core.outcome import Comparison
+
 
 @dataclass(frozen=True)
 class Tolerance:
@@ -95,9 +97,10 @@ class ValueReport:
     # inf misplaced), for a report of those elements; not part of the stored report.
     at_fault: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
-    def to_dict(self) -> dict:
-        return {"ok": self.ok, "reason": self.reason, "max_abs": _finite(self.max_abs),
-                "rel_norm": _finite(self.rel_norm), "bad": self.bad, "numel": self.numel}
+    def comparison(self) -> Comparison:
+        """The report as an outcome keeps it."""
+        return Comparison(self.ok, self.reason, _finite(self.max_abs), _finite(self.rel_norm),
+                          self.bad, self.numel)
 
 
 def _finite(x: float) -> float | str:

@@ -3,8 +3,9 @@
 A call's results are its returned tensors, then the arguments the op writes in place, each with its
 layout and the input buffer it aliases. Two observations are compared layout first, then values
 (``kforge.eval.verify.compare``); the first difference ends the evaluation with a ``Verdict``, whose
-details carry the evidence a repair needs: the worst elements at fault with eager's and the
-candidate's values, where the faults lie, error norms, and NaN and inf counts.
+evidence (``kforge.core.outcome.FailureEvidence``) is what a repair needs: the worst elements at
+fault with eager's and the candidate's values, where the faults lie, error norms, and NaN and inf
+counts.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 
 from kforge.core.candidate import EvalStatus
+from kforge.core.outcome import Element, FailureEvidence, Mismatch, NonFinite
 from kforge.eval.verify.compare import (
     Meta,
     ValueReport,
@@ -34,12 +36,12 @@ class Verdict(Exception):
     """An evaluation decided before its end."""
 
     def __init__(self, status: EvalStatus, summary: str, *, restart: bool = False,
-                 **details: Any) -> None:
+                 evidence: FailureEvidence | None = None) -> None:
         super().__init__(summary)
         self.status = status
         self.summary = summary
         self.restart = restart  # the process is unfit for another evaluation (EvalOutcome.restart)
-        self.details = details
+        self.evidence = evidence
 
 
 @dataclass
@@ -120,56 +122,56 @@ def compare_observed(out: Observed, ref: Observed, label: str,
         if not report.ok and (why_not := "" if forgive is None or not report.forgivable
                               else forgive(i)) is not None:
             reason = f"{what}: {report.reason}" + (f"; {why_not}" if why_not else "")
-            raise Verdict(EvalStatus.MISMATCH, reason, report=report.to_dict(),
-                          mismatch={"where": label, "result": i, **mismatch_details(o, r, report)})
+            raise Verdict(EvalStatus.MISMATCH, reason, evidence=FailureEvidence(
+                mismatch=mismatch_details(o, r, report, label, i),
+                report=report.comparison()))
         reports.append(report)
     return reports
 
 
-def mismatch_details(out: torch.Tensor, ref: torch.Tensor, report: ValueReport) -> dict:
-    """The evidence of a failed value comparison, JSON-able: the worst elements at fault (index,
-    eager's value, the candidate's), the span of indices the faults cover per dimension, the
-    error norms, and NaN and inf counts where either side has any."""
+def mismatch_details(out: torch.Tensor, ref: torch.Tensor, report: ValueReport, where: str,
+                     result: int) -> Mismatch:
+    """The evidence of a failed value comparison of result ``result`` in check ``where``: the
+    worst elements at fault (index, eager's value, the candidate's), the span of indices the
+    faults cover per dimension, the error norms, and NaN and inf counts where either side has
+    any."""
     if ref.dtype.is_complex:
         out, ref = torch.view_as_real(out), torch.view_as_real(ref)
     o, r = out.double(), ref.double()
-    details: dict = {"shape": list(ref.shape), "dtype": str(ref.dtype).removeprefix("torch."),
-                     "faults": report.bad}
+    found: dict[str, Any] = {"where": where, "result": result, "shape": tuple(ref.shape),
+                             "dtype": str(ref.dtype).removeprefix("torch."), "faults": report.bad}
     if report.max_abs or report.rel_norm:  # measured where the comparison got to the values
-        details.update(max_abs=_plain(report.max_abs), rel_norm=_plain(report.rel_norm))
-    nonfinite = {name: [int(test(r).sum().item()), int(test(o).sum().item())]
+        found.update(max_abs=_plain(report.max_abs), rel_norm=_plain(report.rel_norm))
+    nonfinite = {name: NonFinite(int(test(r).sum().item()), int(test(o).sum().item()))
                  for name, test in (("nan", torch.isnan), ("+inf", torch.isposinf),
                                     ("-inf", torch.isneginf))}
-    if any(any(counts) for counts in nonfinite.values()):
-        details["nonfinite"] = {name: {"eager": c[0], "candidate": c[1]}
-                                for name, c in nonfinite.items() if any(c)}
+    found["nonfinite"] = {name: c for name, c in nonfinite.items() if c.eager or c.candidate}
     fault = report.at_fault
     if fault is not None and fault.shape == ref.shape and bool(fault.any()):
         if ref.dim():
-            details["fault_span"] = [_span(fault, d) for d in range(ref.dim())]
+            found["fault_span"] = tuple(_span(fault, d) for d in range(ref.dim()))
     elif ref.numel():  # too imprecise as a whole: the largest errors anywhere
         fault = torch.ones_like(r, dtype=torch.bool)
     else:
-        return details
+        return Mismatch(**found)
     # Misplaced NaN or inf first, then the largest finite errors.
     error = torch.nan_to_num((o - r).abs(), nan=math.inf, posinf=math.inf)
     error = torch.where(fault, error, -1.0).reshape(-1)
     top = torch.topk(error, min(WORST_SHOWN, int(fault.sum().item()))).indices
-    worst = []
-    for flat in top.tolist():
-        index = [int(i) for i in torch.unravel_index(torch.tensor(flat), ref.shape)]
-        worst.append({"index": index, "eager": _plain(float(r.reshape(-1)[flat].item())),
-                      "candidate": _plain(float(o.reshape(-1)[flat].item()))})
-    details["worst"] = worst
-    return details
+    found["worst"] = tuple(
+        Element(tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), ref.shape)),
+                _plain(float(r.reshape(-1)[flat].item())),
+                _plain(float(o.reshape(-1)[flat].item())))
+        for flat in top.tolist())
+    return Mismatch(**found)
 
 
-def _span(mask: torch.Tensor, dim: int) -> list[int]:
+def _span(mask: torch.Tensor, dim: int) -> tuple[int, int]:
     """The first and last index along ``dim`` holding a True of ``mask``."""
     others = [d for d in range(mask.dim()) if d != dim]
     hit = mask.to(torch.uint8).amax(dim=others) if others else mask.to(torch.uint8)
     where = torch.nonzero(hit).reshape(-1)
-    return [int(where[0].item()), int(where[-1].item())]
+    return int(where[0].item()), int(where[-1].item())
 
 
 def _plain(value: float) -> float | str:

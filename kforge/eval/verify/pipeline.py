@@ -47,6 +47,18 @@ from kforge.core.candidate import (
     held_reason,
 )
 from kforge.core.gpu import GpuInfo
+from kforge.core.outcome import (
+    CompileFacts,
+    Confirmation,
+    Correctness,
+    FailureEvidence,
+    HostCost,
+    Placement,
+    Precision,
+    SetCheck,
+    Tolerance,
+    Work,
+)
 from kforge.core.launch_plan import PlanError, PlanNotApplicable
 from kforge.core.opcard import OpCard
 from kforge.core.settings import EvalSettings
@@ -284,7 +296,7 @@ class Evaluation:
         return observe(result, copy, self.written, candidate=False)
 
     def verify(self, inputs: InputSet, address_check: bool = False,
-               precision: bool = True) -> dict:
+               precision: bool = True) -> SetCheck:
         """Two runs on ``inputs`` (the second while other work holds the device), each judged
         against eager and, where ``precision``, by the precision rule; then they must agree."""
         label = inputs.label
@@ -301,15 +313,11 @@ class Evaluation:
             if not agree.ok:
                 raise Verdict(EvalStatus.MISMATCH, f"{label}: two runs on the same inputs disagree "
                               f"on result {i} (a race?): {agree.reason}")
-        entry = {"inputs": label, "max_abs": max((r.max_abs for r in reports), default=0.0),
-                 "rel_norm": max((r.rel_norm for r in reports), default=0.0),
-                 "deterministic": bitwise_equal(first, second), "placement": inputs.shift}
-        if judged:
-            entry["precision"] = judged
         if address_check:
             self.check_new_values_same_addresses(inputs, first)
-            entry["address_check"] = True
-        return entry
+        return SetCheck(label, max((r.max_abs for r in reports), default=0.0),
+                        max((r.rel_norm for r in reports), default=0.0),
+                        bitwise_equal(first, second), inputs.shift, judged, address_check)
 
     def judge(self, out: Observed, ref: Observed, inputs: InputSet, label: str,
               leeway: float = 1.0, rule: bool = True, high: Wider | None = None
@@ -380,19 +388,18 @@ class Evaluation:
         return self.typical
 
     def check_precision(self, inputs: InputSet, out: Observed, ref: Observed, label: str,
-                        high: Wider) -> dict | None:
+                        high: Wider) -> Precision | None:
         """The candidate's error against a higher-precision reference, next to eager's."""
         judged = self.against_float64(high, out, ref)
         if judged is None:
             return None
-        worst: dict = {}
+        worst: Precision | None = None
         for i, report in enumerate(judged):
             if not report.ok:
                 raise Verdict(EvalStatus.MISMATCH, f"{label}, result {i}: {report.reason}")
-            if report.candidate_error >= worst.get("candidate_error", -1.0):
-                worst = {"candidate_error": report.candidate_error,
-                         "eager_error": report.eager_error, "bound": report.bound}
-        return worst or None
+            if worst is None or report.candidate_error >= worst.candidate_error:
+                worst = Precision(report.candidate_error, report.eager_error, report.bound)
+        return worst
 
     def check_new_values_same_addresses(self, inputs: InputSet, before: Observed) -> None:
         """New values at the same addresses, then part of them changed in place: the candidate
@@ -418,17 +425,18 @@ class Evaluation:
             raise
         return after
 
-    def run(self) -> tuple[dict, Timing, Timing, dict]:
+    def run(self) -> tuple[Correctness, Timing, Timing, Work, HostCost]:
         sets = self.factory.sets(self.settings.seeds)
         if not sets:
             raise Verdict(EvalStatus.INFRA, "no input sets: give seeds or samples")
         self.written = written_buffers(self.card.op, sets[0])
-        checked: list[dict] = []
+        checked: list[SetCheck] = []
         for i, inputs in enumerate(sets):
             try:
                 checked.append(self.verify(inputs, address_check=(i == 0)))
             except Verdict as verdict:  # a repair is told which sets held, and how closely
-                verdict.details.setdefault("sets_passed", checked)
+                verdict.evidence = replace(verdict.evidence or FailureEvidence(),
+                                           sets_passed=tuple(checked))
                 raise
         # Stress values are ill-conditioned on purpose: eager's tolerances judge them, not the
         # precision rule, which holds honest half-precision kernels to eager's own error.
@@ -438,13 +446,12 @@ class Evaluation:
         del sets  # the last check needs only a fresh set
         fresh = self.factory.random_set(RECHECK_SEED)
         recheck = self.verify(fresh)
-        work.update(self.host_cost(fresh))
-        correctness = {"sets": checked, "stress": stressed, "after_timing": recheck,
-                       "tolerances": {str(d).removeprefix("torch."): vars(tol)
-                                      for d in out_dtypes if (tol := tolerance_for(d))}}
-        if dropped:
-            correctness["stress_dropped"] = dropped
-        return correctness, candidate, eager, work
+        host = self.host_cost(fresh)
+        correctness = Correctness(
+            tuple(checked), tuple(stressed), recheck,
+            {str(d).removeprefix("torch."): Tolerance(tol.rtol, tol.atol, tol.norm)
+             for d in out_dtypes if (tol := tolerance_for(d))}, dropped)
+        return correctness, candidate, eager, work, host
 
     def counters(self) -> CounterReport:
         """Hardware counters of one call's launches, measured after every check and timing
@@ -532,15 +539,13 @@ class Evaluation:
         self.wait("timing")
         work, out_dtypes = self.work(buffers[0])
         candidate, eager = run.timings["candidate"], run.timings["eager"]
-        if beats_floor(candidate.median_us, eager.median_us, work["hard_floor_us"]):
+        if beats_floor(candidate.median_us, eager.median_us, work.hard_floor_us):
             raise Verdict(EvalStatus.CHEAT, f"timed at {candidate.median_us:.1f} us, below the "
-                          f"physical floor of {work['hard_floor_us']:.1f} us for the bytes this op "
+                          f"physical floor of {work.hard_floor_us:.1f} us for the bytes this op "
                           "must move: work done elsewhere or skipped when timed")
         for check in checks:
             self.judge_timed_call(check)
-        work["checked_timed_calls"] = len(checks)
-        if run.notes:
-            work["timing_notes"] = run.notes
+        work = replace(work, checked_timed_calls=len(checks), timing_notes=tuple(run.notes))
         return candidate, eager, work, out_dtypes
 
     def keep_timed_call(self, r: int, inputs: InputSet, used: Allocation,
@@ -573,7 +578,7 @@ class Evaluation:
         fit = max(1, int(self.runtime.free_bytes() // (8 * per_set)))
         return sets[:max(1, min(self.settings.timing_sets, fit, len(sets)))]
 
-    def host_cost(self, inputs: InputSet) -> dict:
+    def host_cost(self, inputs: InputSet) -> HostCost:
         """Host time per call of the op patched with the candidate, as integration runs it (the
         guard in front of the op, the plan's allocation and launches), and of eager's call.
         Where the patched calls do not all reach the kernel (an input the guard cannot match),
@@ -601,10 +606,9 @@ class Evaluation:
             patched = per_call(lambda: guarded(*inputs.args, **inputs.kwargs))
         if entry.counts()[0] != self.settings.host_reps:
             patched = per_call(lambda: runner(inputs.args, inputs.kwargs))
-        return {"host_us": patched,
-                "eager_host_us": per_call(lambda: op(*inputs.args, **inputs.kwargs))}
+        return HostCost(patched, per_call(lambda: op(*inputs.args, **inputs.kwargs)))
 
-    def work(self, inputs: InputSet) -> tuple[dict, set[torch.dtype]]:
+    def work(self, inputs: InputSet) -> tuple[Work, set[torch.dtype]]:
         """Bytes moved, FLOPs and the floors of one call (from eager's results), and the dtypes
         of its results. An index op's table (its first tensor: an embedding's weight) counts as
         read only through what the op writes: a lookup need not read the rest."""
@@ -617,11 +621,9 @@ class Evaluation:
         write = traffic_bytes(fresh + [inputs.buffers[i].view for i in self.written])
         bandwidth = self.gpu.bandwidth_gbs
         l2 = int(self.gpu.l2_mb * (1 << 20))
-        work = {"read_bytes": read, "write_bytes": write,
-                "floor_us": memory_floor_us(read, write, bandwidth),
-                "hard_floor_us": hard_floor_us(read, write, bandwidth, l2,
-                                               self.gpu.peak_bandwidth_gbs),
-                "flops": flop_count(self.card.op, inputs.args, ref.tensors)}
+        work = Work(read, write, memory_floor_us(read, write, bandwidth),
+                    hard_floor_us(read, write, bandwidth, l2, self.gpu.peak_bandwidth_gbs),
+                    flop_count(self.card.op, inputs.args, ref.tensors))
         return work, {t.dtype for t in ref.tensors}
 
 
@@ -630,14 +632,12 @@ class Evaluation:
 
 def outcome_from(status: EvalStatus, summary: str, started: float, compiled: CompileResult | None,
                  **fields_: Any) -> EvalOutcome:
-    extra = dict(fields_.pop("extra", {}))
-    if compiled is not None:
-        extra.update({"compile_s": round(compiled.seconds, 4), "compile_cached": compiled.cached,
-                      "registers": {k: v.registers for k, v in compiled.resources.items()},
-                      "spills": compiled.spills})
+    facts = None if compiled is None else CompileFacts(
+        round(compiled.seconds, 4), compiled.cached,
+        {k: v.registers for k, v in compiled.resources.items()}, compiled.spills)
     return EvalOutcome(status=status, summary=summary[:2000],
                        compile_log=compiled.log if compiled is not None else "",
-                       wall_s=round(time.perf_counter() - started, 4), extra=extra, **fields_)
+                       wall_s=round(time.perf_counter() - started, 4), compile=facts, **fields_)
 
 
 def plan_runner(card: OpCard, candidate: Candidate, backend: KernelLauncher,
@@ -676,12 +676,12 @@ def evaluate_variant(card: OpCard, candidate: Candidate, *, runtime: Runtime,
         with runtime.scope():
             calls = CandidateCalls(runner, runtime)
             evaluation = Evaluation(card, calls, runtime, gpu, samples_dir, settings)
-            correctness, timing, eager, work = evaluation.run()
-            if settings.counters and runtime.device.type == "cuda":
-                work["counters"] = evaluation.counters().to_dict()
+            correctness, timing, eager, work, host = evaluation.run()
+            counters = (evaluation.counters().figures()
+                        if settings.counters and runtime.device.type == "cuda" else None)
     except Verdict as v:
         return outcome_from(v.status, v.summary, started, compiled, restart=v.restart,
-                            extra=dict(v.details))
+                            failure=v.evidence)
     except KforgeError as exc:
         return outcome_from(EvalStatus.INFRA, str(exc), started, compiled)
     except Exception as exc:  # our own failure, or a GPU fault that surfaced in our code
@@ -689,20 +689,19 @@ def evaluate_variant(card: OpCard, candidate: Candidate, *, runtime: Runtime,
             return outcome_from(EvalStatus.CRASH, f"the GPU context died: {exc}", started, compiled,
                                 restart=True)
         return outcome_from(EvalStatus.INFRA, f"evaluator error: {type(exc).__name__}: {exc}",
-                            started, compiled, extra={"traceback": traceback.format_exc()[-4000:]})
+                            started, compiled,
+                            failure=FailureEvidence(traceback=traceback.format_exc()[-4000:]))
     speedup = eager.device_us / timing.device_us if timing.device_us > 0 else None
-    moved = work["read_bytes"] + work["write_bytes"]
-    extra = {"launches": len(runner.plan.launches), "device": str(runtime.device), **work}
-    if held := held_reason(speedup):
-        extra["held"] = held
-    if work["flops"]:
-        extra["tflops"] = work["flops"] / (timing.median_us * 1e6)
-    floor = work["floor_us"]
+    held = held_reason(speedup)
+    work = replace(work, launches=len(runner.plan.launches),
+                   tflops=work.flops / (timing.median_us * 1e6) if work.flops else None)
+    floor = work.floor_us
     return outcome_from(
         EvalStatus.OK,
         f"{speedup:.2f}x eager (device {timing.device_us:.1f} us vs {eager.device_us:.1f} us)"
         if speedup else "ok", started, compiled,
         correctness=correctness, timing=timing, eager=eager, speedup=speedup,
-        bandwidth_gbs=moved / (timing.median_us * 1e3) if timing.median_us > 0 else None,
+        bandwidth_gbs=work.moved / (timing.median_us * 1e3) if timing.median_us > 0 else None,
         floor_fraction=floor / timing.median_us if floor and timing.median_us > 0 else None,
-        extra=extra)
+        work=work, host=host, counters=counters, placement=Placement(str(runtime.device)),
+        confirmation=Confirmation(held=held) if held else None)

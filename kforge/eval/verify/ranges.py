@@ -11,7 +11,7 @@ range is not used for it.
 
 The outcome is the profiled point's (its timings, correctness and work), with the speedup over
 the whole range: eager's time summed over the points over the candidate's, the saving of a
-generation whose steps visit those points. ``extra["ranges"]`` lists each point's figures.
+generation whose steps visit those points. ``EvalOutcome.ranges`` holds each point's figures.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from pathlib import Path
 from kforge.core.candidate import Candidate, EvalOutcome, EvalStatus
 from kforge.core.gpu import GpuInfo
 from kforge.core.laws import RangeError
+from kforge.core.outcome import RangeFigures, RangePoint
 from kforge.core.opcard import OpCard
 from kforge.core.ranges import card_at, card_ranges, verification_points
 from kforge.core.settings import EvalSettings
@@ -66,19 +67,19 @@ def evaluate_range(card: OpCard, candidate: Candidate, *, runtime: Runtime,
             return dataclasses.replace(
                 outcome, summary=f"at {where}: {outcome.summary}"[:2000],
                 wall_s=round(time.perf_counter() - started, 4),
-                extra={**outcome.extra, "range_point": point, "range_points": points})
-        figures.append({"point": point, "speedup": outcome.speedup,
-                        "median_us": outcome.timing.median_us if outcome.timing else None,
-                        "eager_us": outcome.eager.median_us if outcome.eager else None})
+                ranges=RangeFigures(failed_at=point, visited=tuple(points)))
+        figures.append(RangePoint(point, outcome.speedup,
+                                  outcome.timing.median_us if outcome.timing else None,
+                                  outcome.eager.median_us if outcome.eager else None))
         first = first or outcome
     assert first is not None  # the profiled point is always evaluated
-    kernel_us = sum(f["median_us"] or 0.0 for f in figures)
-    eager_us = sum(f["eager_us"] or 0.0 for f in figures)
+    kernel_us = sum(f.median_us or 0.0 for f in figures)
+    eager_us = sum(f.eager_us or 0.0 for f in figures)
     speedup = eager_us / kernel_us if kernel_us > 0 and eager_us > 0 else first.speedup
-    speedups = [f["speedup"] for f in figures if f["speedup"]]
+    speedups = [f.speedup for f in figures if f.speedup]
     spread = (f" ({min(speedups):.2f}x..{max(speedups):.2f}x)" if speedups else "")
     return dataclasses.replace(
         first, speedup=speedup, wall_s=round(time.perf_counter() - started, 4),
         summary=f"{speedup:.2f}x eager over {ranges.text()} at {len(points)} points{spread}"
         if speedup else first.summary,
-        extra={**first.extra, "ranges": figures})
+        ranges=RangeFigures(points=tuple(figures)))

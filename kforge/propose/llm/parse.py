@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 
 from kforge.core.launch_plan import LaunchPlan, PlanError, parse_plan
-from kforge.propose.llm.text import one_line
+from kforge.core.text import one_line
 
 SOURCE_TAGS = frozenset({"cuda", "cu", "cuh", "cpp", "c++", "cxx", "cc", "c", "h", "hpp"})
 PLAN_TAGS = frozenset({"json", "jsonc", "json5"})

@@ -17,8 +17,9 @@ from kforge.core.launch_plan import ArgValue, TensorMeta
 from kforge.core.mcts import Action
 from kforge.core.opcard import OpCard
 from kforge.core.protocols import NodeView, ProposalRequest
-from kforge.propose.llm.feedback import eager_section, profile_lines, repair_evidence
-from kforge.propose.llm.text import head_and_tail, one_line
+from kforge.core.report import CORRECTNESS, EVIDENCE, outcome_sections, section
+from kforge.core.text import head_and_tail, one_line
+from kforge.propose.llm.feedback import eager_section
 from kforge.propose.llm.variant import variant_view
 from kforge.propose.semantics import op_meaning
 
@@ -410,17 +411,19 @@ def node_section(node: NodeView, repair: bool, gpu: GpuInfo = NO_GPU) -> str:
     lines = [f"# The parent kernel (node {node.id}, {node.action.value})",
              f"approach: {node_label(node)}", f"result: {describe_outcome(node.outcome)}"]
     outcome = node.outcome
+    told = [] if outcome is None else outcome_sections(
+        outcome, gpu=gpu, source=node.candidate.source, summary_shown=SUMMARY_CHARS)
     if outcome is not None and outcome.ok:
-        lines += profile_lines(outcome, gpu)
+        lines += section(told, EVIDENCE)
     if repair and outcome is not None:
         if hint := _REPAIR_HINTS.get(outcome.status):
             lines.append(hint)
         if outcome.compile_log.strip():
             lines.append(_fenced("compiler log", "text",
                                  head_and_tail(outcome.compile_log, COMPILE_LOG_CHARS)))
-        lines += repair_evidence(outcome, node.candidate.source, SUMMARY_CHARS)
-        if outcome.correctness:
-            details = json.dumps(outcome.correctness, indent=1, sort_keys=True, default=str)
+        if not outcome.ok:
+            lines += section(told, EVIDENCE)
+        for details in section(told, CORRECTNESS):
             lines.append(_fenced("correctness details", "json",
                                  head_and_tail(details, CORRECTNESS_CHARS)))
     elif outcome is not None and outcome.compile_log.strip():

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 
 import openai
 
-from kforge.propose.llm.text import one_line
+from kforge.core.text import one_line
 
 RETRYABLE_STATUS = frozenset({408, 409, 429})
 DETAIL_CHARS = 300  # how much of a server's error message a report keeps
