@@ -8,7 +8,8 @@ What a person wrote (the config file, the command line) is read strictly: an unk
 error that suggests the nearest known one, and a value of the wrong type or out of range is an
 error naming where it came from, its section and its key. What an older kforge stored with a
 session is read leniently: keys this version does not know, and values it no longer accepts, are
-dropped (the default stands in), each with a note, so old sessions still open and resume.
+dropped (the default stands in), each with a note, so old sessions still open and resume. The
+reading, and each field's value rules, are the codec's (``kforge.core.schema``).
 """
 
 from __future__ import annotations
