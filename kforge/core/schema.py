@@ -76,21 +76,23 @@ class Origin:
     """Where a table comes from, as messages name it (``in /path/config.toml``, ``on the command
     line``), and how it is read: strictly for what a person wrote; leniently (``strict=False``)
     for what was stored, where an unknown key or a bad value is dropped and noted in ``notes``;
-    ``open`` passes keys no field has over in silence (what a newer kforge process wrote)."""
+    ``open`` passes keys no field has over in silence (what a newer kforge process wrote);
+    ``whole`` wants every field given, those with a default too (a message of this version)."""
 
     where: str = "as given"
     strict: bool = True
     notes: list[str] = field(default_factory=list, compare=False)
     open: bool = False
+    whole: bool = False
 
     @classmethod
     def stored(cls, session_id: int) -> Origin:
         return cls(f"in the stored settings of session {session_id}", strict=False)
 
     @classmethod
-    def record(cls) -> Origin:
+    def record(cls, *, whole: bool = False) -> Origin:
         """What a kforge process wrote: unknown keys passed over, a bad value an error."""
-        return cls("", open=True)
+        return cls("", open=True, whole=whole)
 
 
 # ----- value rules -----
@@ -314,8 +316,8 @@ def read(cls: type[T], data: object, origin: Origin | None = None, section: str 
                                   f"{problem}, not {values[f.name]!r}"), origin)
                 del values[f.name]
     for f in own:
-        if (f.name not in values and f.default is dataclasses.MISSING
-                and f.default_factory is dataclasses.MISSING):
+        if f.name not in values and (origin.whole or (f.default is dataclasses.MISSING and
+                                                      f.default_factory is dataclasses.MISSING)):
             raise SchemaError.of(section, f.metadata.get(STORED_AS, f.name), origin.where,
                               "is missing", missing=True)
     while True:
