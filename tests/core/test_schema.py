@@ -63,7 +63,8 @@ def error(data: dict[str, Any], origin: Origin = FILE) -> str:
 
 @pytest.mark.parametrize("data, expected", [
     ({"name": "a", "rate": "fast"}, "[sample] rate in config.toml must be a number, not 'fast'"),
-    ({"name": "a", "count": True}, "[sample] count in config.toml must be a whole number, not True"),
+    ({"name": "a", "count": True},
+     "[sample] count in config.toml must be a whole number, not True"),
     ({"name": "a", "seeds": [1, "2"]},
      "[sample] seeds in config.toml must be a list of whole numbers, not [1, '2']"),
     ({"name": "a", "inner": {"depth": "deep"}},
