@@ -27,10 +27,16 @@ from kforge.core.settings import Settings
 from kforge.engine.plugins import needs_consent
 from kforge.errors import KforgeError
 from kforge.store import Store
-from kforge.store.config import config_path, db_path, load_config, save_config_value
+from kforge.store.config import (
+    config_path,
+    db_path,
+    load_config,
+    save_config_value,
+    store_options,
+)
 from kforge.store.events import EngineAttached
+from kforge.store.lease import engine_alive
 from kforge.store.records import MAX_ROW_ID
-from kforge.store.store import engine_alive
 from kforge_tui.commands import KforgeCommands
 from kforge_tui.config.keymap import binding_ids, user_keymap
 from kforge_tui.config.themes import (
@@ -179,7 +185,7 @@ class KforgeApp(TerminalScrolls):
         async with self._opening:
             if self.store is None and self.db_path.exists():
                 opener = Store.open_read_only if self.demo else Store.open_to_browse
-                self.store = await opener(self.db_path)
+                self.store = await opener(self.db_path, options=store_options())
         return self.store
 
     @work(group="gpu")

@@ -24,6 +24,7 @@ from kforge.core.settings import MODEL_RANGES
 from kforge.errors import KforgeError
 from kforge.store import Store
 from kforge.store.beside import own_folder
+from kforge.store.config import store_options
 
 if TYPE_CHECKING:
     from kforge.capture import Profile
@@ -148,7 +149,7 @@ async def _profile_into_store(args: argparse.Namespace, progress: ProgressLine
 
     db = resolve_db(args)
     samples_root = own_folder(db.parent, "samples")  # where the store keeps them (no link)
-    store = await Store.open(db, create=False) if db.exists() else None
+    store = await Store.open(db, create=False, options=store_options()) if db.exists() else None
     staging = None
     try:
         options = ModelOptions(dtype=args.dtype, device=args.device, batch=args.batch,
@@ -164,7 +165,7 @@ async def _profile_into_store(args: argparse.Namespace, progress: ProgressLine
         if others:
             result = with_ranges(result, loaded, others, staging, args.seq_range)
             settings["seq_lengths"] = sorted(other.length for other in others)
-        store = store or await Store.open(db, create=True)
+        store = store or await Store.open(db, create=True, options=store_options())
         session = await store.create_profiled_session(
             model=loaded.name, settings=settings, gpu=_gpu_info(loaded.device.type).to_dict(),
             cards=result.cards, staging_dir=staging, modules=result.modules)

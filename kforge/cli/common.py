@@ -20,7 +20,7 @@ from kforge.core.inert import capped, inert
 from kforge.core.settings import SettingsError, parse_duration
 from kforge.store import Store
 from kforge.store.commands import shown_status
-from kforge.store.config import db_path
+from kforge.store.config import db_path, store_options
 from kforge.store.records import MAX_ROW_ID
 
 T = TypeVar("T")
@@ -89,8 +89,8 @@ async def open_store(path: Path, *, create: bool = False, reads_only: bool = Fal
     """The store at ``path``; for work that ``reads_only``, opened read-only where the file or
     its folder may not be written, so a database in a read-only place can still be browsed."""
     if reads_only:
-        return await Store.open_to_browse(path)
-    return await Store.open(path, create=create)
+        return await Store.open_to_browse(path, options=store_options())
+    return await Store.open(path, create=create, options=store_options())
 
 
 def add_trust_plugins_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:

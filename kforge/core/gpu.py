@@ -8,7 +8,9 @@ bulk asynchronous copies) follows from its compute capability alone (``arch_feat
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+
+from kforge.core.schema import Record
 
 
 def memory_of(device_type: str) -> str:
@@ -17,7 +19,9 @@ def memory_of(device_type: str) -> str:
 
 
 @dataclass(frozen=True)
-class GpuInfo:
+class GpuInfo(Record):
+    """A GPU's fingerprint; ``from_dict``/``to_dict`` are the codec's (``kforge.core.schema``)."""
+
     name: str
     arch: str  # "sm_90", "sm_121"
     sm_count: int = 0
@@ -58,13 +62,6 @@ class GpuInfo:
     def features(self) -> tuple[str, ...]:
         return arch_features(self.arch)
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> GpuInfo:
-        known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 def compute_capability(arch: str) -> tuple[int, int] | None:

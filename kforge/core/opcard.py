@@ -13,13 +13,14 @@ import hashlib
 import json
 import math
 import re
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from kforge.core.argspec import tensor_specs
 from kforge.core.describe import describe_args, describe_range_args
 from kforge.core.laws import Ranges
+from kforge.core.schema import Record
 
 # Where eager time goes for an op. Native kernels are PyTorch's own and the best targets;
 # vendor-library ops (cuBLAS, cuDNN, flash attention) rarely lose to a generated kernel.
@@ -69,12 +70,13 @@ def tensor_bytes(spec: dict) -> int:
 
 
 @dataclass(frozen=True)
-class OpCard:
+class OpCard(Record):
     """One operator variant of a profiled model, with where its time goes.
 
     Times are per call in microseconds; ``total_us`` is the card's GPU time over one model run and
     ``share`` its fraction of the model's total operator time. ``floor_us`` is the physical floor
-    (bytes moved at the measured copy bandwidth, or FLOPs at peak rate), when known.
+    (bytes moved at the measured copy bandwidth, or FLOPs at peak rate), when known. It crosses
+    to the evaluation worker as the codec (``kforge.core.schema``) writes it.
     """
 
     op: str
@@ -156,14 +158,6 @@ class OpCard:
         if {"op", "args", "kwargs", "ranges"} & changes.keys():
             changes.setdefault("key", "")
         return replace(self, **changes)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> OpCard:
-        known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 def rank_cards(cards: list[OpCard]) -> list[OpCard]:

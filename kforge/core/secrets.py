@@ -10,7 +10,7 @@ A secret is found wherever it appears, so one that is short would be found insid
 too (a key ``x`` rewrote op names such as ``aten._softmax.default``, and a settings key
 ``search``): a secret shorter than ``MIN_SECRET_CHARS`` is refused where it is configured
 (``secret_problem``), and never searched for. What kforge keeps of its own (op names, settings
-keys, paths) its store never passes through redaction at all (``kforge.store.store``).
+keys, paths) its store never passes through redaction at all (``kforge.store.connection``).
 """
 
 from __future__ import annotations

@@ -8,196 +8,42 @@ What a person wrote (the config file, the command line) is read strictly: an unk
 error that suggests the nearest known one, and a value of the wrong type or out of range is an
 error naming where it came from, its section and its key. What an older kforge stored with a
 session is read leniently: keys this version does not know, and values it no longer accepts, are
-dropped (the default stands in), each with a note, so old sessions still open and resume.
+dropped (the default stands in), each with a note, so old sessions still open and resume. The
+reading, and each field's value rules, are the codec's (``kforge.core.schema``).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
-from types import UnionType
-from typing import Any, ClassVar, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from kforge.core.mcts import MctsParams
+from kforge.core.schema import (
+    InvalidValue,
+    Origin,
+    SchemaError,
+    bounds,
+    check,
+    checked,
+    did_you_mean,
+    nearest,
+    read,
+    table,
+)
 from kforge.core.secrets import REDACTED, secret_problem, url_credentials
-from kforge.errors import KforgeError
 
 DEFAULT_THEME = "kforge-dark"
 
 T = TypeVar("T")
 
+# A setting that is unknown, of the wrong type or out of range; the message names it.
+SettingsError = SchemaError
 
-class SettingsError(KforgeError):
-    """A setting that is unknown, of the wrong type or out of range; the message names it."""
-
-
-class InvalidValue(SettingsError):
-    """A value that breaks its field's rule, raised by a record's own check; reading a table
-    re-raises it as a SettingsError that also says where the value came from."""
-
-    def __init__(self, key: str, rule: str, value: object, *, secret: bool = False) -> None:
-        self.key, self.rule, self.value = key, rule, value
-        # a secret's value is never quoted back
-        self.given = "" if secret else f", not {value!r}"
-        super().__init__(f"{key} {rule}{self.given}")
-
-
-@dataclass(frozen=True)
-class Origin:
-    """Where a table of settings comes from, as messages name it (``in /path/config.toml``,
-    ``on the command line``), and how it is read: strictly for what a person wrote; leniently for
-    what a session stored, where an unknown key or a bad value is dropped and noted in ``notes``."""
-
-    where: str = "as given"
-    strict: bool = True
-    notes: list[str] = field(default_factory=list, compare=False)
-
-    @classmethod
-    def stored(cls, session_id: int) -> Origin:
-        return cls(f"in the stored settings of session {session_id}", strict=False)
-
-
-def nearest(word: str, known: Iterable[str]) -> str | None:
-    """The known word that ``word`` most likely misspells, if any is close."""
-    close = difflib.get_close_matches(word, sorted(known), n=1)
-    return close[0] if close else None
-
-
-def did_you_mean(word: str, known: Iterable[str]) -> str:
-    """``did you mean X?`` for the known word nearest ``word``, else the known words listed."""
-    known = sorted(known)
-    guess = nearest(word, known)
-    return f"did you mean {guess}?" if guess else f"known: {', '.join(known) or 'none'}"
-
-
-# ----- the rules a record checks in __post_init__ -----
-
-
-def _at_least(record: object, key: str, minimum: int) -> None:
-    value = getattr(record, key)
-    if value is not None and not value >= minimum:
-        raise InvalidValue(key, f"must be at least {minimum}", value)
-
-
-def _at_most(record: object, key: str, maximum: float) -> None:
-    value = getattr(record, key)
-    if value is not None and not value <= maximum:
-        raise InvalidValue(key, f"must be at most {maximum:,}", value)
-
-
-def _finite(record: object, key: str, minimum: float = 0.0, *, above: bool = False) -> None:
-    """A finite number at least ``minimum`` (above it when ``above``); ``nan`` and ``inf`` fail."""
-    value = getattr(record, key)
-    if value is None:
-        return
-    if not (math.isfinite(value) and (value > minimum if above else value >= minimum)):
-        bound = f"above {minimum:g}" if above else f"of at least {minimum:g}"
-        raise InvalidValue(key, f"must be a finite number {bound}", value)
-
-
-# ----- reading tables -----
-
-_KINDS: dict[type, str] = {bool: "true or false", int: "a whole number", float: "a number",
-                           str: "text"}
-
-
-def _table(data: object, origin: Origin, section: str | None) -> dict[str, Any]:
-    if data is None:
-        return {}
-    if not isinstance(data, Mapping):
-        what = f"[{section}]" if section else "the settings"
-        raise SettingsError(f"{what} {origin.where} must be a table of settings, not {data!r}")
-    return dict(data)
-
-
-def _unknown(key: str, known: Iterable[str], origin: Origin, section: str) -> None:
-    """Refuse a key no field has, or drop it with a note when reading stored data."""
-    if origin.strict:
-        raise SettingsError(f"unknown setting [{section}] {key} {origin.where} "
-                            f"({did_you_mean(key, known)})")
-    origin.notes.append(f"ignored unknown setting [{section}] {key} {origin.where}")
-
-
-def _bare(name: str) -> str:
-    """A table name as TOML writes it: quoted unless it is a bare key."""
-    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else f'"{name}"'
-
-
-def _is_kind(value: object, kind: type) -> bool:
-    if kind is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if kind is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, kind)
-
-
-def _convert(value: object, hint: Any, key: str, origin: Origin, section: str) -> Any:
-    """``value`` as the field's type (ints widen to floats, lists become tuples); nested records
-    and tables of records are read with the same rules."""
-    shape, args = get_origin(hint), get_args(hint)
-    if shape in (Union, UnionType):
-        if value is None and type(None) in args:
-            return None
-        (hint,) = [a for a in args if a is not type(None)]
-        shape, args = get_origin(hint), get_args(hint)
-    if dataclasses.is_dataclass(hint):
-        return _read(hint, value, origin, f"{section}.{key}")
-    if shape is dict:
-        return {name: _convert(entry, args[1], _bare(name), origin, f"{section}.{key}")
-                for name, entry in _table(value, origin, f"{section}.{key}").items()}
-    if shape is tuple:
-        if isinstance(value, (list, tuple)) and all(_is_kind(v, args[0]) for v in value):
-            return tuple(value)
-        raise SettingsError(f"[{section}] {key} {origin.where} must be a list of "
-                            f"{_KINDS[args[0]].removeprefix('a ')}s, not {value!r}")
-    if _is_kind(value, hint):
-        return float(value) if hint is float else value  # type: ignore[arg-type]
-    raise SettingsError(f"[{section}] {key} {origin.where} must be {_KINDS[hint]}, not {value!r}")
-
-
-def _read(cls: type[T], data: object, origin: Origin, section: str, *,
-          built: Mapping[str, Any] | None = None, also_known: Iterable[str] = ()) -> T:
-    """A ``cls`` from one table: unknown keys refused, values type-checked and converted, missing
-    required ones named, then the record's own range checks. Read leniently, an unknown key or a
-    bad value is dropped with a note instead (the field keeps its default). ``built`` holds fields
-    the caller read already; ``also_known`` keys it took out of the table."""
-    built = dict(built or {})
-    hints = get_type_hints(cls)
-    names = [f.name for f in fields(cls) if f.name not in built]
-    values: dict[str, Any] = {}
-    for key, value in _table(data, origin, section).items():
-        if key not in names:
-            _unknown(key, [*names, *also_known], origin, section)
-            continue
-        try:
-            values[key] = _convert(value, hints[key], key, origin, section)
-        except SettingsError as exc:
-            _drop(exc, origin)
-    for f in fields(cls):
-        if (f.name not in values and f.name not in built and f.default is dataclasses.MISSING
-                and f.default_factory is dataclasses.MISSING):
-            raise SettingsError(f"[{section}] {f.name} {origin.where} is missing")
-    while True:
-        try:
-            return cls(**values, **built)
-        except InvalidValue as exc:
-            error = SettingsError(f"[{section}] {exc.key} {origin.where} {exc.rule}{exc.given}")
-            if exc.key not in values:
-                raise error from None
-            _drop(error, origin)
-            del values[exc.key]
-
-
-def _drop(error: SettingsError, origin: Origin) -> None:
-    """Refuse a bad value, or, reading stored data, note that its default replaces it."""
-    if origin.strict:
-        raise error from None
-    origin.notes.append(f"ignored {error}; using the default")
+__all__ = ["InvalidValue", "Origin", "SettingsError", "did_you_mean", "nearest"]
 
 
 class _Section:
@@ -206,11 +52,14 @@ class _Section:
 
     SECTION: ClassVar[str]
 
+    def __post_init__(self) -> None:
+        check(self)
+
     @classmethod
     def from_dict(cls: type[T], data: Mapping[str, Any] | None,
                   origin: Origin | None = None) -> T:
         """The section from its table; SettingsError names the first bad key."""
-        return _read(cls, data, origin or Origin(), cls.SECTION)  # type: ignore[attr-defined]
+        return read(cls, data, origin or Origin(), cls.SECTION)  # type: ignore[attr-defined]
 
     def table(self) -> dict[str, Any]:
         """Every field as ``from_dict`` reads it, secrets included."""
@@ -241,39 +90,35 @@ class SearchSettings(_Section):
     # the Ray cluster whose GPUs the gpu evaluator runs on ("auto": the one `ray start` joined
     # this machine to; "host:6379"; "ray://host:10001"); "": this machine's GPUs
     cluster: str = ""
-    iterations_per_op: int = 24  # average per op; the split over ops follows share and headroom
-    max_op_factor: float = 3.0  # an op may take up to this many times the average
-    usd: float | None = None  # total LLM spend allowed for the session, in US dollars
-    wall_s: float | None = None  # total engine run time allowed for the session, in seconds
-    parallel: int = 4  # proposals in flight at once: enough to keep every GPU worker busy
+    # average per op; the split over ops follows share and headroom
+    iterations_per_op: int = checked(24, least=1, most=1_000_000)
+    # an op may take up to this many times the average
+    max_op_factor: float = checked(3.0, finite=True, above=0, most=1_000)
+    # total LLM spend allowed for the session, in US dollars
+    usd: float | None = checked(None, finite=True, least=0, most=1_000_000)
+    # total engine run time allowed for the session, in seconds
+    wall_s: float | None = checked(None, finite=True, above=0, most=366 * 24 * 3600)
+    # proposals in flight at once: enough to keep every GPU worker busy
+    parallel: int = checked(4, least=1, most=256)
     # confirmations (compute-sanitizer, then a fresh worker's re-timing) in flight at once, beside
     # the search's evaluations; never more than one per op
-    confirmations: int = 2
-    patience: int = 12  # stop an op after this many iterations without improvement
-    seed: int = 0  # random seed of the search
-    focus: int | None = None  # search this op card first (an id `kforge show` lists), then all
-    top_ops: int | None = None  # only search the ops with the largest time shares
+    confirmations: int = checked(2, least=1, most=64)
+    # stop an op after this many iterations without improvement
+    patience: int = checked(12, least=1, most=1_000_000)
+    seed: int = checked(0, least=0, most=2**32 - 1)  # random seed of the search
+    # search this op card first (an id `kforge show` lists), then all
+    focus: int | None = checked(None, least=1, most=2**63 - 1)
+    # only search the ops with the largest time shares
+    top_ops: int | None = checked(None, least=1, most=100_000)
     # [search.mcts]: the tree search's constants (exploration, widening, repairs)
     mcts: MctsParams = field(default_factory=MctsParams)
 
     # The range each number may take (the command line's options state it): beyond it, a
     # setting is a slip (--parallel 100000, --time 99999999999h), never a search to run.
-    RANGES: ClassVar[dict[str, tuple[float, float]]] = {
-        "iterations_per_op": (1, 1_000_000), "max_op_factor": (0, 1_000), "usd": (0, 1_000_000),
-        "wall_s": (0, 366 * 24 * 3600), "parallel": (1, 256), "confirmations": (1, 64),
-        "patience": (1, 1_000_000), "seed": (0, 2**32 - 1), "focus": (1, 2**63 - 1),
-        "top_ops": (1, 100_000)}
+    RANGES: ClassVar[dict[str, tuple[float, float]]]
 
     def __post_init__(self) -> None:
-        for key in ("iterations_per_op", "parallel", "confirmations", "patience", "focus",
-                    "top_ops"):
-            _at_least(self, key, 1)
-        _at_least(self, "seed", 0)
-        _finite(self, "max_op_factor", above=True)
-        _finite(self, "usd")
-        _finite(self, "wall_s", above=True)
-        for key, (_, most) in self.RANGES.items():
-            _at_most(self, key, most)
+        check(self)
         if self.cluster != self.cluster.strip():
             raise InvalidValue("cluster", "must be an address without spaces around it",
                                self.cluster)
@@ -282,6 +127,9 @@ class SearchSettings(_Section):
     def per_op_limit(self) -> int:
         """The most iterations one op may take."""
         return max(1, math.ceil(self.iterations_per_op * self.max_op_factor))
+
+
+SearchSettings.RANGES = bounds(SearchSettings)
 
 
 # The range each option of how a model is built may take (`kforge profile --batch ...`).
@@ -293,20 +141,18 @@ MODEL_RANGES: dict[str, tuple[int, int]] = {"batch": (1, 65_536), "seq_len": (1,
 class TimingPlan:
     """How candidates, eager and torch.compile are timed; ``[eval]`` keys of the same names."""
 
-    warmup: int = 3  # untimed rounds first
-    min_reps: int = 20  # timed rounds at least...
-    max_reps: int = 200  # ...and at most; in between, as many as fit the budget
-    budget_s: float = 0.12  # wall time aimed at for all timed rounds together
-    hold_rounds: int = 8  # rounds queued behind one hold of the stream (0: no hold)
-    wall_calls: int = 20  # calls issued back to back for the wall time per call (0: none)
+    warmup: int = checked(3, least=0)  # untimed rounds first
+    min_reps: int = checked(20, least=1)  # timed rounds at least...
+    max_reps: int = checked(200, least=1)  # ...and at most; in between, as many as fit the budget
+    # wall time aimed at for all timed rounds together
+    budget_s: float = checked(0.12, finite=True, least=0)
+    # rounds queued behind one hold of the stream (0: no hold)
+    hold_rounds: int = checked(8, least=0)
+    # calls issued back to back for the wall time per call (0: none)
+    wall_calls: int = checked(20, least=0)
 
     def __post_init__(self) -> None:
-        _at_least(self, "warmup", 0)
-        _at_least(self, "hold_rounds", 0)
-        _at_least(self, "wall_calls", 0)
-        _at_least(self, "min_reps", 1)
-        _at_least(self, "max_reps", 1)
-        _finite(self, "budget_s")
+        check(self)
 
 
 @dataclass(frozen=True)
@@ -317,43 +163,45 @@ class EvalSettings(_Section):
     SECTION: ClassVar[str] = "eval"
 
     devices: tuple[int, ...] | None = None  # GPU indices to evaluate on; None: every visible GPU
-    timeout_s: float = 60.0  # one evaluation; a worker past it is killed and replaced
-    baseline_timeout_s: float = 900.0  # eager and torch.compile of one op (cold caches: minutes)
-    start_timeout_s: float = 300.0  # a worker's start
+    # one evaluation; a worker past it is killed and replaced
+    timeout_s: float = checked(60.0, finite=True, above=0)
+    # eager and torch.compile of one op (cold caches: minutes)
+    baseline_timeout_s: float = checked(900.0, finite=True, above=0)
+    start_timeout_s: float = checked(300.0, finite=True, above=0)  # a worker's start
     seeds: tuple[int, ...] = (1, 2, 3)  # seeds of the random input sets a candidate is checked on
-    max_samples: int = 2  # captured sample inputs a candidate is checked on, before random sets
-    timing_sets: int = 3  # input buffers (at different addresses) rotated while timing
+    # captured sample inputs a candidate is checked on, before random sets
+    max_samples: int = checked(2, least=0)
+    # input buffers (at different addresses) rotated while timing
+    timing_sets: int = checked(3, least=1)
     timing: TimingPlan = field(default_factory=TimingPlan)  # warmup, min_reps, max_reps, budget_s
     compile_baseline: bool = True  # time torch.compile beside eager
     stress_seed: int = 11  # seed of the input sets that stress the op's semantics
-    checked_timed_calls: int = 8  # timed calls, chosen at random, whose results are verified
-    host_reps: int = 30  # calls timed on the host for the launch path's own cost
-    recycle_after: int = 20  # evaluations a worker serves before a fresh one replaces it
+    # timed calls, chosen at random, whose results are verified
+    checked_timed_calls: int = checked(8, least=0)
+    # calls timed on the host for the launch path's own cost
+    host_reps: int = checked(30, least=1)
+    # evaluations a worker serves before a fresh one replaces it
+    recycle_after: int = checked(20, least=1)
     # workers evaluating side by side on each GPU: their checks overlap, their timed sections
     # take turns holding the GPU alone (a spare beside them replaces one at once)
-    workers: int = 2
+    workers: int = checked(2, least=1)
     sanitize: bool = True  # a new best runs under compute-sanitizer before it counts
     counters: bool = True  # a correct candidate's kernels are measured with hardware counters
 
     def __post_init__(self) -> None:
         if self.devices is not None and any(d < 0 for d in self.devices):
             raise InvalidValue("devices", "must list GPU indices, 0 or more", list(self.devices))
-        for key in ("timeout_s", "baseline_timeout_s", "start_timeout_s"):
-            _finite(self, key, above=True)
-        for key in ("max_samples", "checked_timed_calls"):
-            _at_least(self, key, 0)
-        for key in ("timing_sets", "host_reps", "recycle_after", "workers"):
-            _at_least(self, key, 1)
+        check(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None,
                   origin: Origin | None = None) -> EvalSettings:
         origin = origin or Origin()
-        table = _table(data, origin, cls.SECTION)
+        given = table(data, origin, cls.SECTION)
         plan_keys = [f.name for f in fields(TimingPlan)]
-        plan = {k: table.pop(k) for k in plan_keys if k in table}
-        return _read(cls, table, origin, cls.SECTION, also_known=plan_keys,
-                     built={"timing": _read(TimingPlan, plan, origin, cls.SECTION)})
+        plan = {k: given.pop(k) for k in plan_keys if k in given}
+        return read(cls, given, origin, cls.SECTION, also_known=plan_keys,
+                    built={"timing": read(TimingPlan, plan, origin, cls.SECTION)})
 
     def table(self) -> dict[str, Any]:
         flat = asdict(self)
@@ -365,12 +213,11 @@ class EvalSettings(_Section):
 class Price:
     """What an LLM's tokens cost: USD per million."""
 
-    input_per_mtok: float
-    output_per_mtok: float
+    input_per_mtok: float = checked(finite=True, least=0)
+    output_per_mtok: float = checked(finite=True, least=0)
 
     def __post_init__(self) -> None:
-        _finite(self, "input_per_mtok")
-        _finite(self, "output_per_mtok")
+        check(self)
 
     def cost(self, input_tokens: int, output_tokens: int) -> float:
         return (input_tokens * self.input_per_mtok + output_tokens * self.output_per_mtok) / 1e6
@@ -388,18 +235,18 @@ class LlmSection(_Section):
     base_url: str | None = None  # the server's /v1 URL; None: OpenAI's own endpoint
     model: str | None = None  # a model name the endpoint serves
     api_key: str | None = None  # or KFORGE_LLM_API_KEY in the environment
-    timeout_s: float = 300.0  # one request (a slow local model takes minutes for a long kernel)
-    max_retries: int = 3  # further tries of a request that failed for a passing reason
-    temperature: float | None = None  # None: the server's default (some models accept no other)
-    max_tokens: int = 8192  # the longest reply asked for
+    # one request (a slow local model takes minutes for a long kernel)
+    timeout_s: float = checked(300.0, finite=True, above=0)
+    # further tries of a request that failed for a passing reason
+    max_retries: int = checked(3, least=0)
+    # None: the server's default (some models accept no other)
+    temperature: float | None = checked(None, finite=True, least=0)
+    max_tokens: int = checked(8192, least=1)  # the longest reply asked for
     # [llm.prices."model"]: what calls cost; a "default" entry prices every other model
     prices: dict[str, Price] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _finite(self, "timeout_s", above=True)
-        _at_least(self, "max_retries", 0)
-        _finite(self, "temperature")
-        _at_least(self, "max_tokens", 1)
+        check(self)
         password = url_credentials(self.base_url)
         for key, secret in (("api_key", self.api_key), ("base_url", password and password[1])):
             if secret and (problem := secret_problem(secret)):
@@ -443,12 +290,7 @@ class StoreSettings(_Section):
     # "full": every committed result (a finished evaluation, its cost) survives a power loss, one
     # fsync per commit; "normal": faster commits, the last ones may be lost on a power loss (never
     # on a crash of kforge itself).
-    durability: str = "full"
-
-    def __post_init__(self) -> None:
-        if self.durability not in DURABILITY:
-            raise InvalidValue("durability", f"must be one of {', '.join(DURABILITY)}",
-                               self.durability)
+    durability: str = checked("full", choices=("full", "normal"))
 
 
 DURABILITY = ("full", "normal")
@@ -467,12 +309,12 @@ class KeyBindings(_Section):
     def from_dict(cls, data: Mapping[str, Any] | None,
                   origin: Origin | None = None) -> KeyBindings:
         origin = origin or Origin()
-        table = _table(data, origin, cls.SECTION)
-        for binding_id, keys in table.items():
+        given = table(data, origin, cls.SECTION)
+        for binding_id, keys in given.items():
             if not isinstance(keys, str) or not keys.strip():
                 raise SettingsError(f"[keys] {binding_id} {origin.where} must name a key as "
                                     f'text, e.g. "x", not {keys!r}')
-        return cls(table)
+        return cls(given)
 
     def table(self) -> dict[str, Any]:
         return dict(self.by_id)
@@ -500,12 +342,12 @@ class Settings:
         """The tree from the config file's tables; SettingsError names the first bad section or
         key."""
         origin = origin or Origin()
-        table = _table(data, origin, None)
-        for name in table:
+        given = table(data, origin, None)
+        for name in given:
             if name not in SECTIONS:
                 raise SettingsError(f"unknown section [{name}] {origin.where} "
                                     f"({did_you_mean(name, SECTIONS)})")
-        return cls(**{name: section.from_dict(table.get(name), origin)
+        return cls(**{name: section.from_dict(given.get(name), origin)
                       for name, section in SECTIONS.items()})
 
     def to_dict(self) -> dict[str, Any]:
@@ -532,14 +374,11 @@ class SessionSettings:
         """Read what a session stored: leniently unless ``origin`` says otherwise, so settings an
         older kforge wrote still load (what was dropped is in ``origin.notes``)."""
         origin = origin or Origin("in the stored session settings", strict=False)
-        table = _table(data, origin, None)
-        model = table.get("llm_model")
-        if model is not None and not isinstance(model, str):
-            _drop(SettingsError(f"llm_model {origin.where} must be text, not {model!r}"), origin)
-            model = None
-        return cls(search=SearchSettings.from_dict(table.get("search"), origin),
-                   eval=EvalSettings.from_dict(table.get("eval"), origin), llm_model=model,
-                   extra={k: v for k, v in table.items() if k not in cls.STORED})
+        given = table(data, origin, None)
+        return read(cls, {"llm_model": given.get("llm_model")}, origin, built={
+            "search": SearchSettings.from_dict(given.get("search"), origin),
+            "eval": EvalSettings.from_dict(given.get("eval"), origin),
+            "extra": {k: v for k, v in given.items() if k not in cls.STORED}})
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h)?\s*$")

@@ -62,7 +62,7 @@ from kforge.runtime.regions import register_cards
 from kforge.store import CardStatus, CommandKind, NodeStatus, SessionStatus, Store
 from kforge.store.commands import BadCommand, checked, save_focus, save_pruned
 from kforge.store.records import CardRow, Command, reading
-from kforge.store.store import LeaseLost
+from kforge.store.lease import LeaseLost
 
 log = logging.getLogger("kforge.engine")
 T = TypeVar("T")

@@ -28,8 +28,8 @@ from kforge.engine.plugins import (
 from kforge.errors import KforgeError
 from kforge.store import SessionStatus, Store
 from kforge.store.beside import open_log, own_folder
-from kforge.store.config import load_config
-from kforge.store.store import engine_alive
+from kforge.store.config import load_config, store_options
+from kforge.store.lease import engine_alive
 
 
 async def prepare_session(store: Store, session_id: int, given: Mapping[str, Any],
@@ -65,7 +65,7 @@ async def run_session(db_path: Path, session_id: int,
                       on_change: Callable[[Snapshot], None] | None = None,
                       consent: PluginConsent = PluginConsent()) -> SessionStatus:
     """Run the session's search here until it ends; SIGINT/SIGTERM stop it cleanly."""
-    store = await Store.open(db_path, create=False)
+    store = await Store.open(db_path, create=False, options=store_options())
     try:
         ctx, evaluator = await session_evaluator(store, session_id, consent)
         proposer = make_proposer(ctx.settings.search.proposer, ctx)

@@ -18,6 +18,7 @@ from kforge.integrate.winners import (
     worth_routing,
 )
 from kforge.store import Store
+from kforge.store.config import store_options
 from kforge.store.records import Session
 
 T = TypeVar("T")
@@ -63,7 +64,7 @@ def read_plan(db: Path, session_id: int, runs_on: str | None = None,
     """``load_plan`` from the database file at ``db`` (which must exist), from plain code."""
 
     async def go() -> SessionPlan:
-        store = await Store.open(db, create=False)
+        store = await Store.open(db, create=False, options=store_options())
         try:
             return await load_plan(store, session_id, runs_on, graphs)
         finally:

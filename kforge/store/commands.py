@@ -9,8 +9,9 @@ from __future__ import annotations
 from enum import StrEnum
 
 from kforge.errors import KforgeError
+from kforge.store.lease import engine_alive
 from kforge.store.records import CommandKind, Session, SessionStatus
-from kforge.store.store import Store, engine_alive
+from kforge.store.store import Store
 
 NODE_KINDS = frozenset({CommandKind.PRUNE, CommandKind.UNPRUNE})
 # What the store carries out without an engine: the next engine reads it from there.

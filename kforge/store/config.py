@@ -36,8 +36,9 @@ from typing import Any
 
 from kforge.core.files import regular_file
 from kforge.core.secrets import known_secrets
-from kforge.core.settings import LlmSection, Origin, Settings, StoreSettings
+from kforge.core.settings import Origin, Settings
 from kforge.errors import KforgeError
+from kforge.store.connection import StoreOptions
 
 APP = "kforge"
 ENV_DB = "KFORGE_DB"
@@ -87,11 +88,24 @@ def load_config(path: Path | None = None) -> Settings:
 def configured_secrets() -> tuple[str, ...]:
     """The LLM secrets of the config file and the environment (``known_secrets``); those of the
     environment alone where the config file cannot be read."""
-    try:
-        section = load_config().llm
-    except KforgeError:
-        section = LlmSection()
+    section = _readable_config().llm
     return known_secrets([section.api_key], [section.base_url], os.environ)
+
+
+def store_options() -> StoreOptions:
+    """How the user's config has a store write: without the configured secrets, at ``[store]
+    durability``. A config that cannot be read keeps the safe default durability here; the
+    commands that read the whole config report what is wrong with it."""
+    return StoreOptions(secrets=configured_secrets(),
+                        durability=_readable_config().store.durability)
+
+
+def _readable_config() -> Settings:
+    """The user's config, or every default where it cannot be read."""
+    try:
+        return load_config()
+    except KforgeError:
+        return Settings()
 
 
 def read_toml(path: Path, what: str) -> dict[str, Any]:
@@ -148,12 +162,3 @@ def _toml_value(value: str | int | float | bool) -> str:
         return repr(value)
     escaped = value.replace("\\", "\\\\").replace('"', '\\"')
     return f'"{escaped}"'
-
-
-def configured_durability() -> str:
-    """``[store] durability`` of the user's config. A config that cannot be read keeps the safe
-    default here; the commands that read the whole config report what is wrong with it."""
-    try:
-        return load_config().store.durability
-    except KforgeError:
-        return StoreSettings.durability

@@ -1,8 +1,10 @@
 """The store's event log as a closed set of typed records, and their one row encoding.
 
 Every change the store commits appends one ``events`` row (a kind and a JSON payload) that viewers
-tail. This module is the only place the kind strings and payload keys are spelled: the store
-writes records through ``to_row``, readers get records from ``from_row`` and match on their types.
+tail. This module is the only place the kind strings and payload keys are spelled: each event is a
+record declared below, named in the one table ``EVENTS``, and stored as its fields by the codec
+(``kforge.core.schema``). The store writes records through ``to_row``, readers get records from
+``from_row`` and match on their types.
 
 A row of a kind this kforge does not know (written by a newer kforge) decodes to ``UnknownEvent``
 rather than failing, so an older viewer keeps following a session that a newer engine writes. A
@@ -11,12 +13,12 @@ row of a known kind without a payload key it needs is corrupt and raises ``Event
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kforge.core import schema
 from kforge.core.candidate import ModelMeasured
+from kforge.core.schema import Origin, Rule, SchemaError, checked, spread
 from kforge.errors import KforgeError
 
 
@@ -63,7 +65,7 @@ class CardUpdated:
     baseline, which is too large for the log)."""
 
     card_id: int
-    changes: dict[str, Any]
+    changes: dict[str, Any] = spread()  # stored beside card_id
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,7 @@ class NodePruned:
 @dataclass(frozen=True)
 class CommandSent:
     command_id: int
-    command: str
+    command: str = checked(stored_as="kind")
     arg: Any = None
 
 
@@ -145,117 +147,32 @@ class Event:
     record: EventRecord
 
 
-@dataclass(frozen=True)
-class _Codec:
-    kind: str
-    type: type
-    encode: Callable[[Any], dict[str, Any]]
-    decode: Callable[[dict[str, Any]], EventRecord]
+# The one table of kinds: each record is stored as its fields (``kforge.core.schema``) under the
+# kind named here; a field added later has a default, which rows stored before it read as.
+EVENTS: dict[str, type] = {
+    "session_created": SessionCreated, "session_status": SessionStatusChanged,
+    "session_settings": SessionSettingsChanged, "session_deleted": SessionDeleted,
+    "engine_attached": EngineAttached, "cards_added": CardsAdded, "card_updated": CardUpdated,
+    "node_added": NodeAdded, "node_updated": NodeUpdated, "node_finished": NodeFinished,
+    "node_deleted": NodeDeleted, "node_pruned": NodePruned, "command": CommandSent,
+    "command_done": CommandDone, "log": LogLine, "model_measured": ModelMeasured}
+_KIND_OF = {record_type: kind for kind, record_type in EVENTS.items()}
 
+# The value rules of a record declared elsewhere: a measurement's times, ratios and spreads are
+# above zero (readers divide by them), its kernel counts zero or more.
+_FIGURE = Rule(finite=True, above=0)
+RULES: dict[type, dict[str, Rule]] = {ModelMeasured: {
+    "speedups": _FIGURE, "gains": _FIGURE, "projected": _FIGURE, "times_us": _FIGURE,
+    "spreads": _FIGURE, "kernels": Rule(least=0)}}
 
-def _card_updated(data: dict[str, Any]) -> CardUpdated:
-    changes = dict(data)
-    return CardUpdated(card_id=changes.pop("card_id"), changes=changes)
-
-
-def _figures(data: Any, kind: type = float) -> dict:
-    """A stored mapping of modes to figures (each made a ``kind``): times, ratios and spreads
-    above zero (readers divide by them), counts of zero or more; anything else is a corrupt
-    payload."""
-    if isinstance(data, dict) and all(_measured(value, kind) for value in data.values()):
-        return {str(mode): kind(value) for mode, value in data.items()}
-    raise EventFormatError(f"event 'model_measured' holds {data!r} where a mapping of modes to "
-                           "figures belongs")
-
-
-def _figure(value: Any) -> float:
-    """A measurement's one figure (its projection), checked as ``_figures`` checks each."""
-    if _measured(value, float):
-        return float(value)
-    raise EventFormatError(f"event 'model_measured' holds {value!r} where a figure belongs")
-
-
-def _measured(value: Any, kind: type) -> bool:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return False
-    return value >= 0 if kind is int else value > 0
-
-
-_CODECS = (
-    _Codec("session_created", SessionCreated,
-           lambda e: {"model": e.model, "status": e.status},
-           lambda d: SessionCreated(model=d["model"], status=d["status"])),
-    _Codec("session_status", SessionStatusChanged,
-           lambda e: {"status": e.status, "error": e.error},
-           lambda d: SessionStatusChanged(status=d["status"], error=d.get("error", ""))),
-    _Codec("session_settings", SessionSettingsChanged,
-           lambda e: {"changes": e.changes},
-           lambda d: SessionSettingsChanged(changes=d["changes"])),
-    _Codec("session_deleted", SessionDeleted,
-           lambda e: {},
-           lambda d: SessionDeleted()),
-    _Codec("engine_attached", EngineAttached,
-           lambda e: {"pid": e.pid, "host": e.host},
-           lambda d: EngineAttached(pid=d["pid"], host=d["host"])),
-    _Codec("cards_added", CardsAdded,
-           lambda e: {"count": e.count},
-           lambda d: CardsAdded(count=d["count"])),
-    # The changed columns sit beside card_id at the top level of the payload.
-    _Codec("card_updated", CardUpdated,
-           lambda e: {"card_id": e.card_id, **e.changes},
-           _card_updated),
-    _Codec("node_added", NodeAdded,
-           lambda e: {"node_id": e.node_id, "card_id": e.card_id, "parent_id": e.parent_id,
-                      "action": e.action},
-           lambda d: NodeAdded(node_id=d["node_id"], card_id=d["card_id"],
-                               parent_id=d["parent_id"], action=d["action"])),
-    _Codec("node_updated", NodeUpdated,
-           lambda e: {"node_id": e.node_id, "card_id": e.card_id, "status": e.status},
-           lambda d: NodeUpdated(node_id=d["node_id"], card_id=d["card_id"], status=d["status"])),
-    _Codec("node_finished", NodeFinished,
-           lambda e: {"node_id": e.node_id, "card_id": e.card_id, "status": e.status,
-                      "speedup": e.speedup},
-           lambda d: NodeFinished(node_id=d["node_id"], card_id=d["card_id"], status=d["status"],
-                                  speedup=d.get("speedup"))),
-    _Codec("node_deleted", NodeDeleted,
-           lambda e: {"node_id": e.node_id, "card_id": e.card_id},
-           lambda d: NodeDeleted(node_id=d["node_id"], card_id=d["card_id"])),
-    _Codec("node_pruned", NodePruned,
-           lambda e: {"node_id": e.node_id, "card_id": e.card_id, "pruned": e.pruned},
-           lambda d: NodePruned(node_id=d["node_id"], card_id=d["card_id"],
-                                pruned=bool(d["pruned"]))),
-    # The command's own kind is stored under "kind" inside the payload.
-    _Codec("command", CommandSent,
-           lambda e: {"command_id": e.command_id, "kind": e.command, "arg": e.arg},
-           lambda d: CommandSent(command_id=d["command_id"], command=d["kind"],
-                                 arg=d.get("arg"))),
-    _Codec("command_done", CommandDone,
-           lambda e: {"command_id": e.command_id, "result": e.result},
-           lambda d: CommandDone(command_id=d["command_id"], result=str(d.get("result", "")))),
-    _Codec("log", LogLine,
-           lambda e: {"level": e.level, "message": e.message},
-           lambda d: LogLine(message=str(d.get("message", "")), level=d.get("level", "info"))),
-    # times_us, kernels and spreads are absent from measurements stored before they existed.
-    _Codec("model_measured", ModelMeasured,
-           lambda e: {"speedups": e.speedups, "gains": e.gains, "projected": e.projected,
-                      "times_us": e.times_us, "kernels": e.kernels, "spreads": e.spreads},
-           lambda d: ModelMeasured(speedups=_figures(d["speedups"]), gains=_figures(d["gains"]),
-                                   projected=_figure(d["projected"]),
-                                   times_us=_figures(d.get("times_us", {})),
-                                   kernels=_figures(d.get("kernels", {}), int),
-                                   spreads=_figures(d.get("spreads", {})))),
-)
-_BY_KIND = {c.kind: c for c in _CODECS}
-_BY_TYPE = {c.type: c for c in _CODECS}
-
-KINDS: frozenset[str] = frozenset(_BY_KIND)
-RECORD_TYPES: tuple[type, ...] = tuple(_BY_TYPE)
+KINDS: frozenset[str] = frozenset(EVENTS)
+RECORD_TYPES: tuple[type, ...] = tuple(EVENTS.values())
 
 
 def kind_of(record_type: type) -> str:
     """The stored kind of a record type, for queries that filter the log by kind."""
     try:
-        return _BY_TYPE[record_type].kind
+        return _KIND_OF[record_type]
     except KeyError:
         raise EventFormatError(f"{record_type.__name__} is not a stored event type") from None
 
@@ -264,17 +181,21 @@ def to_row(record: EventRecord) -> tuple[str, dict[str, Any]]:
     """The ``(kind, payload)`` a record is stored as."""
     if isinstance(record, UnknownEvent):
         return record.kind, dict(record.data)
-    return kind_of(type(record)), _BY_TYPE[type(record)].encode(record)
+    return kind_of(type(record)), schema.encode(record)
 
 
 def from_row(kind: str, data: dict[str, Any]) -> EventRecord:
-    """The record a stored ``(kind, payload)`` holds; ``UnknownEvent`` for a kind not known here."""
+    """The record a stored ``(kind, payload)`` holds; ``UnknownEvent`` for a kind not known here.
+    The one place a damaged payload is refused."""
     if not isinstance(data, dict):
         raise EventFormatError(f"event {kind!r} has a payload that is not an object: {data!r}")
-    codec = _BY_KIND.get(kind)
-    if codec is None:
+    record_type = EVENTS.get(kind)
+    if record_type is None:
         return UnknownEvent(kind=kind, data=dict(data))
     try:
-        return codec.decode(data)
-    except KeyError as exc:
-        raise EventFormatError(f"event {kind!r} lacks its payload key {exc}") from None
+        return schema.read(record_type, data, Origin.record(), rules=RULES.get(record_type))
+    except SchemaError as exc:
+        if exc.missing:
+            raise EventFormatError(f"event {kind!r} lacks its payload key {exc.name!r}") from None
+        raise EventFormatError(f"event {kind!r} holds a bad value: {exc.name} "
+                               f"{exc.problem}") from None

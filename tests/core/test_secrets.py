@@ -79,6 +79,7 @@ async def test_the_store_never_rewrites_kforges_own_data(tmp_path, monkeypatch):
     """Secrets that are part of an op name and a settings key: the op card, the settings and
     the events keep them; free text (a log line, a node's summary) is redacted."""
     from kforge.store import Store
+    from kforge.store.config import store_options
     from tests.doubles import sample_cards
 
     op_part, settings_key = "_softmax.default", "iterations_per_op"
@@ -86,7 +87,7 @@ async def test_the_store_never_rewrites_kforges_own_data(tmp_path, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", settings_key)
     card = sample_cards()[0]
     settings = {"search": {settings_key: 3, "proposer": "library"}}
-    async with await Store.open(tmp_path / "k.db") as store:
+    async with await Store.open(tmp_path / "k.db", options=store_options()) as store:
         sid = await store.create_profiled_session("toy", settings, {}, [card])
         await store.update_settings(sid, {"search": {settings_key: 4}})
         await store.log(sid, f"worker said aten.{op_part} and {settings_key}")

@@ -27,7 +27,7 @@ from kforge.core.settings import SearchSettings
 from kforge.engine.engine import Engine
 from kforge.errors import KforgeError
 from kforge.store import NodeStatus, SessionStatus, Store
-from kforge.store import store as store_module
+from kforge.store import connection as connection_module
 from kforge.store.events import EngineAttached, SessionStatusChanged
 from tests.doubles import FakeEvaluator, FakeProposer, sample_cards
 
@@ -258,7 +258,7 @@ async def test_an_engine_killed_or_stopped_at_a_random_point_resumes_losing_noth
 @pytest.mark.parametrize("hold_s", [0.1, 0.6, 1.5])  # shorter and far longer than busy timeout
 async def test_a_search_outlasts_a_lock_holder_while_viewers_read(
         tmp_path: Path, monkeypatch, seed: int, hold_s: float):
-    monkeypatch.setattr(store_module, "LOCK_BACKOFF_S", (0.02, 0.2))
+    monkeypatch.setattr(connection_module, "LOCK_BACKOFF_S", (0.02, 0.2))
     rng = random.Random(seed * 7 + int(hold_s * 10))
     db, journal = tmp_path / "k.db", tmp_path / "journal.txt"
     store = await Store.open(db, timeout_s=BUSY_TIMEOUT_S)

@@ -13,7 +13,7 @@ from kforge.engine import engine as engine_module
 from kforge.engine.engine import Engine
 from kforge.errors import KforgeError
 from kforge.store import NodeStatus, SessionStatus, Store
-from kforge.store import store as store_module
+from kforge.store import lease as lease_module
 from tests.doubles import FakeEvaluator, FakeProposer
 from tests.engine.test_engine import session
 
@@ -137,7 +137,7 @@ async def test_an_engine_whose_lease_is_taken_over_stops_writing_at_once(store: 
     other = await Store.open(store.path)
     try:
         # an engine on another host found this one's heartbeat stale and took the session
-        monkeypatch.setattr(store_module, "engine_alive", lambda *_: False)
+        monkeypatch.setattr(lease_module, "engine_alive", lambda *_: False)
         await other.claim_engine(sid, pid=4343, host="elsewhere")
         seq = await other.last_seq()
         evaluator.gate.set()

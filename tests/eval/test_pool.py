@@ -21,6 +21,7 @@ from kforge.eval import make_gpu_evaluator
 from kforge.eval.process.pool import GpuEvaluator
 from kforge.eval.process.protocol import (
     HEADER,
+    KINDS,
     BaselineMeasured,
     Evaluate,
     Evaluated,
@@ -79,6 +80,10 @@ MESSAGES = [
     Pong(id=9),
     Failed("evaluator error", traceback="Traceback ...", restart=True, id=4),
 ]
+
+
+def test_every_kind_of_message_has_an_example():
+    assert {type(m) for m in MESSAGES} == set(KINDS.values())
 
 
 @pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)

@@ -16,6 +16,7 @@ from kforge.core.outcome import Confirmation, FailureEvidence, SanitizerReport
 from kforge.propose.llm import LlmProposer, LlmSettings
 from kforge.runtime.nvrtc import Compiler
 from kforge.store import Store
+from kforge.store.config import store_options
 from tests.doubles import sample_cards
 from tests.fakes.llm_replies import EXAMPLE_PLAN, EXAMPLE_SOURCE, node, reply, request
 from tests.fakes.openai_server import FakeOpenAIServer, chat_reply, error_reply
@@ -52,7 +53,7 @@ async def test_the_configured_key_reaches_neither_the_database_nor_a_request(con
                                   confirmation=Confirmation(sanitizer=SanitizerReport(
                                       False, "memcheck", f"report {KEY}")),
                                   failure=FailureEvidence(stderr=f"crashed: {KEY}\n"))
-            store = await Store.open(tmp_path / "k.db")
+            store = await Store.open(tmp_path / "k.db", options=store_options())
             try:
                 sid = await store.create_profiled_session("toy", {}, {"name": "g"},
                                                           sample_cards())

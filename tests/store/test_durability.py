@@ -1,4 +1,5 @@
-"""The durability level is the ``[store] durability`` setting: full unless the config says so."""
+"""The durability level is the caller's: the ``[store] durability`` setting where the user's
+config gives it to the store, full unless the config says so."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import pytest
 
 from kforge.core.settings import Settings, SettingsError
 from kforge.store import Store
+from kforge.store.config import store_options
 
 
 async def synchronous(db: Path) -> int:
-    store = await Store.open(db)
+    store = await Store.open(db, options=store_options())
     try:
         rows = await store._read("PRAGMA synchronous", ())
         return rows[0][0]

@@ -18,9 +18,9 @@ import pytest
 
 from kforge.errors import KforgeError
 from kforge.store import CommandKind, SessionStatus, Store
-from kforge.store import store as store_module
+from kforge.store import lease as lease_module
 from kforge.store.commands import is_alive, issue
-from kforge.store.store import LeaseLost, engine_alive
+from kforge.store.lease import LeaseLost, engine_alive
 from tests.doubles import sample_cards
 
 
@@ -101,7 +101,7 @@ async def test_a_store_whose_lease_was_taken_over_stops_writing(tmp_path: Path, 
     try:
         sid = await make_session(first)
         await first.claim_engine(sid, pid=4242, host="far-away")
-        monkeypatch.setattr(store_module, "ENGINE_STALE_S", 0.0)  # its heartbeat looks stale
+        monkeypatch.setattr(lease_module, "ENGINE_STALE_S", 0.0)  # its heartbeat looks stale
         await second.claim_engine(sid, pid=4343, host="elsewhere")
         seq = await second.last_seq()
         for write in (first.log(sid, "still here"), first.heartbeat(sid, 1.0),
@@ -134,7 +134,7 @@ async def test_a_live_engine_on_this_host_is_alive_however_late_its_heartbeat(
         store: Store, sleeper, monkeypatch):
     sid = await make_session(store)
     await store.claim_engine(sid, pid=sleeper.pid)
-    monkeypatch.setattr(store_module, "ENGINE_STALE_S", 0.05)
+    monkeypatch.setattr(lease_module, "ENGINE_STALE_S", 0.05)
     await asyncio.sleep(0.1)  # its heartbeat is now stale
     viewer = await Store.open(store.path, create=False)
     try:
@@ -154,7 +154,7 @@ def test_a_process_started_after_the_last_heartbeat_only_reuses_the_pid(sleeper)
 
 def test_an_engine_on_another_host_is_judged_by_its_heartbeat():
     assert engine_alive(4242, "far-away", time.time())
-    assert not engine_alive(4242, "far-away", time.time() - store_module.ENGINE_STALE_S - 1)
+    assert not engine_alive(4242, "far-away", time.time() - lease_module.ENGINE_STALE_S - 1)
     assert not engine_alive(4242, "far-away", None)
 
 

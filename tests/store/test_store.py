@@ -253,9 +253,9 @@ async def _made(path: Path) -> None:
 async def test_every_read_is_bounded_in_time_and_rows(store: Store, monkeypatch):
     """A read SQLite has not finished after READ_LIMIT_S is stopped, and a list longer than
     kforge reads at once is refused, each in one line."""
-    from kforge.store import store as module
+    from kforge.store import connection, store as module
 
-    monkeypatch.setattr(module, "READ_LIMIT_S", 0.2)
+    monkeypatch.setattr(connection, "READ_LIMIT_S", 0.2)
     with pytest.raises(KforgeError, match="took longer than 0 s, and was stopped"):
         await store._read("WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) "
                           "SELECT count(*) FROM r")

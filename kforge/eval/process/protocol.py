@@ -1,9 +1,11 @@
 """The messages between the engine and an evaluation worker, and their one wire encoding.
 
 A frame is a 4-byte big-endian length and that many bytes of UTF-8 JSON: one object whose ``kind``
-names the message. The worker first says hello (``Ready`` or ``Fatal``), then answers each request
-with one reply carrying the request's ``id``. This module is the only place the kind names and
-keys are spelled; both sides build and match the typed messages below.
+names the message and whose other keys are its fields, as the codec (``kforge.core.schema``)
+writes and reads them. The worker first says hello (``Ready`` or ``Fatal``), then answers each
+request with one reply carrying the request's ``id``. This module is the only place the kind
+names and keys are spelled: each message is a record declared below, named in the one table
+``KINDS``; both sides build and match those records.
 """
 
 from __future__ import annotations
@@ -11,14 +13,15 @@ from __future__ import annotations
 import asyncio
 import json
 import struct
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from kforge.core import schema
 from kforge.core.candidate import Baseline, Candidate, EvalOutcome
 from kforge.core.gpu import GpuInfo
 from kforge.core.opcard import OpCard
+from kforge.core.schema import Origin, SchemaError
 from kforge.errors import KforgeError
 
 HEADER = struct.Struct(">I")
@@ -122,88 +125,39 @@ def worker_exits_after(reply: Reply) -> bool:
 
 # ----- the encoding -----
 
-
-@dataclass(frozen=True)
-class _Codec:
-    kind: str
-    type: type
-    encode: Callable[[Any], dict[str, Any]]
-    decode: Callable[[dict[str, Any]], Message]
-
-
-def _path(value: str | None) -> Path | None:
-    return Path(value) if value else None
-
-
-_CODECS = (
-    _Codec("ready", Ready,
-           lambda m: {"gpu": m.gpu.to_dict()},
-           lambda d: Ready(gpu=GpuInfo.from_dict(d["gpu"]))),
-    _Codec("fatal", Fatal,
-           lambda m: {"error": m.error},
-           lambda d: Fatal(error=d["error"])),
-    _Codec("evaluate", Evaluate,
-           lambda m: {"id": m.id, "card": m.card.to_dict(), "candidate": m.candidate.to_dict(),
-                      "samples_dir": str(m.samples_dir) if m.samples_dir else None,
-                      "settings": m.settings},
-           lambda d: Evaluate(id=d["id"], card=OpCard.from_dict(d["card"]),
-                              candidate=Candidate.from_dict(d["candidate"]),
-                              samples_dir=_path(d["samples_dir"]), settings=d["settings"])),
-    _Codec("measure_baseline", MeasureBaseline,
-           lambda m: {"id": m.id, "card": m.card.to_dict(),
-                      "samples_dir": str(m.samples_dir) if m.samples_dir else None,
-                      "settings": m.settings},
-           lambda d: MeasureBaseline(id=d["id"], card=OpCard.from_dict(d["card"]),
-                                     samples_dir=_path(d["samples_dir"]), settings=d["settings"])),
-    _Codec("ping", Ping,
-           lambda m: {"id": m.id},
-           lambda d: Ping(id=d["id"])),
-    _Codec("shutdown", Shutdown,
-           lambda m: {},
-           lambda d: Shutdown()),
-    _Codec("evaluated", Evaluated,
-           lambda m: {"id": m.id, "outcome": m.outcome.to_dict(), "restart": m.restart},
-           lambda d: Evaluated(id=d["id"], outcome=EvalOutcome.from_dict(d["outcome"]),
-                               restart=d["restart"])),
-    _Codec("baseline_measured", BaselineMeasured,
-           lambda m: {"id": m.id, "baseline": m.baseline.to_dict()},
-           lambda d: BaselineMeasured(id=d["id"], baseline=Baseline.from_dict(d["baseline"]))),
-    _Codec("pong", Pong,
-           lambda m: {"id": m.id},
-           lambda d: Pong(id=d["id"])),
-    _Codec("failed", Failed,
-           lambda m: {"id": m.id, "error": m.error, "traceback": m.traceback,
-                      "restart": m.restart},
-           lambda d: Failed(id=d["id"], error=d["error"], traceback=d["traceback"],
-                            restart=d["restart"])),
-)
-_BY_KIND = {c.kind: c for c in _CODECS}
-_BY_TYPE = {c.type: c for c in _CODECS}
+# The one table of kinds: each message travels as its fields (``kforge.core.schema``) beside
+# ``"kind": <its name here>``.
+KINDS: dict[str, type] = {
+    "ready": Ready, "fatal": Fatal, "evaluate": Evaluate, "measure_baseline": MeasureBaseline,
+    "ping": Ping, "shutdown": Shutdown, "evaluated": Evaluated,
+    "baseline_measured": BaselineMeasured, "pong": Pong, "failed": Failed}
+_KIND_OF = {kind: name for name, kind in KINDS.items()}
 _KIND_KEY = "kind"
 
 
 def _to_json(message: Message) -> dict[str, Any]:
     """The JSON object a message travels as."""
-    codec = _BY_TYPE.get(type(message))
-    if codec is None:
+    kind = _KIND_OF.get(type(message))
+    if kind is None:
         raise ProtocolError(f"{type(message).__name__} is not a worker message")
-    return {_KIND_KEY: codec.kind, **codec.encode(message)}
+    return {_KIND_KEY: kind, **schema.encode(message)}
 
 
 def _from_json(data: Any) -> Message:
-    """The message a received JSON object holds."""
+    """The message a received JSON object holds; the one place a malformed one is refused."""
     if not isinstance(data, dict):
         raise ProtocolError("frame is not a JSON object")
     kind = data.get(_KIND_KEY)
-    codec = _BY_KIND.get(kind) if isinstance(kind, str) else None
-    if codec is None:
+    message_type = KINDS.get(kind) if isinstance(kind, str) else None
+    if message_type is None:
         raise ProtocolError(f"unknown message kind {kind!r}")
+    body = {key: value for key, value in data.items() if key != _KIND_KEY}
     try:
-        return codec.decode(data)
-    except KeyError as exc:
-        raise ProtocolError(f"message {kind!r} lacks its key {exc}") from None
-    except (TypeError, ValueError) as exc:
-        raise ProtocolError(f"message {kind!r} is malformed: {exc}") from None
+        return schema.read(message_type, body, Origin.record(whole=True))
+    except SchemaError as exc:
+        if exc.missing:
+            raise ProtocolError(f"message {kind!r} lacks its key {exc.name!r}") from None
+        raise ProtocolError(f"message {kind!r} is malformed: {exc.name} {exc.problem}") from None
 
 
 def encode(message: Message) -> bytes:
