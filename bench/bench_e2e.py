@@ -136,7 +136,12 @@ def build_llama(batch: int = 1, seq_len: int = 512, layers: int = 4,
 
 
 def kforge(*args: str, timeout: float) -> None:
-    """Run the kforge CLI; its output goes to our log as well."""
+    """Run the kforge CLI; its output goes to our log as well.
+
+    The profile and the search run as commands of their own, not through ``kforge.app`` in this
+    process: this process then times the model, and a search's CUDA context, its evaluator pool
+    and the memory a profile leaves in torch's caching allocator must not be in it while it
+    does; and ``timeout`` bounds a step that hangs."""
     started = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "kforge", *args], cwd=REPO, text=True,
                           capture_output=True, timeout=timeout, check=False)

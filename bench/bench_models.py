@@ -36,7 +36,12 @@ BEST_OF_N = {"widen_k": 1e9}  # the root may always widen: every iteration is a 
 
 
 def kforge(*args: str, timeout: float) -> str:
-    """Run the kforge CLI; its output goes to our log as well."""
+    """Run the kforge CLI; its output goes to our log as well.
+
+    The profile and the searches run as commands of their own, not through ``kforge.app`` in
+    this process: this process then runs the model end to end, and a search's CUDA context, its
+    evaluator pool and the memory a profile leaves in torch's caching allocator must not be in
+    it while it does; and ``timeout`` bounds a step that hangs."""
     started = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "kforge", *args], cwd=REPO, text=True,
                           capture_output=True, timeout=timeout)

@@ -36,6 +36,12 @@ SESSION = 1
 
 
 def kforge(*args: str, timeout: float) -> float:
+    """Run the kforge CLI; its wall time.
+
+    The profile and the search run as commands of their own, not through ``kforge.app`` in this
+    process: the search's throughput is the figure, measured as a user's search runs, without a
+    CUDA context or a profiled model's cached memory of this process on the GPU beside it; and
+    ``timeout`` bounds a step that hangs."""
     started = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "kforge", *args], cwd=REPO, text=True,
                           capture_output=True, timeout=timeout, check=False)

@@ -173,6 +173,9 @@ async def count_nodes(db: Path, session: int) -> int:
 
 
 def start_engine(db: Path, session: int, env: dict[str, str], log: Path) -> subprocess.Popen:
+    """A search of the live session, run by `kforge resume` in a process of its own (not
+    through ``kforge.app`` here): it must write the database while the TUI, recorded in its
+    terminal, follows it."""
     argv = [sys.executable, "-m", "kforge", "resume", str(session), "--db", str(db), "--quiet",
             "--proposer", "tests.doubles:make_proposer",
             "--evaluator", "tests.doubles:make_evaluator"]

@@ -1,6 +1,8 @@
 """Starting work that needs torch or a GPU: ``python -m kforge ... --json`` subprocesses (a new
 session's profile, an engine resume) whose progress lines the TUI shows and whose JSON answer
-names the session, and the GPU check that guards them."""
+names the session, and the GPU check that guards them. They are commands, not ``kforge.app``
+calls: a profile and a search bring in torch, which the TUI never imports, and a detached search
+outlives the TUI and a dropped link."""
 
 from __future__ import annotations
 
@@ -83,12 +85,14 @@ def search_evaluator(config: Settings, stored: dict | None = None) -> str:
 
 
 def builtin_models() -> list[tuple[str, str]]:
-    """``(name, description)`` of the built-in models (the zoo is cheap to import: no torch)."""
+    """``(name, description)`` of the built-in models, as `kforge profile --list` names them
+    (the zoo is cheap to import: no torch)."""
+    from kforge.app.profile import list_models
+
     try:
-        from kforge.capture import zoo
+        return list(list_models().models)
     except ImportError:
         return [(name, "") for name in FALLBACK_MODELS]
-    return zoo.listing()
 
 
 @dataclass(frozen=True)

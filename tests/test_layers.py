@@ -1,9 +1,11 @@
 """The import contract: kforge's layers read bottom up from the tree, and no module imports a
 layer above its own.
 
-    core  <-  runtime  <-  capture, store  <-  eval, propose  <-  engine, integrate  <-  cli
+    core  <-  runtime  <-  capture, store  <-  eval, propose  <-  engine, integrate  <-  app
+         <-  cli
 
-Inside ``eval`` the verification pipeline lies below the process side that runs it
+``app`` holds the use cases that the command line and ``kforge_tui`` call; nothing below it
+imports it. Inside ``eval`` the verification pipeline lies below the process side that runs it
 (``eval.verify <- eval.process``). No module reaches itself through what it imports: the modules
 form no circle. ``kforge/`` never imports Textual or ``kforge_tui``; ``kforge_tui`` never imports
 torch, directly or through what it imports.
@@ -20,7 +22,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = {"core": 0, "errors": 0, "runtime": 1, "capture": 2, "store": 2, "eval": 3,
-          "propose": 3, "engine": 4, "integrate": 4, "cli": 5, "__init__": 5, "__main__": 5}
+          "propose": 3, "engine": 4, "integrate": 4, "app": 5, "cli": 6, "__init__": 6,
+          "__main__": 6}
 
 
 # Rooms inside a layer, bottom up: a room may not import one above it.

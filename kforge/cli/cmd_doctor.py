@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 
 from rich.text import Text
 
-from kforge.cli.common import add_db_option, open_store, out, resolve_db
+from kforge.app.database import open_store
+from kforge.cli.common import add_db_option, out, resolve_db
 from kforge.errors import KforgeError
 from kforge.store.config import config_path, load_config
 

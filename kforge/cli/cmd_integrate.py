@@ -1,34 +1,34 @@
-"""`kforge apply`, `kforge export` and `kforge e2e`: a session's winning kernels in its model."""
+"""`kforge apply`, `kforge export` and `kforge e2e`: their command lines, and the plan, package and
+mode table they print of a session's winning kernels in its model (``kforge.app.integrate``)."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from kforge.cli.common import add_db_option, cells, err, out, session_id, whole, with_store
+from kforge.app.integrate import (
+    ApplyRequest,
+    E2eRequest,
+    ExportRequest,
+    apply,
+    e2e,
+    export,
+    model_measurement,
+    plan_facts,
+)
+from kforge.cli.common import add_db_option, cells, err, out, resolve_db, session_id, whole
 from kforge.core.fmt import fmt_headline, fmt_projection, fmt_speedup, fmt_us
-from kforge.core.gpu import memory_of
 from kforge.errors import KforgeError
-from kforge.store import Store
-from kforge.store.events import ModelMeasured
 
 if TYPE_CHECKING:
-    import torch
-
-    from kforge.capture.loader import LoadedModel
     from kforge.cli.main import Commands
     from kforge.integrate.measure import E2eResult, Measured
     from kforge.integrate.patching import SessionPatch
     from kforge.integrate.plan import SessionPlan
-    from kforge.runtime.table import Report
-
-
-T = TypeVar("T")
 
 
 def add_trust_model_option(parser: argparse.ArgumentParser) -> None:
@@ -111,39 +111,26 @@ def register(sub: Commands) -> None:
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    from kforge.integrate.patching import NoGpu, ProfiledWithoutGpu
-
-    try:
-        device, plan, patch = _prepare(args, "kforge apply")
-    except (NoGpu, ProfiledWithoutGpu):
-        if args.run:
-            raise
-        return _decisions_only(args)  # what is decided needs only the database
-    print_plan(plan, patch)
-    if not args.run:
-        return 0
-    from kforge.integrate.measure import compare_once, rebuild_model
-
-    loaded = rebuild_model(plan.session, device, trust_model=args.trust_model)
-    patch = patch.for_model(loaded.model)  # region kernels replace their modules' forwards
-    difference, report = _on_gpu(loaded, lambda: compare_once(loaded, patch))
-    out.print(str(report))
-    out.print(f"output vs eager: {difference}")
-    _log(args, plan, f"apply --run: {report.hits} kernel calls in one forward, output vs eager "
-                     f"{difference}")
-    _check_used(patch, report)
+    applied = apply(resolve_db(args), ApplyRequest(args.session, run=args.run,
+                                                   cuda_graphs=args.cuda_graphs,
+                                                   device=args.device,
+                                                   trust_model=args.trust_model),
+                    on_plan=print_plan)
+    if applied.patch is None:
+        _say_decisions_only(applied.plan)
+    elif applied.run is not None:
+        out.print(str(applied.run.report))
+        out.print(f"output vs eager: {applied.run.difference}")
+        if applied.run.unused:
+            raise KforgeError(applied.run.unused)
     return 0
 
 
-def _decisions_only(args: argparse.Namespace) -> int:
-    """`kforge apply` where no kernel can load: each card's fate on the GPU it was searched on,
-    which needs only the database."""
-    from kforge.integrate.plan import load_plan
+def _say_decisions_only(plan: SessionPlan) -> None:
+    """Why `kforge apply` compiled and loaded nothing: its plan is each card's fate on the GPU
+    the session was searched on, which needs only the database."""
     from kforge.integrate.winners import NO_GPU_ARCH
 
-    plan = with_store(args, lambda store: load_plan(store, args.session,
-                                                    graphs=args.cuda_graphs), reads_only=True)
-    print_plan(plan)
     if plan.made_on == NO_GPU_ARCH:
         out.print(f"note: session {plan.session.id} was profiled without a GPU: a search on a "
                   "GPU finds its kernels")
@@ -151,21 +138,6 @@ def _decisions_only(args: argparse.Namespace) -> int:
         out.print(f"note: nothing was compiled or loaded (no CUDA GPU with cuda-core here): "
                   f"these are the decisions for the GPU the session was searched on "
                   f"({plan.made_on})")
-    return 0
-
-
-def _prepare(args: argparse.Namespace, what: str, graphs: bool = False
-             ) -> tuple[torch.device, SessionPlan, SessionPatch]:
-    from kforge.integrate.patching import build_patch, check_arch, cuda_device
-    from kforge.integrate.plan import load_plan
-    from kforge.runtime.cubin import device_arch
-
-    device = cuda_device(args.device, what)
-    graphs = graphs or bool(getattr(args, "cuda_graphs", False))
-    plan = with_store(args, lambda store: load_plan(store, args.session, device_arch(device),
-                                                    graphs))
-    check_arch(plan, device)
-    return device, plan, build_patch(plan, device)
 
 
 def print_plan(plan: SessionPlan, patch: SessionPatch | None = None) -> None:
@@ -192,59 +164,28 @@ def print_plan(plan: SessionPlan, patch: SessionPatch | None = None) -> None:
         out.print(f"  ({hidden} views and copies stay on eager: they are never targets)")
     for note in patch.notes if patch else []:
         out.print(f"note: {note}")
-    if patch is None:
-        count, projected = len(plan.winners), plan.projected
-    else:
-        count, projected = len(patch.table), patch.projected
-    out.print(f"{count} of {len(plan.decisions)} op variants run a kforge kernel; projected "
-              f"speedup {projected:.3f}x over operator time")
-
-
-def _check_used(patch: SessionPatch, report: Report) -> None:
-    from kforge.integrate.patching import unused_message
-
-    if message := unused_message(patch, report):
-        raise KforgeError(message)
-
-
-def _on_gpu(loaded: LoadedModel, work: Callable[[], T]) -> T:
-    """Run ``work``; running out of the device's memory becomes one clear message."""
-    import torch
-
-    try:
-        return work()
-    except torch.OutOfMemoryError:
-        torch.cuda.empty_cache()
-        raise KforgeError(f"out of {memory_of(loaded.device.type)} running {loaded.name} on "
-                          f"{loaded.device}") from None
-
-
-def _log(args: argparse.Namespace, plan: SessionPlan, message: str) -> None:
-    async def work(store: Store) -> None:
-        await store.log(plan.session.id, message)
-
-    with_store(args, work)
+    facts = plan_facts(plan, patch)
+    out.print(f"{facts['kernels']} of {facts['op_variants']} op variants run a kforge kernel; "
+              f"projected speedup {facts['projected']:.3f}x over operator time")
 
 
 # ----- export -----
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from kforge.integrate.export import export_session
-    from kforge.integrate.plan import load_plan
-
-    plan = with_store(args, lambda store: load_plan(store, args.session))
-    print_plan(plan)
-    result = export_session(plan, Path(args.output), name=args.name, archs=args.arch,
-                            force=args.force)
-    for problem in result.problems:
+    result = export(resolve_db(args), ExportRequest(args.session, Path(args.output),
+                                                    archs=tuple(args.arch or ()),
+                                                    name=args.name, force=args.force),
+                    on_plan=lambda plan, _: print_plan(plan))
+    package = result.package
+    for problem in package.problems:
         err.print(f"warning: {problem}")
-    if unverified := [a for a in result.archs if a != plan.made_on]:
-        out.print(f"note: the kernels were verified on {plan.made_on} only; on "
+    if unverified := result.unverified:
+        out.print(f"note: the kernels were verified on {result.plan.made_on} only; on "
                   f"{', '.join(unverified)} they run unverified")
-    out.print(f"wrote {result.path} ({result.kernels} kernels, cubins for "
-              f"{', '.join(result.archs)}); use it with `import {result.path.name}; "
-              f"with {result.path.name}.patch(): model(x)`")
+    out.print(f"wrote {package.path} ({package.kernels} kernels, cubins for "
+              f"{', '.join(package.archs)}); use it with `import {package.path.name}; "
+              f"with {package.path.name}.patch(): model(x)`")
     return 0
 
 
@@ -252,48 +193,13 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_e2e(args: argparse.Namespace) -> int:
-    from kforge.integrate.decide import measure_session
-    from kforge.integrate.measure import parse_modes, rebuild_model
-
-    modes = parse_modes(args.modes, aa=args.aa)
-    device, plan, patch = _prepare(args, "kforge e2e", graphs=True)  # every winner, to start
-    if not plan.winners:
-        raise KforgeError(f"session {plan.session.id} has no kernel to measure: no op card has a "
-                          f"verified kernel that beats eager beyond noise (see `kforge apply "
-                          f"{plan.session.id}`)")
-    loaded = rebuild_model(plan.session, device, trust_model=args.trust_model)
-    result = _on_gpu(loaded, lambda: measure_session(
-        patch, loaded, modes, select=args.select, reps=args.reps, warmup=args.warmup))
-    out.print(str(replace(result.report, notes=[])))  # its notes are in the table's notes
-    print_e2e(plan, result)
-    with_store(args, lambda store: keep_e2e(store, plan.session.id, result))
+    measured = e2e(resolve_db(args), E2eRequest(args.session, modes=args.modes, reps=args.reps,
+                                                warmup=args.warmup, select=args.select,
+                                                aa=args.aa, device=args.device,
+                                                trust_model=args.trust_model))
+    out.print(str(replace(measured.result.report, notes=[])))  # its notes are in the table's notes
+    print_e2e(measured.plan, measured.result)
     return 0
-
-
-async def keep_e2e(store: Store, session_id: int, result: E2eResult) -> None:
-    """Store a measurement: its figures for the session's viewers, its summary in the log."""
-    await store.add_model_measurement(session_id, model_measurement(result))
-    await store.log(session_id, e2e_summary(result))
-
-
-def model_measurement(result: E2eResult) -> ModelMeasured:
-    """What a measurement says of the whole model, by mode id: each timed mode's speedup over
-    eager (none without an eager timing), what kforge gains in each +kforge mode that ran a
-    kforge kernel and whose noise allows a verdict, each mode's median device time and spread
-    (p90/p10), and the kforge kernels that ran in each +kforge mode."""
-    from kforge.integrate.measure import BASES, KFORGE_SUFFIX
-
-    eager = result.subject("eager")
-    base = eager.timing.median_us if eager and eager.timing else None
-    speedups = {s.mode: base / s.timing.median_us for s in result.subjects
-                if base and s.timing}
-    gains = {mode + KFORGE_SUFFIX: gain for mode in BASES
-             if (gain := result.gain(mode)) is not None}
-    return ModelMeasured(
-        speedups=speedups, gains=gains, projected=result.projected,
-        times_us={s.mode: s.timing.median_us for s in result.subjects if s.timing},
-        kernels={s.mode: s.ran for s in result.subjects if s.ran is not None},
-        spreads={s.mode: spread for s in result.subjects if (spread := s.spread) is not None})
 
 
 def gain_cell(result: E2eResult, measured: Measured) -> str:
@@ -357,11 +263,3 @@ def print_e2e(plan: SessionPlan, result: E2eResult) -> None:
     gains = ", ".join(f"{mode} {fmt_speedup(gain)}" for mode, gain in result.gains().items())
     out.print(f"speedup from kforge's kernels: {fmt_projection(result.projected, result.gains())}"
               f" from the op cards; measured (whole forward, device time) {gains or '-'}")
-
-
-def e2e_summary(result: E2eResult) -> str:
-    """One line for the session log."""
-    parts = [f"{s.name} {fmt_us(s.timing.median_us)}" for s in result.subjects if s.timing]
-    gains = ", ".join(f"{mode} {fmt_speedup(gain)}" for mode, gain in result.gains().items())
-    return (f"e2e: {', '.join(parts)}; kforge measured {gains or '-'}, projected "
-            f"{result.projected:.3f}x; {result.report.hits} kernel calls per eager forward")

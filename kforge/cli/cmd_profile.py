@@ -1,36 +1,27 @@
-"""`kforge profile MODEL`: profile a model into op cards and store them as a new session."""
+"""`kforge profile MODEL`: its command line, its progress line, and the op table it prints of the
+new session (``kforge.app.profile`` profiles and stores)."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
-import shutil
 import sys
 from typing import TYPE_CHECKING, TextIO
 
-from kforge.cli.common import (
-    add_db_option,
-    add_json_option,
-    out,
-    resolve_db,
-    respond,
-    session_facts,
-    whole,
-    with_store,
+from kforge.app.profile import (
+    DEFAULT_SAMPLES,
+    ModelList,
+    Profiled,
+    ProfileRequest,
+    list_models,
+    profile,
 )
-from kforge.core.gpu import NO_GPU, GpuInfo
+from kforge.cli.common import add_db_option, add_json_option, out, resolve_db, respond, whole
 from kforge.core.settings import MODEL_RANGES
 from kforge.errors import KforgeError
-from kforge.store import Store
-from kforge.store.beside import own_folder
-from kforge.store.config import store_options
 
 if TYPE_CHECKING:
-    from kforge.capture import Profile
     from kforge.cli.main import Commands
 
-DEFAULT_SAMPLES = 3
 MOST_SAMPLES, MOST_SHOWN = 1_000, 100_000  # sample inputs per card; op variants printed
 STAGE_LABELS = {
     "build": "building the model",
@@ -100,94 +91,48 @@ def span(text: str) -> tuple[int, int]:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from kforge.capture import zoo
-
     if args.list:
-        return respond(args, lambda: list_models(zoo.listing()))
+        return respond(args, lambda: print_models(list_models()))
     if not args.model:
         raise KforgeError("name a model to profile: a built-in one (kforge profile --list) or "
                           "path/to/file.py:factory")
-
-    def work() -> tuple[int, dict]:
-        session, extras = profile_to_session(args, top=args.top)
-        return 0, {**with_store(args, lambda store: session_facts(store, session)), **extras}
-
-    return respond(args, work)
+    return respond(args, lambda: (0, profile_to_session(args, top=args.top).to_dict()))
 
 
-def list_models(models: list[tuple[str, str]]) -> tuple[int, dict]:
+def print_models(models: ModelList) -> tuple[int, dict]:
     """`kforge profile --list`: the built-in models, one a line; for --json, by name."""
-    width = max(len(name) for name, _ in models)
-    for name, description in models:
+    width = max(len(name) for name, _ in models.models)
+    for name, description in models.models:
         out.print(f"{name.ljust(width)}  {description}")
-    return 0, {"models": dict(models)}
+    return 0, models.to_dict()
 
 
-def profile_to_session(args: argparse.Namespace, top: int = 15) -> tuple[int, dict]:
-    """Profile ``args.model`` with the model options into a new session; print its op table.
-    Returns the session's id and what the profile adds to its ``--json`` facts."""
-    session, result, name, settings = asyncio.run(_profile_into_store(args, ProgressLine()))
+def profile_request(args: argparse.Namespace) -> ProfileRequest:
+    """The model and model options of the command line."""
+    return ProfileRequest(model=args.model, dtype=args.dtype, device=args.device,
+                          batch=args.batch, seq_len=args.seq_len, mode=args.mode,
+                          layers=args.layers, samples=args.samples, regions=args.regions,
+                          seq_lengths=tuple(args.seq_lengths or ()), seq_range=args.seq_range)
+
+
+def profile_to_session(args: argparse.Namespace, top: int = 15) -> Profiled:
+    """Profile ``args.model`` with the model options into a new session, showing progress on
+    stderr; print its op table."""
     from kforge.capture.report import format_table, summary_line
 
-    out.print(summary_line(name, settings, result), markup=False)
+    progress = ProgressLine()
+    try:
+        profiled = profile(resolve_db(args), profile_request(args), progress)
+    finally:
+        progress.finish()
+    result, session = profiled.profile, profiled.session
+    out.print(summary_line(profiled.model, profiled.settings, result), markup=False)
     out.print(format_table(result, top=top), markup=False)
     for warning in result.warnings:
         out.print(f"note: {warning}", markup=False)
     out.print(f"stored as session {session} with {result.samples_saved} sample inputs "
               f"({result.sample_bytes / 2**20:.1f} MiB); see `kforge show {session}`")
-    return session, {"samples": result.samples_saved, "sample_bytes": result.sample_bytes,
-                     "warnings": list(result.warnings)}
-
-
-async def _profile_into_store(args: argparse.Namespace, progress: ProgressLine
-                              ) -> tuple[int, Profile, str, dict]:
-    """Profile into a staging folder, then store cards and samples together, or nothing: a new
-    database is created only once there is a profile to store."""
-    from kforge.capture import ModelOptions, load_model, profile
-    from kforge.capture.ranges import profile_lengths, with_ranges
-    from kforge.capture.staging import new_staging_dir, remove_abandoned
-
-    db = resolve_db(args)
-    samples_root = own_folder(db.parent, "samples")  # where the store keeps them (no link)
-    store = await Store.open(db, create=False, options=store_options()) if db.exists() else None
-    staging = None
-    try:
-        options = ModelOptions(dtype=args.dtype, device=args.device, batch=args.batch,
-                               seq_len=args.seq_len, mode=args.mode, layers=args.layers)
-        remove_abandoned(samples_root)
-        staging = new_staging_dir(samples_root)
-        others = (profile_lengths(args.model, options, args.seq_lengths, progress)
-                  if args.seq_lengths else [])
-        loaded = load_model(args.model, options, progress)
-        settings = {**loaded.settings, "samples": args.samples, "regions": args.regions}
-        result = profile(loaded, samples_per_card=args.samples, staging_dir=staging,
-                         progress=progress, regions=args.regions)
-        if others:
-            result = with_ranges(result, loaded, others, staging, args.seq_range)
-            settings["seq_lengths"] = sorted(other.length for other in others)
-        store = store or await Store.open(db, create=True, options=store_options())
-        session = await store.create_profiled_session(
-            model=loaded.name, settings=settings, gpu=_gpu_info(loaded.device.type).to_dict(),
-            cards=result.cards, staging_dir=staging, modules=result.modules)
-    except BaseException:
-        if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
-            with contextlib.suppress(OSError):  # left only where it holds nothing else
-                samples_root.rmdir()
-        raise
-    finally:
-        progress.finish()
-        if store is not None:
-            await store.close()
-    return session, result, loaded.name, settings
-
-
-def _gpu_info(device_type: str) -> GpuInfo:
-    if device_type != "cuda":
-        return NO_GPU
-    from kforge.runtime.gpuinfo import detect_gpu
-
-    return detect_gpu()
+    return profiled
 
 
 class ProgressLine:

@@ -1,11 +1,12 @@
-"""`kforge search`, `kforge resume` and `kforge stop`: run a session's search, here or detached."""
+"""`kforge search`, `kforge resume` and `kforge stop`: their command lines, and what they print of
+a session's search that ran here or was started detached (``kforge.app.search``)."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 from typing import TYPE_CHECKING
 
+from kforge.app.search import SearchRequest, check_new_search, start_search
 from kforge.cli.cmd_profile import add_model_options, profile_to_session
 from kforge.cli.common import (
     add_db_option,
@@ -17,19 +18,16 @@ from kforge.cli.common import (
     out,
     resolve_db,
     respond,
-    session_facts,
     session_id,
     whole,
     with_store,
 )
-from kforge.core.settings import Origin, SearchSettings
-from kforge.engine.plugins import PluginConsent, check_can_start
-from kforge.errors import KforgeError
-from kforge.store import CommandKind, SessionStatus
+from kforge.core.settings import SearchSettings
+from kforge.store import CommandKind
 from kforge.store.commands import issue
-from kforge.store.config import load_config
 
 if TYPE_CHECKING:
+    from kforge.app.profile import Profiled
     from kforge.cli.main import Commands
 
 
@@ -88,71 +86,51 @@ def _add_search_options(p: argparse.ArgumentParser) -> None:
     add_db_option(p)
 
 
-def _given(args: argparse.Namespace) -> dict:
-    """The search settings named on the command line."""
-    given = {
-        "proposer": args.proposer, "evaluator": args.evaluator,
-        "cluster": "" if args.cluster in ("none", "") else args.cluster,
-        "iterations_per_op": args.iterations_per_op, "usd": args.usd, "wall_s": args.wall_s,
-        "parallel": args.parallel, "patience": args.patience, "seed": args.seed,
-        "focus": args.focus, "top_ops": args.top_ops,
-    }
-    return {k: v for k, v in given.items() if v is not None}
+def search_request(args: argparse.Namespace) -> SearchRequest:
+    """The search settings, plug-in consent and --detach of the command line."""
+    return SearchRequest(
+        proposer=args.proposer, evaluator=args.evaluator, cluster=args.cluster,
+        iterations_per_op=args.iterations_per_op, usd=args.usd, wall_s=args.wall_s,
+        parallel=args.parallel, patience=args.patience, seed=args.seed, focus=args.focus,
+        top_ops=args.top_ops, trust_plugins=args.trust_plugins, detach=args.detach)
 
 
 def cmd_search(args: argparse.Namespace) -> int:
     def work() -> tuple[int, dict]:
+        request = search_request(args)
         if args.session is not None:
-            return _start(args, args.session)
-        _check_new_search(_given(args))  # before a long profile, not after it
-        sid, profiled = profile_to_session(args)
-        code, facts = _start(args, sid)
-        return code, {**facts, **profiled}
+            return _start(args, args.session, request)
+        check_new_search(request)  # before a long profile, not after it
+        profiled = profile_to_session(args)
+        return _start(args, profiled.session, request, profiled)
 
     return respond(args, work)
 
 
-def _check_new_search(given: dict) -> None:
-    """Refuse, before anything is profiled or stored, settings a new session could not search
-    with: the command line's and the config file's, as its search would settle them."""
-    if "focus" in given:
-        raise KforgeError("--focus names an op card of a profiled session: profile first, then "
-                          "`kforge search --session N --focus CARD`")
-    config = load_config()
-    check_can_start(config.search.updated(given, Origin("on the command line")), config.llm)
-
-
 def cmd_resume(args: argparse.Namespace) -> int:
-    return respond(args, lambda: _start(args, args.session))
+    return respond(args, lambda: _start(args, args.session, search_request(args)))
 
 
-def _start(args: argparse.Namespace, sid: int) -> tuple[int, dict]:
+def _start(args: argparse.Namespace, sid: int, request: SearchRequest,
+           profiled: Profiled | None = None) -> tuple[int, dict]:
     """Run the session's search here or detached; its exit code and ``--json`` facts."""
     from kforge.cli.progress import Progress  # the engine brings in torch: not for --help
-    from kforge.engine.runner import log_path, prepare_session, run_session, spawn_detached
 
-    db = resolve_db(args)
-    given, config = _given(args), load_config()
-    consent = PluginConsent(frozenset((k, given[k]) for k in ("proposer", "evaluator", "cluster")
-                                      if given.get(k)), args.trust_plugins)
-    with_store(args, lambda store: prepare_session(store, sid, given, config, consent))
-    if args.detach:
-        pid = spawn_detached(db, sid, consent)
-        log = log_path(db, sid)
-        out.print(f"session {sid} is searching in the background (process {pid}); log: {log}")
+    started = start_search(resolve_db(args), sid, request, Progress(quiet=args.quiet),
+                           profiled=profiled)
+    if started.detached:
+        out.print(f"session {sid} is searching in the background (process "
+                  f"{started.engine_pid}); log: {started.log}")
         out.print(f"follow it with `kforge-tui`, stop it with `kforge stop {sid}`")
-        facts = with_store(args, lambda store: session_facts(store, sid))
-        return 0, {**facts, "detached": True, "engine_pid": pid, "log": str(log)}
-    with Progress(quiet=args.quiet) as progress:
-        status = asyncio.run(run_session(db, sid, progress, consent))
-    if not args.quiet:
-        out.print(f"session {sid}: {status}; see `kforge show {sid}`")
-    facts = with_store(args, lambda store: session_facts(store, sid))
-    if facts["confirming"]:  # the search ended before these confirmations did (its log says why)
-        err.print(f"session {sid}: node(s) {', '.join(map(str, facts['confirming']))} still "
-                  f"confirming, not used until confirmed: `kforge resume {sid}` confirms them")
-    code = 0 if status in (SessionStatus.DONE, SessionStatus.STOPPED) else 1
-    return code, {**facts, "detached": False}
+    else:
+        if not args.quiet:
+            out.print(f"session {sid}: {started.status}; see `kforge show {sid}`")
+        # the search ended before these confirmations did (its log says why)
+        if confirming := started.facts.confirming:
+            err.print(f"session {sid}: node(s) {', '.join(map(str, confirming))} still "
+                      f"confirming, not used until confirmed: `kforge resume {sid}` confirms "
+                      "them")
+    return (0 if started.ended_well else 1), started.to_dict()
 
 
 def cmd_stop(args: argparse.Namespace) -> int:

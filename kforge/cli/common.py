@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import math
@@ -16,11 +15,11 @@ from typing import TypeVar
 from rich.console import Console
 from rich.segment import Segment
 
+from kforge.app.database import with_store as app_with_store
 from kforge.core.inert import capped, inert
 from kforge.core.settings import SettingsError, parse_duration
 from kforge.store import Store
-from kforge.store.commands import shown_status
-from kforge.store.config import db_path, store_options
+from kforge.store.config import db_path
 from kforge.store.records import MAX_ROW_ID
 
 T = TypeVar("T")
@@ -72,25 +71,9 @@ def resolve_db(args: argparse.Namespace) -> Path:
 
 def with_store(args: argparse.Namespace, work: Callable[[Store], Awaitable[T]], *,
                create: bool = False, reads_only: bool = False) -> T:
-    """Open the database (never creating it unless ``create``), run ``work``, close it. Work
-    that ``reads_only`` opens a database this process may not write read-only."""
-
-    async def go() -> T:
-        store = await open_store(resolve_db(args), create=create, reads_only=reads_only)
-        try:
-            return await work(store)
-        finally:
-            await store.close()
-
-    return asyncio.run(go())
-
-
-async def open_store(path: Path, *, create: bool = False, reads_only: bool = False) -> Store:
-    """The store at ``path``; for work that ``reads_only``, opened read-only where the file or
-    its folder may not be written, so a database in a read-only place can still be browsed."""
-    if reads_only:
-        return await Store.open_to_browse(path, options=store_options())
-    return await Store.open(path, create=create, options=store_options())
+    """Open the database --db names (``kforge.app.database.with_store``), run ``work``, close
+    it."""
+    return app_with_store(resolve_db(args), work, create=create, reads_only=reads_only)
 
 
 def add_trust_plugins_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -134,20 +117,6 @@ def _stdout_to_stderr() -> Iterator[None]:
             stream.flush()
         os.dup2(saved, 1)
         os.close(saved)
-
-
-async def session_facts(store: Store, session_id: int) -> dict:
-    """What a program reading ``--json`` learns of a session."""
-    session = await store.get_session(session_id)
-    cards = await store.list_cards(session_id)
-    speedups = [row.best_speedup for row in cards if row.best_speedup is not None]
-    confirming = [n.id for n in await store.list_nodes(session_id) if n.confirming]
-    return {"session": session.id, "model": session.model, "status": shown_status(session),
-            "error": session.error or None, "cards": len(cards),
-            "targets": sum(row.card.target for row in cards),
-            "best_speedup": max(speedups, default=None),
-            "speedup_of": "device_us",  # eager's device time over the kernel's (docs/evaluation.md)
-            "usd_spent": session.usd_spent, "confirming": confirming}
 
 
 def whole(least: int, most: int) -> Callable[[str], int]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kforge.cli.cmd_integrate import e2e_summary, keep_e2e, model_measurement
+from kforge.app.integrate import e2e_summary, keep_e2e, model_measurement
 from kforge.cli.main import main
 from kforge.core.candidate import Timing
 from kforge.integrate.measure import MODES, E2eResult, Measured

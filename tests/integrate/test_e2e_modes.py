@@ -7,7 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from kforge.cli.cmd_integrate import e2e_rows, e2e_summary, print_e2e
+from kforge.app.integrate import e2e_summary
+from kforge.cli.cmd_integrate import e2e_rows, print_e2e
 from kforge.cli.main import main
 from kforge.core.candidate import Timing
 from kforge.errors import KforgeError
