@@ -4,8 +4,9 @@ confirmed: real library searches of the Llama-shaped prefill and the UNet-style 
 
 Per model: ``kforge profile``, then ``kforge search --proposer library --top 6 --iterations 16
 --parallel 4`` (within ``--time``, a bound that should not bind), then from the session's
-database: evaluations per minute of search, the
-confirmations' latency (queued to verdict) p50/p90 and how many passed, failed or gave way, the
+database: evaluations per minute of search, the confirmations' latency (queued to verdict,
+which includes the wait for the op's search to settle) p50/p90, their own run time (the
+re-check, re-timing and sanitizer) p50/p90, how many passed, failed or gave way, the
 sanitizer's seconds per tool (median; cached verdicts counted apart), the wall time from the
 first node to the last confirmed winner, and the would-be bests still confirming at the end.
 
@@ -72,11 +73,12 @@ def summarize(db: Path, session: int = SESSION) -> dict:
                         "status != 'skipped' AND spent > 0", (session,)).fetchall()
     con.close()
     evaluated = [n for n in nodes if n["outcome"] is not None]
-    latencies, tools, cached, verdicts, confirmed_at = [], {}, 0, {}, []
+    latencies, runs, tools, cached, verdicts, confirmed_at = [], [], {}, 0, {}, []
     for n in evaluated:
         c = EvalOutcome.from_dict(json.loads(n["outcome"])).confirmation or Confirmation()
         if c.waited_s is not None and c.ran_s is not None:
             latencies.append(c.waited_s + c.ran_s)
+            runs.append(c.ran_s)
             verdict = ("passed" if n["confirmed"] else "failed" if n["status"] != "ok"
                        else "kept unconfirmed")
             verdicts[verdict] = verdicts.get(verdict, 0) + 1
@@ -94,6 +96,7 @@ def summarize(db: Path, session: int = SESSION) -> dict:
         "evaluations_per_min": round(60 * len(evaluated) / run_s, 1) if run_s else None,
         "confirmations": len(latencies), "verdicts": verdicts,
         "confirm_p50_s": percentile(latencies, 0.5), "confirm_p90_s": percentile(latencies, 0.9),
+        "confirm_ran_p50_s": percentile(runs, 0.5), "confirm_ran_p90_s": percentile(runs, 0.9),
         "sanitizer_tool_median_s": {t: round(statistics.median(v), 2) for t, v in tools.items()},
         "sanitizer_cached": cached,
         "to_last_confirmed_s": (round(max(confirmed_at) - first, 1)
@@ -105,10 +108,10 @@ def summarize(db: Path, session: int = SESSION) -> dict:
 
 def table(results: dict[str, dict]) -> str:
     rows = [("model", "evals", "search s", "evals/min", "confirms", "p50 s", "p90 s",
-             "to last winner s", "winners", "confirming", "verdicts", "sanitizer s/tool")]
+             "ran p50 s", "ran p90 s", "to last winner s", "winners", "confirming", "verdicts", "sanitizer s/tool")]
     for name, r in results.items():
         if "error" in r:
-            rows.append((name, r["error"][:80], *[""] * 10))
+            rows.append((name, r["error"][:80], *[""] * 12))
             continue
 
         def f(v):
@@ -116,6 +119,7 @@ def table(results: dict[str, dict]) -> str:
 
         rows.append((name, str(r["evaluations"]), f(r["search_s"]), f(r["evaluations_per_min"]),
                      str(r["confirmations"]), f(r["confirm_p50_s"]), f(r["confirm_p90_s"]),
+                     f(r.get("confirm_ran_p50_s")), f(r.get("confirm_ran_p90_s")),
                      f(r["to_last_confirmed_s"]), f"{r['winners']}/{r['cards']}",
                      str(len(r["still_confirming"])), json.dumps(r["verdicts"]),
                      json.dumps(r["sanitizer_tool_median_s"])
