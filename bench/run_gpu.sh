@@ -13,7 +13,8 @@
 #                                        # evaluator and under the one in OLD, side by side
 #   bash bench/run_gpu.sh wholemodel     # every mode +/- kforge and the compiled modes' A/A
 #                                        # controls, device time: the UNet-style model and the
-#                                        # Llama-shaped prefill (4 layers); ~8 min
+#                                        # Llama-shaped prefill (4 layers); with max-autotune
+#                                        # ~9 min a model (WHOLEMODEL_MODELS=unet, one a call)
 #   bash bench/run_gpu.sh regions        # region kernels one by one vs eager and compiled chains
 #   bash bench/run_gpu.sh integration    # GPU tests of the compile backend, regions, matmuls,
 #                                        # the new library families and the hardware counters
@@ -75,13 +76,17 @@ case $track in
     ;;
   wholemodel)
     # every mode with and without kforge, the A/A rows, compile times, interleaved per model;
-    # compiled kernel choices: 3 whole-model trials per mode family (reduce-overhead shares
-    # default's, max-autotune's run as max-autotune-no-cudagraphs and reuse its searches)
-    step 240 python3 bench/bench_e2e.py --models unet --modes all --aa --trials 3 \
-        --top 4 --iterations 6 --reps 10 --out "$out/e2e" --work "$work/e2e"
-    step 240 python3 bench/bench_e2e.py --models llama --modes all --aa --trials 3 \
-        --top 4 --iterations 6 --reps 10 --out "$out/e2e" --work "$work/e2e"
-    python3 bench/bench_e2e.py --summary "$out"/e2e/unet.json "$out"/e2e/llama.json >>"$log" 2>&1
+    # compiled kernel choices: WHOLEMODEL_TRIALS whole-model trials per mode family
+    # (reduce-overhead shares default's, max-autotune's run as max-autotune-no-cudagraphs and
+    # reuse its searches). With max-autotune one model takes most of a 10-minute call (the UNet
+    # step ran past 240 s on an H100): WHOLEMODEL_MODELS=unet, then =llama, one call each;
+    # WHOLEMODEL_MODES=eager,graphs,compile,reduce-overhead leaves max-autotune out.
+    for model in ${WHOLEMODEL_MODELS:-unet llama}; do
+      step "${WHOLEMODEL_LIMIT:-560}" python3 bench/bench_e2e.py --models "$model" \
+          --modes "${WHOLEMODEL_MODES:-all}" --aa --trials "${WHOLEMODEL_TRIALS:-3}" \
+          --top 4 --iterations 6 --reps 10 --out "$out/e2e" --work "$work/e2e"
+    done
+    python3 bench/bench_e2e.py --summary "$out"/e2e/*.json >>"$log" 2>&1
     ;;
   regions)
     step 500 python3 bench/bench_regions.py --models llama,gemma4-decode --top 3 --iterations 6 \
