@@ -37,7 +37,7 @@ _KFORGE = _HERE.parent
 _RUNTIME_FILES = {"runtime": ["cache.py", "cubin.py", "cubin_elf.py", "guard.py", "native.py",
                               "native_guard.cpp", "nvrtc.py", "plan.py", "table.py"],
                   "core": ["argspec.py", "describe.py", "launch_plan.py", "laws.py", "opcard.py",
-                           "ranges.py"],
+                           "ranges.py", "schema.py"],
                   "": ["errors.py"]}
 _KFORGE_IMPORT = re.compile(r"^(\s*)from kforge\.(?:runtime\.|core\.)?(\w+) import ", re.M)
 

@@ -45,7 +45,7 @@ def test_the_package_has_every_part_and_cubins_for_each_arch(session, compiler, 
     assert {p.name for p in (root / "runtime").iterdir()} == {
         "__init__.py", "argspec.py", "cache.py", "cubin.py", "cubin_elf.py", "describe.py",
         "errors.py", "guard.py", "launch_plan.py", "laws.py", "native.py", "native_guard.cpp",
-        "nvrtc.py", "opcard.py", "plan.py", "ranges.py", "table.py"}
+        "nvrtc.py", "opcard.py", "plan.py", "ranges.py", "schema.py", "table.py"}
     for module in (root / "runtime").iterdir():
         imports = [ln for ln in module.read_text().splitlines() if ln.lstrip().startswith("from ")]
         assert not [ln for ln in imports if "kforge" in ln], module.name

@@ -13,7 +13,7 @@ from textual.widgets._toast import Toast
 
 from kforge.core.fmt import fmt_speedup
 from kforge.store import SessionStatus, Store
-from kforge.store import store as store_module
+from kforge.store import connection as store_module
 from kforge_tui import app as app_module
 from kforge_tui.screens.session import SessionScreen
 from kforge_tui.screens.sessions import SessionsScreen
