@@ -60,7 +60,7 @@ from kforge.core.fmt import fmt_us  # noqa: E402
 from kforge.core.gpu import GpuInfo  # noqa: E402
 from kforge.core.opcard import OpCard  # noqa: E402
 from kforge.errors import KforgeError  # noqa: E402
-from kforge.integrate.measure import ForwardRun, output_tensors, time_subjects  # noqa: E402
+from kforge.integrate.measure import output_tensors, time_subjects  # noqa: E402
 from kforge.runtime.cubin import device_arch  # noqa: E402
 from kforge.runtime.guard import Patch  # noqa: E402
 from kforge.runtime.native import ENV_DISABLE  # noqa: E402
@@ -72,6 +72,7 @@ from kforge.runtime.plan import (  # noqa: E402
     resolve_for,
 )
 from kforge.runtime.table import Entry, KernelTable  # noqa: E402
+from kforge.runtime.timing import ForwardRun  # noqa: E402
 
 RUNS = (("gemma4", "decode"), ("resnet50", None), ("sd35", None))
 

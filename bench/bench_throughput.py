@@ -108,7 +108,8 @@ def summarize(db: Path, session: int = SESSION) -> dict:
 
 def table(results: dict[str, dict]) -> str:
     rows = [("model", "evals", "search s", "evals/min", "confirms", "p50 s", "p90 s",
-             "ran p50 s", "ran p90 s", "to last winner s", "winners", "confirming", "verdicts", "sanitizer s/tool")]
+             "ran p50 s", "ran p90 s", "to last winner s", "winners", "confirming", "verdicts",
+             "sanitizer s/tool")]
     for name, r in results.items():
         if "error" in r:
             rows.append((name, r["error"][:80], *[""] * 12))

@@ -16,8 +16,8 @@ from typing import ClassVar
 from rich.color import ColorSystem
 from textual import events, work
 from textual.app import App
-from textual.notifications import SeverityLevel
 from textual.binding import Binding, BindingType
+from textual.notifications import SeverityLevel
 from textual.signal import Signal
 from textual.widget import Widget
 from textual.widgets import Input

@@ -61,8 +61,8 @@ from kforge.eval.process.pool import EvaluatorLost
 from kforge.runtime.regions import register_cards
 from kforge.store import CardStatus, CommandKind, NodeStatus, SessionStatus, Store
 from kforge.store.commands import BadCommand, checked, save_focus, save_pruned
-from kforge.store.records import CardRow, Command, reading
 from kforge.store.lease import LeaseLost
+from kforge.store.records import CardRow, Command, reading
 
 log = logging.getLogger("kforge.engine")
 T = TypeVar("T")
@@ -200,7 +200,8 @@ class Engine:
         return status
 
     def request_stop(self) -> None:
-        """Stop soon (a signal handler calls this): in-flight work is dropped and redone on resume."""
+        """Stop soon (a signal handler calls this): in-flight work is dropped and redone on
+        resume."""
         self.stopping = True
         self._end_reason = "stopped"
 

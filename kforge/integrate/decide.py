@@ -34,7 +34,6 @@ from kforge.integrate.graphs import gc_paused
 from kforge.integrate.measure import (
     MODES,
     E2eResult,
-    ForwardRun,
     Measured,
     Mode,
     _graphed,
@@ -54,6 +53,7 @@ from kforge.integrate.select import Selection, TrialFailed, select
 from kforge.integrate.winners import combined_spread
 from kforge.runtime.guard import Patch
 from kforge.runtime.table import Entry, KernelTable
+from kforge.runtime.timing import ForwardRun
 
 # A compiled model keeps kforge's kernels only when they make it at least this much faster
 # (and faster beyond the timing noise): a compile that changes nothing measurable is not worth

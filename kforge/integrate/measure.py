@@ -19,7 +19,6 @@ absolute difference and the relative L2 error, worst over all output tensors.
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import time
 import warnings
@@ -38,7 +37,7 @@ from kforge.integrate.backend import Backend, KforgeWarning
 from kforge.integrate.graphs import capture, cuda_device_of, gc_paused
 from kforge.runtime.guard import Patch
 from kforge.runtime.table import KernelTable, Report
-from kforge.runtime.timing import summarize
+from kforge.runtime.timing import ForwardRun, time_forward_runs
 from kforge.store.records import Session
 
 EAGER, PATCHED, COMPILED = "eager", "patched", "torch.compile"
@@ -245,17 +244,6 @@ def loaded_forward(model: torch.nn.Module, args: tuple, kwargs: dict | None = No
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     return LoadedModel(type(model).__name__, model, tuple(args), dict(kwargs or {}), dtype,
                        device)
-
-
-@dataclass
-class ForwardRun:
-    """One way of running a forward, for ``time_forwards``."""
-
-    name: str
-    step: Callable[[], Any]  # one timed forward
-    scope: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
-    prepare: bool = True  # restore per-step state before each forward (not for graph replays)
-    keep: Any = None  # what a captured graph reads and writes, kept alive while it replays
 
 
 def compare_once(loaded: LoadedModel, patch: Patch) -> tuple[Difference, Report]:
@@ -469,82 +457,17 @@ def reachable_tensors(value: Any, depth: int = 6) -> list[torch.Tensor]:
 def time_forwards(loaded: LoadedModel, subjects: list[ForwardRun], reps: int,
                   warmup: int) -> dict[str, Timing]:
     """Device time per forward of each subject, interleaved rep by rep (order flipped each
-    rep): the GPU is held busy while the host enqueues the forward, so host work is out of
-    the window (on the CPU: wall time)."""
+    rep); ``kforge.runtime.timing.time_forward_runs`` says how."""
     return {name: device for name, (device, _) in
             time_subjects(loaded, subjects, reps, warmup, host=False).items()}
 
 
 def time_subjects(loaded: LoadedModel, subjects: list[ForwardRun], reps: int, warmup: int, *,
                   host: bool = True) -> dict[str, tuple[Timing, Timing | None]]:
-    """Per subject, device time per forward and (with ``host``) host-inclusive time (the GPU
-    idle before the call), interleaved rep by rep, the order flipped each rep. Garbage
-    collection waits until the end: a compiled mode with CUDA graphs may record again in any
-    call (``gc_paused``), and a collection inside a timed forward is noise."""
+    """Per subject, device time per forward and (with ``host``) host-inclusive time, each
+    forward after ``loaded.prepare``. Garbage collection waits until the end: a compiled mode
+    with CUDA graphs may record again in any call (``gc_paused``), and a collection inside a
+    timed forward is noise."""
     with gc_paused():
-        return _time_subjects(loaded, subjects, reps, warmup, host)
-
-
-def _time_subjects(loaded: LoadedModel, subjects: list[ForwardRun], reps: int, warmup: int,
-                   host: bool) -> dict[str, tuple[Timing, Timing | None]]:
-    holds = {s.name: 0.0 for s in subjects}
-    for _ in range(warmup):
-        for subject in subjects:
-            holds[subject.name] = max(holds[subject.name], _one(loaded, subject, None)[1])
-    device: dict[str, list[Callable[[], float]]] = {s.name: [] for s in subjects}
-    inclusive: dict[str, list[Callable[[], float]]] = {s.name: [] for s in subjects}
-    for r in range(reps):
-        for subject in subjects if r % 2 == 0 else reversed(subjects):
-            # hold twice the slowest enqueue seen so far: the host is never the bottleneck
-            read, enqueue_us = _one(loaded, subject, 2 * holds[subject.name] + HOLD_MARGIN_US)
-            holds[subject.name] = max(holds[subject.name], enqueue_us)
-            device[subject.name].append(read)
-            if host:
-                inclusive[subject.name].append(_one(loaded, subject, None)[0])
-    _sync(loaded)
-    return {name: (summarize([read() for read in taken]),
-                   summarize([read() for read in inclusive[name]]) if inclusive[name] else None)
-            for name, taken in device.items() if taken}
-
-
-HOLD_MARGIN_US = 50.0
-
-
-def _one(loaded: LoadedModel, subject: ForwardRun,
-         hold_us: float | None) -> tuple[Callable[[], float], float]:
-    """Run one forward of ``subject``: its time in µs, read once the device is synchronized
-    (between CUDA events on the stream; on the CPU, wall time), and the host time it took to
-    enqueue. With ``hold_us`` the GPU spins that long first, so the host enqueues the forward
-    ahead of the GPU and the events time device work alone."""
-    if subject.prepare:
-        loaded.prepare()
-    if loaded.device.type != "cuda":
-        with subject.scope():
-            start = time.perf_counter()
-            subject.step()
-            seconds = time.perf_counter() - start
-        return (lambda: seconds * 1e6), seconds * 1e6
-    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    with subject.scope():
-        if hold_us is not None:
-            torch.cuda._sleep(int(hold_us * _spin_cycles_per_us(loaded.device)))
-        started = time.perf_counter()
-        begin.record()
-        subject.step()
-        end.record()
-        enqueue_us = (time.perf_counter() - started) * 1e6
-    return (lambda: begin.elapsed_time(end) * 1e3), enqueue_us
-
-
-@functools.cache
-def _spin_cycles_per_us(device: torch.device) -> float:
-    """How many ``torch.cuda._sleep`` cycles hold ``device`` for a microsecond."""
-    probe = 1_000_000
-    with torch.cuda.device(device):
-        torch.cuda._sleep(probe // 10)  # wake the clocks first
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        torch.cuda._sleep(probe)
-        end.record()
-        end.synchronize()
-    return probe / (begin.elapsed_time(end) * 1e3)
+        return time_forward_runs(subjects, loaded.device, reps, warmup,
+                                 restore=loaded.prepare, host=host)

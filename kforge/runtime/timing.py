@@ -23,10 +23,19 @@ buffer. The wall-time calls follow one ``prepare(WALL_ROUND)``: a subject whose 
 made afresh each time (a launch plan's zeroed scratch) makes it inside ``run``. An error raised
 inside the loop carries the stage it surfaced in (``timing_stage``): a kernel fault shows at the
 next wait for the GPU, so the stage says which calls were in flight.
+
+Whole forwards of a model (``time_forward_runs``: eager, CUDA graph replays, torch.compile's
+modes, with and without kforge) are timed on the caller's stream, where the model runs, with
+no L2 flush (a forward's own traffic is what it meets in use): device time between two events
+with the GPU held busy by a spin of twice the slowest enqueue seen so far while the host
+enqueues the forward, and host-inclusive time with the GPU idle before the call. Subjects are
+interleaved forward by forward, the order flipping each rep, like the calls above.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import random
 import time
@@ -35,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
 from kforge.core.candidate import Timing
 from kforge.core.settings import TimingPlan  # the plan is a setting: [eval] warmup, ...
@@ -242,3 +252,91 @@ def _time(loop: _Loop, plan: TimingPlan, chance: random.Random) -> TimedRun:
                for name in loop.names}
     return TimedRun(timings, last, notes)
 
+
+
+# ----- whole forwards -----
+
+
+@dataclass
+class ForwardRun:
+    """One way of running a whole forward, for ``time_forward_runs``."""
+
+    name: str
+    step: Callable[[], Any]  # one timed forward
+    scope: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+    prepare: bool = True  # restore per-step state before each forward (not for graph replays)
+    keep: Any = None  # what a captured graph reads and writes, kept alive while it replays
+
+
+# The spin ahead of a forward: twice the slowest enqueue seen so far, and this much more (us).
+HOLD_MARGIN_US = 50.0
+
+
+def time_forward_runs(subjects: list[ForwardRun], device: torch.device, reps: int, warmup: int,
+                      *, restore: Callable[[], Any] = lambda: None, host: bool = True
+                      ) -> dict[str, tuple[Timing, Timing | None]]:
+    """Per subject, device time per forward and (with ``host``) host-inclusive time (the GPU
+    idle before the call), interleaved rep by rep, the order flipped each rep; ``restore`` puts
+    per-step state back before each forward of a subject that ``prepare``s (on the CPU: wall
+    time)."""
+    holds = {s.name: 0.0 for s in subjects}
+    for _ in range(warmup):
+        for subject in subjects:
+            holds[subject.name] = max(holds[subject.name],
+                                      _one_forward(subject, device, restore, None)[1])
+    timed: dict[str, list[Callable[[], float]]] = {s.name: [] for s in subjects}
+    inclusive: dict[str, list[Callable[[], float]]] = {s.name: [] for s in subjects}
+    for r in range(reps):
+        for subject in subjects if r % 2 == 0 else reversed(subjects):
+            # hold twice the slowest enqueue seen so far: the host is never the bottleneck
+            read, enqueue_us = _one_forward(subject, device, restore,
+                                            2 * holds[subject.name] + HOLD_MARGIN_US)
+            holds[subject.name] = max(holds[subject.name], enqueue_us)
+            timed[subject.name].append(read)
+            if host:
+                inclusive[subject.name].append(_one_forward(subject, device, restore, None)[0])
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return {name: (summarize([read() for read in taken]),
+                   summarize([read() for read in inclusive[name]]) if inclusive[name] else None)
+            for name, taken in timed.items() if taken}
+
+
+def _one_forward(subject: ForwardRun, device: torch.device, restore: Callable[[], Any],
+                 hold_us: float | None) -> tuple[Callable[[], float], float]:
+    """Run one forward of ``subject``: its time in us, read once the device is synchronized
+    (between CUDA events on the stream; on the CPU, wall time), and the host time it took to
+    enqueue. With ``hold_us`` the GPU spins that long first, so the host enqueues the forward
+    ahead of the GPU and the events time device work alone."""
+    if subject.prepare:
+        restore()
+    if device.type != "cuda":
+        with subject.scope():
+            start = time.perf_counter()
+            subject.step()
+            seconds = time.perf_counter() - start
+        return (lambda: seconds * 1e6), seconds * 1e6
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with subject.scope():
+        if hold_us is not None:
+            torch.cuda._sleep(int(hold_us * _spin_cycles_per_us(device)))
+        started = time.perf_counter()
+        begin.record()
+        subject.step()
+        end.record()
+        enqueue_us = (time.perf_counter() - started) * 1e6
+    return (lambda: begin.elapsed_time(end) * 1e3), enqueue_us
+
+
+@functools.cache
+def _spin_cycles_per_us(device: torch.device) -> float:
+    """How many ``torch.cuda._sleep`` cycles hold ``device`` for a microsecond."""
+    probe = 1_000_000
+    with torch.cuda.device(device):
+        torch.cuda._sleep(probe // 10)  # wake the clocks first
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        torch.cuda._sleep(probe)
+        end.record()
+        end.synchronize()
+    return probe / (begin.elapsed_time(end) * 1e3)

@@ -48,12 +48,12 @@ from kforge.store.events import (
 )
 from kforge.store.lease import EngineLease
 from kforge.store.records import (
+    NOTHING,
+    NUMBER,
     CardRow,
     CardStatus,
     Command,
     NodeDetail,
-    NOTHING,
-    NUMBER,
     NodeRow,
     NodeStatus,
     Session,

@@ -98,7 +98,8 @@ def test_compile_with_example_inputs_is_never_slower_than_torch_compile(session,
 
 
 def test_device_time_leaves_the_host_out(toy):
-    from kforge.integrate.measure import ForwardRun, compiled_step, time_subjects
+    from kforge.integrate.measure import compiled_step, time_subjects
+    from kforge.runtime.timing import ForwardRun
 
     step, _ = compiled_step(toy, "default", None)
     step()

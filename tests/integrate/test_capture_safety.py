@@ -17,7 +17,6 @@ from kforge.capture.loader import LoadedModel
 from kforge.integrate import graphs, measure
 from kforge.integrate.graphs import gc_paused
 from kforge.integrate.measure import (
-    ForwardRun,
     Measured,
     parse_modes,
     run_modes,
@@ -25,6 +24,7 @@ from kforge.integrate.measure import (
 )
 from kforge.runtime.guard import Patch
 from kforge.runtime.table import KernelTable
+from kforge.runtime.timing import ForwardRun
 
 
 class Finalized:

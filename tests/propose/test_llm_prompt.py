@@ -14,8 +14,8 @@ from kforge.core.gpu import GpuInfo
 from kforge.core.mcts import Action
 from kforge.core.opcard import OpCard
 from kforge.core.outcome import (
-    CompileFacts,
     Comparison,
+    CompileFacts,
     Confirmation,
     Correctness,
     CounterFigures,

@@ -253,7 +253,8 @@ async def _made(path: Path) -> None:
 async def test_every_read_is_bounded_in_time_and_rows(store: Store, monkeypatch):
     """A read SQLite has not finished after READ_LIMIT_S is stopped, and a list longer than
     kforge reads at once is refused, each in one line."""
-    from kforge.store import connection, store as module
+    from kforge.store import connection
+    from kforge.store import store as module
 
     monkeypatch.setattr(connection, "READ_LIMIT_S", 0.2)
     with pytest.raises(KforgeError, match="took longer than 0 s, and was stopped"):

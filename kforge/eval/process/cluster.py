@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 import kforge
 from kforge.core.candidate import Baseline, Candidate, EvalOutcome, EvalStatus
 from kforge.core.gpu import NO_GPU, GpuInfo
-from kforge.core.outcome import Placement
 from kforge.core.opcard import OpCard, key_folder
+from kforge.core.outcome import Placement
 from kforge.core.settings import EvalSettings
 from kforge.errors import KforgeError
 from kforge.eval.process.pool import EvaluatorLost

@@ -47,6 +47,8 @@ from kforge.core.candidate import (
     held_reason,
 )
 from kforge.core.gpu import GpuInfo
+from kforge.core.launch_plan import PlanError, PlanNotApplicable
+from kforge.core.opcard import OpCard
 from kforge.core.outcome import (
     CompileFacts,
     Confirmation,
@@ -59,8 +61,6 @@ from kforge.core.outcome import (
     Tolerance,
     Work,
 )
-from kforge.core.launch_plan import PlanError, PlanNotApplicable
-from kforge.core.opcard import OpCard
 from kforge.core.settings import EvalSettings
 from kforge.errors import KforgeError
 from kforge.eval.verify.compare import compare_values, tolerance_for

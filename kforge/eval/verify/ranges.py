@@ -24,8 +24,8 @@ from pathlib import Path
 from kforge.core.candidate import Candidate, EvalOutcome, EvalStatus
 from kforge.core.gpu import GpuInfo
 from kforge.core.laws import RangeError
-from kforge.core.outcome import RangeFigures, RangePoint
 from kforge.core.opcard import OpCard
+from kforge.core.outcome import RangeFigures, RangePoint
 from kforge.core.ranges import card_at, card_ranges, verification_points
 from kforge.core.settings import EvalSettings
 from kforge.eval.verify.pipeline import KernelLoader, evaluate_variant
