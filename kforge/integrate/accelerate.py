@@ -6,7 +6,7 @@ captured as a CUDA graph with the winning kernels that make its replays faster.
 
 Under CUDA graph replay Python is out of the loop, so every kernel costs only its GPU time; each
 winner is still tried in the replayed model and kept only where the replays get faster beyond
-noise (``kforge.integrate.select``). A model that cannot be captured (tensors on the CPU, a
+noise (``kforge.integrate.winners.select``). A model that cannot be captured (tensors on the CPU, a
 forward that synchronizes with the host, a graph that does not reproduce the forward) is refused
 with one KforgeError naming why; so is a call with other shapes than the captured ones.
 """
@@ -18,7 +18,7 @@ from typing import Any
 from kforge.errors import KforgeError
 from kforge.integrate.graphs import StaticForward
 from kforge.integrate.measure import output_difference
-from kforge.integrate.select import Selection
+from kforge.integrate.winners import Selection
 from kforge.runtime.guard import Patch
 from kforge.runtime.table import Entry, KernelTable, Report
 

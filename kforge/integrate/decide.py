@@ -3,7 +3,7 @@ the user runs it; ``kforge.integrate.measure`` does the measuring, this module t
 ``kforge.integrate.api`` offers it to the user.
 
 * Eager and CUDA graphs (``patch(model=...)``, ``choose``): each winner is tried in whole
-  forwards and kept only where they get faster beyond noise (``kforge.integrate.select``).
+  forwards and kept only where they get faster beyond noise (``kforge.integrate.winners.select``).
 * torch.compile (``compile(..., example_inputs=...)``, ``choose_compiled``): a kernel takes its op
   out of Inductor's fusions, so it must win *in* the compiled model, in the user's mode. Each
   candidate is tried in a few whole-model compiles in that mode's kernel choice (reduce-overhead
@@ -49,8 +49,7 @@ from kforge.integrate.patching import (
     projected_patch,
     unused_message,
 )
-from kforge.integrate.select import Selection, TrialFailed, select
-from kforge.integrate.winners import combined_spread
+from kforge.integrate.winners import Selection, TrialFailed, combined_spread, select
 from kforge.runtime.guard import Patch
 from kforge.runtime.table import Entry, KernelTable
 from kforge.runtime.timing import ForwardRun

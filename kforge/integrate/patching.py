@@ -19,10 +19,10 @@ from kforge.core.opcard import OpCard
 from kforge.errors import KforgeError
 from kforge.integrate.plan import SessionPlan, read_plan
 from kforge.integrate.regions import ForwardSwap
-from kforge.integrate.select import Selection
 from kforge.integrate.winners import (
     NO_GPU_ARCH,
     Decision,
+    Selection,
     card_label,
     projected_speedup,
     worth_routing,

@@ -1,17 +1,32 @@
-"""Which op cards get their kernel in the model, and why the others stay on eager PyTorch.
+"""Which kernels go into a model, and why the others stay on eager PyTorch: the rules, pure.
 
-Pure decisions over a session's cards and search nodes. A card's kernel replaces eager only when
-it passed verification and beats eager by more than the timing noise of both measurements, and
-only on the GPU architecture it was verified on; it then runs for that exact op variant alone
-(op, dtypes, shapes, strides, scalar arguments), which the runtime's guard enforces.
+Per card (``decide``): a card's kernel replaces eager only when it passed verification and beats
+eager by more than the timing noise of both measurements, and only on the GPU architecture it
+was verified on; it then runs for that exact op variant alone (op, dtypes, shapes, strides,
+scalar arguments), which the runtime's guard enforces.
+
+In the model (``select``): a kernel that beats its op in isolation can still lose in the model:
+outside CUDA graphs its launch path costs CPU time, and under torch.compile it takes the op out
+of Inductor's fusions. So winners are tried in the model one at a time, greedily, in the
+caller's order (the most promising first): ``measure(subset)`` times a whole forward with that
+subset of winners in place, and a winner is kept only when the model with it is faster than
+without it beyond the timing noise of both measurements (``significant_win`` over
+``combined_spread``, the rule and noise estimate every kforge speedup decision uses). Every kept
+winner makes the measured median strictly smaller, so the selection is never slower than the
+model without any winner, by the same measure; ``measure`` is the only effect, called
+``len(winners) + 1`` times. A trial that ``measure`` cannot run (``TrialFailed``: the forward
+with that winner cannot be captured as a CUDA graph, say) leaves the winner out with the reason;
+the model without any winner must run. ``kforge.integrate.decide`` applies these rules by
+measuring the model as the user runs it.
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Generic, TypeVar
 
 from kforge.core.candidate import Candidate, EvalOutcome, Timing
 from kforge.core.opcard import VIEW_OR_COPY, OpCard
@@ -177,3 +192,80 @@ def worth_routing(decisions: list[Decision], miss_us: float = GUARD_MISS_US,
                 f"{cost[d.card.op]:.0f} us per forward outside CUDA graphs, more than its kernels "
                 f"save ({saved[d.card.op]:.0f} us)"))
             if d.replaced and saved[d.card.op] <= cost[d.card.op] else d for d in decisions]
+
+
+# ----- in the model: measured selection -----
+
+K = TypeVar("K", bound=Hashable)
+
+
+class TrialFailed(Exception):
+    """``measure`` could not run the model with a subset of winners; the message says why."""
+
+
+@dataclass(frozen=True)
+class Trial(Generic[K]):
+    """One winner tried on top of the winners kept before it."""
+
+    winner: K
+    timing: Timing | None  # the model with the kept winners and this one (None: it failed)
+    speedup: float  # the model's time without this winner over its time with it
+    spread: float  # the combined relative noise of the two timings
+    kept: bool
+    failed: str = ""  # why the model could not run with this winner
+
+    @property
+    def reason(self) -> str:
+        if self.failed:
+            return f"the model cannot run with it: {self.failed}"
+        if self.kept:
+            return f"the model is {self.speedup:.3f}x faster with it (noise ±{self.spread:.1%})"
+        if self.speedup < 1.0:
+            return f"the model is slower with it ({self.speedup:.3f}x)"
+        if self.speedup > 1.0 + self.spread:
+            return f"the model is {self.speedup:.3f}x with it, below the minimum gain"
+        return (f"the model is {self.speedup:.3f}x with it, inside the timing noise "
+                f"(±{self.spread:.1%})")
+
+
+@dataclass(frozen=True)
+class Selection(Generic[K]):
+    """The winners kept, the model's time without any and with those kept, and every trial."""
+
+    kept: tuple[K, ...]
+    baseline: Timing
+    final: Timing
+    trials: tuple[Trial[K], ...]
+
+    @property
+    def speedup(self) -> float:
+        """The model without any winner over the model with the kept ones (medians)."""
+        return self.baseline.median_us / self.final.median_us
+
+    @property
+    def dropped(self) -> tuple[Trial[K], ...]:
+        return tuple(t for t in self.trials if not t.kept)
+
+
+def select(winners: Sequence[K], measure: Callable[[frozenset[K]], Timing], *,
+           min_gain: float = 1.0) -> Selection[K]:
+    """Greedy forward selection of ``winners`` (tried in the given order) by whole-model time;
+    a winner is kept where it makes the model faster beyond noise and by at least
+    ``min_gain``."""
+    kept: list[K] = []
+    baseline = current = measure(frozenset())
+    trials = []
+    for winner in winners:
+        try:
+            timing = measure(frozenset([*kept, winner]))
+        except TrialFailed as failed:
+            trials.append(Trial(winner, None, 0.0, 0.0, False, str(failed)))
+            continue
+        speedup = current.median_us / timing.median_us if timing.median_us > 0 else 0.0
+        spread = combined_spread(timing, current)
+        keep = significant_win(speedup, spread) and speedup >= min_gain
+        trials.append(Trial(winner, timing, speedup, spread, keep))
+        if keep:
+            kept.append(winner)
+            current = timing
+    return Selection(tuple(kept), baseline, current, tuple(trials))

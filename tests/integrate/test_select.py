@@ -1,6 +1,6 @@
-"""Measured selection of winners (``kforge.integrate.select``) against fake whole-model timings:
-each winner adds a fixed gain or loss to the forward, and every measurement is off by at most
-half its reported p10..p90 band."""
+"""Measured selection of winners (``kforge.integrate.winners.select``) against fake whole-model
+timings: each winner adds a fixed gain or loss to the forward, and every measurement is off by at
+most half its reported p10..p90 band."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kforge.core.candidate import Timing
-from kforge.integrate.select import TrialFailed, select
+from kforge.integrate.winners import TrialFailed, select
 
 BASE_US = 1000.0
 
