@@ -147,9 +147,15 @@ class Rule:
     finite: bool = False  # no nan or infinity
     choices: tuple[str, ...] = ()  # one of these
     longest: int | None = None  # at most this many characters
+    means: str = ""  # what a value that keeps the rule is, as a problem names it
 
     def problem(self, value: Any) -> str | None:
-        """What is wrong with ``value``, as ``must be ...``; None when it keeps the rule."""
+        """What is wrong with ``value``, as ``must be ...`` (``must be {means}`` where the rule
+        says what it means); None when it keeps the rule."""
+        problem = self._problem(value)
+        return f"must be {self.means}" if problem and self.means else problem
+
+    def _problem(self, value: Any) -> str | None:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             if self.finite:
                 bound = (f" above {self.above:g}" if self.above is not None else
