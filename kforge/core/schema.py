@@ -454,9 +454,10 @@ def _quoted(value: object) -> str:
 
 
 def encode(record: object, *, defaults: bool = True) -> dict[str, Any]:
-    """A record as the plain table ``read`` reads back: nested records as tables, paths as text,
-    members of an enum as their values, types with their own codec through their ``to_dict``;
-    ``defaults=False`` leaves out the fields at their default (in nested records too)."""
+    """A record as the plain table ``read`` reads back: nested records as tables, tuples as
+    lists, paths as text, members of an enum as their values, types with their own codec
+    through their ``to_dict``; ``defaults=False`` leaves out the fields at their default (in
+    nested records too)."""
     data: dict[str, Any] = {}
     for f in fields(record):  # type: ignore[arg-type]
         value = getattr(record, f.name)
@@ -490,7 +491,7 @@ def _plain(value: Any, defaults: bool = True) -> Any:
     if isinstance(value, dict):
         return {key: _plain(item, defaults) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(_plain(item, defaults) for item in value)
+        return [_plain(item, defaults) for item in value]
     return value
 
 

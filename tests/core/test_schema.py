@@ -226,5 +226,5 @@ def test_stored_facts_drop_each_damaged_value_with_a_note_naming_its_path():
 
 def test_encoding_may_leave_out_the_fields_at_their_default():
     facts = Facts((Point((1, 2)),))
-    assert encode(facts, defaults=False) == {"points": ({"at": (1, 2)},)}
+    assert encode(facts, defaults=False) == {"points": [{"at": [1, 2]}]}
     assert encode(Facts(), defaults=False) == {}
