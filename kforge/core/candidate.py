@@ -10,10 +10,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from kforge.core import schema
 from kforge.core.outcome import (
     CompileFacts,
     Confirmation,
@@ -24,9 +25,8 @@ from kforge.core.outcome import (
     Placement,
     RangeFigures,
     Work,
-    decode,
-    encode,
 )
+from kforge.core.schema import Origin, Record
 
 
 @dataclass(frozen=True)
@@ -81,12 +81,13 @@ class EvalStatus(StrEnum):
 
 
 @dataclass(frozen=True)
-class Timing:
+class Timing(Record):
     """One timed subject, in microseconds. ``median_us``, ``p10_us``, ``p90_us`` and ``reps``
     are the distribution of its DEVICE time per call (GPU time with no host gaps; see
     ``docs/evaluation.md``); ``host_us`` is the CPU time to issue one call and ``wall_us`` the
     time per call of calls issued back to back (max of host and device), where measured. Rows
-    stored before those two figures existed load with None."""
+    stored before those two figures existed load with None; each figure read is a finite
+    number."""
 
     median_us: float
     p10_us: float
@@ -174,43 +175,28 @@ class EvalOutcome:
                                                if name != "correctness"})
 
     def to_dict(self) -> dict:
-        data: dict[str, Any] = {"status": self.status.value}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name != "status" and (f.name in _FIGURES or value not in (None, ())):
-                data[f.name] = encode(value)
-        return data
+        """The stored and wire form: status and figures always, each fact where set."""
+        kept = schema.encode(self, defaults=False)
+        return {"status": self.status.value,
+                **{name: kept.get(name, getattr(self, name)) for name in _FIGURES}, **kept}
 
     @classmethod
     def from_dict(cls, data: dict) -> EvalOutcome:
         """An outcome from its stored or wire form, either this version's or the one before
-        (its facts in ``extra`` and ``correctness`` tables). Its status and figures are checked
-        (``stored_figure``: a damaged one is a ValueError); its facts are read leniently
-        (``kforge.core.outcome.decode``: what is damaged is dropped and noted in ``notes``)."""
-        def timing(value: Any) -> Timing | None:
-            return timing_from(value) if value else None
-
-        notes: list[str] = []
-        tables = _old_tables(data, notes) if "extra" in data else data
-        facts = {name: decode(kind, tables[name], name, notes)
+        (its facts in ``extra`` and ``correctness`` tables). Its status and figures are read
+        strictly (a damaged one is a SchemaError); its facts leniently (``Origin.facts``: what
+        is damaged is dropped and noted in ``notes``)."""
+        origin = Origin.facts()
+        tables = _old_tables(data, origin.notes) if "extra" in data else data
+        facts = {name: schema.salvage(kind, tables[name], origin, name)
                  for name, kind in FACTS.items() if tables.get(name) is not None}
-        stored_notes = data.get("notes")
-        if isinstance(stored_notes, list):
-            notes[:0] = [str(n) for n in stored_notes]
-        return cls(
-            status=EvalStatus(data["status"]),
-            summary=data.get("summary", ""),
-            compile_log=data.get("compile_log", ""),
-            timing=timing(data.get("timing")),
-            eager=timing(data.get("eager")),
-            speedup=stored_figure(data, "speedup"),
-            bandwidth_gbs=stored_figure(data, "bandwidth_gbs"),
-            floor_fraction=stored_figure(data, "floor_fraction"),
-            wall_s=stored_figure(data, "wall_s") or 0.0,
-            restart=bool(data.get("restart") or tables.get("restart")),
-            notes=tuple(notes),
-            **facts,
-        )
+        kept = data.get("notes")
+        notes = [str(n) for n in kept] if isinstance(kept, (list, tuple)) else []
+        figures = {key: data[key] for key in ("status", *_FIGURES)
+                   if key != "restart" and data.get(key) is not None}
+        return schema.read(cls, figures, Origin.record(), what="fields", built={
+            **facts, "notes": tuple(notes + origin.notes),
+            "restart": bool(data.get("restart") or tables.get("restart"))})
 
 
 # The fields every stored outcome writes; the others only where set.
@@ -267,23 +253,6 @@ def _old_tables(data: dict, notes: list[str]) -> dict[str, Any]:
     return tables
 
 
-def stored_figure(data: dict, key: str) -> float | None:
-    """A stored figure: ``data[key]``, a finite number, or None where it is absent or null.
-    Anything else (text, infinity, NaN) is no figure kforge stores: ValueError."""
-    value = data.get(key)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                              or not math.isfinite(value)):
-        raise ValueError(f"{key} is {value!r}, not a finite number")
-    return value
-
-
-def timing_from(data: dict) -> Timing:
-    """A stored Timing, each of its figures checked (``stored_figure``); keys it does not know
-    (a later version's) are dropped."""
-    known = Timing.__dataclass_fields__
-    return Timing(**{k: stored_figure(data, k) for k in data if k in known})
-
-
 # How far two figures of one baseline may sit apart before it is not trusted.
 PROFILE_AGREEMENT = 0.20
 # GPU time between two dependent kernels launched back to back on one stream (queued behind the
@@ -329,7 +298,7 @@ def profile_disagreement(device_us: float, profile_us: float | None,
 
 
 @dataclass(frozen=True)
-class Baseline:
+class Baseline(Record):
     """Eager and torch.compile times for a card, and its physical floor, measured once per card.
 
     ``profile_us`` is the GPU time per call of the card's variant in the model's own profile;
@@ -366,19 +335,6 @@ class Baseline:
             return None
         return self.eager.device_us / device_us
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> Baseline:
-        compiled = data.get("compiled")
-        return cls(eager=timing_from(data["eager"]),
-                   compiled=timing_from(compiled) if compiled else None,
-                   compile_s=stored_figure(data, "compile_s"),
-                   floor_us=stored_figure(data, "floor_us"),
-                   note=data.get("note", ""), eager_kernels=list(data.get("eager_kernels") or []),
-                   profile_us=stored_figure(data, "profile_us"),
-                   profile_check=data.get("profile_check", ""))
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kforge.core.schema import Origin, Record, SchemaError, read
 from kforge.errors import KforgeError
 
 Path = tuple[str | int, ...]
@@ -55,8 +56,9 @@ class Law:
 
 
 @dataclass(frozen=True)
-class Ranges:
-    """A range card's symbols and laws."""
+class Ranges(Record):
+    """A range card's symbols and laws, stored as the codec (``kforge.core.schema``) writes
+    them."""
 
     symbols: tuple[Symbol, ...]
     laws: tuple[Law, ...]
@@ -89,28 +91,12 @@ class Ranges:
         """``L=1..4096`` (symbols joined with ``, ``)."""
         return ", ".join(f"{s.name}={s.lo}..{s.hi}" for s in self.symbols)
 
-    def to_dict(self) -> dict:
-        return {"symbols": [{"name": s.name, "lo": s.lo, "hi": s.hi, "at": s.at}
-                            for s in self.symbols],
-                "laws": [{"path": list(law.path), "symbol": law.symbol, "a": law.a, "b": law.b}
-                         for law in self.laws]}
-
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Ranges:
         try:
-            symbols = tuple(Symbol(str(s["name"]), _int(s["lo"]), _int(s["hi"]), _int(s["at"]))
-                            for s in data["symbols"])
-            laws = tuple(Law(tuple(law["path"]), str(law["symbol"]), _int(law["a"]),
-                             _int(law["b"])) for law in data["laws"])
-        except (KeyError, TypeError) as exc:
-            raise RangeError(f"a range description lacks {exc} or is not a mapping") from None
-        return cls(symbols, laws)
-
-
-def _int(value: Any) -> int:
-    if type(value) is not int:
-        raise RangeError(f"a range holds integers, not {value!r}")
-    return value
+            return read(cls, data, Origin.record(), what="range fields")
+        except SchemaError as exc:
+            raise RangeError(f"a range description is damaged: {exc}") from None
 
 
 # ----- reading integers in arg specs -----

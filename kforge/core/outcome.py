@@ -1,31 +1,18 @@
-"""The facts an evaluation keeps about one candidate, as typed records, and their stored form.
+"""The facts an evaluation keeps about one candidate, as typed records.
 
 ``kforge.core.candidate.EvalOutcome`` holds one of each where it was measured: the work and floors
 of one call (``Work``), the compile (``CompileFacts``), the host cost of a call (``HostCost``),
 the confirmation (``Confirmation``, with compute-sanitizer's ``SanitizerReport``), a range card's
 figures (``RangeFigures``), a failure's evidence (``FailureEvidence``), the correctness checks
 (``Correctness``), the hardware counters (``CounterFigures``) and where it ran (``Placement``).
-Writers set fields; ``kforge.core.report`` turns them into text.
-
-``encode`` writes a record as a table (fields at their default left out); ``decode`` reads one
-back leniently, as a stored row is read: keys it does not know are ignored, a damaged value is
-dropped (the field keeps its default) and noted, a record without its required fields is
-dropped and noted; never an exception.
+Writers set fields; ``kforge.core.report`` turns them into text. They are stored through the
+codec (``kforge.core.schema``): written without the fields at their default, read back leniently
+(``Origin.facts``: a damaged value is dropped and noted, never an exception).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import math
-import types
-import typing
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
-from typing import Any, TypeVar
-
-T = TypeVar("T")
-NOTED_CHARS = 80  # a damaged value as a note quotes it
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -89,11 +76,6 @@ class SanitizerReport:
     seconds: float = 0.0
     tool_seconds: dict[str, float] = field(default_factory=dict)
     cached: bool = False
-
-    def to_dict(self) -> dict:
-        return {"ok": self.ok, "ran": self.ran, "tool": self.tool, "message": self.message,
-                "seconds": round(self.seconds, 1), "cached": self.cached,
-                "tool_seconds": {k: round(v, 2) for k, v in self.tool_seconds.items()}}
 
 
 @dataclass(frozen=True)
@@ -271,117 +253,3 @@ class Placement:
     device: str = ""
     node: str = ""
     node_gpu: int | None = None
-
-
-# ----- the stored form -----
-
-
-class _Damaged(ValueError):
-    """A stored value that is not what its field holds."""
-
-
-def encode(record: Any) -> Any:
-    """A record (or a value inside one) as plain data: a table per record, fields at their
-    default left out; tuples become lists."""
-    if dataclasses.is_dataclass(record) and not isinstance(record, type):
-        if hasattr(record, "to_dict"):
-            return record.to_dict()
-        return {f.name: encode(value) for f in fields(record)
-                if not _at_default(f, value := getattr(record, f.name))}
-    if isinstance(record, (list, tuple)):
-        return [encode(v) for v in record]
-    if isinstance(record, Mapping):
-        return {k: encode(v) for k, v in record.items()}
-    return record
-
-
-def _at_default(f: dataclasses.Field, value: Any) -> bool:
-    if f.default is not dataclasses.MISSING:
-        return value == f.default
-    if f.default_factory is not dataclasses.MISSING:
-        return value == f.default_factory()
-    return False
-
-
-def decode(cls: type[T], data: object, where: str, notes: list[str]) -> T | None:
-    """A ``cls`` read leniently from a stored table; None (and a note) where it is no table or
-    lacks a required field. ``where`` names it in a note."""
-    try:
-        return _record(cls, data, where, notes)
-    except _Damaged as exc:
-        notes.append(f"{where} {exc}: dropped")
-        return None
-
-
-def _record(cls: type[T], data: object, where: str, notes: list[str]) -> T:
-    if not isinstance(data, Mapping):
-        raise _Damaged(f"is {_quoted(data)}, not a table")
-    hints = typing.get_type_hints(cls)
-    values: dict[str, Any] = {}
-    for f in fields(cls):  # type: ignore[arg-type]
-        if f.name not in data:
-            continue
-        try:
-            values[f.name] = _value(data[f.name], hints[f.name], f"{where}.{f.name}", notes)
-        except _Damaged as exc:
-            notes.append(f"{where}.{f.name} {exc}: dropped")
-    missing = [f.name for f in fields(cls)  # type: ignore[arg-type]
-               if f.name not in values and f.default is dataclasses.MISSING
-               and f.default_factory is dataclasses.MISSING]
-    if missing:
-        raise _Damaged("lacks " + ", ".join(missing))
-    return cls(**values)
-
-
-def _value(value: object, hint: Any, where: str, notes: list[str]) -> Any:
-    """``value`` as a field of type ``hint`` holds it; _Damaged where it is not one."""
-    shape, args = typing.get_origin(hint), typing.get_args(hint)
-    if hint is Any:
-        return value
-    if shape in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        for option in (a for a in args if a is not type(None)):
-            try:
-                return _value(value, option, where, notes)
-            except _Damaged:
-                continue
-        raise _Damaged(f"is {_quoted(value)}, not {_kind(hint)}")
-    if dataclasses.is_dataclass(hint):
-        return _record(hint, value, where, notes)
-    if shape is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise _Damaged(f"is {_quoted(value)}, not a list")
-        kinds = args[:1] * len(value) if len(args) == 2 and args[1] is Ellipsis else args
-        if len(kinds) != len(value):
-            raise _Damaged(f"is {_quoted(value)}, not {len(kinds)} values")
-        return tuple(_value(v, k, f"{where}[{i}]", notes)
-                     for i, (v, k) in enumerate(zip(value, kinds)))
-    if shape is dict:
-        if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
-            raise _Damaged(f"is {_quoted(value)}, not a table")
-        return {k: _value(v, args[1], f"{where}.{k}", notes) for k, v in value.items()}
-    if _is(value, hint):
-        return value
-    raise _Damaged(f"is {_quoted(value)}, not {_kind(hint)}")
-
-
-def _is(value: object, kind: type) -> bool:
-    if kind is float:
-        return (isinstance(value, (int, float)) and not isinstance(value, bool)
-                and math.isfinite(value))
-    if kind is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, kind)
-
-
-def _kind(hint: Any) -> str:
-    names = {float: "a finite number", int: "a whole number", str: "text", bool: "true or false"}
-    options = typing.get_args(hint) or (hint,)
-    return " or ".join(names.get(a, getattr(a, "__name__", str(a))) for a in options
-                       if a is not type(None))
-
-
-def _quoted(value: object) -> str:
-    text = json.dumps(value, default=str)
-    return text if len(text) <= NOTED_CHARS else text[:NOTED_CHARS - 3] + "..."

@@ -27,7 +27,8 @@ from kforge.core.candidate import FACTS, EvalOutcome, EvalStatus, Timing
 from kforge.core.fmt import fmt_speedup, fmt_us
 from kforge.core.gpu import NO_GPU, GpuInfo
 from kforge.core.inert import capped
-from kforge.core.outcome import CounterFigures, Mismatch, SetCheck, encode
+from kforge.core.outcome import CounterFigures, Mismatch, SetCheck
+from kforge.core.schema import encode
 from kforge.core.text import head_and_tail, one_line
 
 TIMING, EVIDENCE, COMPILER_LOG, CORRECTNESS, MORE, DROPPED = (
@@ -78,7 +79,9 @@ def outcome_sections(outcome: EvalOutcome, *, gpu: GpuInfo = NO_GPU, source: str
                 Section(EVIDENCE, tuple(evidence))]
     if outcome.compile_log.strip():
         sections.append(Section(COMPILER_LOG, (outcome.compile_log.rstrip(),)))
-    if outcome.correctness is not None and (table := encode(outcome.correctness)):
+    table = (encode(outcome.correctness, defaults=False) if outcome.correctness is not None
+             else {})
+    if table:
         sections.append(Section(CORRECTNESS, (json.dumps(table, indent=2, sort_keys=True,
                                                           default=str),)))
     sections += [Section(MORE, tuple(more_figures(outcome))),
@@ -144,7 +147,8 @@ def more_figures(outcome: EvalOutcome) -> list[str]:
         if record is None or (name, None) in TOLD:
             continue
         lines += [f"  {name}.{key}: {capped(json.dumps(value, default=str), FIGURE_CHARS)}"
-                  for key, value in encode(record).items() if (name, key) not in TOLD]
+                  for key, value in encode(record, defaults=False).items()
+                  if (name, key) not in TOLD]
     return sorted(lines)
 
 

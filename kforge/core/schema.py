@@ -9,17 +9,24 @@ and tables of records are read by the same rules) and the rules a field carries 
   that suggests the nearest known one, and a bad value is an error naming its section and key;
 * lenient, for what was stored (a session's settings): unknown keys and bad values are dropped
   with a note each in ``Origin.notes`` (the field keeps its default), so old data still opens;
-* a record's, for what a kforge process wrote (a wire message, an event row): keys this version
-  does not know are passed over (a newer writer's), and a bad or missing value is an error.
+  an outcome's stored facts (``Origin.facts``) are read so too, their notes naming each dropped
+  value by its path (``host.host_us is "fast", not a finite number: dropped``), and ``salvage``
+  drops a whole record that cannot be read;
+* a record's, for what a kforge process wrote (a wire message, an event row, a stored figure):
+  keys this version does not know are passed over (a newer writer's), and a bad or missing value
+  is an error. kforge writes no infinity or NaN: a float read so must be finite.
 
-A type that keeps its own ``from_dict``/``to_dict`` (not this codec's ``Record`` wrappers) is read
-and written through them; an error it raises is reported as that field's.
+``encode`` writes a record back as plain data, all its fields or (``defaults=False``) those that
+differ from their default. A type that keeps its own ``from_dict``/``to_dict`` (not this codec's
+``Record`` wrappers) is read and written through them; an error it raises is reported as that
+field's.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import math
 import re
 from collections.abc import Iterable, Mapping
@@ -35,29 +42,50 @@ T = TypeVar("T")
 RULE = "kforge.rule"  # the metadata key of a field's value rule
 STORED_AS = "kforge.key"  # the metadata key of a field stored under another key
 SPREAD = "kforge.spread"  # the metadata key of a dict field whose entries sit beside the others
+NOTED_CHARS = 80  # a dropped value as a note quotes it
+_UNSET: Any = object()  # no value given
 
 
-class SchemaError(KforgeError):
+class SchemaError(KforgeError, ValueError):
     """A value that is unknown, missing, of the wrong type or against its field's rule; the
-    message names the field (``[section] key where problem``)."""
+    message names the field (``[section] key where problem``). ``value`` is the value refused
+    and ``wanted`` what its type wanted, where it was of the wrong type."""
 
     def __init__(self, message: str, *, section: str | None = None, key: str = "",
-                 problem: str = "", missing: bool = False) -> None:
+                 problem: str = "", missing: bool = False, value: Any = _UNSET,
+                 wanted: str = "") -> None:
         super().__init__(message)
         self.section, self.key, self.problem, self.missing = section, key, problem, missing
+        self.value, self.wanted = value, wanted
 
     @classmethod
     def of(cls, section: str | None, key: str, where: str, problem: str, *,
-           missing: bool = False) -> SchemaError:
+           missing: bool = False, value: Any = _UNSET, wanted: str = "") -> SchemaError:
         """The error of field ``key`` of ``[section]``, read from ``where``."""
         label = f"[{section}] " if section else ""
         message = " ".join(part for part in (f"{label}{key}".strip(), where, problem) if part)
-        return cls(message, section=section, key=key, problem=problem, missing=missing)
+        return cls(message, section=section, key=key, problem=problem, missing=missing,
+                   value=value, wanted=wanted)
+
+    @classmethod
+    def wrong(cls, section: str | None, key: str, where: str, value: Any,
+              wanted: str) -> SchemaError:
+        """The error of a value that is not of its field's type."""
+        return cls.of(section, key, where, f"must be {wanted}, not {value!r}", value=value,
+                      wanted=wanted)
 
     @property
     def name(self) -> str:
         """The field's dotted path (``speedups.eager``)."""
-        return _inner(self.section, self.key)
+        return _inner(self.section, self.key) if self.key else self.section or ""
+
+    def noted(self) -> str:
+        """The note of a value dropped for this error, naming it by its path."""
+        if self.missing:
+            return f"{self.section} lacks {self.key}: dropped"
+        if self.wanted:
+            return f"{self.name} is {_quoted(self.value)}, not {self.wanted}: dropped"
+        return f"{self.name} {self.problem}: dropped"
 
 
 class InvalidValue(SchemaError):
@@ -77,13 +105,17 @@ class Origin:
     line``), and how it is read: strictly for what a person wrote; leniently (``strict=False``)
     for what was stored, where an unknown key or a bad value is dropped and noted in ``notes``;
     ``open`` passes keys no field has over in silence (what a newer kforge process wrote);
-    ``whole`` wants every field given, those with a default too (a message of this version)."""
+    ``whole`` wants every field given, those with a default too (a message of this version);
+    ``finite`` refuses an infinite or NaN float (kforge writes none); ``by_path``: a note names a
+    dropped value by its path (``SchemaError.noted``)."""
 
     where: str = "as given"
     strict: bool = True
     notes: list[str] = field(default_factory=list, compare=False)
     open: bool = False
     whole: bool = False
+    finite: bool = False
+    by_path: bool = False
 
     @classmethod
     def stored(cls, session_id: int) -> Origin:
@@ -92,7 +124,13 @@ class Origin:
     @classmethod
     def record(cls, *, whole: bool = False) -> Origin:
         """What a kforge process wrote: unknown keys passed over, a bad value an error."""
-        return cls("", open=True, whole=whole)
+        return cls("", open=True, whole=whole, finite=True)
+
+    @classmethod
+    def facts(cls) -> Origin:
+        """An outcome's stored facts: unknown keys passed over, each damaged value dropped and
+        noted by its path."""
+        return cls("", strict=False, open=True, finite=True, by_path=True)
 
 
 # ----- value rules -----
@@ -109,9 +147,15 @@ class Rule:
     finite: bool = False  # no nan or infinity
     choices: tuple[str, ...] = ()  # one of these
     longest: int | None = None  # at most this many characters
+    means: str = ""  # what a value that keeps the rule is, as a problem names it
 
     def problem(self, value: Any) -> str | None:
-        """What is wrong with ``value``, as ``must be ...``; None when it keeps the rule."""
+        """What is wrong with ``value``, as ``must be ...`` (``must be {means}`` where the rule
+        says what it means); None when it keeps the rule."""
+        problem = self._problem(value)
+        return f"must be {self.means}" if problem and self.means else problem
+
+    def _problem(self, value: Any) -> str | None:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             if self.finite:
                 bound = (f" above {self.above:g}" if self.above is not None else
@@ -210,7 +254,8 @@ def table(data: object, origin: Origin, section: str | None, what: str = "settin
         return {}
     if not isinstance(data, Mapping):
         raise SchemaError.of(section, "" if section else f"the {what}", origin.where,
-                          f"must be a table of {what}, not {data!r}")
+                             f"must be a table of {what}, not {data!r}", value=data,
+                             wanted="a table")
     return dict(data)
 
 
@@ -223,9 +268,10 @@ def _bare(name: str) -> str:
     return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else f'"{name}"'
 
 
-def _is_kind(value: object, kind: type) -> bool:
+def _is_kind(value: object, kind: type, finite: bool = False) -> bool:
     if kind is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+        return (isinstance(value, (int, float)) and not isinstance(value, bool)
+                and (not finite or math.isfinite(value)))
     if kind is int:
         return isinstance(value, int) and not isinstance(value, bool)
     return isinstance(value, kind)
@@ -237,14 +283,39 @@ def own_codec(kind: Any) -> bool:
             and not issubclass(kind, Record))
 
 
+def _kind(hint: Any, origin: Origin) -> str:
+    """What a value of type ``hint`` is, as an error names it (``a whole number``)."""
+    shape, args = get_origin(hint), get_args(hint)
+    if shape in (Union, UnionType):
+        return " or ".join(_kind(a, origin) for a in args if a is not type(None))
+    if shape is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return f"a list of {_kind(args[0], origin).removeprefix('a ')}s"
+        return f"a list of {len(args)} values"
+    if hint is float and origin.finite:
+        return "a finite number"
+    if dataclasses.is_dataclass(hint) or shape is dict:
+        return "a table"
+    return _KINDS.get(shape or hint, f"a {getattr(hint, '__name__', hint)}")
+
+
 def _convert(value: object, hint: Any, key: str, origin: Origin, section: str | None) -> Any:
     """``value`` as the field's type (ints widen to floats, lists become tuples); nested records
-    and tables of records are read with the same rules."""
+    and tables of records are read with the same rules; a union takes the first of its types
+    that reads the value."""
     shape, args = get_origin(hint), get_args(hint)
     if shape in (Union, UnionType):
         if value is None and type(None) in args:
             return None
-        (hint,) = [a for a in args if a is not type(None)]
+        options = [a for a in args if a is not type(None)]
+        if len(options) > 1:
+            for option in options:
+                try:
+                    return _convert(value, option, key, origin, section)
+                except SchemaError:
+                    continue
+            raise SchemaError.wrong(section, key, origin.where, value, _kind(hint, origin))
+        (hint,) = options
         shape, args = get_origin(hint), get_args(hint)
     if hint is Any or hint is object:
         return value
@@ -262,10 +333,7 @@ def _convert(value: object, hint: Any, key: str, origin: Origin, section: str | 
         return {name: _convert(entry, args[1], _bare(name), origin, inner)
                 for name, entry in table(value, origin, inner).items()}
     if shape is tuple:
-        if isinstance(value, (list, tuple)) and all(_is_kind(v, args[0]) for v in value):
-            return tuple(value)
-        raise SchemaError.of(section, key, origin.where, f"must be a list of "
-                          f"{_KINDS[args[0]].removeprefix('a ')}s, not {value!r}")
+        return _items(value, hint, key, origin, section)
     if hint is Path and isinstance(value, str):
         return Path(value)
     if isinstance(hint, type) and issubclass(hint, Enum):
@@ -274,11 +342,29 @@ def _convert(value: object, hint: Any, key: str, origin: Origin, section: str | 
         except ValueError:
             choices = ", ".join(str(m.value) for m in hint)
             raise SchemaError.of(section, key, origin.where,
-                              f"must be one of {choices}, not {value!r}") from None
-    if _is_kind(value, shape or hint):
+                                 f"must be one of {choices}, not {value!r}") from None
+    if _is_kind(value, shape or hint, origin.finite):
         return float(value) if hint is float else value  # type: ignore[arg-type]
-    kind = _KINDS.get(shape or hint, f"a {getattr(hint, '__name__', hint)}")
-    raise SchemaError.of(section, key, origin.where, f"must be {kind}, not {value!r}")
+    raise SchemaError.wrong(section, key, origin.where, value, _kind(hint, origin))
+
+
+def _items(value: object, hint: Any, key: str, origin: Origin, section: str | None) -> tuple:
+    """A list as a tuple of its declared types (``tuple[int, ...]`` or ``tuple[int, int]``);
+    a record among them names its own damage, any other item's is the list's."""
+    args = get_args(hint)
+    if not isinstance(value, (list, tuple)):
+        raise SchemaError.wrong(section, key, origin.where, value, _kind(hint, origin))
+    kinds = args[:1] * len(value) if len(args) == 2 and args[1] is Ellipsis else args
+    if len(kinds) != len(value):
+        raise SchemaError.wrong(section, key, origin.where, value, _kind(hint, origin))
+    try:
+        return tuple(_convert(item, kind, f"{key}[{i}]", origin, section)
+                     for i, (item, kind) in enumerate(zip(value, kinds)))
+    except SchemaError as exc:
+        if exc.section != section:  # a record's field: named by its own path
+            raise
+        raise SchemaError.wrong(section, key, origin.where, value,
+                                _kind(hint, origin)) from None
 
 
 def read(cls: type[T], data: object, origin: Origin | None = None, section: str | None = None,
@@ -313,13 +399,14 @@ def read(cls: type[T], data: object, origin: Origin | None = None, section: str 
         if rule is not None and f.name in values:
             if (problem := _broken(rule, values[f.name])) is not None:
                 _drop(SchemaError.of(section, f.metadata.get(STORED_AS, f.name), origin.where,
-                                  f"{problem}, not {values[f.name]!r}"), origin)
+                                     f"{problem}, not {values[f.name]!r}",
+                                     value=values[f.name]), origin)
                 del values[f.name]
     for f in own:
         if f.name not in values and (origin.whole or (f.default is dataclasses.MISSING and
                                                       f.default_factory is dataclasses.MISSING)):
             raise SchemaError.of(section, f.metadata.get(STORED_AS, f.name), origin.where,
-                              "is missing", missing=True)
+                                 "is missing", missing=True)
     while True:
         try:
             return cls(**values, **built)
@@ -340,22 +427,43 @@ def _unknown(key: str, known: Iterable[str], origin: Origin, section: str | None
     origin.notes.append(f"ignored unknown setting {where} {origin.where}")
 
 
+def salvage(cls: type[T], data: object, origin: Origin, section: str) -> T | None:
+    """A ``cls`` read as ``read`` reads it; read leniently, one that is no table or lacks a
+    required field is None, noted."""
+    try:
+        return read(cls, data, origin, section)
+    except SchemaError as exc:
+        _drop(exc, origin)
+        return None
+
+
 def _drop(error: SchemaError, origin: Origin) -> None:
     """Refuse a bad value, or, reading stored data, note that its default replaces it."""
     if origin.strict:
         raise error from None
-    origin.notes.append(f"ignored {error}; using the default")
+    origin.notes.append(error.noted() if origin.by_path else f"ignored {error}; using the default")
+
+
+def _quoted(value: object) -> str:
+    """``value`` as a note quotes it: as JSON, cut to ``NOTED_CHARS``."""
+    text = json.dumps(value, default=str)
+    return text if len(text) <= NOTED_CHARS else text[:NOTED_CHARS - 3] + "..."
 
 
 # ----- writing -----
 
 
-def encode(record: object) -> dict[str, Any]:
-    """A record as the plain table ``read`` reads back: nested records as tables, paths as text,
-    types with their own codec through their ``to_dict``."""
+def encode(record: object, *, defaults: bool = True) -> dict[str, Any]:
+    """A record as the plain table ``read`` reads back: nested records as tables, tuples as
+    lists, paths as text, members of an enum as their values, types with their own codec
+    through their ``to_dict``; ``defaults=False`` leaves out the fields at their default (in
+    nested records too)."""
     data: dict[str, Any] = {}
     for f in fields(record):  # type: ignore[arg-type]
-        value = _plain(getattr(record, f.name))
+        value = getattr(record, f.name)
+        if not defaults and _at_default(f, value):
+            continue
+        value = _plain(value, defaults)
         if f.metadata.get(SPREAD):
             data.update(value)
         else:
@@ -363,17 +471,27 @@ def encode(record: object) -> dict[str, Any]:
     return data
 
 
-def _plain(value: Any) -> Any:
+def _at_default(f: dataclasses.Field, value: Any) -> bool:
+    if f.default is not dataclasses.MISSING:
+        return bool(value == f.default)
+    if f.default_factory is not dataclasses.MISSING:
+        return bool(value == f.default_factory())
+    return False
+
+
+def _plain(value: Any, defaults: bool = True) -> Any:
     if own_codec(type(value)):
         return value.to_dict()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return encode(value)
+        return encode(value, defaults=defaults)
     if isinstance(value, Path):
         return str(value)
+    if isinstance(value, Enum):
+        return value.value
     if isinstance(value, dict):
-        return {key: _plain(item) for key, item in value.items()}
+        return {key: _plain(item, defaults) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(_plain(item) for item in value)
+        return [_plain(item, defaults) for item in value]
     return value
 
 

@@ -1,20 +1,26 @@
-"""Rows of the session database as plain dataclasses, and the status vocabularies they use."""
+"""Rows of the session database as dataclasses, the status vocabularies they use, and how a
+row is read: by the codec (``kforge.core.schema``, as what kforge wrote: each column of its field's
+type and rules), inside ``reading``, where anything damaged becomes one ``DamagedRow`` line."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
-from kforge.core.candidate import Candidate, EvalOutcome
+from kforge.core import schema
+from kforge.core.candidate import Candidate, EvalOutcome, LlmCall
 from kforge.core.gpu import GpuInfo
 from kforge.core.mcts import Action, NodeRecord, NodeState
 from kforge.core.opcard import OpCard
+from kforge.core.schema import Origin, Rule, SchemaError, checked
 from kforge.errors import KforgeError
+
+T = TypeVar("T")
 
 
 class SessionStatus(StrEnum):
@@ -59,18 +65,21 @@ class CommandKind(StrEnum):
     FOCUS = "focus"  # arg: card id, or null to clear
 
 
-def loads(text: str | None, default: Any = None) -> Any:
-    return json.loads(text) if text else default
-
-
 class DamagedRow(KforgeError):
     """A stored row this kforge cannot read: a column holds invalid JSON or a value of the wrong
     type (the database was edited by hand, or damaged)."""
 
 
 MAX_ROW_ID = 2**63 - 1  # SQLite's largest integer: no session, node or card has a larger id
-NUMBER = (int, float)
-NOTHING = type(None)
+# The latest moment a stored timestamp may name: the end of year 9999, the last a date shows.
+LATEST_TIME = 253_402_300_799.0
+# A moment (seconds since 1970) a viewer can show as a date or an age.
+MOMENT = Rule(least=0, most=LATEST_TIME, means="a moment kforge wrote")
+
+
+def moment(default: Any = dataclasses.MISSING) -> Any:
+    """A field holding a ``MOMENT``; required unless a ``default`` is given."""
+    return checked(default, **vars(MOMENT))
 
 
 @contextmanager
@@ -89,60 +98,33 @@ def reading(what: str) -> Iterator[None]:
                          "restore the database from a copy, or delete that row") from None
 
 
-def column(row: Mapping[str, Any], name: str, kinds: type | tuple[type, ...]) -> Any:
-    """The value of column ``name``, which must be of ``kinds`` (SQLite keeps whatever was
-    written, whatever the column's declared type)."""
-    value = row[name]
-    if not isinstance(value, kinds):
-        raise TypeError(f"{name} holds {_shown(value)}, not {_names(kinds)}")
-    if isinstance(value, float) and not math.isfinite(value):  # kforge stores no infinity
-        raise ValueError(f"{name} holds {value!r}, not a finite number")
-    return value
+def stored(cls: type[T], row: Mapping[str, Any], *, json_columns: Mapping[str, Any] = {},
+           flags: Iterable[str] = (), built: Mapping[str, Any] | None = None,
+           rules: Mapping[str, Rule] | None = None) -> T:
+    """A ``cls`` read from a stored row as what kforge wrote (SQLite keeps whatever was written,
+    whatever a column's declared type): each column a field names of the field's type and
+    rules, the ``json_columns`` decoded from their text (an empty or NULL one is the default
+    given there), the ``flags`` (whole numbers) as true or false; ``built``: fields read
+    already. A SchemaError names the column at fault."""
+    table = {name: row[name] for name in row.keys()}
+    for name, default in json_columns.items():
+        table[name] = _json(name, table[name], default)
+    for name in flags:
+        if not isinstance(table[name], int):
+            raise SchemaError.wrong(None, name, "", table[name], "a whole number")
+        table[name] = bool(table[name])
+    return schema.read(cls, table, Origin.record(), built=built, rules=rules, what="columns")
 
 
-# The latest moment a stored timestamp may name: the end of year 9999, the last a date shows.
-LATEST_TIME = 253_402_300_799.0
-
-
-def time_column(row: Mapping[str, Any], name: str, *, optional: bool = False) -> float | None:
-    """Column ``name`` as a moment (seconds since 1970) a viewer can show as a date or an age;
-    None where ``optional`` and empty."""
-    value = column(row, name, (*NUMBER, NOTHING) if optional else NUMBER)
-    if value is not None and not 0 <= value <= LATEST_TIME:
-        raise ValueError(f"{name} holds {value!r}, not a moment kforge wrote")
-    return value
-
-
-def json_column(row: Mapping[str, Any], name: str, kinds: type | tuple[type, ...],
-                default: Any = None) -> Any:
-    """Column ``name`` read as JSON, which must decode to one of ``kinds``; ``default`` for an
-    empty or NULL column."""
-    text = row[name]
+def _json(name: str, text: Any, default: Any) -> Any:
     if text is None or text == "":
         return default
     if not isinstance(text, str):
-        raise TypeError(f"{name} holds {_shown(text)}, not JSON text")
+        raise SchemaError.wrong(None, name, "", text, "JSON text")
     try:
-        value = json.loads(text)
+        return json.loads(text)
     except ValueError as exc:
-        raise ValueError(f"{name} is not valid JSON: {exc}") from None
-    if not isinstance(value, kinds):
-        raise TypeError(f"{name} holds {_shown(value)}, not {_names(kinds)}")
-    return value
-
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _names(kinds: type | tuple[type, ...]) -> str:
-    words = {dict: "an object", list: "a list", str: "text", int: "a whole number",
-             float: "a number", NOTHING: "nothing"}
-    kinds = kinds if isinstance(kinds, tuple) else (kinds,)
-    if float in kinds:
-        kinds = tuple(k for k in kinds if k is not int)  # a whole number is a number
-    return " or ".join(words.get(k, k.__name__) for k in kinds)
+        raise SchemaError.of(None, name, "", f"is not valid JSON: {exc}") from None
 
 
 def dumps(value: Any) -> str:
@@ -157,11 +139,11 @@ class Session:
     settings: dict
     status: str
     error: str
-    created_at: float
-    updated_at: float
+    created_at: float = moment()
+    updated_at: float = moment()
     engine_pid: int | None = None
     engine_host: str | None = None
-    heartbeat_at: float | None = None
+    heartbeat_at: float | None = moment(None)
     usd_spent: float = 0.0
     run_seconds: float = 0.0
 
@@ -186,7 +168,7 @@ class SessionSummary:
     nodes: int
     improved: int  # cards whose best kernel beats eager
     best_speedup: float | None
-    last_activity: float
+    last_activity: float = moment()
 
 
 @dataclass(frozen=True)
@@ -256,7 +238,7 @@ class NodeRow:
     session_id: int
     card_id: int
     parent_id: int | None
-    action: str
+    action: str = checked(choices=tuple(Action))
     status: str
     meta: dict
     reward: float | None
@@ -266,8 +248,8 @@ class NodeRow:
     pruned: bool
     summary: str
     usd: float
-    created_at: float
-    finished_at: float | None
+    created_at: float = moment()
+    finished_at: float | None = moment()
     confirmed: bool = False  # passed its confirmation: the only kind a card's best may be
 
     @property
@@ -291,6 +273,13 @@ class NodeRow:
                           pruned=self.pruned)
 
 
+@dataclass(frozen=True, kw_only=True)
+class LlmCallRow(LlmCall):
+    """One of a node's language-model calls as stored: the call, and when it was made."""
+
+    created_at: float = moment()
+
+
 @dataclass(frozen=True)
 class NodeDetail:
     """A node with its candidate, evaluation outcome and LLM exchanges."""
@@ -307,6 +296,6 @@ class Command:
     session_id: int
     kind: str
     arg: Any
-    created_at: float
-    done_at: float | None
+    created_at: float = moment()
+    done_at: float | None = moment()
     result: str

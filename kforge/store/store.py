@@ -4,9 +4,10 @@ viewers.
 Every state change is one transaction that also appends a record (``kforge.store.events``) to the
 numbered ``events`` table, so a viewer in another process can tail ``events_since(seq)`` and never
 miss or half-see a change. Sample inputs live beside the database in ``samples/<session id>/``.
-Each stored row is read back through one reader here, which turns a damaged one into one
-``DamagedRow`` line. How the database is opened, read and written is ``kforge.store.connection``'s;
-the engine lease is ``kforge.store.lease``'s; ``Store`` is the three together.
+Each stored row is read back by the codec (``kforge.store.records.stored``) inside ``reading``,
+which turns a damaged one into one ``DamagedRow`` line. How the database is opened, read and
+written is ``kforge.store.connection``'s; the engine lease is ``kforge.store.lease``'s; ``Store``
+is the three together.
 """
 
 from __future__ import annotations
@@ -14,14 +15,15 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiosqlite
 
 from kforge.core.candidate import Baseline, Candidate, EvalOutcome, LlmCall
-from kforge.core.mcts import Action
 from kforge.core.opcard import OpCard
+from kforge.core.schema import encode
 from kforge.core.settings import SessionSettings
 from kforge.errors import KforgeError
 from kforge.store.beside import own_folder
@@ -52,19 +54,18 @@ from kforge.store.records import (
     NUMBER,
     CardRow,
     CardStatus,
+    MOMENT,
     Command,
+    LlmCallRow,
     NodeDetail,
     NodeRow,
     NodeStatus,
     Session,
     SessionStatus,
     SessionSummary,
-    column,
     dumps,
-    json_column,
-    loads,
     reading,
-    time_column,
+    stored,
 )
 
 # How many of a kind one read returns at most: a database holding more is refused with one line,
@@ -133,14 +134,14 @@ class Store(EngineLease):
     async def list_sessions(self) -> list[SessionSummary]:
         rows = await self._read(
             """SELECT s.*,
-                 (SELECT count(*) FROM op_cards c WHERE c.session_id = s.id) AS n_cards,
+                 (SELECT count(*) FROM op_cards c WHERE c.session_id = s.id) AS cards,
                  (SELECT count(*) FROM op_cards c WHERE c.session_id = s.id AND c.target)
-                     AS n_targets,
-                 (SELECT count(*) FROM nodes n WHERE n.session_id = s.id) AS n_nodes,
+                     AS targets,
+                 (SELECT count(*) FROM nodes n WHERE n.session_id = s.id) AS nodes,
                  (SELECT count(*) FROM op_cards c WHERE c.session_id = s.id
-                     AND c.best_speedup > 1) AS n_improved,
+                     AND c.best_speedup > 1) AS improved,
                  (SELECT max(c.best_speedup) FROM op_cards c WHERE c.session_id = s.id)
-                     AS top_speedup,
+                     AS best_speedup,
                  max(s.updated_at, coalesce((SELECT max(at) FROM events e
                      WHERE e.session_id = s.id), 0)) AS last_activity
                FROM sessions s ORDER BY s.id""", at_most=MAX_SESSIONS, what="sessions")
@@ -160,7 +161,8 @@ class Store(EngineLease):
             if row is None:
                 raise KforgeError(f"no session {session_id} in {self.path}")
             with reading(f"session {session_id}"):
-                settings = {**json_column(row, "settings", dict, {}), **changes}
+                settings = {**stored(_Settings, row, json_columns={"settings": {}}).settings,
+                            **changes}
             await db.execute("UPDATE sessions SET settings = ?, updated_at = ? WHERE id = ?",
                              (db.json(settings), time.time(), session_id))
             await write_event(db, session_id, SessionSettingsChanged(changes=changes))
@@ -358,13 +360,13 @@ class Store(EngineLease):
         r = rows[0]
         row = _node(r)
         with reading(f"the kernel of search node {node_id}"):
-            candidate = (Candidate(source=column(r, "source", str),
-                                   plan=json_column(r, "plan", object),
-                                   meta=row.meta)
-                         if r["source"] is not None else None)
+            kernel = stored(_Kernel, r, json_columns={"plan": None})
+            candidate = (Candidate(kernel.source, kernel.plan, row.meta)
+                         if kernel.source is not None else None)
         ev = await self._read("SELECT outcome FROM evaluations WHERE node_id = ?", (node_id,))
         with reading(f"the evaluation of search node {node_id}"):
-            outcome = EvalOutcome.from_dict(json_column(ev[0], "outcome", dict)) if ev else None
+            outcome = stored(_Evaluation, ev[0], json_columns={"outcome": None}).outcome \
+                if ev else None
         calls = await self._read("SELECT model, input_tokens, output_tokens, usd, seconds, prompt, "
                                  "reply, error, created_at FROM llm_calls WHERE node_id = ? "
                                  "ORDER BY id", (node_id,), at_most=MAX_ROWS,
@@ -467,23 +469,41 @@ class Store(EngineLease):
         return rows[0][0]
 
 
+@dataclass(frozen=True)
+class _Settings:
+    """A session's settings column."""
+
+    settings: dict
+
+
+@dataclass(frozen=True)
+class _Kernel:
+    """A node's kernel columns: its source (none before it was proposed) and launch plan, as
+    stored (a plan the evaluator refuses is still the node's)."""
+
+    source: str | None
+    plan: Any
+
+
+@dataclass(frozen=True)
+class _Evaluation:
+    """A node's evaluation row."""
+
+    outcome: EvalOutcome
+
+
+@dataclass(frozen=True)
+class _EventRow:
+    """An event row's kind and payload, before they are read as its record."""
+
+    kind: str
+    data: dict
+
+
 def _session(r: aiosqlite.Row) -> Session:
     with reading(f"session {r['id']}"):
-        gpu = json_column(r, "gpu", dict, {})
-        for key in ("name", "arch"):
-            if key in gpu:
-                column(gpu, key, str)
-        settings = json_column(r, "settings", dict, {})
-        SessionSettings.from_stored(settings)  # its tables are tables (bad values are dropped)
-        session = Session(id=r["id"], model=column(r, "model", str), gpu=gpu, settings=settings,
-                       status=column(r, "status", str), error=column(r, "error", str),
-                       created_at=time_column(r, "created_at"),
-                       updated_at=time_column(r, "updated_at"),
-                       engine_pid=column(r, "engine_pid", (int, NOTHING)),
-                       engine_host=column(r, "engine_host", (str, NOTHING)),
-                       heartbeat_at=time_column(r, "heartbeat_at", optional=True),
-                       usd_spent=column(r, "usd_spent", NUMBER),
-                       run_seconds=column(r, "run_seconds", NUMBER))
+        session = stored(Session, r, json_columns={"gpu": {}, "settings": {}})
+        SessionSettings.from_stored(session.settings)  # its tables are tables (bad values drop)
         session.gpu_info  # noqa: B018  (what readers make of the fingerprint)
         return session
 
@@ -491,72 +511,41 @@ def _session(r: aiosqlite.Row) -> Session:
 def _summary(r: aiosqlite.Row) -> SessionSummary:
     session = _session(r)
     with reading(f"the op cards of session {r['id']}"):
-        return SessionSummary(session=session, cards=r["n_cards"], targets=r["n_targets"],
-                              nodes=r["n_nodes"], improved=r["n_improved"],
-                              best_speedup=column(r, "top_speedup", (*NUMBER, NOTHING)),
-                              last_activity=time_column(r, "last_activity"))
+        return stored(SessionSummary, r, built={"session": session})
 
 
 def _card(r: aiosqlite.Row) -> CardRow:
     with reading(f"op card {r['id']}"):
-        card = OpCard(op=column(r, "op", str), args=json_column(r, "args", list, []),
-                      kwargs=json_column(r, "kwargs", dict, {}), calls=column(r, "calls", int),
-                      total_us=column(r, "total_us", NUMBER), share=column(r, "share", NUMBER),
-                      library=column(r, "library", str), target=bool(column(r, "target", int)),
-                      eager_us=column(r, "eager_us", (*NUMBER, NOTHING)),
-                      compiled_us=column(r, "compiled_us", (*NUMBER, NOTHING)),
-                      floor_us=column(r, "floor_us", (*NUMBER, NOTHING)), id=r["id"],
-                      key=column(r, "key", str), region=json_column(r, "region", (dict, NOTHING)),
-                      ranges=json_column(r, "ranges", (dict, NOTHING)))
+        card = stored(OpCard, r, json_columns={"args": [], "kwargs": {}, "region": None,
+                                               "ranges": None}, flags=("target",))
         # what every reader shows of a card: one that cannot be shown is damaged
         card.signature, card.short_op, card.range_text  # noqa: B018
-        baseline = json_column(r, "baseline", (dict, NOTHING))
-        if baseline is not None:
-            Baseline.from_dict(baseline)  # what a search compares with: one it cannot read
-        return CardRow(card=card, status=column(r, "status", str),
-                       stop_reason=column(r, "stop_reason", str), spent=column(r, "spent", int),
-                       best_node=column(r, "best_node", (int, NOTHING)),
-                       best_speedup=column(r, "best_speedup", (*NUMBER, NOTHING)),
-                       modules=json_column(r, "modules", list, []), baseline=baseline)
+        row = stored(CardRow, r, json_columns={"modules": [], "baseline": None},
+                     built={"card": card})
+        if row.baseline is not None:
+            Baseline.from_dict(row.baseline)  # what a search compares with: one it cannot read
+        return row
 
 
 def _event(r: aiosqlite.Row) -> Event:
     with reading(f"event {r['seq']}"):
-        return Event(seq=r["seq"], session_id=column(r, "session_id", (int, NOTHING)),
-                     at=time_column(r, "at"),
-                     record=from_row(column(r, "kind", str), json_column(r, "data", dict, {})))
+        raw = stored(_EventRow, r, json_columns={"data": {}})
+        return stored(Event, r, built={"record": from_row(raw.kind, raw.data)},
+                      rules={"at": MOMENT})
 
 
 def _node(r: aiosqlite.Row) -> NodeRow:
     with reading(f"search node {r['id']}"):
-        return NodeRow(id=r["id"], session_id=column(r, "session_id", int),
-                       card_id=column(r, "card_id", int),
-                       parent_id=column(r, "parent_id", (int, NOTHING)),
-                       action=Action(column(r, "action", str)).value,
-                       status=column(r, "status", str),
-                       meta=json_column(r, "meta", dict, {}),
-                       reward=column(r, "reward", (*NUMBER, NOTHING)),
-                       speedup=column(r, "speedup", (*NUMBER, NOTHING)),
-                       median_us=column(r, "median_us", (*NUMBER, NOTHING)),
-                       repairable=bool(column(r, "repairable", int)),
-                       pruned=bool(column(r, "pruned", int)), summary=column(r, "summary", str),
-                       usd=column(r, "usd", NUMBER), created_at=time_column(r, "created_at"),
-                       finished_at=time_column(r, "finished_at", optional=True),
-                       confirmed=bool(column(r, "confirmed", int)))
+        return stored(NodeRow, r, json_columns={"meta": {}},
+                      flags=("repairable", "pruned", "confirmed"))
 
 
 def _llm_call(r: aiosqlite.Row, node_id: int) -> dict[str, Any]:
     """One of a node's language-model calls, as its viewers show it."""
     with reading(f"a language-model call of search node {node_id}"):
-        return {"model": column(r, "model", str), "input_tokens": column(r, "input_tokens", int),
-                "output_tokens": column(r, "output_tokens", int), "usd": column(r, "usd", NUMBER),
-                "seconds": column(r, "seconds", NUMBER), "prompt": column(r, "prompt", str),
-                "reply": column(r, "reply", str), "error": column(r, "error", str),
-                "created_at": time_column(r, "created_at")}
+        return encode(stored(LlmCallRow, r))
 
 
 def _command(r: aiosqlite.Row) -> Command:
     with reading(f"command {r['id']}"):
-        return Command(id=r["id"], session_id=r["session_id"], kind=column(r, "kind", str),
-                       arg=loads(r["arg"]), created_at=time_column(r, "created_at"),
-                       done_at=time_column(r, "done_at", optional=True), result=r["result"])
+        return stored(Command, r, json_columns={"arg": None})

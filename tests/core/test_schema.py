@@ -24,6 +24,7 @@ from kforge.core.schema import (
     checked,
     encode,
     read,
+    salvage,
     spread,
 )
 
@@ -147,8 +148,10 @@ def test_lenient_reading_still_refuses_a_record_without_a_required_field():
 
 def test_a_record_passes_over_keys_a_newer_writer_added_but_refuses_a_bad_value():
     assert read(Sample, {"name": "a", "new_key": 3}, Origin.record()) == Sample("a")
-    with pytest.raises(SchemaError, match="rate must be a number"):
+    with pytest.raises(SchemaError, match="rate must be a finite number"):
         read(Sample, {"name": "a", "rate": "x"}, Origin.record())
+    with pytest.raises(SchemaError, match="rate must be a finite number, not inf"):
+        read(Sample, {"name": "a", "rate": float("inf")}, Origin.record())  # kforge writes none
     with pytest.raises(SchemaError, match="rate is missing"):
         read(Sample, {"name": "a"}, Origin.record(whole=True))
 
@@ -179,3 +182,49 @@ def test_core_records_use_the_codec():
     assert GpuInfo.from_dict({"name": "g", "arch": "sm_80", "added_later": 1}).name == "g"
     card = OpCard("aten.relu.default", [{"t": "tensor", "shape": [4], "dtype": "float32"}])
     assert OpCard.from_dict(card.to_dict()) == card
+
+
+# ----- facts a kforge process stored -----
+
+
+@dataclass(frozen=True)
+class Point:
+    at: tuple[int, int]
+    value: float | str = 0.0
+
+
+@dataclass(frozen=True)
+class Facts:
+    points: tuple[Point, ...] = ()
+    spans: tuple[dict[str, int], ...] = ()
+    flag: bool | None = None
+
+
+def test_unions_take_the_first_type_that_reads_and_tuples_hold_records():
+    data = {"points": [{"at": [1, 2], "value": "nan"}, {"at": [3, 4], "value": 2}],
+            "spans": [{"L": 1}], "flag": None}
+    facts = read(Facts, data, Origin.record())
+    assert facts == Facts((Point((1, 2), "nan"), Point((3, 4), 2.0)), ({"L": 1},))
+    assert read(Facts, encode(facts), Origin.record()) == facts
+    with pytest.raises(SchemaError, match=r"value must be a finite number or text, not True"):
+        read(Facts, {"points": [{"at": [1, 2], "value": True}]}, Origin.record())
+    with pytest.raises(SchemaError, match=r"at must be a list of 2 values, not \[1\]"):
+        read(Facts, {"points": [{"at": [1]}]}, Origin.record())
+
+
+def test_stored_facts_drop_each_damaged_value_with_a_note_naming_its_path():
+    origin = Origin.facts()
+    data = {"points": [{"at": [1, 2], "value": float("inf")}], "flag": 1, "later": "kept out"}
+    assert salvage(Facts, data, origin, "facts") == Facts((Point((1, 2)),))
+    assert origin.notes == ["facts.points[0].value is Infinity, not a finite number or text: "
+                            "dropped", "facts.flag is 1, not true or false: dropped"]
+    assert salvage(Point, {"value": 1.0}, origin, "point") is None
+    assert salvage(Facts, [1, 2], origin, "facts") is None
+    assert origin.notes[2:] == ["point lacks at: dropped",
+                                "facts is [1, 2], not a table: dropped"]
+
+
+def test_encoding_may_leave_out_the_fields_at_their_default():
+    facts = Facts((Point((1, 2)),))
+    assert encode(facts, defaults=False) == {"points": [{"at": [1, 2]}]}
+    assert encode(Facts(), defaults=False) == {}

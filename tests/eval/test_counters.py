@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kforge.core.outcome import encode
+from kforge.core.schema import encode
 from kforge.runtime.counters import (
     INSUFFICIENT_PRIVILEGES,
     STRUCTS,
@@ -67,7 +67,7 @@ def test_without_counters_the_report_says_why_and_nothing_raises():
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
     assert not report.ok and report.note.startswith("counters not available: ")
-    assert encode(report.figures()) == {"tool": report.tool, "note": report.note}
+    assert encode(report.figures(), defaults=False) == {"tool": report.tool, "note": report.note}
 
 
 def test_privileges_and_other_refusals_are_explained():
@@ -90,7 +90,7 @@ def test_a_report_gives_each_launchs_achieved_bandwidth():
     kernel = KernelCounters("rows", {"duration_ns": 10_000.0, "dram_read_bytes": 30e6,
                                      "dram_write_bytes": 10e6, "occupancy_pct": 48.0})
     assert kernel.dram_gbs == pytest.approx(4000.0)
-    data = encode(CounterReport((kernel,), passes=2).figures())
+    data = encode(CounterReport((kernel,), passes=2).figures(), defaults=False)
     assert data["kernels"][0] == {"kernel": "rows", "duration_ns": 10_000.0,
                                   "dram_read_bytes": 30e6, "dram_write_bytes": 10e6,
                                   "occupancy_pct": 48.0, "dram_gbs": pytest.approx(4000.0)}

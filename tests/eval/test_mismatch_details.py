@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from kforge.core.candidate import EvalStatus
-from kforge.core.outcome import Element, Mismatch, NonFinite, encode
+from kforge.core.outcome import Element, Mismatch, NonFinite
+from kforge.core.schema import encode
 from kforge.eval.verify.compare import Meta
 from kforge.eval.verify.observe import Observed, Verdict, compare_observed
 
@@ -23,7 +24,7 @@ def mismatch(out: torch.Tensor, ref: torch.Tensor) -> Mismatch:
         compare_observed(observed(out), observed(ref), "random seed 2, run 1")
     assert caught.value.status is EvalStatus.MISMATCH
     details = caught.value.evidence.mismatch
-    json.dumps(encode(details))  # stored with the outcome
+    json.dumps(encode(details, defaults=False))  # stored with the outcome
     return details
 
 

@@ -389,7 +389,7 @@ async def test_a_log_line_of_no_date_is_said_and_the_session_stays_open(fixture_
         raw.execute("UPDATE events SET at = ? WHERE kind = 'log'", (2**63 - 1,))
     app = make_app(db, session=ids["session"])
     async with app.run_test(size=SMALL) as pilot:
-        await until(pilot, lambda: notices(app, "not a moment kforge wrote"),
+        await until(pilot, lambda: notices(app, "must be a moment kforge wrote"),
                     what="the damaged event named")
         await pilot.pause(0.2)
         assert app.is_running
