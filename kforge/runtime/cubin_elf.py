@@ -8,9 +8,8 @@ the kernels it held went unlisted. The cubin itself always holds them.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 SHT_SYMTAB = 2

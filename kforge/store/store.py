@@ -50,11 +50,9 @@ from kforge.store.events import (
 )
 from kforge.store.lease import EngineLease
 from kforge.store.records import (
-    NOTHING,
-    NUMBER,
+    MOMENT,
     CardRow,
     CardStatus,
-    MOMENT,
     Command,
     LlmCallRow,
     NodeDetail,

@@ -17,8 +17,8 @@ from kforge_tui.commands import PaletteCommand
 from kforge_tui.follow import poll_wait
 from kforge_tui.format import session_cells
 from kforge_tui.header import sessions_header, short_gpu, short_model
-from kforge_tui.legend import SESSIONS, Legend
 from kforge_tui.launch import needs_gpu, search_evaluator
+from kforge_tui.legend import SESSIONS, Legend
 from kforge_tui.messages import DatabaseUnreadable, ErrorRaised, SessionsLoaded
 from kforge_tui.screens.backdrop import Backdrop
 from kforge_tui.widgets.footer import KeysFooter

@@ -7,8 +7,8 @@ once it is confirmed."""
 from __future__ import annotations
 
 from kforge.core.candidate import EvalOutcome, EvalStatus
-from kforge.store import Store
 from kforge.core.fmt import fmt_best_over_eager
+from kforge.store import Store
 from kforge_tui.widgets.search_tree import SearchTree
 from kforge_tui.widgets.tables import OpTable
 from tests.tui.conftest import make_app, until
