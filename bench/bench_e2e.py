@@ -34,6 +34,7 @@ import os
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -348,6 +349,7 @@ def main() -> int:
         try:
             result = measure_aa(name, args) if args.aa_only else measure_model(name, args)
         except Exception as exc:  # one model failing leaves the others' results standing
+            traceback.print_exc()  # where it failed, for the log
             result = {"model": name, "error": f"{type(exc).__name__}: {exc}"[:500]}
         (out / f"{name}.json").write_text(json.dumps(result, indent=1))
         results.append(result)

@@ -218,6 +218,9 @@ def hand_back(result: E2eResult) -> None:
         if alone is None or alone.timing is None or measured.error or (
                 measured.timing is None and measured.ran != 0):
             continue
+        if measured.timing is alone.timing:  # no kernel was chosen: run_modes gave it alone's
+            result.notes.append(verdict(mode.label, None, None, 0).line)
+            continue
         judged = verdict(mode.label, alone.timing, measured.timing, measured.ran or 0)
         if judged.kept:
             continue

@@ -13,8 +13,10 @@ from __future__ import annotations
 import contextlib
 import gc
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -54,27 +56,32 @@ def capture(step: Callable[[], Any], device: torch.device, *,
     side = torch.cuda.Stream(device)
     try:
         with gc_paused(), scope():
-            for i in range(warmup):
+            # Warm-up calls may synchronize (lazy initialization; libraries such as transformers
+            # check values on the host unless a stream is capturing): only the captured call may
+            # not.
+            for _ in range(warmup):
                 prepare()
                 side.wait_stream(torch.cuda.current_stream(device))
-                # A host sync is refused in the first warm-up call, before any capture begins:
-                # a capture that fails part-way leaves PyTorch's allocator handing memory out of
-                # the failed graph's pool, and later kernels fault on it.
-                checked = no_host_sync() if i == 0 else contextlib.nullcontext()
-                with torch.cuda.stream(side), checked:
+                with torch.cuda.stream(side):
                     step()
                 torch.cuda.current_stream(device).wait_stream(side)
             keep = prepare()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                outputs = step()
+                # Armed inside the capture (capture_begin itself synchronizes): a synchronizing
+                # call raises before it reaches the driver, so the capture ends cleanly and later
+                # graphs' memory stays sound.
+                with no_host_sync():
+                    outputs = step()
         graph.replay()
         torch.cuda.synchronize(device)
     except KforgeError:
         raise
     except Exception as exc:  # whatever stopped the capture, named in one line
+        where = innermost_frame(exc)
         raise KforgeError(f"the forward cannot be captured as a CUDA graph: "
-                          f"{type(exc).__name__}: {first_line(exc)} ({HOST_SYNC_HINT})") from None
+                          f"{type(exc).__name__}: {first_line(exc)}"
+                          f"{f' (at {where})' if where else ''} ({HOST_SYNC_HINT})") from None
     return Captured(graph, outputs, keep, time.perf_counter() - start)
 
 
@@ -113,6 +120,48 @@ def no_host_sync():
         yield
     finally:
         torch.cuda.set_sync_debug_mode(previous)
+
+
+def host_syncs(step: Callable[[], Any]) -> list[str]:
+    """Where one call of ``step`` synchronizes with the host: each place once, in order, as
+    ``package/module.py:line``."""
+    places: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        previous = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+    for w in caught:
+        place = f"{short_path(w.filename)}:{w.lineno}"
+        if SYNC_WARNING in str(w.message) and place not in places:
+            places.append(place)
+    return places
+
+
+SYNC_WARNING = "called a synchronizing CUDA operation"  # torch's words, warning or error
+
+
+def innermost_frame(exc: BaseException) -> str:
+    """The innermost Python frame ``exc`` passed through, as ``package/module.py:line``."""
+    tb = exc.__traceback__
+    if tb is None:
+        return ""
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return f"{short_path(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno}"
+
+
+def short_path(filename: str) -> str:
+    """A source file as its package names it (``transformers/masking_utils.py``), or its last
+    two path parts."""
+    path = Path(filename)
+    for marker in ("site-packages", "dist-packages"):
+        if marker in path.parts:
+            return "/".join(path.parts[path.parts.index(marker) + 1:])
+    return "/".join(path.parts[-2:])
 
 
 def describe(t: torch.Tensor) -> str:

@@ -34,7 +34,7 @@ from kforge.core.candidate import KFORGE_SUFFIX, Timing
 from kforge.errors import KforgeError
 from kforge.eval.verify.ops import flatten_tensors
 from kforge.integrate.backend import Backend, KforgeWarning
-from kforge.integrate.graphs import capture, cuda_device_of, gc_paused
+from kforge.integrate.graphs import capture, cuda_device_of, gc_paused, host_syncs
 from kforge.runtime.guard import Patch
 from kforge.runtime.table import KernelTable, Report
 from kforge.runtime.timing import ForwardRun, time_forward_runs
@@ -285,9 +285,11 @@ def run_modes(loaded: LoadedModel, modes: list[Mode], *, patched: Patch,
             kernels = (KernelTable() if mode.control else
                        compiled.get(mode.compile, KernelTable()) if isinstance(compiled, dict)
                        else compiled) if mode.compile else graphed if mode.graphs else patched
-            if isinstance(compiled, dict) and mode.compile and not mode.control and not len(
+            if mode.kforge and not mode.control and not len(
                     kernels.table if isinstance(kernels, Patch) else kernels):
-                measured.ran, measured.kernels = 0, "no kernels"  # torch.compile's own model
+                # No kernel was chosen for this mode: it is the mode alone, not timed twice
+                # (its row takes the mode's own figures below).
+                measured.ran, measured.kernels = 0, "no kernels"
                 continue
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", KforgeWarning)
@@ -300,14 +302,36 @@ def run_modes(loaded: LoadedModel, modes: list[Mode], *, patched: Patch,
                 measured.ran = sum(1 for k in report.kernels if k.hits)
             if subject is not None:
                 subjects.append(subject)
+        if "eager" in results and loaded.device.type == "cuda":
+            notes += synchronizing_note(loaded)
         times = time_subjects(loaded, subjects, reps, warmup)
     for mode in modes:
         measured = results[mode.id]
         if measured.name in times:
             measured.timing, measured.host = times[measured.name]
-        if measured.ran == 0:
+        alone = results.get(mode.base)
+        if (mode.kforge and not mode.control and measured.ran == 0 and measured.timing is None
+                and not measured.error and alone is not None and alone.timing is not None):
+            # nothing of kforge's in it: the user runs the mode alone, and the row says so
+            measured.timing, measured.host = alone.timing, alone.host
+            measured.difference = alone.difference
+            measured.kernels = ("no kernels (Inductor's own)" if mode.compile else
+                                f"no kernels ({MODES[mode.base].label}'s own)")
+        elif measured.ran == 0:
             measured.kernels = "no kernels"
     return E2eResult([results[m.id] for m in modes], report, projected, notes=notes)
+
+
+def synchronizing_note(loaded: LoadedModel) -> list[str]:
+    """A note where the eager forward waits for the GPU (``.item()``, a value checked on the
+    host): its device time then includes the host's time after each wait."""
+    loaded.prepare()
+    places = host_syncs(loaded.step)
+    if not places:
+        return []
+    return [f"eager: the forward synchronizes with the host at {', '.join(places[:3])}"
+            f"{' and more' if len(places) > 3 else ''}: the GPU idles while the host issues "
+            "what follows, so eager's device time includes host time"]
 
 
 def _subject(loaded: LoadedModel, mode: Mode, kernels: KernelTable | Patch, measured: Measured,

@@ -13,6 +13,7 @@ import torch
 import kforge
 from kforge.capture import ModelOptions, load_model
 from kforge.errors import KforgeError
+from kforge.integrate import graphs
 from kforge.integrate.measure import parse_modes, run_modes
 from kforge.runtime.cubin import device_arch
 from tests.integrate.helpers import TOY, WINNING_OPS, make_session
@@ -153,8 +154,9 @@ class Syncs(torch.nn.Module):
 
 
 def test_a_refused_forward_leaves_later_graphs_sound(toy):
-    # The sync is refused before any capture begins: a capture failing part-way would leave the
-    # allocator handing out memory of the failed graph's pool, where later replays fault.
+    # The sync is refused inside the capture before it reaches the driver, so the capture ends
+    # cleanly: one broken by the driver would leave the allocator handing out memory of the
+    # failed graph's pool, where later replays fault.
     x = toy.args[0]
     with pytest.raises(KforgeError, match="must not synchronize with the host"):
         kforge.accelerate(Syncs(), (x,))
@@ -163,6 +165,25 @@ def test_a_refused_forward_leaves_later_graphs_sound(toy):
         new = torch.randn_like(x)
         with torch.no_grad():
             assert close(fast(new), toy.model(new))
+    torch.cuda.synchronize()
+
+
+class SyncsUnlessCapturing(torch.nn.Module):
+    """As transformers' masks do: a value checked on the host, except while a stream captures."""
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        if not torch.cuda.is_current_stream_capturing() and bool((t > 1e9).any()):
+            t = t * 0
+        return t * 2
+
+
+def test_a_forward_that_syncs_only_outside_a_capture_is_captured(toy):
+    x = toy.args[0]
+    places = graphs.host_syncs(lambda: SyncsUnlessCapturing()(x))
+    assert len(places) == 1 and places[0].startswith("integrate/test_backend_gpu.py:")
+    fast = kforge.accelerate(SyncsUnlessCapturing(), (x,))
+    new = torch.randn_like(x)
+    assert close(fast(new), new * 2)
     torch.cuda.synchronize()
 
 

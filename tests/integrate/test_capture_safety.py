@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from kforge.capture.loader import LoadedModel
+from kforge.errors import KforgeError
 from kforge.integrate import graphs, measure
 from kforge.integrate.graphs import gc_paused
 from kforge.integrate.measure import (
@@ -136,6 +137,46 @@ def test_a_capture_collects_first_and_runs_its_warm_up_and_captured_calls_withou
     # nothing collected from the first warm-up call to the end of the capture
     assert log[:3] == ["an earlier compiled model collected", "capture begins", "capture ends"]
     assert gc.isenabled() and captured.graph.replays == 1
+
+
+def test_only_the_captured_call_is_checked_for_host_syncs(monkeypatch):
+    # Warm-up calls may synchronize (lazy set-up; transformers checks values on the host unless
+    # a stream is capturing); the check is armed inside the capture, after capture_begin, which
+    # synchronizes itself.
+    log = fake_cuda(monkeypatch)
+
+    @contextlib.contextmanager
+    def checked():
+        log.append("armed")
+        yield
+        log.append("disarmed")
+
+    monkeypatch.setattr(graphs, "no_host_sync", checked)
+    graphs.capture(lambda: log.append("call"), torch.device("cuda", 0))
+    assert log == ["call", "call", "capture begins", "armed", "call", "disarmed", "capture ends"]
+
+
+def test_a_forward_that_cannot_be_captured_is_named_with_where_it_stopped(monkeypatch):
+    fake_cuda(monkeypatch)
+    calls = []
+
+    def step() -> None:
+        calls.append(1)
+        if len(calls) == 3:  # the captured call
+            raise RuntimeError("called a synchronizing CUDA operation")
+
+    with pytest.raises(KforgeError) as raised:
+        graphs.capture(step, torch.device("cuda", 0))
+    line = step.__code__.co_firstlineno + 3
+    assert str(raised.value).startswith(
+        "the forward cannot be captured as a CUDA graph: RuntimeError: called a synchronizing "
+        f"CUDA operation (at integrate/test_capture_safety.py:{line}) (a forward replayed")
+
+
+def test_source_files_are_named_as_their_package_names_them():
+    assert graphs.short_path("/venv/lib/python3.12/site-packages/transformers/masking_utils.py"
+                             ) == "transformers/masking_utils.py"
+    assert graphs.short_path("/home/me/models/unet.py") == "models/unet.py"
 
 
 def test_a_graphed_subject_keeps_the_step_that_owns_its_kernels_alive(monkeypatch):
