@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -30,7 +30,7 @@ from kforge.core.schema import Origin, Record
 
 
 @dataclass(frozen=True)
-class Candidate:
+class Candidate(Record):
     """CUDA source + launch plan for one op card.
 
     ``plan`` is the host side as data (``docs/launch-plan.md``): outputs, scratch and the ordered
@@ -51,14 +51,6 @@ class Candidate:
     @property
     def approach(self) -> str:
         return str(self.meta.get("approach", ""))
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> Candidate:
-        return cls(source=data["source"], plan=data.get("plan"),
-                   meta=dict(data.get("meta") or {}))
 
 
 class EvalStatus(StrEnum):

@@ -13,7 +13,7 @@ operator (``kforge_region.r_<hash>.default``) at every variant; the runtime regi
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -26,6 +26,7 @@ from kforge.core.argspec import (
     tensor_specs,
     walk,
 )
+from kforge.core import schema
 from kforge.core.describe import describe_args
 from kforge.core.opcard import canonical_json
 
@@ -98,7 +99,7 @@ class TraceCall:
 
 
 @dataclass(frozen=True)
-class Region:
+class Region(schema.Record):
     """A chain of aten calls as one operator: ``nodes`` (``{"op", "args", "kwargs"}``, tensors as
     references ``{"t": "ref", "v": "x0"}`` to input 0, ``"n3"`` to node 3's result, ``"n3.1"`` to
     its second result), ``inputs`` (their arg specs: the variant) and ``outputs`` (references)."""
@@ -142,16 +143,14 @@ class Region:
         lines.append(f"    return {', '.join(ref.replace('.', '_') for ref in self.outputs)}")
         return "\n".join(lines)
 
-    def to_dict(self) -> dict:
-        return {"nodes": list(self.nodes), "inputs": list(self.inputs),
-                "outputs": list(self.outputs)}
-
     @classmethod
-    def from_dict(cls, data: dict) -> Region:
+    def from_dict(cls, data: Mapping[str, Any]) -> Region:
+        """A region as stored; one that cannot be read is an ArgSpecError, as a damaged arg spec
+        is."""
         try:
-            return cls(tuple(data["nodes"]), tuple(data["inputs"]), tuple(data["outputs"]))
-        except (KeyError, TypeError):
-            raise ArgSpecError(f"{str(data)[:120]} is not a region") from None
+            return schema.read(cls, data, schema.Origin.record(), what="fields")
+        except schema.SchemaError as exc:
+            raise ArgSpecError(f"{str(data)[:120]} is not a region ({exc})") from None
 
     def check(self) -> None:
         """Raise ArgSpecError unless every node calls an allowed operator (``resolve_op``) that
