@@ -21,8 +21,8 @@ geometric means over the models.
 
 The models: kforge's built-in zoo (ResNet-50; SD3.5 with 2 MMDiT layers; Gemma 4 and Qwen3.5
 decode steps and a Gemma 4 prefill, with 4 layers), a UNet-style fp16 model (``build_unet``: two
-blocks of GroupNorm, SiLU, conv and softmax attention with LayerNorm) and a Llama-architecture prefill
-(``build_llama``: the TinyLlama-1.1B config, 4 of its 22 layers), neither of them built in.
+blocks of GroupNorm, SiLU, conv and softmax attention with LayerNorm) and a Llama-architecture
+prefill (``build_llama``: the TinyLlama-1.1B config, 4 of its 22 layers), neither of them built in.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from kforge.core import schema
 from kforge.core.argspec import (
     ArgSpecError,
     check_call,
@@ -26,7 +27,6 @@ from kforge.core.argspec import (
     tensor_specs,
     walk,
 )
-from kforge.core import schema
 from kforge.core.describe import describe_args
 from kforge.core.opcard import canonical_json
 
