@@ -15,6 +15,7 @@
 #                                        # controls, device time: the UNet-style model and the
 #                                        # Llama-shaped prefill (4 layers); with max-autotune
 #                                        # ~9 min a model (WHOLEMODEL_MODELS=unet, one a call)
+#   bash bench/run_gpu.sh fault          # the UNet run that faulted cold, every launch synchronous
 #   bash bench/run_gpu.sh regions        # region kernels one by one vs eager and compiled chains
 #   bash bench/run_gpu.sh integration    # GPU tests of the compile backend, regions, matmuls,
 #                                        # the new library families and the hardware counters
@@ -81,12 +82,25 @@ case $track in
     # reuse its searches). With max-autotune one model takes most of a 10-minute call (the UNet
     # step ran past 240 s on an H100): WHOLEMODEL_MODELS=unet, then =llama, one call each;
     # WHOLEMODEL_MODES=eager,graphs,compile,reduce-overhead leaves max-autotune out.
+    # WHOLEMODEL_REUSE=1 reuses a model's searched database under $WORK/e2e (no new profile or
+    # search: about 90 s less a model).
     for model in ${WHOLEMODEL_MODELS:-unet llama}; do
       step "${WHOLEMODEL_LIMIT:-560}" python3 bench/bench_e2e.py --models "$model" \
           --modes "${WHOLEMODEL_MODES:-all}" --aa --trials "${WHOLEMODEL_TRIALS:-3}" \
-          --top 4 --iterations 6 --reps 10 --out "$out/e2e" --work "$work/e2e"
+          --top 4 --iterations 6 --reps 10 --out "$out/e2e" --work "$work/e2e" \
+          ${WHOLEMODEL_REUSE:+--reuse}
     done
     python3 bench/bench_e2e.py --summary "$out"/e2e/*.json >>"$log" 2>&1
+    ;;
+  fault)
+    # The UNet measuring process that faulted with empty Inductor and Triton caches (runs H6 and
+    # H9 in docs/BENCHMARKS.md): the same run, cold, with every launch synchronous, so the error
+    # surfaces in the call that launched the faulting kernel and its note names the forward.
+    cold=$(mktemp -d)
+    TORCHINDUCTOR_CACHE_DIR=$cold/inductor TRITON_CACHE_DIR=$cold/triton CUDA_LAUNCH_BLOCKING=1 \
+      step 400 python3 bench/bench_e2e.py --models unet --modes eager,graphs,compile,reduce-overhead \
+          --aa --trials 3 --top 4 --iterations 6 --reps 10 --out "$out/e2e-fault" \
+          --work "$work/e2e" ${WHOLEMODEL_REUSE:+--reuse}
     ;;
   regions)
     step 500 python3 bench/bench_regions.py --models llama,gemma4-decode --top 3 --iterations 6 \

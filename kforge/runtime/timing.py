@@ -280,23 +280,33 @@ def time_forward_runs(subjects: list[ForwardRun], device: torch.device, reps: in
     per-step state back before each forward of a subject that ``prepare``s (on the CPU: wall
     time)."""
     holds = {s.name: 0.0 for s in subjects}
-    for _ in range(warmup):
-        for subject in subjects:
-            holds[subject.name] = max(holds[subject.name],
-                                      _one_forward(subject, device, restore, None)[1])
+    stage = "start"  # the forward in flight, for the note on an error
     timed: dict[str, list[Callable[[], float]]] = {s.name: [] for s in subjects}
     inclusive: dict[str, list[Callable[[], float]]] = {s.name: [] for s in subjects}
-    for r in range(reps):
-        for subject in subjects if r % 2 == 0 else reversed(subjects):
-            # hold twice the slowest enqueue seen so far: the host is never the bottleneck
-            read, enqueue_us = _one_forward(subject, device, restore,
-                                            2 * holds[subject.name] + HOLD_MARGIN_US)
-            holds[subject.name] = max(holds[subject.name], enqueue_us)
-            timed[subject.name].append(read)
-            if host:
-                inclusive[subject.name].append(_one_forward(subject, device, restore, None)[0])
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    try:
+        for r in range(warmup):
+            for subject in subjects:
+                stage = f"warm-up forward {r} of {subject.name}"
+                holds[subject.name] = max(holds[subject.name],
+                                          _one_forward(subject, device, restore, None)[1])
+        for r in range(reps):
+            for subject in subjects if r % 2 == 0 else reversed(subjects):
+                stage = f"timed forward {r} of {subject.name}"
+                # hold twice the slowest enqueue seen so far: the host is never the bottleneck
+                read, enqueue_us = _one_forward(subject, device, restore,
+                                                2 * holds[subject.name] + HOLD_MARGIN_US)
+                holds[subject.name] = max(holds[subject.name], enqueue_us)
+                timed[subject.name].append(read)
+                if host:
+                    stage = f"host-inclusive forward {r} of {subject.name}"
+                    inclusive[subject.name].append(
+                        _one_forward(subject, device, restore, None)[0])
+        stage = "the final wait for the GPU"
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    except Exception as exc:  # a kernel fault shows at a later call: with CUDA_LAUNCH_BLOCKING=1
+        exc.add_note(STAGE_NOTE + stage)  # the stage names the forward that faulted
+        raise
     return {name: (summarize([read() for read in taken]),
                    summarize([read() for read in inclusive[name]]) if inclusive[name] else None)
             for name, taken in timed.items() if taken}

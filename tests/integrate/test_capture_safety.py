@@ -25,7 +25,7 @@ from kforge.integrate.measure import (
 )
 from kforge.runtime.guard import Patch
 from kforge.runtime.table import KernelTable
-from kforge.runtime.timing import ForwardRun
+from kforge.runtime.timing import ForwardRun, time_forward_runs, timing_stage
 
 
 class Finalized:
@@ -234,3 +234,19 @@ def test_every_mode_is_set_up_and_timed_without_collection(collector):
     # eager forwards before the modes are set up are the reference; every later one is paused
     assert seen[2:] and not any(seen[2:])
     assert gc.isenabled()
+
+
+def test_an_error_in_a_timed_forward_names_the_forward():
+    # A kernel fault surfaces at a later call; run with CUDA_LAUNCH_BLOCKING=1 it surfaces in the
+    # forward that launched it, and the note says which one that was.
+    calls = []
+
+    def faulty() -> None:
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("CUDA error: unspecified launch failure")
+
+    with pytest.raises(RuntimeError) as raised:
+        time_forward_runs([ForwardRun("plain", lambda: None), ForwardRun("patched", faulty)],
+                          torch.device("cpu"), reps=3, warmup=1)
+    assert timing_stage(raised.value) == "host-inclusive forward 0 of patched"
