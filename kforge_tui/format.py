@@ -15,7 +15,7 @@ from kforge.core.fmt import fmt_age, fmt_best_over_eager, fmt_speedup, fmt_us
 from kforge.core.inert import inert
 from kforge.core.report import no_outcome, outcome_sections
 from kforge.core.settings import SessionSettings
-from kforge.integrate.winners import Decision, projected_speedup
+from kforge.integrate.winners import CardChoice, projected_speedup
 from kforge.store import NodeStatus
 from kforge.store.records import CardRow, NodeDetail, NodeRow, Session, SessionSummary
 
@@ -267,7 +267,7 @@ def model_projection(cards: Iterable[CardRow]) -> float | None:
     profiled time shares, ops without a kernel faster than eager staying on eager. None until
     some op has one. ``kforge apply`` projects at most this: it also keeps kernels whose win
     lies inside the timing noise on eager."""
-    winners = [Decision(row.card, True, "faster than eager", speedup=row.best_speedup)
+    winners = [CardChoice(row.card, True, "faster than eager", speedup=row.best_speedup)
                for row in cards if row.card.target and (row.best_speedup or 0.0) > 1.0]
     return projected_speedup(winners) if winners else None
 

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from kforge.integrate.measure import Difference, E2eResult, Measured
     from kforge.integrate.patching import SessionPatch
     from kforge.integrate.plan import SessionPlan
-    from kforge.integrate.winners import Decision
+    from kforge.integrate.winners import CardChoice
     from kforge.runtime.table import Report
 
 T = TypeVar("T")
@@ -47,7 +47,7 @@ def plan_facts(plan: SessionPlan, patch: SessionPatch | None) -> dict:
             "projected": plan.projected if patch is None else patch.projected}
 
 
-def _decision(d: Decision, patch: SessionPatch | None) -> dict:
+def _decision(d: CardChoice, patch: SessionPatch | None) -> dict:
     return {"card": d.card.id, "op": d.card.op, "replaced": d.replaced,
             "loaded": d.replaced and patch is not None and patch.loaded(d),
             "speedup": d.speedup if d.replaced else None, "reason": d.reason, "node": d.node_id}

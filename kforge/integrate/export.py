@@ -24,7 +24,7 @@ from kforge.core.opcard import key_folder
 from kforge.core.secrets import redact, redact_values
 from kforge.errors import KforgeError
 from kforge.integrate.plan import SessionPlan
-from kforge.integrate.winners import Decision, card_label
+from kforge.integrate.winners import CardChoice, card_label
 from kforge.runtime.nvrtc import PRELUDE, Compiler, check_options
 from kforge.store.config import configured_secrets
 
@@ -156,7 +156,7 @@ def copy_runtime(folder: Path) -> None:
             write_new(folder / file, text)
 
 
-def _write_kernel(root: Path, decision: Decision, archs: list[str], compiler: Compiler,
+def _write_kernel(root: Path, decision: CardChoice, archs: list[str], compiler: Compiler,
                   problems: list[str], secrets: tuple[str, ...]) -> dict:
     card, candidate = decision.card, decision.candidate
     assert candidate is not None  # a winner always carries its code

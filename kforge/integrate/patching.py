@@ -21,7 +21,7 @@ from kforge.integrate.plan import SessionPlan, read_plan
 from kforge.integrate.regions import ForwardSwap
 from kforge.integrate.winners import (
     NO_GPU_ARCH,
-    Decision,
+    CardChoice,
     Selection,
     card_label,
     projected_speedup,
@@ -83,7 +83,7 @@ class SessionPatch(Patch):
             self._swap = None
         super().remove()
 
-    def loaded(self, decision: Decision) -> bool:
+    def loaded(self, decision: CardChoice) -> bool:
         """Whether the decision's kernel is in this patch (a winner may fail to load here)."""
         return any(entry.key == decision.card.key for entry in self.table.entries)
 

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from kforge.integrate.winners import (
     NO_GPU_ARCH,
-    Decision,
+    CardChoice,
     best_nodes,
     decide,
     projected_speedup,
@@ -27,14 +27,14 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class SessionPlan:
     session: Session
-    decisions: list[Decision]
+    decisions: list[CardChoice]
 
     @property
     def made_on(self) -> str:
         return str(self.session.gpu.get("arch") or NO_GPU_ARCH)
 
     @property
-    def winners(self) -> list[Decision]:
+    def winners(self) -> list[CardChoice]:
         return [d for d in self.decisions if d.replaced]
 
     @property

@@ -44,7 +44,7 @@ KERNEL_CALL_US = 15.0
 
 
 @dataclass(frozen=True)
-class Decision:
+class CardChoice:
     """One card's fate: ``replaced`` by its best kernel, or kept on eager for ``reason``."""
 
     card: OpCard
@@ -100,15 +100,15 @@ def best_nodes(nodes: Iterable[NodeRow]) -> dict[int, NodeRow]:
 
 
 def decide(row: CardRow, best: NodeDetail | None, *, made_on: str,
-           runs_on: str | None = None) -> Decision:
+           runs_on: str | None = None) -> CardChoice:
     """The fate of one card. ``best`` is its best usable node (see ``best_nodes``) with code and
     outcome; ``made_on`` the architecture the session was searched on; ``runs_on`` the one the
     model is about to run on (None when packaging for any)."""
     card = row.card
 
     def kept(reason: str, outcome: EvalOutcome | None = None, spread: float | None = None
-             ) -> Decision:
-        return Decision(card, False, reason, best.row.id if best else None,
+             ) -> CardChoice:
+        return CardChoice(card, False, reason, best.row.id if best else None,
                         outcome.speedup if outcome else None, spread, modules=row.modules)
 
     if not card.target:
@@ -131,7 +131,7 @@ def decide(row: CardRow, best: NodeDetail | None, *, made_on: str,
         return kept(f"slower than eager ({speedup:.2f}x)", outcome, spread)
     if not significant_win(speedup, spread):
         return kept(f"{speedup:.2f}x is inside the timing noise (±{spread:.0%})", outcome, spread)
-    return Decision(card, True, f"{speedup:.2f}x faster than eager (noise ±{spread:.0%})",
+    return CardChoice(card, True, f"{speedup:.2f}x faster than eager (noise ±{spread:.0%})",
                     best.row.id, speedup, spread, best.candidate, row.modules,
                     measured_host_extra_us(outcome))
 
@@ -142,7 +142,7 @@ def measured_host_extra_us(outcome: EvalOutcome) -> float | None:
     return outcome.host.extra_us if outcome.host is not None else None
 
 
-def projected_speedup(decisions: Iterable[Decision]) -> float:
+def projected_speedup(decisions: Iterable[CardChoice]) -> float:
     """Amdahl's law over operator time: ``1 / (1 - sum(share * (1 - 1/speedup)))`` for the
     replaced cards. A fusion region's time is its ops' time: where a region and some of its ops
     both have kernels, only the larger of the two savings counts."""
@@ -162,8 +162,8 @@ def projected_speedup(decisions: Iterable[Decision]) -> float:
     return 1.0 / max(1.0 - sum(saving.values()), 1e-9)
 
 
-def worth_routing(decisions: list[Decision], miss_us: float = GUARD_MISS_US,
-                  call_us: float = KERNEL_CALL_US) -> list[Decision]:
+def worth_routing(decisions: list[CardChoice], miss_us: float = GUARD_MISS_US,
+                  call_us: float = KERNEL_CALL_US) -> list[CardChoice]:
     """Outside CUDA graphs every call of a patched op passes through Python, matched or not. Keep
     an op's kernels only where the GPU time they save per forward exceeds that CPU cost, so a
     patched model is never slower than eager; under CUDA graphs (replays skip Python) every

@@ -318,9 +318,9 @@ def test_zeroed_scratch_is_zeroed_and_the_rest_poisoned(tmp_path):
 
 
 def test_the_child_chooses_the_unaligned_twin_by_its_own_addresses():
-    from kforge.eval.process.sanitize_child import Launch, Param, kernel_for
+    from kforge.eval.process.sanitize_child import ChildLaunch, Param, kernel_for
 
-    launch = Launch("k4", (1, 1, 1), (32, 1, 1), 0, (Param("memory", 0), Param("i64", 0, 3)),
+    launch = ChildLaunch("k4", (1, 1, 1), (32, 1, 1), 0, (Param("memory", 0), Param("i64", 0, 3)),
                     align=16, unaligned_kernel="k1")
     assert kernel_for(launch, [4096]) == "k4" and kernel_for(launch, [4100]) == "k1"
 

@@ -54,7 +54,7 @@ def test_a_kernel_for_the_region_serves_the_swapped_module():
 def test_a_session_patch_bound_to_the_model_swaps_in_its_region_kernels_while_active():
     from kforge.integrate.patching import SessionPatch
     from kforge.integrate.plan import SessionPlan
-    from kforge.integrate.winners import Decision
+    from kforge.integrate.winners import CardChoice
     from kforge.runtime.regions import register_cards
     from kforge.store.records import Session
 
@@ -72,7 +72,7 @@ def test_a_session_patch_bound_to_the_model_swaps_in_its_region_kernels_while_ac
                                key=norm.key)])
     session = Session(id=1, model="block", gpu={}, settings={}, status="done", error="",
                       created_at=0.0, updated_at=0.0)
-    plan = SessionPlan(session, [Decision(norm, True, "faster")])
+    plan = SessionPlan(session, [CardChoice(norm, True, "faster")])
     patch = SessionPatch(plan, table, [])
     with torch.no_grad():
         with patch:  # no model: the module's own forward, its ops unpatched

@@ -17,7 +17,7 @@ from kforge.integrate.backend import KforgeWarning
 from kforge.integrate.decide import by_compiled_saving, choose_compiled
 from kforge.integrate.patching import SessionPatch
 from kforge.integrate.plan import SessionPlan
-from kforge.integrate.winners import Decision
+from kforge.integrate.winners import CardChoice
 from kforge.runtime.table import Entry, KernelTable
 from kforge.store.records import Session
 from tests.integrate.helpers import WINNING_OPS, profile_toy
@@ -51,9 +51,9 @@ def test_a_kernel_that_slows_the_compiled_model_is_left_to_inductor():
                               label=c.short_op, key=c.key) for c in (softmax, norm, gelu))
     session = Session(id=1, model="toy", gpu={}, settings={}, status="done", error="",
                       created_at=0.0, updated_at=0.0)
-    plan = SessionPlan(session, [Decision(softmax, True, "faster", speedup=2.0),
-                                 Decision(norm, True, "faster", speedup=1.4),
-                                 Decision(gelu, True, "faster", speedup=1.25)])
+    plan = SessionPlan(session, [CardChoice(softmax, True, "faster", speedup=2.0),
+                                 CardChoice(norm, True, "faster", speedup=1.4),
+                                 CardChoice(gelu, True, "faster", speedup=1.25)])
     patch = SessionPatch(plan, table, [])
 
     order = by_compiled_saving(patch)
@@ -78,7 +78,7 @@ def test_compile_hands_back_torch_compiles_own_model_where_kforges_is_slower(mon
                                torch.device("cpu"), label=card.short_op, key=card.key)])
     session = Session(id=1, model="toy", gpu={}, settings={}, status="done", error="",
                       created_at=0.0, updated_at=0.0)
-    patch = SessionPatch(SessionPlan(session, [Decision(card, True, "faster", speedup=2.0)]),
+    patch = SessionPatch(SessionPlan(session, [CardChoice(card, True, "faster", speedup=2.0)]),
                          table, [])
     monkeypatch.setattr(measure, "cuda_device_of", lambda *a: torch.device("cpu"))
     monkeypatch.setattr(api, "choose_compiled", lambda *a, **k: (table, None))

@@ -11,7 +11,7 @@ from kforge.core.candidate import Candidate, EvalOutcome, EvalStatus, Timing
 from kforge.core.opcard import OpCard
 from kforge.core.outcome import HostCost
 from kforge.integrate.winners import (
-    Decision,
+    CardChoice,
     best_nodes,
     card_label,
     combined_spread,
@@ -122,8 +122,8 @@ def test_a_region_and_its_ops_count_the_larger_saving_once():
     a, b = card("a", 0.2), card("b", 0.2)
     region = card("r", 0.4, ["a", "b"])
 
-    def won(c: OpCard, speedup: float) -> Decision:
-        return Decision(c, True, "faster", speedup=speedup)
+    def won(c: OpCard, speedup: float) -> CardChoice:
+        return CardChoice(c, True, "faster", speedup=speedup)
 
     ops_only = 1 / (1 - 0.2 * 0.5 - 0.2 * 0.5)
     assert projected_speedup([won(a, 2.0), won(b, 2.0)]) == pytest.approx(ops_only)
@@ -140,7 +140,7 @@ def test_card_labels_are_short():
 
 
 def test_outside_cuda_graphs_an_op_keeps_its_kernels_only_when_they_pay_for_the_guard():
-    def winner(card: OpCard, speedup: float) -> Decision:
+    def winner(card: OpCard, speedup: float) -> CardChoice:
         return decide(row(card), detail(speedup), made_on="sm_90", runs_on="sm_90")
 
     # softmax: 12 calls of 200 us each at 2x saves 1200 us, far more than 12 calls cost

@@ -44,7 +44,7 @@ from kforge.core.launch_plan import PlanError, parse_plan
 from kforge.core.opcard import DTYPE_BYTES, OpCard
 from kforge.core.outcome import SanitizerReport
 from kforge.errors import KforgeError
-from kforge.eval.process.sanitize_child import Job, Launch, Memory, Param
+from kforge.eval.process.sanitize_child import ChildLaunch, Job, Memory, Param
 from kforge.eval.verify.inputs import InputFactory
 from kforge.runtime.cubin_elf import cubin_kernels
 from kforge.runtime.plan import NULL, Allocation, PlanRunner, resolve_for
@@ -417,7 +417,7 @@ def job_for(card: OpCard, candidate: Candidate, cubin: bytes, folder: Path, *,
         return Param(kind, 0, value.item())  # type: ignore[attr-defined]
 
     launches = tuple(
-        Launch(launch.kernel, _three(launch.grid), _three(launch.block), launch.shared_mem,
+        ChildLaunch(launch.kernel, _three(launch.grid), _three(launch.block), launch.shared_mem,
                tuple(param(v) for v in recorded), launch.align, launch.unaligned_kernel)
         for launch, recorded in zip(plan.launches, recorder.params))
     (folder / "inputs.bin").write_bytes(bytes(blob))

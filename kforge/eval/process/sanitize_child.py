@@ -65,7 +65,7 @@ class Param:
 
 
 @dataclass(frozen=True)
-class Launch:
+class ChildLaunch:
     """One launch of the plan; ``unaligned_kernel`` runs instead where a buffer parameter is not
     a multiple of ``align`` bytes."""
 
@@ -89,7 +89,7 @@ class Job:
     data: str  # path of the input values
     inputs: tuple[Memory, ...]
     per_call: tuple[Memory, ...]
-    launches: tuple[Launch, ...]
+    launches: tuple[ChildLaunch, ...]
     calls: int
     phases: bool = False
     extra: dict = field(default_factory=dict)  # what the parent notes for a reader (the card)
@@ -99,8 +99,8 @@ class Job:
 
     @classmethod
     def from_dict(cls, data: dict) -> Job:
-        def launch(d: dict) -> Launch:
-            return Launch(**{**d, "grid": tuple(d["grid"]), "block": tuple(d["block"]),
+        def launch(d: dict) -> ChildLaunch:
+            return ChildLaunch(**{**d, "grid": tuple(d["grid"]), "block": tuple(d["block"]),
                              "params": tuple(Param(**p) for p in d["params"])})
 
         def memory(d: dict) -> Memory:
@@ -179,7 +179,7 @@ class Driver:
     def allow_shared(self, function: ctypes.c_void_p, nbytes: int) -> None:
         self.call("cuFuncSetAttribute", function, _MAX_DYNAMIC_SHARED, nbytes)
 
-    def launch(self, function: ctypes.c_void_p, launch: Launch, params: ctypes.Array) -> None:
+    def launch(self, function: ctypes.c_void_p, launch: ChildLaunch, params: ctypes.Array) -> None:
         self.call("cuLaunchKernel", function, *launch.grid, *launch.block, launch.shared_mem,
                   None, params, None)
 
@@ -198,7 +198,7 @@ def made(driver: Driver, memory: Memory, data: Any) -> tuple[int, int]:
     return base, address
 
 
-def packed(launch: Launch, addresses: list[int]) -> tuple[ctypes.Array, list]:
+def packed(launch: ChildLaunch, addresses: list[int]) -> tuple[ctypes.Array, list]:
     """The launch's parameter buffer (``void**``) and the slots it points into."""
     slots = [ctypes.c_uint64(addresses[p.index]) if p.kind == "memory"
              else _CTYPES[p.kind](p.value) for p in launch.params]
@@ -207,7 +207,7 @@ def packed(launch: Launch, addresses: list[int]) -> tuple[ctypes.Array, list]:
     return pointers, slots
 
 
-def kernel_for(launch: Launch, addresses: list[int]) -> str:
+def kernel_for(launch: ChildLaunch, addresses: list[int]) -> str:
     """The launch's kernel, or its unaligned twin where a buffer parameter is misaligned."""
     if launch.align and launch.unaligned_kernel and any(
             addresses[p.index] % launch.align for p in launch.params if p.kind == "memory"):

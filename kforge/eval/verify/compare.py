@@ -20,16 +20,9 @@ from typing import Any
 
 import torch
 
-from kforge.core.outcome import Comparison
+from kforge.core.outcome import Comparison, Tolerance
 
-
-@dataclass(frozen=True)
-class Tolerance:
-    rtol: float
-    atol: float  # times the RMS of the reference
-    norm: float  # bound on ||out - ref|| / ||ref||
-
-
+# A Tolerance's atol is in units of the reference's RMS; its norm bounds ||out - ref|| / ||ref||.
 TOLERANCES: dict[torch.dtype, Tolerance] = {
     torch.float64: Tolerance(rtol=1e-7, atol=1e-7, norm=1e-8),
     torch.float32: Tolerance(rtol=1e-4, atol=1e-4, norm=2e-5),

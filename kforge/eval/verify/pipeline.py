@@ -58,7 +58,6 @@ from kforge.core.outcome import (
     Placement,
     Precision,
     SetCheck,
-    Tolerance,
     Work,
 )
 from kforge.core.settings import EvalSettings
@@ -449,7 +448,7 @@ class Evaluation:
         host = self.host_cost(fresh)
         correctness = Correctness(
             tuple(checked), tuple(stressed), recheck,
-            {str(d).removeprefix("torch."): Tolerance(tol.rtol, tol.atol, tol.norm)
+            {str(d).removeprefix("torch."): tol
              for d in out_dtypes if (tol := tolerance_for(d))}, dropped)
         return correctness, candidate, eager, work, host
 

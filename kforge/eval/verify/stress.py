@@ -322,7 +322,7 @@ def row_dims(card: OpCard, family: str, ndim: int) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
-class Rows:
+class ElementRows:
     """Where each logical element of a tensor lives in its region, and its row's first element."""
 
     positions: torch.Tensor  # long, the tensor's shape
@@ -330,7 +330,7 @@ class Rows:
     dims: tuple[int, ...]
 
     @classmethod
-    def of(cls, geometry: Geometry, dims: tuple[int, ...], device: torch.device) -> Rows:
+    def of(cls, geometry: Geometry, dims: tuple[int, ...], device: torch.device) -> ElementRows:
         positions = torch.arange(geometry.span, device=device).as_strided(geometry.shape,
                                                                           geometry.stride)
         anchors = positions
@@ -368,7 +368,7 @@ class Rows:
 
 
 @dataclass(frozen=True)
-class Plan:
+class StressPlan:
     """What stress filling needs to know about one card, once."""
 
     card: OpCard
@@ -379,7 +379,7 @@ class Plan:
     eps: float
 
     @classmethod
-    def of(cls, card: OpCard, geometries: list[Geometry]) -> Plan:
+    def of(cls, card: OpCard, geometries: list[Geometry]) -> StressPlan:
         family = card_family(card)
         main = main_tensor(card, geometries)
         stressed = stressed_tensors(family, geometries, main)
@@ -449,7 +449,7 @@ OFFSET_OVER_SPREAD = {torch.float64: 1e5, torch.float32: 50.0}
 HALF_OFFSET_OVER_SPREAD = 1e3
 
 
-def large_magnitudes(draw: Draw, plan: Plan, dtype: torch.dtype, n: int) -> torch.Tensor:
+def large_magnitudes(draw: Draw, plan: StressPlan, dtype: torch.dtype, n: int) -> torch.Tensor:
     work = work_dtype(dtype)
     if plan.family == SOFTMAX:
         return draw.sign() * large_offset(dtype, SOFTMAX) + 4 * draw.normal(n, work)
@@ -462,7 +462,7 @@ def large_magnitudes(draw: Draw, plan: Plan, dtype: torch.dtype, n: int) -> torc
     return draw.half_negative(n, work) * draw.log_uniform(n, 1.0, high, work)
 
 
-def row_constants(draw: Draw, plan: Plan, dtype: torch.dtype, n: int) -> torch.Tensor:
+def row_constants(draw: Draw, plan: StressPlan, dtype: torch.dtype, n: int) -> torch.Tensor:
     """One candidate constant per region position (rows take their first element's)."""
     work = work_dtype(dtype)
     eighths = draw.integers(-16, 17, n).to(work) / 8
@@ -485,7 +485,7 @@ def mixed_signs(draw: Draw, dtype: torch.dtype, n: int) -> torch.Tensor:
     return draw.half_negative(n, work) * magnitudes
 
 
-def extreme_pool(plan: Plan, dtype: torch.dtype, numel: int) -> list[float]:
+def extreme_pool(plan: StressPlan, dtype: torch.dtype, numel: int) -> list[float]:
     """Edge values where eager stays finite for the family."""
     info = torch.finfo(dtype)
     subnormals = [info.smallest_normal / 2, info.smallest_normal * info.eps * 4,
@@ -507,7 +507,7 @@ def extreme_pool(plan: Plan, dtype: torch.dtype, numel: int) -> list[float]:
     return edges + [-e for e in edges]
 
 
-def extremes(draw: Draw, plan: Plan, model: ValueModel, dtype: torch.dtype, n: int,
+def extremes(draw: Draw, plan: StressPlan, model: ValueModel, dtype: torch.dtype, n: int,
              numel: int) -> torch.Tensor:
     work = work_dtype(dtype)
     if plan.family == NORM:
@@ -518,8 +518,8 @@ def extremes(draw: Draw, plan: Plan, model: ValueModel, dtype: torch.dtype, n: i
     return values
 
 
-def special_values(draw: Draw, plan: Plan, model: ValueModel, dtype: torch.dtype, n: int,
-                   rows: Rows) -> torch.Tensor:
+def special_values(draw: Draw, plan: StressPlan, model: ValueModel, dtype: torch.dtype, n: int,
+                   rows: ElementRows) -> torch.Tensor:
     """Random values with +inf, NaN, -inf and -0.0 (in turn; norms: NaN) at seed-dependent
     places: one in each of a quarter of the rows where the family spreads them over a row (the
     first is +inf, so a single row stays an answer: a sum or max of it is inf), an eighth of the
@@ -543,7 +543,7 @@ def special_values(draw: Draw, plan: Plan, model: ValueModel, dtype: torch.dtype
 
 
 def moving_mask(draw: Draw, model: ValueModel, dtype: torch.dtype, n: int,
-                rows: Rows) -> torch.Tensor:
+                rows: ElementRows) -> torch.Tensor:
     work = work_dtype(dtype)
     values = random_values(replace(model, template=None), dtype, n, draw.generator,
                            draw.device).to(work)
@@ -560,7 +560,7 @@ def moving_mask(draw: Draw, model: ValueModel, dtype: torch.dtype, n: int,
     return values
 
 
-def full_range(draw: Draw, plan: Plan, index: int, model: ValueModel, dtype: torch.dtype,
+def full_range(draw: Draw, plan: StressPlan, index: int, model: ValueModel, dtype: torch.dtype,
                n: int) -> torch.Tensor:
     """Integers over their whole valid range, both ends present; booleans half True."""
     if dtype == torch.bool:
@@ -589,7 +589,7 @@ def stress_filler(factory: InputFactory, kind: str, seed: int
                   ) -> Callable[[int, Buffer], None]:
     """A fill function for ``InputFactory._build`` writing ``kind``'s values."""
     stress_kind(kind)
-    plan = Plan.of(factory.card, factory.geometries)
+    plan = StressPlan.of(factory.card, factory.geometries)
     draw = Draw(kind_seed(kind, seed), factory.device)
     positive = base_name(factory.card.op) in POSITIVE_INPUT_OPS
 
@@ -609,16 +609,16 @@ def stress_filler(factory: InputFactory, kind: str, seed: int
         if kind == "large_magnitudes":
             values = large_magnitudes(draw, plan, g.dtype, n)
         elif kind == "constant":
-            rows = Rows.of(g, plan.rows[i], factory.device)
+            rows = ElementRows.of(g, plan.rows[i], factory.device)
             values = rows.spread(row_constants(draw, plan, g.dtype, n))
         elif kind == "mixed_signs":
             return mixed_signs(draw, g.dtype, n)  # signs are the point, even for log's input
         elif kind == "special_values":
             values = special_values(draw, plan, model, g.dtype, n,
-                                    Rows.of(g, plan.rows[i], factory.device))
+                                    ElementRows.of(g, plan.rows[i], factory.device))
             return values if not positive else torch.where(values.isnan(), values, values.abs())
         elif kind == "moving_mask":
-            values = moving_mask(draw, model, g.dtype, n, Rows.of(g, plan.rows[i],
+            values = moving_mask(draw, model, g.dtype, n, ElementRows.of(g, plan.rows[i],
                                                                    factory.device))
         else:
             values = extremes(draw, plan, model, g.dtype, n, math.prod(g.shape))

@@ -44,7 +44,7 @@ MAX_PIECES = 64
 
 
 @dataclass(frozen=True)
-class Piece:
+class CatPiece:
     """One input: its position in the list, its loop nest (strides of the output, then of the
     input) and where its slice of the output starts."""
 
@@ -67,7 +67,7 @@ class Piece:
 class CatProblem:
     call: Call
     out: TensorArg
-    pieces: tuple[Piece, ...]
+    pieces: tuple[CatPiece, ...]
 
     @property
     def ctype(self) -> str:
@@ -98,7 +98,7 @@ class Cat(Family):
                 start += t.shape[dim] if t.ndim == out.ndim else 0
                 continue
             it = iteration(t.shape, [out.stride, t.stride])
-            pieces.append(Piece(position, t, it, start * out.stride[dim] if out.ndim else 0))
+            pieces.append(CatPiece(position, t, it, start * out.stride[dim] if out.ndim else 0))
             start += t.shape[dim] if t.ndim else 0
         if len(pieces) > MAX_PIECES:
             raise Declined(f"{len(pieces)} inputs are more than the {MAX_PIECES} supported")

@@ -130,7 +130,7 @@ class Operand:
 
 
 @dataclass(frozen=True)
-class Scalar:
+class ScalarArg:
     """A number the op takes (the argument ``arg``), passed to the kernel as float ``name``."""
 
     name: str
@@ -143,7 +143,7 @@ class ElementwiseProblem:
     form: Form
     out: TensorArg
     operands: tuple[Operand, ...]
-    scalars: tuple[Scalar, ...]
+    scalars: tuple[ScalarArg, ...]
     expr: str
     it: Iteration  # strides of the output, then of each operand
 
@@ -175,7 +175,7 @@ class Elementwise(Family):
                 terms.append(operands[-1].letter)
                 values.append(None)
             elif i > 0 and isinstance(value, (int, float)):
-                scalars.append(Scalar(f"p{len(scalars)}", call.arg_name(i)))
+                scalars.append(ScalarArg(f"p{len(scalars)}", call.arg_name(i)))
                 terms.append(scalars[-1].name)
                 values.append(value)
             else:
@@ -186,7 +186,7 @@ class Elementwise(Family):
             if not isinstance(value, (int, float)):
                 raise Declined(f"{keyword}={value!r} is not a number")
             if value != 1:
-                scalars.append(Scalar(f"p{len(scalars)}", call.arg_name(position)))
+                scalars.append(ScalarArg(f"p{len(scalars)}", call.arg_name(position)))
                 named[keyword] = scalars[-1].name
         if call.op.startswith("aten.gelu"):
             named["approximate"] = "tanh" if call.value(1) == "tanh" else "erf"

@@ -112,7 +112,7 @@ class EpilogueOp:
 
 
 @dataclass(frozen=True)
-class Step:
+class EpilogueStep:
     """A float expression of the running value ``v`` (the epilogue tensors' values ``e0``..,
     scalar parameters ``p0``..), and the dtype its result is rounded to as eager stores it (None:
     kept in float)."""
@@ -122,7 +122,7 @@ class Step:
 
 
 @dataclass(frozen=True)
-class Scalar:
+class EpilogueScalar:
     """A float kernel parameter ``p<i>`` and its value in the launch plan (an argument name or a
     number)."""
 
@@ -131,9 +131,9 @@ class Scalar:
 
 @dataclass(frozen=True)
 class Epilogue:
-    steps: tuple[Step, ...] = ()
+    steps: tuple[EpilogueStep, ...] = ()
     tensors: tuple[EpilogueInput, ...] = ()
-    scalars: tuple[Scalar, ...] = ()
+    scalars: tuple[EpilogueScalar, ...] = ()
 
 
 # ----- the problem -----
@@ -260,21 +260,21 @@ def addmm_epilogue(bias_name: str, bias: Any, beta: Any, alpha: Any, out: Tensor
     for name, value in (("beta", beta), ("alpha", alpha)):
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise Declined(f"{name}={value!r} is not a real number")
-    scalars: list[Scalar] = []
+    scalars: list[EpilogueScalar] = []
     term = "v"
     if alpha != 1:
-        scalars.append(Scalar("alpha"))
+        scalars.append(EpilogueScalar("alpha"))
         term = "p0 * v"
     tensors: tuple[EpilogueInput, ...] = ()
     if beta != 0:
         tensor = matrix_bias(bias, out.dtype)
         tensors = (EpilogueInput(bias_name, tensor, broadcast_strides(tensor, out.shape)),)
         if beta != 1:
-            scalars.append(Scalar("beta"))
+            scalars.append(EpilogueScalar("beta"))
             term += f" + p{len(scalars) - 1} * e0"
         else:
             term += " + e0"
-    return Epilogue((Step(term),) if term != "v" else (), tensors, tuple(scalars))
+    return Epilogue((EpilogueStep(term),) if term != "v" else (), tensors, tuple(scalars))
 
 
 def matrix_bias(value: Any, dtype: str) -> TensorArg:
@@ -297,7 +297,7 @@ def fuse_epilogue(problem: MatmulProblem, ops: Sequence[EpilogueOp], out: Tensor
         raise Declined(f"the fused output {out.describe()} is not of the product's shape {list(problem.shape)}")
     require_float(out)
     epilogue = problem.epilogue
-    steps = list(epilogue.steps) or [Step("v")]
+    steps = list(epilogue.steps) or [EpilogueStep("v")]
     steps[-1] = replace(steps[-1], rounds_to=problem.dtype)
     tensors, scalars = list(epilogue.tensors), list(epilogue.scalars)
     for op in ops:
@@ -321,7 +321,7 @@ def fuse_epilogue(problem: MatmulProblem, ops: Sequence[EpilogueOp], out: Tensor
                 terms.append(f"e{len(tensors) - 1}")
                 raw.append(None)
             elif isinstance(value, (int, float)) and not isinstance(value, bool):
-                scalars.append(Scalar(float(value)))
+                scalars.append(EpilogueScalar(float(value)))
                 terms.append(f"p{len(scalars) - 1}")
                 raw.append(value)
             else:
@@ -332,11 +332,11 @@ def fuse_epilogue(problem: MatmulProblem, ops: Sequence[EpilogueOp], out: Tensor
         for keyword, position in form.named:
             value = values[position]
             if value != 1:
-                scalars.append(Scalar(float(value)))
+                scalars.append(EpilogueScalar(float(value)))
                 named[keyword] = f"p{len(scalars) - 1}"
         if op.op.startswith("aten.gelu"):
             named["approximate"] = "tanh" if bound.get("approximate") == "tanh" else "erf"
-        steps.append(Step(form.expr(terms, raw, named), problem.dtype))
+        steps.append(EpilogueStep(form.expr(terms, raw, named), problem.dtype))
     steps[-1] = replace(steps[-1], rounds_to=None)  # the store rounds
     return replace(problem, out=out, epilogue=Epilogue(tuple(steps), tuple(tensors), tuple(scalars)))
 
@@ -600,7 +600,7 @@ def wgmma_struct(bn: int, ctype: str) -> str:
 
 
 @dataclass(frozen=True)
-class Launch:
+class MatmulLaunch:
     """What a variant's main kernel needs from the plan: grid, block, dynamic shared memory, the
     template call (given whether copies may be asynchronous) and the alignment its vector copies
     need (0: none)."""
@@ -716,7 +716,8 @@ class Matmul(Family):
         return Kernel(source, plan, nvrtc_options=options)
 
     @staticmethod
-    def _launch(name: str, spec: Launch, params: list[dict], align: int | None = None) -> dict:
+    def _launch(name: str, spec: MatmulLaunch, params: list[dict],
+                align: int | None = None) -> dict:
         """The main kernel's launch, its twin taking pointers that miss ``align`` (by default
         what its copies need; 0: no twin)."""
         align = spec.align if align is None else align
@@ -726,35 +727,37 @@ class Matmul(Family):
             entry["shared_mem"] = spec.shared
         return entry
 
-    def _gemv(self, p: MatmulProblem, params: Params) -> Launch:
+    def _gemv(self, p: MatmulProblem, params: Params) -> MatmulLaunch:
         vec = self.gemv_vec(p)
         cols, threads, unroll = params["cols"], params["threads"], params["unroll"]
         head = f"kf::mm::mm_gemv<Problem, {cols}, {threads}, {vec}, {unroll}"
-        return Launch((ceil_div(p.n, cols), 1, p.batch), threads, 0,
+        return MatmulLaunch((ceil_div(p.n, cols), 1, p.batch), threads, 0,
                       lambda packed, sink: f"{head}, {cuda_bool(packed)}>(a, b, {sink})",
                       vec * p.itemsize if vec > 1 else 0)
 
-    def _simt(self, p: MatmulProblem, params: Params) -> Launch:
+    def _simt(self, p: MatmulProblem, params: Params) -> MatmulLaunch:
         bm, bn, tm, tn = params["bm"], params["bn"], params["tm"], params["tn"]
-        return Launch((ceil_div(p.m, bm) * ceil_div(p.n, bn), 1, p.batch), (bm // tm) * (bn // tn), 0,
-                      lambda _, sink: f"kf::mm::mm_simt<Problem, {bm}, {bn}, {tm}, {tn}>(a, b, {sink})", 0)
+        return MatmulLaunch((ceil_div(p.m, bm) * ceil_div(p.n, bn), 1, p.batch),
+                            (bm // tm) * (bn // tn), 0,
+                            lambda _, sink: f"kf::mm::mm_simt<Problem, {bm}, {bn}, {tm}, {tn}>"
+                                            f"(a, b, {sink})", 0)
 
-    def _mma(self, p: MatmulProblem, params: Params) -> Launch:
+    def _mma(self, p: MatmulProblem, params: Params) -> MatmulLaunch:
         bm, bn = params["bm"], params["bn"]
         va, vb = p.a_vec(), p.b_vec()
         head = (f"kf::mm::mm_mma<Problem, {bm}, {bn}, {params['bk']}, {params['warps_m']}, "
                 f"{params['warps_n']}, {params['stages']}, {params['splits']}, {va}, {vb}")
-        return Launch((ceil_div(p.m, bm) * ceil_div(p.n, bn), params["splits"], p.batch),
+        return MatmulLaunch((ceil_div(p.m, bm) * ceil_div(p.n, bn), params["splits"], p.batch),
                       32 * params["warps_m"] * params["warps_n"], mma_smem(p, params),
                       lambda copies, sink: f"{head}, {cuda_bool(copies)}>(a, b, {sink})",
                       self._copy_align(p, va, vb))
 
-    def _wgmma(self, p: MatmulProblem, params: Params) -> Launch:
+    def _wgmma(self, p: MatmulProblem, params: Params) -> MatmulLaunch:
         bm, bn = params["bm"], params["bn"]
         va, vb = p.a_vec(), p.b_vec()
         head = (f"kf::mm::mm_wgmma<Problem, Mma, {bn}, {bm // 64}, {params['stages']}, "
                 f"{params['splits']}, {va}, {vb}")
-        return Launch((ceil_div(p.m, bm) * ceil_div(p.n, bn), params["splits"], p.batch),
+        return MatmulLaunch((ceil_div(p.m, bm) * ceil_div(p.n, bn), params["splits"], p.batch),
                       128 * (1 + bm // 64), wgmma_smem(params),
                       lambda copies, sink: f"{head}, {cuda_bool(copies)}>(a, b, {sink})",
                       self._copy_align(p, va, vb))

@@ -109,7 +109,7 @@ BASE = 2**40
 
 
 @dataclass(frozen=True)
-class Step:
+class ViewStep:
     """One view applied to a strided tensor: ``op(t, *args, **kwargs)``, and where the op returns
     several tensors (``split``), the one numbered ``item``."""
 
@@ -139,11 +139,11 @@ class Embed:
         return t.as_strided(shape, t.stride(), t.storage_offset() - self.start * t.stride(self.dim))
 
 
-Move = Step | Embed
+Move = ViewStep | Embed
 
 
-def expand_step(shape: tuple[int, ...]) -> Step:
-    return Step("aten.expand.default", (tuple(shape),))
+def expand_step(shape: tuple[int, ...]) -> ViewStep:
+    return ViewStep("aten.expand.default", (tuple(shape),))
 
 
 def descriptor(shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -302,7 +302,7 @@ class _Matcher:
             self.space, moves = self.row_shape, self.per_row_moves(shape, f"output {index}")
         elif order is not None:
             self.space = tuple(shape[d] for d in order)
-            moves = (Step("aten.permute.default", (order,)),)
+            moves = (ViewStep("aten.permute.default", (order,)),)
         else:
             self.space = shape
         pieces = self.element(base, moves, full_box(self.space))
@@ -319,7 +319,7 @@ class _Matcher:
         if shape == rows + (1,):
             return (expand_step(self.row_shape),)
         if shape == rows:
-            return (Step("aten.unsqueeze.default", (-1,)), expand_step(self.row_shape))
+            return (ViewStep("aten.unsqueeze.default", (-1,)), expand_step(self.row_shape))
         raise Declined(f"{what} has shape {list(shape)}, neither the rows' "
                        f"{list(self.row_shape)} nor one value per row")
 
@@ -384,7 +384,7 @@ class _Matcher:
             try:
                 t = move.apply(t)
             except (RuntimeError, TypeError, ValueError, IndexError) as exc:
-                op = move.op if isinstance(move, Step) else "cat"
+                op = move.op if isinstance(move, ViewStep) else "cat"
                 raise Declined(f"{what} cannot be read through {op} as a strided view: "
                                f"{first_line(exc)}") from None
         if tuple(t.shape) != self.space:
@@ -400,7 +400,7 @@ class _Matcher:
         stride = tuple(s if n != 1 else 0 for s, n in zip(t.stride(), t.shape))
         return Leaf(index, stride, t.storage_offset() - BASE, x.dtype)
 
-    def view_step(self, ref: str) -> Step:
+    def view_step(self, ref: str) -> ViewStep:
         node, item = self.node(ref)
         op = node["op"]
         if op in LIST_VIEW_OPS and item is None:
@@ -410,7 +410,7 @@ class _Matcher:
         args = tuple(_freeze(self.plain(bound[a.name], op)) for a in schema if not a.kwarg_only)
         kwargs = tuple((a.name, _freeze(self.plain(bound[a.name], op))) for a in schema
                        if a.kwarg_only)
-        return Step(VIEW_OPS[op], args, kwargs, item if op in LIST_VIEW_OPS else None)
+        return ViewStep(VIEW_OPS[op], args, kwargs, item if op in LIST_VIEW_OPS else None)
 
     def pointwise(self, ref: str, moves: tuple[Move, ...], box: Box) -> list[Piece]:
         node, _ = self.node(ref)
@@ -588,7 +588,7 @@ class _Matcher:
                 continue
             if not is_ref(spec) or float_dtype(self.meta(spec["v"]), name) != dtype:
                 raise Declined(f"the group norm's {name} is not a {dtype} tensor")
-            per_channel = (Step("aten.view.default", ((1, space.input_shape[1]) + (1,) * (
+            per_channel = (ViewStep("aten.view.default", ((1, space.input_shape[1]) + (1,) * (
                 len(space.input_shape) - 2),)), expand_step(space.input_shape))
             affine.append(self.whole(spec["v"], per_channel + space.element_moves, name))
         size = float(space.cols)
@@ -652,14 +652,16 @@ class GroupSpace:
     @property
     def element_moves(self) -> tuple[Move, ...]:
         """From the input's coordinates to the group norm's."""
-        view = Step("aten.view.default", (self.natural,))
-        return (view, Step("aten.permute.default", ((0, 1, 3, 2),))) if self.channels_last else (view,)
+        view = ViewStep("aten.view.default", (self.natural,))
+        if not self.channels_last:
+            return (view,)
+        return (view, ViewStep("aten.permute.default", ((0, 1, 3, 2),)))
 
     @property
     def stat_moves(self) -> tuple[Move, ...]:
         """From a statistic's coordinates (sample, group) to the group norm's."""
         n, g, _, _ = self.natural
-        return (Step("aten.view.default", ((n, g, 1, 1),)), expand_step(self.shape))
+        return (ViewStep("aten.view.default", ((n, g, 1, 1),)), expand_step(self.shape))
 
     def moves_for(self, shape: tuple[int, ...], what: str) -> tuple[Move, ...]:
         if shape == self.input_shape:
