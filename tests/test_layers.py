@@ -8,7 +8,7 @@ layer above its own.
 imports it. Inside ``eval`` the verification pipeline lies below the process side that runs it
 (``eval.verify <- eval.process``). No module reaches itself through what it imports: the modules
 form no circle. ``kforge/`` never imports Textual or ``kforge_tui``; ``kforge_tui`` never imports
-torch, directly or through what it imports.
+torch, directly or through what it imports. No two public classes of ``kforge/`` share a name.
 """
 
 from __future__ import annotations
@@ -152,3 +152,14 @@ def test_the_contract_sees_upward_imports(tmp_path):
     assert found == ["kforge.engine.engine", "kforge.cli.main"] or set(found) >= {
         "kforge.engine.engine", "kforge.cli.main"}
     assert all(layer_of(t) > layer_of("kforge.core.probe") for t in found)
+
+
+def test_no_public_class_name_means_two_things():
+    # One name, one thing: a reader (or a grep) never has to ask which Decision or Backend.
+    # Classes private to their module (a leading underscore) may repeat.
+    where: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "kforge").rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                where.setdefault(node.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: paths for name, paths in where.items() if len(paths) > 1} == {}
