@@ -67,7 +67,7 @@ def capture(step: Callable[[], Any], device: torch.device, *,
                 torch.cuda.current_stream(device).wait_stream(side)
             keep = prepare()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            with own_cublas_workspace(), torch.cuda.graph(graph):
                 # Armed inside the capture (capture_begin itself synchronizes): a synchronizing
                 # call raises before it reaches the driver, so the capture ends cleanly and later
                 # graphs' memory stays sound.
@@ -109,6 +109,29 @@ def gc_paused():
     finally:
         if enabled:
             gc.enable()
+
+
+@contextlib.contextmanager
+def own_cublas_workspace():
+    """cuBLAS's workspace made afresh for a capture, inside the graph's own memory pool.
+
+    PyTorch keeps one cuBLAS workspace per stream and reuses it: a graph captured on a stream
+    that has one bakes in its address, though another owns it (an earlier graph's pool, where the
+    first capture on that stream made it). Code that clears the workspaces (torch.compile's
+    CUDA graphs do, around every warm-up and recording) then frees memory the graph still writes
+    to on every replay; once that pool is released, the replay faults (``unspecified launch
+    failure``). Cleared before the capture, the workspace the graph needs is made during the
+    capture, in its own pool, which lives as long as the graph; cleared after it, no later
+    capture can take it over."""
+    clear_cublas_workspaces()
+    try:
+        yield
+    finally:
+        clear_cublas_workspaces()
+
+
+def clear_cublas_workspaces() -> None:
+    torch._C._cuda_clearCublasWorkspaces()
 
 
 @contextlib.contextmanager

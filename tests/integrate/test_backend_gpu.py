@@ -187,6 +187,27 @@ def test_a_forward_that_syncs_only_outside_a_capture_is_captured(toy):
     torch.cuda.synchronize()
 
 
+def test_a_graph_keeps_writing_its_own_cublas_workspace_after_others_are_cleared():
+    # torch.compile's CUDA graphs clear cuBLAS's workspaces around every recording; a graph kforge
+    # captured must not then be writing into a workspace another graph's released pool owned.
+    import gc
+
+    a, b = (torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    first = graphs.capture(lambda: a @ b, a.device)
+    second = graphs.capture(lambda: a @ b, a.device)
+    expected = a @ b
+    del first
+    gc.collect()
+    torch._C._cuda_clearCublasWorkspaces()
+    torch.cuda.empty_cache()
+    filler = [torch.full((1 << 22,), 7.0, device="cuda") for _ in range(16)]  # takes freed memory
+    for _ in range(3):
+        second.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(second.outputs, expected)
+    assert all(bool((f == 7.0).all()) for f in filler)
+
+
 class _Cycle:
     def __init__(self, held) -> None:
         self.held, self.me = held, self

@@ -118,6 +118,7 @@ def fake_cuda(monkeypatch) -> list[str]:
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: Stream())
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     monkeypatch.setattr(graphs, "no_host_sync", contextlib.nullcontext)
+    monkeypatch.setattr(graphs, "clear_cublas_workspaces", lambda: log.append("workspaces cleared"))
     return log
 
 
@@ -135,7 +136,9 @@ def test_a_capture_collects_first_and_runs_its_warm_up_and_captured_calls_withou
     captured = graphs.capture(step, torch.device("cuda", 0))
     assert seen == [False, False, False]  # two warm-up calls, then the captured one
     # nothing collected from the first warm-up call to the end of the capture
-    assert log[:3] == ["an earlier compiled model collected", "capture begins", "capture ends"]
+    events = [e for e in log if e != "workspaces cleared"]
+    assert events[:3] == ["an earlier compiled model collected", "capture begins",
+                          "capture ends"]
     assert gc.isenabled() and captured.graph.replays == 1
 
 
@@ -153,7 +156,18 @@ def test_only_the_captured_call_is_checked_for_host_syncs(monkeypatch):
 
     monkeypatch.setattr(graphs, "no_host_sync", checked)
     graphs.capture(lambda: log.append("call"), torch.device("cuda", 0))
-    assert log == ["call", "call", "capture begins", "armed", "call", "disarmed", "capture ends"]
+    captured = log[log.index("capture begins"):log.index("capture ends") + 1]
+    assert log.count("call") == 3 and log[:2] == ["call", "call"]
+    assert captured == ["capture begins", "armed", "call", "disarmed", "capture ends"]
+
+
+def test_a_capture_makes_its_own_cublas_workspace_and_leaves_none_behind(monkeypatch):
+    # A workspace kept from an earlier capture belongs to that graph's pool: cleared before, the
+    # graph makes its own inside its pool; cleared after, no later capture takes it over.
+    log = fake_cuda(monkeypatch)
+    graphs.capture(lambda: None, torch.device("cuda", 0))
+    assert log[-4:] == ["workspaces cleared", "capture begins", "capture ends",
+                        "workspaces cleared"]
 
 
 def test_a_forward_that_cannot_be_captured_is_named_with_where_it_stopped(monkeypatch):
