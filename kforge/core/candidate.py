@@ -40,7 +40,9 @@ class Candidate(Record):
     """
 
     source: str
-    plan: dict | None = None
+    # a table (``docs/launch-plan.md``) as written: the launch-plan reader judges it, naming what
+    # is wrong as a LAUNCH_ERROR, so the codec passes any value through
+    plan: Any = None
     meta: dict = field(default_factory=dict)
 
     @property
