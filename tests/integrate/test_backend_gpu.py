@@ -204,7 +204,8 @@ def test_a_graph_keeps_writing_its_own_cublas_workspace_after_others_are_cleared
     for _ in range(3):
         second.replay()
     torch.cuda.synchronize()
-    assert torch.equal(second.outputs, expected)
+    error = (second.outputs.float() - expected.float()).norm() / expected.float().norm()
+    assert float(error) < 1e-2  # another GEMM algorithm may round differently, never more
     assert all(bool((f == 7.0).all()) for f in filler)
 
 
