@@ -49,6 +49,11 @@ step() {  # step SECONDS COMMAND...: run with a time limit, log it, keep going o
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader >>"$log"
 work=${WORK:-/tmp/kforge-bench}  # workspaces (databases, samples) stay out of $out
 bench_models=(python3 bench/bench_models.py --out "$out" --work "$work")
+# whole-model runs: the A/A rows, the top 4 ops searched 6 iterations each, 10 timed reps a mode;
+# WHOLEMODEL_REUSE=1 reuses a model's searched database under $WORK/e2e (no new profile or
+# search: about 90 s less a model)
+bench_e2e=(python3 bench/bench_e2e.py --aa --top 4 --iterations 6 --reps 10 --work "$work/e2e"
+           ${WHOLEMODEL_REUSE:+--reuse})
 case $track in
   tests)
     step 100 python3 -m pytest -m gpu -q -p no:cacheprovider --timeout 90 -rf \
@@ -82,13 +87,9 @@ case $track in
     # reuse its searches). With max-autotune one model takes most of a 10-minute call (the UNet
     # step ran past 240 s on an H100): WHOLEMODEL_MODELS=unet, then =llama, one call each;
     # WHOLEMODEL_MODES=eager,graphs,compile,reduce-overhead leaves max-autotune out.
-    # WHOLEMODEL_REUSE=1 reuses a model's searched database under $WORK/e2e (no new profile or
-    # search: about 90 s less a model).
     for model in ${WHOLEMODEL_MODELS:-unet llama}; do
-      step "${WHOLEMODEL_LIMIT:-560}" python3 bench/bench_e2e.py --models "$model" \
-          --modes "${WHOLEMODEL_MODES:-all}" --aa --trials "${WHOLEMODEL_TRIALS:-3}" \
-          --top 4 --iterations 6 --reps 10 --out "$out/e2e" --work "$work/e2e" \
-          ${WHOLEMODEL_REUSE:+--reuse}
+      step "${WHOLEMODEL_LIMIT:-560}" "${bench_e2e[@]}" --models "$model" \
+          --modes "${WHOLEMODEL_MODES:-all}" --trials "${WHOLEMODEL_TRIALS:-3}" --out "$out/e2e"
     done
     python3 bench/bench_e2e.py --summary "$out"/e2e/*.json >>"$log" 2>&1
     ;;
@@ -98,9 +99,8 @@ case $track in
     # surfaces in the call that launched the faulting kernel and its note names the forward.
     cold=$(mktemp -d)
     TORCHINDUCTOR_CACHE_DIR=$cold/inductor TRITON_CACHE_DIR=$cold/triton CUDA_LAUNCH_BLOCKING=1 \
-      step 400 python3 bench/bench_e2e.py --models unet --modes eager,graphs,compile,reduce-overhead \
-          --aa --trials 3 --top 4 --iterations 6 --reps 10 --out "$out/e2e-fault" \
-          --work "$work/e2e" ${WHOLEMODEL_REUSE:+--reuse}
+      step 400 "${bench_e2e[@]}" --models unet --modes eager,graphs,compile,reduce-overhead \
+          --trials 3 --out "$out/e2e-fault"
     ;;
   regions)
     step 500 python3 bench/bench_regions.py --models llama,gemma4-decode --top 3 --iterations 6 \

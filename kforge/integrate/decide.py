@@ -39,6 +39,7 @@ from kforge.integrate.measure import (
     _graphed,
     compare_once,
     compiled_step,
+    own_run,
     ran_kernels,
     run_modes,
     time_forwards,
@@ -228,7 +229,7 @@ def hand_back(result: E2eResult) -> None:
         measured.timing, measured.host = alone.timing, alone.host
         measured.difference = alone.difference
         measured.ran = 0
-        measured.kernels = "no kernels (Inductor's own)"
+        measured.kernels = own_run(mode.base)
         result.notes.append(judged.line)
 
 

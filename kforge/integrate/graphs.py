@@ -134,11 +134,16 @@ def clear_cublas_workspaces() -> None:
     torch._C._cuda_clearCublasWorkspaces()
 
 
+def no_host_sync() -> contextlib.AbstractContextManager:
+    """Make any synchronizing CUDA call an error."""
+    return sync_debug_mode("error")
+
+
 @contextlib.contextmanager
-def no_host_sync():
-    """Make any synchronizing CUDA call an error (``torch.cuda.set_sync_debug_mode``)."""
+def sync_debug_mode(mode: str):
+    """``torch.cuda.set_sync_debug_mode(mode)`` for the block, the previous mode after it."""
     previous = torch.cuda.get_sync_debug_mode()
-    torch.cuda.set_sync_debug_mode("error")
+    torch.cuda.set_sync_debug_mode(mode)
     try:
         yield
     finally:
@@ -149,14 +154,9 @@ def host_syncs(step: Callable[[], Any]) -> list[str]:
     """Where one call of ``step`` synchronizes with the host: each place once, in order, as
     ``package/module.py:line``."""
     places: list[str] = []
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught, sync_debug_mode("warn"):
         warnings.simplefilter("always")
-        previous = torch.cuda.get_sync_debug_mode()
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            step()
-        finally:
-            torch.cuda.set_sync_debug_mode(previous)
+        step()
     for w in caught:
         place = f"{short_path(w.filename)}:{w.lineno}"
         if SYNC_WARNING in str(w.message) and place not in places:

@@ -117,9 +117,15 @@ CONTROLS: dict[str, Mode] = {
     base + AA_SUFFIX: Mode(base + AA_SUFFIX, label + " A/A (kforge, no kernels)", True,
                            compile=compile_mode, control=True)
     for base, label, _, compile_mode in _BASES if compile_mode is not None}
-# Whose run a +kforge row with no kernel chosen shows: the mode's own, in the row's words.
+# Whose run a +kforge row with no kforge kernel shows: the mode's own, in the row's words.
 ALONE = {"eager": "eager's own", "graphs": "the CUDA graph's own"}
-INDUCTORS = "Inductor's own"
+
+
+def own_run(base: str) -> str:
+    """The kernels column of a ``+kforge`` row of mode ``base`` that runs the mode alone."""
+    return "no kernels (" + ALONE.get(base, "Inductor's own") + ")"
+
+
 # p90/p10 above which a mode's own timing noise hides any gain (a host-bound compiled forward)
 UNDECIDABLE_SPREAD = 1.5
 
@@ -318,7 +324,7 @@ def run_modes(loaded: LoadedModel, modes: list[Mode], *, patched: Patch,
             # nothing of kforge's in it: the user runs the mode alone, and the row says so
             measured.timing, measured.host = alone.timing, alone.host
             measured.difference = alone.difference
-            measured.kernels = f"no kernels ({ALONE.get(mode.base, INDUCTORS)})"
+            measured.kernels = own_run(mode.base)
         elif measured.ran == 0:
             measured.kernels = "no kernels"
     return E2eResult([results[m.id] for m in modes], report, projected, notes=notes)

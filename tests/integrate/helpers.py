@@ -6,6 +6,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import torch
+
+from kforge.capture.loader import LoadedModel
 from kforge.core.candidate import Candidate, EvalOutcome, EvalStatus, Timing
 from kforge.core.gpu import GpuInfo
 from kforge.core.opcard import OpCard
@@ -83,3 +86,10 @@ def make_session(db: Path, *, gpu: dict | None = None, device: str = "cpu",
             await store.close()
 
     return asyncio.run(go())
+
+
+def cpu_model() -> LoadedModel:
+    """A small model and input on the CPU, in the form whole-model measurements take."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU()).eval()
+    return LoadedModel("m", model, (torch.randn(2, 8),), {}, torch.float32, torch.device("cpu"))

@@ -26,6 +26,7 @@ from kforge.integrate.measure import (
 from kforge.runtime.guard import Patch
 from kforge.runtime.table import KernelTable
 from kforge.runtime.timing import ForwardRun, time_forward_runs, timing_stage
+from tests.integrate.helpers import cpu_model
 
 
 class Finalized:
@@ -214,12 +215,6 @@ def test_a_graphed_subject_keeps_the_step_that_owns_its_kernels_alive(monkeypatc
     del graphed
     gc.collect()
     assert alive() is None
-
-
-def cpu_model() -> LoadedModel:
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU()).eval()
-    return LoadedModel("m", model, (torch.randn(2, 8),), {}, torch.float32, torch.device("cpu"))
 
 
 def test_timed_forwards_run_without_collection(collector):

@@ -5,17 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from kforge.capture.loader import LoadedModel
 from kforge.integrate.decide import hand_back
 from kforge.integrate.measure import parse_modes, run_modes
 from kforge.runtime.guard import Patch
 from kforge.runtime.table import KernelTable
-
-
-def cpu_model() -> LoadedModel:
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU()).eval()
-    return LoadedModel("m", model, (torch.randn(2, 8),), {}, torch.float32, torch.device("cpu"))
+from tests.integrate.helpers import cpu_model
 
 
 def test_modes_with_no_kernel_chosen_take_their_own_figures_and_say_so():
