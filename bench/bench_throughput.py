@@ -6,7 +6,8 @@ Per model: ``kforge profile``, then ``kforge search --proposer library --top 6 -
 --parallel 4`` (within ``--time``, a bound that should not bind), then from the session's
 database: evaluations per minute of search, the confirmations' latency (queued to verdict,
 which includes the wait for the op's search to settle) p50/p90, their own run time (the
-re-check, re-timing and sanitizer) p50/p90, how many passed, failed or gave way, the
+re-check, re-timing and sanitizer) p50/p90 and its two parts run at once (the sanitizer, the fresh
+worker's evaluation) p50 beside a search evaluation's p50, how many passed, failed or gave way, the
 sanitizer's seconds per tool (median; cached verdicts counted apart), the wall time from the
 first node to the last confirmed winner, and the would-be bests still confirming at the end.
 
@@ -74,16 +75,24 @@ def summarize(db: Path, session: int = SESSION) -> dict:
     con.close()
     evaluated = [n for n in nodes if n["outcome"] is not None]
     latencies, runs, tools, cached, verdicts, confirmed_at = [], [], {}, 0, {}, []
+    sanitizer_runs, reruns, walls = [], [], []
     for n in evaluated:
-        c = EvalOutcome.from_dict(json.loads(n["outcome"])).confirmation or Confirmation()
+        outcome = EvalOutcome.from_dict(json.loads(n["outcome"]))
+        c = outcome.confirmation or Confirmation()
         if c.waited_s is not None and c.ran_s is not None:
             latencies.append(c.waited_s + c.ran_s)
             runs.append(c.ran_s)
+            if c.sanitizer is not None and c.sanitizer.ran and not c.sanitizer.cached:
+                sanitizer_runs.append(c.sanitizer.seconds)
+            if c.confirmed:  # the fresh worker's evaluation is the outcome kept
+                reruns.append(outcome.wall_s)
             verdict = ("passed" if n["confirmed"] else "failed" if n["status"] != "ok"
                        else "kept unconfirmed")
             verdicts[verdict] = verdicts.get(verdict, 0) + 1
             if n["confirmed"]:
                 confirmed_at.append(c.at)
+        else:
+            walls.append(outcome.wall_s)
         sanitizer = c.sanitizer or SanitizerReport(True)
         if sanitizer.cached:
             cached += 1
@@ -97,6 +106,11 @@ def summarize(db: Path, session: int = SESSION) -> dict:
         "confirmations": len(latencies), "verdicts": verdicts,
         "confirm_p50_s": percentile(latencies, 0.5), "confirm_p90_s": percentile(latencies, 0.9),
         "confirm_ran_p50_s": percentile(runs, 0.5), "confirm_ran_p90_s": percentile(runs, 0.9),
+        # what a confirmation's run is made of: the sanitizer (its tools at once) and, beside it,
+        # the fresh worker's evaluation; the rest of ``ran`` is the wait for a fresh worker
+        "confirm_sanitizer_p50_s": percentile(sanitizer_runs, 0.5),
+        "confirm_rerun_p50_s": percentile(reruns, 0.5),
+        "evaluation_p50_s": percentile(walls, 0.5),  # one search evaluation, in its worker
         "sanitizer_tool_median_s": {t: round(statistics.median(v), 2) for t, v in tools.items()},
         "sanitizer_cached": cached,
         "to_last_confirmed_s": (round(max(confirmed_at) - first, 1)
@@ -108,11 +122,12 @@ def summarize(db: Path, session: int = SESSION) -> dict:
 
 def table(results: dict[str, dict]) -> str:
     rows = [("model", "evals", "search s", "evals/min", "confirms", "p50 s", "p90 s",
-             "ran p50 s", "ran p90 s", "to last winner s", "winners", "confirming", "verdicts",
+             "ran p50 s", "ran p90 s", "sanitizer p50 s", "rerun p50 s", "eval p50 s",
+             "to last winner s", "winners", "confirming", "verdicts",
              "sanitizer s/tool")]
     for name, r in results.items():
         if "error" in r:
-            rows.append((name, r["error"][:80], *[""] * 12))
+            rows.append((name, r["error"][:80], *[""] * 15))
             continue
 
         def f(v):
@@ -121,6 +136,8 @@ def table(results: dict[str, dict]) -> str:
         rows.append((name, str(r["evaluations"]), f(r["search_s"]), f(r["evaluations_per_min"]),
                      str(r["confirmations"]), f(r["confirm_p50_s"]), f(r["confirm_p90_s"]),
                      f(r.get("confirm_ran_p50_s")), f(r.get("confirm_ran_p90_s")),
+                     f(r.get("confirm_sanitizer_p50_s")), f(r.get("confirm_rerun_p50_s")),
+                     f(r.get("evaluation_p50_s")),
                      f(r["to_last_confirmed_s"]), f"{r['winners']}/{r['cards']}",
                      str(len(r["still_confirming"])), json.dumps(r["verdicts"]),
                      json.dumps(r["sanitizer_tool_median_s"])

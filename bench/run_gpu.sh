@@ -24,7 +24,7 @@
 #                                        # projections) and Gemma 4 decode, profile vs eager
 #                                        # device/host/wall time
 #   bash bench/run_gpu.sh generate       # tokens/s of Gemma 4 and Qwen3.5 (8 layers), 256 new
-#                                        # tokens after 2048, batch 1 and 8, growing KV cache:
+#                                        # tokens after 2048, batch 1 and 8, static KV cache:
 #                                        # eager, CUDA graphs, reduce-overhead, each +/- kforge
 #   bash bench/run_gpu.sh sanitizer      # where a confirmation's compute-sanitizer time goes
 #   bash bench/run_gpu.sh throughput     # library searches of the Llama-shaped prefill and the
@@ -127,7 +127,7 @@ case $track in
     for model in ${GENERATE_MODELS:-gemma4 qwen35}; do
       for batch in ${GENERATE_BATCHES:-1 8}; do
         step 560 python3 bench/bench_generate.py "$model" --layers 8 --batch "$batch" \
-            --prompt 2048 --new-tokens 256 --cache dynamic --modes all \
+            --prompt 2048 --new-tokens 256 --cache static --modes all \
             --out "$out/generate" --work "$work/generate-$batch"
       done
     done

@@ -128,7 +128,7 @@ STATUS_MEANS = {
     "done": "its search ended by its own stop rule",
     "stopped": "the session's search ended before this op's did; r resumes it",
     "skipped": "never searched",
-    CONFIRMING: "a would-be best kernel is under confirmation (compute-sanitizer, then re-timed "
+    CONFIRMING: "a would-be best kernel is under confirmation (compute-sanitizer, and re-timed "
                 "on new inputs in a fresh worker); it counts once confirmed",
 }
 LIBRARIES = {"native": "PyTorch's own kernel", "view": "a view or copy"}

@@ -152,7 +152,7 @@ def _action_meaning(action: str) -> str:
 
 def _outcome(row: NodeRow, outcome: EvalOutcome | None, facts: NodeFacts) -> str:
     lines = ["── outcome ──", f"status    {capped(row.status, CELL_CHARS)}" + (
-        ": a would-be best waiting for or under its confirmation (compute-sanitizer, then a "
+        ": a would-be best waiting for or under its confirmation (compute-sanitizer beside a "
         "fresh worker's re-timing); never used before it passes" if row.confirming else "")]
     if row.summary:
         lines.append(f"summary   {row.summary[:SUMMARY_SHOWN]}")

@@ -100,7 +100,7 @@ class SearchSettings(_Section):
     wall_s: float | None = checked(None, finite=True, above=0, most=366 * 24 * 3600)
     # proposals in flight at once: enough to keep every GPU worker busy
     parallel: int = checked(4, least=1, most=256)
-    # confirmations (compute-sanitizer, then a fresh worker's re-timing) in flight at once, beside
+    # confirmations (compute-sanitizer beside a fresh worker's re-timing) in flight at once, beside
     # the search's evaluations; never more than one per op
     confirmations: int = checked(2, least=1, most=64)
     # stop an op after this many iterations without improvement

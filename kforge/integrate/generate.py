@@ -38,6 +38,7 @@ import torch
 from kforge.capture.loader import first_line
 from kforge.errors import KforgeError
 from kforge.integrate.measure import KFORGE_SUFFIX, named_modes
+from kforge.integrate.patching import SessionPatch
 from kforge.runtime.guard import Patch
 
 STATIC, DYNAMIC = "static", "dynamic"
@@ -264,6 +265,10 @@ def run_generation(model: Any, input_ids: torch.Tensor, new_tokens: int, *,
                      "(transformers compiles static-cache decodes only)")
         cache = DYNAMIC
     eager_kernels = eager_kernels or kernels
+    # a region kernel replaces the forward of the module that is its region: the patch must
+    # know the model, or those kernels never run
+    kernels, eager_kernels = (k.for_model(model) if isinstance(k, SessionPatch) else k
+                              for k in (kernels, eager_kernels))
     runs = []
     for mode in modes:
         run = GenerationRun(mode)

@@ -302,6 +302,39 @@ async def test_a_new_best_is_confirmed_by_a_fresh_worker_on_new_inputs(monkeypat
     assert confirmed.confirmation.sanitizer.ok is True and seen
 
 
+async def test_the_sanitizer_and_the_fresh_evaluation_run_at_once(monkeypatch):
+    """A confirmation takes the longer of its two checks, not their sum: the fresh worker's
+    evaluation ends while the sanitizer is still running."""
+    import threading
+
+    import kforge.eval.process.sanitize as sanitize
+    from kforge.eval.process.pool import GpuEvaluator
+
+    evaluated, overlapped = threading.Event(), []
+    fresh_evaluation = GpuEvaluator._fresh_evaluation
+
+    async def watched(self, *args):
+        try:
+            return await fresh_evaluation(self, *args)
+        finally:
+            evaluated.set()
+
+    def waits_for_the_rerun(card, cand, **kw):
+        overlapped.append(evaluated.wait(30))
+        return sanitize.SanitizerReport(True, "memcheck")
+
+    monkeypatch.setattr(GpuEvaluator, "_fresh_evaluation", watched)
+    monkeypatch.setattr(sanitize, "sanitize_candidate", waits_for_the_rerun)
+    evaluator = await started()
+    try:
+        confirmed = await evaluator.confirm(CARD, candidate(), await evaluator.evaluate(
+            CARD, candidate()))
+    finally:
+        await evaluator.close()
+    assert overlapped == [True]
+    assert confirmed.ok and confirmed.confirmed and confirmed.confirmation.sanitizer.ok
+
+
 async def test_a_sanitizer_report_rejects_the_new_best(monkeypatch):
     import kforge.eval.process.sanitize as sanitize
 

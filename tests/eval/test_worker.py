@@ -6,34 +6,52 @@ from __future__ import annotations
 import io
 from types import SimpleNamespace
 
-from kforge.core.gpu import GpuInfo
+from kforge.core.candidate import EvalStatus
 from kforge.eval.process import local, worker
 from kforge.eval.process.protocol import Ready, read_frame
 from kforge.runtime import native
+from kforge.runtime.device import CpuRuntime
 from kforge.runtime.native import NativeUnavailable
+from kforge.runtime.nvrtc import Compiler
+from tests.eval.fakes import CPU_GPU, PyLoader
 
-GPU = GpuInfo(name="H200", arch="sm_90", sm_count=132)
 
-
-def fake_device(monkeypatch) -> list[str]:
-    compiled: list[str] = []
-    compiler = SimpleNamespace(compile=lambda source, arch: compiled.append(arch))
-    device = SimpleNamespace(gpu=GPU, loader=SimpleNamespace(compiler=compiler),
-                             runtime=SimpleNamespace(alive=lambda: True))
+def fake_device(monkeypatch, loader=None) -> list:
+    """The worker's device: the CPU runtime, kernels run by their Python stand-ins; the
+    loader's compiles are recorded."""
+    loader = loader or PyLoader()
+    compiled: list = []
+    compile = loader.compile
+    loader.compile = lambda candidate: compiled.append(candidate.meta) or compile(candidate)
+    device = SimpleNamespace(gpu=CPU_GPU, loader=loader, runtime=CpuRuntime())
     monkeypatch.setattr(local, "device_context", lambda index: device)
     return compiled
 
 
-def test_the_native_guard_is_built_before_the_worker_reports_ready(monkeypatch):
+def test_the_native_guard_and_a_warm_up_run_before_the_worker_reports_ready(monkeypatch):
     compiled = fake_device(monkeypatch)
     replies = io.BytesIO()
     built: list[bytes] = []
     monkeypatch.setattr(native, "library", lambda: built.append(replies.getvalue()))
     assert worker.serve(0, io.BytesIO(), replies) == 0
-    assert compiled == ["sm_90"]  # NVRTC warmed up too
+    assert compiled == [{"family": "warm-up"}]  # kforge's own kernel, evaluated once
     assert built == [b""]  # built once, before any frame was written
     replies.seek(0)
     assert isinstance(read_frame(replies), Ready)
+
+
+def test_the_warm_up_is_an_honest_evaluation_of_kforges_own_kernel(monkeypatch):
+    fake_device(monkeypatch)
+    monkeypatch.setattr(native, "library", lambda: None)
+    outcome = worker.Worker(0).warm_up()
+    assert outcome is not None and outcome.status is EvalStatus.OK, outcome.summary
+    assert outcome.timing is not None and outcome.correctness.sets
+
+
+def test_the_warm_up_kernel_compiles_with_nvrtc():
+    result = Compiler().compile(worker.WARM_UP_SOURCE, "sm_90")
+    assert result.ok, result.log
+    assert set(result.resources) == {"kforge_warm_up"}
 
 
 def test_a_worker_whose_native_guard_cannot_be_built_still_serves(monkeypatch):

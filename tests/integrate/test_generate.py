@@ -180,3 +180,30 @@ def test_bad_requests_are_refused_in_one_line():
     with pytest.raises(KforgeError, match="unknown cache"):
         run_generation(Generates(), torch.zeros(1, 2, dtype=torch.long), 2,
                        modes=parse_modes("eager", kforge=False), cache="paged")
+
+
+@needs_transformers
+def test_a_session_patch_runs_bound_to_the_generating_model(tiny, monkeypatch):
+    """Region kernels replace module forwards, so the patch active in each +kforge mode must
+    know the model that generates, or those kernels never run."""
+    from kforge.integrate.patching import SessionPatch
+    from kforge.integrate.plan import SessionPlan
+    from kforge.store.records import Session
+
+    model, prompt = tiny
+    bound_to = []
+    install = SessionPatch.install
+
+    def recording(self):
+        bound_to.append(self.model)
+        install(self)
+
+    monkeypatch.setattr(SessionPatch, "install", recording)
+    session = Session(id=1, model="gemma4-tiny", gpu={}, settings={}, status="done", error="",
+                      created_at=0.0, updated_at=0.0)
+    kernels = SessionPatch(SessionPlan(session, []), KernelTable(), [])
+    result = run_generation(model, prompt, 2, modes=parse_modes("eager"), kernels=kernels,
+                            cache=DYNAMIC, reps=1)
+    assert result.run("eager+kforge").tokens is not None
+    assert bound_to and all(m is model for m in bound_to)
+    assert kernels.model is None  # the caller's patch is left as it was given

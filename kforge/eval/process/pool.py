@@ -11,8 +11,8 @@ outcome says what happened (TIMEOUT, CRASH), the spare takes its place and the s
 worker that has run a candidate can never weigh on the verdict of another: it is replaced after any
 crash or failure, and in any case after ``recycle_after`` evaluations. A candidate about to become
 an op's best is confirmed before it counts (``confirm``, which the engine runs beside the search):
-compute-sanitizer runs it, and a worker that has run nothing before (the spare) times it again on
-new inputs.
+compute-sanitizer runs it while a worker that has run nothing before (the spare) evaluates and
+times it again on new inputs.
 """
 
 from __future__ import annotations
@@ -339,13 +339,16 @@ class GpuEvaluator:
         compute-sanitizer's message if it reports anything, else the candidate's evaluation on
         new inputs by a worker that has run nothing before (its speedup is the one reported).
 
-        Both run beside the search's evaluations, holding the GPU only as any evaluation does:
-        alone while timed, shared otherwise."""
+        The sanitizer and the fresh worker's evaluation run at once (a confirmation takes the
+        longer of the two, not their sum), each in a process of its own, so neither verdict
+        depends on the other; a sanitizer report ends the evaluation. Both run beside the
+        search's evaluations, holding the GPU only as any evaluation does: alone while timed,
+        shared otherwise."""
         where = outcome.placement.device if outcome.placement else ""
         device = int(where.split(":")[1]) if where.startswith("cuda:") else self.devices[0]
         facts = replace(outcome.confirmation or Confirmation(), first_speedup=outcome.speedup)
         stop = threading.Event()  # a confirmation cancelled (superseded) ends its sanitizer run
-        fresh: WorkerProcess | None = None
+        rerun = asyncio.create_task(self._fresh_evaluation(card, candidate, device))
         try:
             if self.settings.get("sanitize", EvalSettings.sanitize):
                 report = await asyncio.to_thread(self._sanitize, card, candidate, outcome, device,
@@ -355,18 +358,15 @@ class GpuEvaluator:
                     return replace(outcome.judged_again(
                         EvalStatus.MISMATCH if report.ran else EvalStatus.INFRA, report.message),
                         confirmation=facts)
-            fresh = await self._fresh(device)
-            request = Evaluate(card, candidate, self.samples_dir,
-                               confirmation_settings(self.settings))
-            reply = await fresh.request(request, self.timeout_s)
+            reply = await rerun
         except (KforgeError, TimeoutError, WorkerGone) as exc:
             return replace(outcome.judged_again(EvalStatus.INFRA,
                                                 f"the confirmation run failed: {exc}"),
                            confirmation=facts)
         finally:
             stop.set()
-            if fresh is not None:
-                await fresh.kill()
+            rerun.cancel()
+            await asyncio.gather(rerun, return_exceptions=True)  # its worker is gone
         if not isinstance(reply, Evaluated):
             return replace(outcome.judged_again(EvalStatus.INFRA,
                                                 f"the confirmation run answered {reply!r}"),
@@ -375,6 +375,19 @@ class GpuEvaluator:
         return replace(again, confirmation=replace(
             again.confirmation or Confirmation(), first_speedup=facts.first_speedup,
             sanitizer=facts.sanitizer, confirmed=True))
+
+    async def _fresh_evaluation(self, card: OpCard, candidate: Candidate, device: int) -> Reply:
+        """``candidate`` evaluated on new inputs by a worker that has run nothing before; the
+        worker ends with the request (or its cancellation)."""
+        fresh: WorkerProcess | None = None
+        try:
+            fresh = await self._fresh(device)
+            request = Evaluate(card, candidate, self.samples_dir,
+                               confirmation_settings(self.settings))
+            return await fresh.request(request, self.timeout_s)
+        finally:
+            if fresh is not None:
+                await fresh.kill()
 
     def _sanitize(self, card: OpCard, candidate: Candidate, outcome: EvalOutcome,
                   device: int, stop: threading.Event) -> SanitizerReport:

@@ -34,6 +34,7 @@ from kforge.eval.process.protocol import (
 )
 
 if TYPE_CHECKING:
+    from kforge.core.candidate import EvalOutcome
     from kforge.core.opcard import OpCard
 
 EXIT_RESTART = 3
@@ -41,8 +42,25 @@ EXIT_RESTART = 3
 # sets, copies and references of an evaluation take several times its inputs.
 LARGE_SHARE = 16
 EXIT_FATAL = 2
-# Compiled once at start so that the first candidate does not pay NVRTC's start-up.
-WARM_UP_SOURCE = 'extern "C" __global__ void kforge_warm_up(float* x) { x[threadIdx.x] = 0.f; }'
+# kforge's own relu, evaluated once as the worker starts (``Worker.warm_up``): the first
+# evaluation in a process pays NVRTC's start-up, CUPTI's counter set-up, the lazy imports and
+# the CUDA libraries' handles, seconds that belong to the start (a spare pays them before it is
+# needed), not to the first candidate's time. NaN < 0 is false: NaN passes, as in torch.relu.
+WARM_UP_SOURCE = r"""
+extern "C" __global__ void kforge_warm_up(const float* x, float* y, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x)
+        y[i] = x[i] < 0.f ? 0.f : x[i];
+}
+"""
+WARM_UP_PLAN = {
+    "let": {"n": "self.numel"},
+    "requires": ["self.is_contiguous", "self.dtype == 'float32'"],
+    "outputs": [{"name": "out", "like": "self"}],
+    "launches": [{"kernel": "kforge_warm_up", "grid": ["min(ceil_div(n, 256), 65536)"],
+                  "block": [256], "params": [{"ptr": "self"}, {"ptr": "out"}, {"i64": "n"}]}],
+}
+WARM_UP_ELEMENTS = 4096
 
 
 def card_bytes(card: OpCard) -> int:
@@ -58,11 +76,33 @@ class Worker:
         from kforge.runtime import native
 
         self.ctx = device_context(device)
-        self.ctx.loader.compiler.compile(WARM_UP_SOURCE, self.ctx.gpu.arch)
         # The host-cost check patches the op through the native guard; building it (seconds,
         # once per torch build) belongs to the worker's start, not to the first candidate's
         # time limit. Where it cannot be built the Python guard serves, as in integration.
         native.available()
+        self.warm_up()
+
+    def warm_up(self) -> EvalOutcome | None:
+        """Evaluate kforge's own relu as a candidate is evaluated, and start cuBLAS and cuDNN
+        (which most references call): what a process pays once is paid here. Not a candidate:
+        the worker has still run none. Its outcome, or None where it could not run."""
+        import torch
+
+        from kforge.core.candidate import Candidate
+        from kforge.core.opcard import OpCard
+
+        card = OpCard("aten.relu.default", [{"t": "tensor", "shape": [WARM_UP_ELEMENTS],
+                                            "stride": [1], "dtype": "float32", "offset": 0}])
+        request = Evaluate(card, Candidate(WARM_UP_SOURCE, plan=WARM_UP_PLAN,
+                                           meta={"family": "warm-up"}), None, {})
+        reply = self.handle(request)
+        if self.ctx.runtime.device.type == "cuda" and self.ctx.runtime.alive():
+            with self.ctx.runtime.shared(), torch.no_grad():
+                x = torch.ones(64, 64, device=self.ctx.runtime.device, dtype=torch.float16)
+                x @ x
+                torch.nn.functional.conv2d(x.view(1, 1, 64, 64), x[:3, :3].reshape(1, 1, 3, 3))
+                torch.cuda.synchronize(self.ctx.runtime.device)
+        return reply.outcome if isinstance(reply, Evaluated) else None
 
     def handle(self, request: Evaluate | MeasureBaseline | Ping) -> Reply:
         """The reply to one request; it says whether the process must restart afterwards. It
