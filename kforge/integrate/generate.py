@@ -18,9 +18,13 @@ The cache is the one users take for speed, a static cache (``cache_implementatio
 fixed shapes, so CUDA graphs and torch.compile apply), where the model supports one; otherwise
 the dynamic cache, with a note, and the CUDA graph and compiled modes are not measured
 (transformers compiles static-cache decodes only). Each mode runs once untimed (compiling or
-capturing), then ``reps`` timed generates; tokens per second are the new tokens of the whole
-batch over the median wall time of one ``generate`` (prefill included, as a user waits for it).
-The modes run one after another, each on the same prompt.
+capturing), once as its trial, then ``reps`` timed generates; tokens per second are the new
+tokens of the whole batch over the median wall time of one ``generate`` (prefill included, as a
+user waits for it). The modes run one after another, each on the same prompt. A ``+kforge`` mode
+whose trial is no faster than its mode's trial is handed back, as kforge hands a mode back
+wherever its kernels do not make the whole model faster: its row shows the mode's own figures,
+labelled so, with the speed kforge's kernels were tried at (the choice is made on the trials, the
+figures are the timed runs, so the choice does not pick the luckier of two timings).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import torch
 
 from kforge.capture.loader import first_line
 from kforge.errors import KforgeError
-from kforge.integrate.measure import KFORGE_SUFFIX, named_modes
+from kforge.integrate.measure import KFORGE_SUFFIX, named_modes, own_run
 from kforge.integrate.patching import SessionPatch
 from kforge.runtime.guard import Patch
 
@@ -86,6 +90,8 @@ class GenerationRun:
     first_divergence: int | None = None  # the first new token that differs from eager's
     kernels: str = ""  # what kforge's kernels did in one generate
     error: str = ""
+    trial_s: float | None = None  # one generate after the setup, for the keep-or-hand-back choice
+    tried: float | None = None  # a +kforge mode handed back: its trial's speed over its base's
 
     @property
     def median_s(self) -> float | None:
@@ -148,7 +154,8 @@ class GenerationResult:
                           "median_s": r.median_s, "seconds": r.seconds, "setup_s": r.setup_s,
                           "first_divergence": r.first_divergence, "kernels": r.kernels,
                           "error": r.error, "kforge_gain": self.gain(r.mode.base)
-                          if r.mode.kforge else None} for r in self.runs]}
+                          if r.mode.kforge else None, "trial_s": r.trial_s,
+                          "handed_back_tried": r.tried} for r in self.runs]}
 
 
 def agreement(run: GenerationRun) -> str:
@@ -243,11 +250,16 @@ def compile_config(mode: GenerationMode, compile_mode: str, kernels: Patch | Non
 def run_generation(model: Any, input_ids: torch.Tensor, new_tokens: int, *,
                    modes: list[GenerationMode], kernels: Patch | None = None,
                    eager_kernels: Patch | None = None, cache: str = STATIC,
-                   compile_mode: str = "reduce-overhead", reps: int = 3) -> GenerationResult:
+                   compile_mode: str = "reduce-overhead", reps: int = 3,
+                   hand_back: bool = True) -> GenerationResult:
     """Generate ``new_tokens`` tokens after ``input_ids`` in each of ``modes``. ``kernels``:
     kforge's kernels for the CUDA graph and compiled modes (every winner), ``eager_kernels`` for
     eager + kforge (default: the same). ``cache``: STATIC, falling back to DYNAMIC with a note
-    where the model has no static cache."""
+    where the model has no static cache.
+
+    With ``hand_back``, a ``+kforge`` mode whose trial generate (the one after its setup, before
+    the timed ones) is no faster than its mode's runs that mode alone, as a user of kforge would:
+    its row shows the mode's own figures and says so, with the speed its kernels were tried at."""
     if not hasattr(model, "generate"):
         raise KforgeError(f"{type(model).__name__} has no generate(): the generation benchmark "
                           "runs transformers language models")
@@ -279,8 +291,10 @@ def run_generation(model: Any, input_ids: torch.Tensor, new_tokens: int, *,
         if mode.kind == GRAPHS and device.type != "cuda":
             run.error = "not measured: CUDA graphs need a CUDA GPU"
             continue
+        base = next((r for r in runs if r.mode.id == mode.base), None) if mode.kforge else None
         _measure(run, model, input_ids, new_tokens, cache=cache, compile_mode=compile_mode,
-                 kernels=eager_kernels if mode.kind == EAGER else kernels, reps=reps)
+                 kernels=eager_kernels if mode.kind == EAGER else kernels, reps=reps,
+                 against=base if hand_back and base is not None and base.trial_s else None)
     result = GenerationResult(runs, cache, input_ids.shape[1], new_tokens, input_ids.shape[0],
                               notes)
     eager = result.run(EAGER)
@@ -292,7 +306,11 @@ def run_generation(model: Any, input_ids: torch.Tensor, new_tokens: int, *,
 
 
 def _measure(run: GenerationRun, model: Any, input_ids: torch.Tensor, new_tokens: int, *,
-             cache: str, compile_mode: str, kernels: Patch | None, reps: int) -> None:
+             cache: str, compile_mode: str, kernels: Patch | None, reps: int,
+             against: GenerationRun | None = None) -> None:
+    """Set up ``run``'s mode (the first generate), try it once, then time ``reps`` generates;
+    with ``against`` (its mode without kforge), a trial no faster than that mode's hands the
+    mode back: ``run`` takes the mode's own figures."""
     mode = run.mode
     device = input_ids.device
     patch = kernels if mode.kforge and mode.kind != COMPILE else None
@@ -322,6 +340,13 @@ def _measure(run: GenerationRun, model: Any, input_ids: torch.Tensor, new_tokens
                 hits = patch.report().hits
                 run.kernels = f"{hits} calls" + (" while capturing" if mode.kind == GRAPHS
                                                  else "")
+            tokens = one()
+            run.trial_s = run.seconds.pop()
+            if against is not None and against.trial_s <= run.trial_s:
+                run.tried = against.trial_s / run.trial_s
+                run.seconds, run.tokens = list(against.seconds), against.tokens
+                run.kernels = (f"{own_run(mode.base)}: kforge's tried at {run.tried:.2f}x")
+                return
             for _ in range(reps):
                 tokens = one()
         run.tokens = tokens.cpu()

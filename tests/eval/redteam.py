@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -78,7 +79,9 @@ class Case:
     summary (``gpu_needle`` where a GPU's run reads otherwise, on ``gpu_card`` where a GPU
     needs a larger one). ``modelled`` cases are timed on the CPU by the bytes they touch (a known
     floor); ``by="sanitizer"`` cases are judged by compute-sanitizer, not by the evaluation;
-    ``notes`` say what a case does that its name does not."""
+    ``notes`` say what a case does that its name does not; ``or_else``: other verdicts, each a
+    status and its needle, that reject it as rightly (which check fires first can depend on the
+    values the evaluation draws)."""
 
     klass: str
     name: str
@@ -94,10 +97,18 @@ class Case:
     gpu_card: Callable[[], OpCard] | None = None
     gpu_needle: str | None = None
     notes: str = ""
+    or_else: tuple[tuple[EvalStatus, str], ...] = ()
 
     @property
     def id(self) -> str:
         return f"{self.klass}-{self.name}"
+
+    def rejects(self, status: EvalStatus, summary: str, gpu: bool = False) -> bool:
+        """Whether a verdict is one this case must get: its status with its needle found in
+        the summary, or one of ``or_else``."""
+        needle = (self.gpu_needle or self.needle) if gpu else self.needle
+        return any(status is want and re.search(pattern, summary)
+                   for want, pattern in ((self.status, needle), *self.or_else))
 
 
 def fixed(candidate: Candidate) -> Callable[[EvalSettings, str], Candidate]:
@@ -715,7 +726,9 @@ VALUES_CASES = [
          EvalStatus.MISMATCH, r"stress: large magnitudes \(seed 11\), run 1, result 0|part of "
          r"its values changed in place, result 0", sample=masked_scores,
          gpu_needle=r"stress: (large magnitudes|moving mask)|part of its values changed in place",
-         notes="a partial update that unmasks a padded column catches it first"),
+         notes="a partial update that unmasks a padded column catches it first",
+         or_else=((EvalStatus.CHEAT, r"part of its values changed in place: the candidate "
+                   r"returned its previous result"),)),
     Case(VALUES, "relu-where-sample-positive", lambda: C.relu_card(RELU_SHAPE),
          fixed(relu_where_sample_positive()), EvalStatus.MISMATCH,
          r"sample 0 with new values at the same addresses, result 0: \d+ of 512 elements beyond "

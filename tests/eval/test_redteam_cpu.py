@@ -50,8 +50,8 @@ def test_every_red_team_case_is_rejected_for_its_class(case, tmp_path):
     card = case.card()
     outcome = evaluate(card, case.candidate(case.settings, "cpu"), settings=case.settings,
                        sample=case.sample, modelled=case.modelled, samples_dir=tmp_path)
-    assert outcome.status is case.status, f"{case.id}: {outcome.status} {outcome.summary}"
-    assert re.search(case.needle, outcome.summary), f"{case.id} ({case.notes}): {outcome.summary}"
+    assert case.rejects(outcome.status, outcome.summary), (
+        f"{case.id} ({case.notes}): {outcome.status} {outcome.summary}")
     if case.status is EvalStatus.LAUNCH_ERROR:
         assert outcome.status.repairable  # the summary names the field to fix
 

@@ -6,6 +6,7 @@ a note. GPU runs of the real models are in ``test_generate_gpu``."""
 from __future__ import annotations
 
 import importlib.util
+import time
 
 import pytest
 import torch
@@ -125,7 +126,7 @@ def test_a_range_kernel_serves_every_step_of_a_dynamic_cache_generation(tiny):
     kernels = Patch(KernelTable([Entry(CAT, card.args, card.kwargs, runner, torch.device("cpu"),
                                        label="kv append", key=card.key, ranges=card.ranges)]))
     result = run_generation(model, prompt, 4, modes=parse_modes("eager"), kernels=kernels,
-                            cache=DYNAMIC, reps=1)
+                            cache=DYNAMIC, reps=1, hand_back=False)
     eager, patched = result.run(EAGER), result.run("eager+kforge")
     assert eager.tokens.shape == patched.tokens.shape == (1, 4)
     assert patched.first_divergence is None and agreement(patched) == "same"
@@ -207,3 +208,29 @@ def test_a_session_patch_runs_bound_to_the_generating_model(tiny, monkeypatch):
     assert result.run("eager+kforge").tokens is not None
     assert bound_to and all(m is model for m in bound_to)
     assert kernels.model is None  # the caller's patch is left as it was given
+
+
+class SlowRange(CountingRange):
+    """The KV append, served slowly: kforge's kernel loses to eager's."""
+
+    def at(self, point):
+        time.sleep(0.05)
+        return super().at(point)
+
+
+@needs_transformers
+def test_a_kforge_mode_no_faster_in_its_trial_is_handed_back(tiny):
+    model, prompt = tiny
+    card = kv_append_range(model, prompt)
+    kernels = Patch(KernelTable([Entry(CAT, card.args, card.kwargs, SlowRange(),
+                                       torch.device("cpu"), label="kv append", key=card.key,
+                                       ranges=card.ranges)]))
+    result = run_generation(model, prompt, 4, modes=parse_modes("eager"), kernels=kernels,
+                            cache=DYNAMIC, reps=2)
+    eager, patched = result.run(EAGER), result.run("eager+kforge")
+    assert patched.tried is not None and patched.tried < 1.0
+    assert patched.kernels.startswith("no kernels (eager's own): kforge's tried at 0.")
+    assert patched.seconds == eager.seconds and torch.equal(patched.tokens, eager.tokens)
+    assert result.gain(EAGER) == 1.0 and patched.trial_s > eager.trial_s
+    row = result.to_dict()["runs"][1]
+    assert row["handed_back_tried"] == patched.tried and row["kforge_gain"] == 1.0
