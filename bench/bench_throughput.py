@@ -7,7 +7,8 @@ Per model: ``kforge profile``, then ``kforge search --proposer library --top 6 -
 database: evaluations per minute of search, the confirmations' latency (queued to verdict,
 which includes the wait for the op's search to settle) p50/p90, their own run time (the
 re-check, re-timing and sanitizer) p50/p90 and its two parts run at once (the sanitizer, the fresh
-worker's evaluation) p50 beside a search evaluation's p50, how many passed, failed or gave way, the
+worker's evaluation) p50 beside a search evaluation's p50, the seconds the baselines spent in
+torch.compile, how many passed, failed or gave way, the
 sanitizer's seconds per tool (median; cached verdicts counted apart), the wall time from the
 first node to the last confirmed winner, and the would-be bests still confirming at the end.
 
@@ -70,7 +71,7 @@ def summarize(db: Path, session: int = SESSION) -> dict:
     nodes = con.execute("SELECT n.id, n.status, n.confirmed, n.created_at, n.card_id, "
                         "e.outcome FROM nodes n LEFT JOIN evaluations e ON e.node_id = n.id "
                         "WHERE n.session_id = ? ORDER BY n.id", (session,)).fetchall()
-    cards = con.execute("SELECT id, best_node FROM op_cards WHERE session_id = ? AND "
+    cards = con.execute("SELECT id, best_node, baseline FROM op_cards WHERE session_id = ? AND "
                         "status != 'skipped' AND spent > 0", (session,)).fetchall()
     con.close()
     evaluated = [n for n in nodes if n["outcome"] is not None]
@@ -100,6 +101,9 @@ def summarize(db: Path, session: int = SESSION) -> dict:
             tools.setdefault(tool, []).append(seconds)
     first = min((n["created_at"] for n in nodes), default=None)
     winners = [c["best_node"] for c in cards if c["best_node"] is not None]
+    # the workers' time on baselines, most of it torch.compile of each searched op
+    compile_s = sum(json.loads(c["baseline"]).get("compile_s") or 0.0
+                    for c in cards if c["baseline"])
     return {
         "evaluations": len(evaluated), "search_s": round(run_s, 1),
         "evaluations_per_min": round(60 * len(evaluated) / run_s, 1) if run_s else None,
@@ -116,6 +120,7 @@ def summarize(db: Path, session: int = SESSION) -> dict:
         "to_last_confirmed_s": (round(max(confirmed_at) - first, 1)
                                 if confirmed_at and first is not None else None),
         "cards": len(cards), "winners": len(winners),
+        "baseline_compile_s": round(compile_s, 1),
         "still_confirming": [n["id"] for n in nodes if n["status"] == "confirming"],
     }
 
@@ -123,11 +128,11 @@ def summarize(db: Path, session: int = SESSION) -> dict:
 def table(results: dict[str, dict]) -> str:
     rows = [("model", "evals", "search s", "evals/min", "confirms", "p50 s", "p90 s",
              "ran p50 s", "ran p90 s", "sanitizer p50 s", "rerun p50 s", "eval p50 s",
-             "to last winner s", "winners", "confirming", "verdicts",
+             "baseline compile s", "to last winner s", "winners", "confirming", "verdicts",
              "sanitizer s/tool")]
     for name, r in results.items():
         if "error" in r:
-            rows.append((name, r["error"][:80], *[""] * 15))
+            rows.append((name, r["error"][:80], *[""] * 16))
             continue
 
         def f(v):
@@ -137,7 +142,7 @@ def table(results: dict[str, dict]) -> str:
                      str(r["confirmations"]), f(r["confirm_p50_s"]), f(r["confirm_p90_s"]),
                      f(r.get("confirm_ran_p50_s")), f(r.get("confirm_ran_p90_s")),
                      f(r.get("confirm_sanitizer_p50_s")), f(r.get("confirm_rerun_p50_s")),
-                     f(r.get("evaluation_p50_s")),
+                     f(r.get("evaluation_p50_s")), f(r.get("baseline_compile_s")),
                      f(r["to_last_confirmed_s"]), f"{r['winners']}/{r['cards']}",
                      str(len(r["still_confirming"])), json.dumps(r["verdicts"]),
                      json.dumps(r["sanitizer_tool_median_s"])
