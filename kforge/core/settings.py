@@ -183,8 +183,11 @@ class EvalSettings(_Section):
     # evaluations a worker serves before a fresh one replaces it
     recycle_after: int = checked(20, least=1)
     # workers evaluating side by side on each GPU: their checks overlap, their timed sections
-    # take turns holding the GPU alone (a spare beside them replaces one at once)
+    # take turns holding the GPU alone
     workers: int = checked(2, least=1)
+    # workers kept started beside them on each GPU, having run nothing: one replaces a recycled
+    # worker, or re-times a confirmation, at once (two confirmations may run at a time)
+    spares: int = checked(2, least=1, most=16)
     sanitize: bool = True  # a new best runs under compute-sanitizer before it counts
     counters: bool = True  # a correct candidate's kernels are measured with hardware counters
 

@@ -345,7 +345,7 @@ def _measure(run: GenerationRun, model: Any, input_ids: torch.Tensor, new_tokens
             if against is not None and against.trial_s <= run.trial_s:
                 run.tried = against.trial_s / run.trial_s
                 run.seconds, run.tokens = list(against.seconds), against.tokens
-                run.kernels = (f"{own_run(mode.base)}: kforge's tried at {run.tried:.2f}x")
+                run.kernels = f"{own_run(mode.base)}: kforge's tried at {run.tried:.2f}x"
                 return
             for _ in range(reps):
                 tokens = one()

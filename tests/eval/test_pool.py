@@ -335,6 +335,41 @@ async def test_the_sanitizer_and_the_fresh_evaluation_run_at_once(monkeypatch):
     assert confirmed.ok and confirmed.confirmed and confirmed.confirmation.sanitizer.ok
 
 
+async def test_two_confirmations_at_once_each_find_a_spare_started_ahead(monkeypatch):
+    """``spares`` workers per GPU start with the pool: two confirmations at once each re-time on
+    a worker that was started (and warmed up) before they began, none waiting for a process."""
+    import kforge.eval.process.sanitize as sanitize
+    from kforge.eval.process.pool import WorkerProcess
+
+    monkeypatch.setattr(sanitize, "sanitize_candidate",
+                        lambda card, cand, **kw: sanitize.SanitizerReport(True, "memcheck"))
+    started_pids: list[int] = []
+    start = WorkerProcess.start
+
+    async def recording(self, timeout_s):
+        info = await start(self, timeout_s)
+        started_pids.append(self.process.pid)
+        return info
+
+    monkeypatch.setattr(WorkerProcess, "start", recording)
+    evaluator = await started(settings={"spares": 2})
+    try:
+        first = await evaluator.evaluate(CARD, candidate())
+        for _ in range(200):  # the spares start in the background
+            if len(started_pids) == 3:
+                break
+            await asyncio.sleep(0.05)
+        ahead = list(started_pids)
+        confirmed = await asyncio.gather(evaluator.confirm(CARD, candidate(), first),
+                                         evaluator.confirm(CARD, candidate(), first))
+    finally:
+        await evaluator.close()
+    assert len(ahead) == 3  # one worker and two spares
+    pids = [worker_said(c)["pid"] for c in confirmed]
+    assert len(set(pids)) == 2 and set(pids) <= set(ahead[1:])
+    assert all(c.confirmed for c in confirmed)
+
+
 async def test_a_sanitizer_report_rejects_the_new_best(monkeypatch):
     import kforge.eval.process.sanitize as sanitize
 

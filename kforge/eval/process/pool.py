@@ -3,7 +3,7 @@ over them.
 
 Workers of one GPU evaluate side by side: compiles and correctness checks overlap, and only timed
 sections hold the GPU alone (``kforge.runtime.gpulock``), so a timing is the candidate's own. Each
-GPU also has a *spare*: a worker started ahead of need that has run nothing, so that replacing a
+GPU also has ``spares``: workers started ahead of need that have run nothing, so that replacing a
 worker or confirming a new best never waits for a process to start.
 
 A worker that hangs past the timeout is killed, one that dies is noted; either way the candidate's
@@ -198,7 +198,9 @@ class GpuEvaluator:
         self._working: set[WorkerProcess] = set()
         self._alive = 0
         self._respawns: set[asyncio.Task] = set()
-        self._spares: dict[int, asyncio.Task[WorkerProcess]] = {}  # device -> a worker starting
+        self.spares = int(self.settings.get("spares", EvalSettings.spares))
+        # device -> its spare workers, each started (or starting) ahead of need
+        self._spares: dict[int, deque[asyncio.Task[WorkerProcess]]] = {}
 
     @property
     def exhausted(self) -> bool:
@@ -222,12 +224,13 @@ class GpuEvaluator:
         self._alive = len(workers)
         self.gpu = self.gpus[self.devices[0]]
         for device in self.devices:
-            self._start_spare(device)
+            for _ in range(self.spares):
+                self._start_spare(device)
 
     def _start_spare(self, device: int) -> None:
-        """Start GPU ``device``'s spare worker in the background."""
-        self._spares[device] = asyncio.create_task(
-            self._started(WorkerProcess(device, self.command(device))))
+        """Start a spare worker of GPU ``device`` in the background."""
+        self._spares.setdefault(device, deque()).append(asyncio.create_task(
+            self._started(WorkerProcess(device, self.command(device)))))
 
     async def _started(self, worker: WorkerProcess) -> WorkerProcess:
         try:
@@ -238,13 +241,16 @@ class GpuEvaluator:
         return worker
 
     async def _fresh(self, device: int) -> WorkerProcess:
-        """A worker of GPU ``device`` that has run nothing: the spare (started ahead of need),
-        with the next spare started in its place. KforgeError when none would start."""
+        """A worker of GPU ``device`` that has run nothing: a spare (started ahead of need; one
+        that is ready before one still starting), with the next spare started in its place.
+        KforgeError when none would start."""
         why: BaseException | None = None
         for _ in range(RESPAWN_TRIES):
-            if device not in self._spares:
+            waiting = self._spares.setdefault(device, deque())
+            if not waiting:
                 self._start_spare(device)
-            spare = self._spares.pop(device)
+            spare = next((t for t in waiting if t.done()), waiting[0])
+            waiting.remove(spare)
             self._start_spare(device)
             try:
                 return await spare
@@ -429,7 +435,7 @@ class GpuEvaluator:
             task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.gather(*self._respawns, return_exceptions=True)
-        spares = list(self._spares.values())
+        spares = [task for waiting in self._spares.values() for task in waiting]
         self._spares.clear()
         for task in spares:
             task.cancel()  # one still starting is killed; one started is stopped below
