@@ -97,22 +97,24 @@ def main() -> int:
 
     if not torch.cuda.is_available():
         print("note: no CUDA GPU: CUDA graph modes are not measured, kforge's kernels not loaded")
-    kernels = eager_kernels = None
+    kernels = eager_kernels = searched = None
     spec, options = args.model, ModelOptions(dtype=args.dtype, batch=args.batch,
                                              layers=args.layers)
     if not args.no_kforge and torch.cuda.is_available():
-        db, session = ((db_path(args.db), args.session) if args.session
-                       else searched_session(args))
-        stored = read_plan(db, session).session
+        searched = ((db_path(args.db), args.session) if args.session
+                    else searched_session(args))
+        stored = read_plan(*searched).session
         spec, settings = stored.model, stored.settings
         options = ModelOptions(dtype=settings.get("dtype"), batch=settings.get("batch"),
                                layers=settings.get("layers"))
-        kernels = patch(session, db=db, cuda_graphs=True)  # every winner
-        eager_kernels = projected_patch(kernels)  # those worth their guard outside graphs
-        print(kernels.report())
     loaded = load_model(spec, ModelOptions(dtype=options.dtype, batch=options.batch,
                                            layers=options.layers, mode="prefill",
                                            seq_len=args.prompt))
+    if searched is not None:  # every winner, bound to the model (its region kernels run)
+        db, session = searched
+        kernels = patch(session, db=db, cuda_graphs=True).for_model(loaded.model)
+        eager_kernels = projected_patch(kernels)  # those worth their guard outside graphs
+        print(kernels.report())
     prompt = loaded.kwargs.get("input_ids")
     if prompt is None:
         raise SystemExit(f"{spec} takes no input_ids: the generation benchmark runs language "
