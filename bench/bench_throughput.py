@@ -6,11 +6,12 @@ Per model: ``kforge profile``, then ``kforge search --proposer library --top 6 -
 --parallel 4`` (within ``--time``, a bound that should not bind), then from the session's
 database: evaluations per minute of search, the confirmations' latency (queued to verdict,
 which includes the wait for the op's search to settle) p50/p90, their own run time (the
-re-check, re-timing and sanitizer) p50/p90 and its two parts run at once (the sanitizer, the fresh
-worker's evaluation) p50 beside a search evaluation's p50, the seconds the baselines spent in
-torch.compile, how many passed, failed or gave way, the
-sanitizer's seconds per tool (median; cached verdicts counted apart), the wall time from the
-first node to the last confirmed winner, and the would-be bests still confirming at the end.
+re-check, re-timing and sanitizer) p50/p90 and its two parts run at once (the sanitizer, the
+fresh worker's evaluation) p50 beside a search evaluation's p50, the seconds the baselines spent
+in torch.compile, the share of the search workers' time their evaluations took, how many passed,
+failed or gave way, the sanitizer's seconds per tool (median; cached verdicts counted apart), the
+wall time from the first node to the last confirmed winner, and the would-be bests still
+confirming at the end.
 
 Run on a GPU machine from the repository root (about 3 minutes a model):
     python3 bench/bench_throughput.py [--models llama,unet] [--time 140s] [--out DIR]
@@ -67,7 +68,9 @@ def summarize(db: Path, session: int = SESSION) -> dict:
     """The figures of one searched session, read from its database."""
     con = sqlite3.connect(db)
     con.row_factory = sqlite3.Row
-    run_s = con.execute("SELECT run_seconds FROM sessions WHERE id = ?", (session,)).fetchone()[0]
+    run_s, settings = con.execute("SELECT run_seconds, settings FROM sessions WHERE id = ?",
+                                  (session,)).fetchone()
+    workers = (json.loads(settings or "{}").get("eval") or {}).get("workers") or 1
     nodes = con.execute("SELECT n.id, n.status, n.confirmed, n.created_at, n.card_id, "
                         "e.outcome FROM nodes n LEFT JOIN evaluations e ON e.node_id = n.id "
                         "WHERE n.session_id = ? ORDER BY n.id", (session,)).fetchall()
@@ -115,6 +118,9 @@ def summarize(db: Path, session: int = SESSION) -> dict:
         "confirm_sanitizer_p50_s": percentile(sanitizer_runs, 0.5),
         "confirm_rerun_p50_s": percentile(reruns, 0.5),
         "evaluation_p50_s": percentile(walls, 0.5),  # one search evaluation, in its worker
+        # the share of the search workers' time spent on search evaluations (the rest: baselines,
+        # replacements, waiting for work)
+        "workers_busy": round(sum(walls) / (run_s * workers), 2) if run_s else None,
         "sanitizer_tool_median_s": {t: round(statistics.median(v), 2) for t, v in tools.items()},
         "sanitizer_cached": cached,
         "to_last_confirmed_s": (round(max(confirmed_at) - first, 1)
@@ -128,11 +134,11 @@ def summarize(db: Path, session: int = SESSION) -> dict:
 def table(results: dict[str, dict]) -> str:
     rows = [("model", "evals", "search s", "evals/min", "confirms", "p50 s", "p90 s",
              "ran p50 s", "ran p90 s", "sanitizer p50 s", "rerun p50 s", "eval p50 s",
-             "baseline compile s", "to last winner s", "winners", "confirming", "verdicts",
-             "sanitizer s/tool")]
+             "baseline compile s", "workers busy", "to last winner s", "winners", "confirming",
+             "verdicts", "sanitizer s/tool")]
     for name, r in results.items():
         if "error" in r:
-            rows.append((name, r["error"][:80], *[""] * 16))
+            rows.append((name, r["error"][:80], *[""] * 17))
             continue
 
         def f(v):
@@ -143,6 +149,7 @@ def table(results: dict[str, dict]) -> str:
                      f(r.get("confirm_ran_p50_s")), f(r.get("confirm_ran_p90_s")),
                      f(r.get("confirm_sanitizer_p50_s")), f(r.get("confirm_rerun_p50_s")),
                      f(r.get("evaluation_p50_s")), f(r.get("baseline_compile_s")),
+                     f(r.get("workers_busy")),
                      f(r["to_last_confirmed_s"]), f"{r['winners']}/{r['cards']}",
                      str(len(r["still_confirming"])), json.dumps(r["verdicts"]),
                      json.dumps(r["sanitizer_tool_median_s"])
