@@ -79,7 +79,7 @@ def summarize(db: Path, session: int = SESSION) -> dict:
     con.close()
     evaluated = [n for n in nodes if n["outcome"] is not None]
     latencies, runs, tools, cached, verdicts, confirmed_at = [], [], {}, 0, {}, []
-    sanitizer_runs, reruns, walls = [], [], []
+    sanitizer_runs, reruns, walls, waits, spans = [], [], [], [], {}
     for n in evaluated:
         outcome = EvalOutcome.from_dict(json.loads(n["outcome"]))
         c = outcome.confirmation or Confirmation()
@@ -97,6 +97,12 @@ def summarize(db: Path, session: int = SESSION) -> dict:
                 confirmed_at.append(c.at)
         else:
             walls.append(outcome.wall_s)
+            where = outcome.placement
+            if where is not None and where.gpu_wait_s is not None:
+                waits.append(where.gpu_wait_s)
+            if where is not None and where.worker is not None and where.started_at is not None:
+                spans.setdefault(where.worker, []).append(
+                    (where.started_at, where.started_at + outcome.wall_s))
         sanitizer = c.sanitizer or SanitizerReport(True)
         if sanitizer.cached:
             cached += 1
@@ -121,6 +127,11 @@ def summarize(db: Path, session: int = SESSION) -> dict:
         # the share of the search workers' time spent on search evaluations (the rest: baselines,
         # replacements, waiting for work)
         "workers_busy": round(sum(walls) / (run_s * workers), 2) if run_s else None,
+        # of it, the time spent waiting for the GPU's lock (timed sections take turns)
+        "gpu_wait_p50_s": percentile(waits, 0.5),
+        "gpu_wait_share": round(sum(waits) / sum(walls), 2) if waits and sum(walls) else None,
+        # a search worker's time from one evaluation's end to the next one's start
+        "worker_gap_p50_s": percentile(gaps_between(spans), 0.5),
         "sanitizer_tool_median_s": {t: round(statistics.median(v), 2) for t, v in tools.items()},
         "sanitizer_cached": cached,
         "to_last_confirmed_s": (round(max(confirmed_at) - first, 1)
@@ -131,25 +142,38 @@ def summarize(db: Path, session: int = SESSION) -> dict:
     }
 
 
+def gaps_between(spans: dict[int, list[tuple[float, float]]]) -> list[float]:
+    """Each worker's idle stretches between its evaluations (start, end), in seconds."""
+    gaps = []
+    for worker_spans in spans.values():
+        ordered = sorted(worker_spans)
+        gaps += [max(0.0, b[0] - a[1]) for a, b in zip(ordered, ordered[1:])]
+    return gaps
+
+
 def table(results: dict[str, dict]) -> str:
     rows = [("model", "evals", "search s", "evals/min", "confirms", "p50 s", "p90 s",
              "ran p50 s", "ran p90 s", "sanitizer p50 s", "rerun p50 s", "eval p50 s",
-             "baseline compile s", "workers busy", "to last winner s", "winners", "confirming",
+             "baseline compile s", "workers busy", "GPU wait p50 s", "GPU wait share",
+             "worker gap p50 s", "to last winner s", "winners", "confirming",
              "verdicts", "sanitizer s/tool")]
     for name, r in results.items():
         if "error" in r:
-            rows.append((name, r["error"][:80], *[""] * 17))
+            rows.append((name, r["error"][:80], *[""] * 20))
             continue
 
         def f(v):
-            return "-" if v is None else f"{v:.1f}" if isinstance(v, float) else str(v)
+            if isinstance(v, float):  # shares and short waits keep their second decimal
+                return f"{v:.2f}" if v < 1 else f"{v:.1f}"
+            return "-" if v is None else str(v)
 
         rows.append((name, str(r["evaluations"]), f(r["search_s"]), f(r["evaluations_per_min"]),
                      str(r["confirmations"]), f(r["confirm_p50_s"]), f(r["confirm_p90_s"]),
                      f(r.get("confirm_ran_p50_s")), f(r.get("confirm_ran_p90_s")),
                      f(r.get("confirm_sanitizer_p50_s")), f(r.get("confirm_rerun_p50_s")),
                      f(r.get("evaluation_p50_s")), f(r.get("baseline_compile_s")),
-                     f(r.get("workers_busy")),
+                     f(r.get("workers_busy")), f(r.get("gpu_wait_p50_s")),
+                     f(r.get("gpu_wait_share")), f(r.get("worker_gap_p50_s")),
                      f(r["to_last_confirmed_s"]), f"{r['winners']}/{r['cards']}",
                      str(len(r["still_confirming"])), json.dumps(r["verdicts"]),
                      json.dumps(r["sanitizer_tool_median_s"])

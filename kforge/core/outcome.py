@@ -247,9 +247,14 @@ class CounterFigures:
 
 @dataclass(frozen=True)
 class Placement:
-    """Where an evaluation ran: the device in its worker, and the host and GPU index of a
-    cluster's worker."""
+    """Where and when an evaluation ran: the device in its worker, the host and GPU index of a
+    cluster's worker; the worker's process, when it took the request (epoch seconds) and how
+    long of it went to waiting for the GPU's lock (others' timed sections, or its own timed
+    section waiting for others' work)."""
 
     device: str = ""
     node: str = ""
     node_gpu: int | None = None
+    worker: int | None = None
+    started_at: float | None = None
+    gpu_wait_s: float | None = None

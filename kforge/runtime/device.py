@@ -57,6 +57,10 @@ class Runtime(Protocol):
 
     def idle(self) -> contextlib.AbstractContextManager: ...
 
+    def make_way(self) -> None: ...
+
+    def lock_waited_s(self) -> float: ...
+
 
 class CpuRuntime:
     """Runs evaluations on the CPU (tests); times with ``perf_counter``."""
@@ -105,6 +109,12 @@ class CpuRuntime:
 
     def idle(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
+
+    def make_way(self) -> None:
+        pass
+
+    def lock_waited_s(self) -> float:
+        return 0.0
 
 
 # The L2 flush writes at least this much, twice the L2 size where that is larger.
@@ -191,6 +201,15 @@ class CudaRuntime:
     def idle(self) -> contextlib.AbstractContextManager:
         """Host work (a compile) inside GPU work: a shared hold is given up meanwhile."""
         return self.lock.idle() if self.lock is not None else contextlib.nullcontext()
+
+    def make_way(self) -> None:
+        """Between two steps of GPU work: another process's waiting timed section runs now."""
+        if self.lock is not None:
+            self.lock.make_way()
+
+    def lock_waited_s(self) -> float:
+        """This process's time waiting for the GPU's lock so far, in all."""
+        return self.lock.waited_s if self.lock is not None else 0.0
 
     @contextlib.contextmanager
     def scope(self) -> Iterator[None]:

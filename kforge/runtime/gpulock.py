@@ -11,6 +11,9 @@ says, and the kernel frees it when its holder dies. A second file is the turnsti
 passes: a process waiting to time closes it behind itself, so checks that keep coming cannot
 starve a timed section.
 
+A shared holder makes way between the steps of its work (``make_way``): a timed section that
+waits then runs at once, instead of after the rest of another process's evaluation.
+
 Before it lets go of the lock a holder waits for its own GPU work (``sync``): a shared holder's
 queued kernels must not run into someone's timed section. Torch-free (the sanitizer's child
 imports no torch).
@@ -23,6 +26,7 @@ import ctypes
 import fcntl
 import functools
 import os
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -69,6 +73,7 @@ class GpuLock:
         self._turn = _open(folder / f"gpu-{name}.turn")
         self._mode = 0  # 0, fcntl.LOCK_SH or fcntl.LOCK_EX: what this process holds
         self._depth = 0  # shared() nests
+        self.waited_s = 0.0  # this process's time waiting to take the lock, in all
 
     @classmethod
     def for_device(cls, index: int) -> GpuLock | None:
@@ -77,12 +82,14 @@ class GpuLock:
         return _for_device(index)
 
     def _take(self, mode: int) -> None:
+        start = time.perf_counter()
         fcntl.flock(self._turn, fcntl.LOCK_EX)
         try:
             fcntl.flock(self._gate, mode)
         finally:
             fcntl.flock(self._turn, fcntl.LOCK_UN)
         self._mode = mode
+        self.waited_s += time.perf_counter() - start
 
     def _let_go(self) -> None:
         with contextlib.suppress(Exception):  # a context a fault killed runs nothing more
@@ -125,6 +132,22 @@ class GpuLock:
             self._let_go()
             if before:
                 self._take(before)
+
+    def make_way(self) -> None:
+        """Between two steps of GPU work under a shared hold: where a timed section waits for
+        the lock, let it run now (the hold given up, taken back after it) rather than after the
+        rest of this process's work; nothing where no one waits."""
+        if self._mode != fcntl.LOCK_SH:
+            return
+        try:
+            fcntl.flock(self._turn, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            # a taker is at the turnstile: a timed section waiting for the gate (or a shared
+            # hold passing through, which then costs only this sync and a new take)
+            self._let_go()
+            self._take(fcntl.LOCK_SH)
+            return
+        fcntl.flock(self._turn, fcntl.LOCK_UN)
 
     @contextlib.contextmanager
     def idle(self) -> Iterator[None]:

@@ -48,6 +48,43 @@ def test_shared_holds_overlap_and_an_exclusive_one_waits_for_them(lock):
     worker.join(WAIT_S)
 
 
+def test_a_holder_counts_its_time_waiting_for_the_lock(lock):
+    check, timer = lock(), lock()
+
+    def take_turn() -> None:
+        with check.shared():
+            pass
+
+    with timer.exclusive():
+        assert timer.waited_s < 0.2  # free: taken at once
+        waiter = in_thread(take_turn)
+        time.sleep(0.3)
+    waiter.join(WAIT_S)
+    assert 0.25 <= check.waited_s < WAIT_S
+
+
+def test_a_check_makes_way_for_a_waiting_timed_section_between_its_steps(lock):
+    check, timer = lock(), lock()
+    order: list[str] = []
+    timer_waiting = threading.Event()
+
+    def time_it() -> None:
+        timer_waiting.set()
+        with timer.exclusive():
+            order.append("timed")
+
+    with check.shared():
+        check.make_way()  # no one waits: nothing given up
+        order.append("step 1")
+        waiter = in_thread(time_it)
+        assert timer_waiting.wait(WAIT_S)
+        time.sleep(0.2)  # the timed section is queued at the turnstile
+        check.make_way()
+        order.append("step 2")
+        waiter.join(WAIT_S)
+    assert order == ["step 1", "timed", "step 2"]
+
+
 def test_a_waiting_timed_section_is_not_starved_by_new_checks(lock):
     first, timer, later = lock(), lock(), lock()
     order: list[str] = []

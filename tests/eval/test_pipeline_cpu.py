@@ -54,6 +54,22 @@ def test_reference_candidates_pass(card):
     assert outcome.work.read_bytes > 0 and outcome.work.write_bytes > 0
 
 
+def test_an_evaluation_makes_way_for_a_waiting_timed_section_between_its_steps():
+    class Counting(CpuRuntime):
+        made_way = 0
+
+        def make_way(self) -> None:
+            self.made_way += 1
+
+    runtime, card = Counting(), C.relu_card()
+    outcome = evaluate_candidate(card, C.reference(card, "cpu"), runtime=runtime,
+                                 loader=PyLoader(), gpu=CPU_GPU, settings=FAST)
+    assert outcome.status is EvalStatus.OK, outcome.summary
+    stress = len(outcome.correctness.stress)
+    # before each input set, each stress set, the check after timing and the host cost
+    assert runtime.made_way == len(outcome.correctness.sets) + stress + 2
+
+
 @pytest.mark.parametrize("name, card, candidate, expected", C.CHEATS,
                          ids=[c[0] for c in C.CHEATS])
 def test_every_cheat_is_rejected(name, card, candidate, expected):

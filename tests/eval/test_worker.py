@@ -4,6 +4,8 @@ time limit pays for it."""
 from __future__ import annotations
 
 import io
+import os
+import time
 from types import SimpleNamespace
 
 from kforge.core.candidate import EvalStatus
@@ -46,6 +48,17 @@ def test_the_warm_up_is_an_honest_evaluation_of_kforges_own_kernel(monkeypatch):
     outcome = worker.Worker(0).warm_up()
     assert outcome is not None and outcome.status is EvalStatus.OK, outcome.summary
     assert outcome.timing is not None and outcome.correctness.sets
+
+
+def test_an_evaluation_says_which_worker_ran_it_when_and_how_long_it_waited_for_the_gpu(
+        monkeypatch):
+    fake_device(monkeypatch)
+    monkeypatch.setattr(native, "library", lambda: None)
+    before = time.time()
+    where = worker.Worker(0).warm_up().placement
+    assert where.worker == os.getpid()
+    assert before - 0.01 <= where.started_at <= time.time()
+    assert where.gpu_wait_s == 0.0  # the CPU runtime has no lock to wait for
 
 
 def test_the_warm_up_kernel_compiles_with_nvrtc():

@@ -13,9 +13,12 @@ import argparse
 import contextlib
 import os
 import sys
+import time
 import traceback
+from dataclasses import replace
 from typing import TYPE_CHECKING, BinaryIO
 
+from kforge.core.outcome import Placement
 from kforge.eval.process.protocol import (
     BaselineMeasured,
     Evaluate,
@@ -117,9 +120,16 @@ class Worker:
         runtime = self.ctx.runtime
         card = getattr(request, "card", None)
         alone = card is not None and LARGE_SHARE * card_bytes(card) > self.ctx.gpu.memory_gb * 2**30
+        started_at, waited_before = time.time(), runtime.lock_waited_s()
         try:
             with runtime.exclusive() if alone else runtime.shared():
-                return self._handle(request)
+                reply = self._handle(request)
+            if isinstance(reply, Evaluated):
+                where = reply.outcome.placement or Placement()
+                reply = replace(reply, outcome=replace(reply.outcome, placement=replace(
+                    where, worker=os.getpid(), started_at=round(started_at, 3),
+                    gpu_wait_s=round(runtime.lock_waited_s() - waited_before, 3))))
+            return reply
         finally:
             if runtime.alive():
                 torch.cuda.empty_cache()

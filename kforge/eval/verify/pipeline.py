@@ -431,6 +431,8 @@ class Evaluation:
         self.written = written_buffers(self.card.op, sets[0])
         checked: list[SetCheck] = []
         for i, inputs in enumerate(sets):
+            # each step ends with the GPU idle: a timed section that waits runs between two
+            self.runtime.make_way()
             try:
                 checked.append(self.verify(inputs, address_check=(i == 0)))
             except Verdict as verdict:  # a repair is told which sets held, and how closely
@@ -440,11 +442,16 @@ class Evaluation:
         # Stress values are ill-conditioned on purpose: eager's tolerances judge them, not the
         # precision rule, which holds honest half-precision kernels to eager's own error.
         stress, dropped = usable_stress_sets(self.factory, self.settings.stress_seed)
-        stressed = [self.verify(s, precision=False) for s in stress]
+        stressed = []
+        for s in stress:
+            self.runtime.make_way()
+            stressed.append(self.verify(s, precision=False))
         candidate, eager, work, out_dtypes = self.time_against_eager(self.timing_sets(sets))
         del sets  # the last check needs only a fresh set
         fresh = self.factory.random_set(RECHECK_SEED)
+        self.runtime.make_way()
         recheck = self.verify(fresh)
+        self.runtime.make_way()
         host = self.host_cost(fresh)
         correctness = Correctness(
             tuple(checked), tuple(stressed), recheck,
