@@ -79,7 +79,7 @@ def summarize(db: Path, session: int = SESSION) -> dict:
     con.close()
     evaluated = [n for n in nodes if n["outcome"] is not None]
     latencies, runs, tools, cached, verdicts, confirmed_at = [], [], {}, 0, {}, []
-    sanitizer_runs, reruns, walls, waits, spans = [], [], [], [], {}
+    sanitizer_runs, reruns, walls, waits, spans, steps = [], [], [], [], {}, {}
     for n in evaluated:
         outcome = EvalOutcome.from_dict(json.loads(n["outcome"]))
         c = outcome.confirmation or Confirmation()
@@ -100,6 +100,8 @@ def summarize(db: Path, session: int = SESSION) -> dict:
             where = outcome.placement
             if where is not None and where.gpu_wait_s is not None:
                 waits.append(where.gpu_wait_s)
+            for step, seconds in (where.steps_s if where is not None else {}).items():
+                steps.setdefault(step, []).append(seconds)
             if where is not None and where.worker is not None and where.started_at is not None:
                 spans.setdefault(where.worker, []).append(
                     (where.started_at, where.started_at + outcome.wall_s))
@@ -132,6 +134,8 @@ def summarize(db: Path, session: int = SESSION) -> dict:
         "gpu_wait_share": round(sum(waits) / sum(walls), 2) if waits and sum(walls) else None,
         # a search worker's time from one evaluation's end to the next one's start
         "worker_gap_p50_s": percentile(gaps_between(spans), 0.5),
+        # where a search evaluation's time goes, step by step
+        "step_median_s": {s: round(statistics.median(v), 3) for s, v in steps.items()},
         "sanitizer_tool_median_s": {t: round(statistics.median(v), 2) for t, v in tools.items()},
         "sanitizer_cached": cached,
         "to_last_confirmed_s": (round(max(confirmed_at) - first, 1)
@@ -156,10 +160,10 @@ def table(results: dict[str, dict]) -> str:
              "ran p50 s", "ran p90 s", "sanitizer p50 s", "rerun p50 s", "eval p50 s",
              "baseline compile s", "workers busy", "GPU wait p50 s", "GPU wait share",
              "worker gap p50 s", "to last winner s", "winners", "confirming",
-             "verdicts", "sanitizer s/tool")]
+             "verdicts", "sanitizer s/tool", "evaluation steps p50 s")]
     for name, r in results.items():
         if "error" in r:
-            rows.append((name, r["error"][:80], *[""] * 20))
+            rows.append((name, r["error"][:80], *[""] * 21))
             continue
 
         def f(v):
@@ -177,7 +181,8 @@ def table(results: dict[str, dict]) -> str:
                      f(r["to_last_confirmed_s"]), f"{r['winners']}/{r['cards']}",
                      str(len(r["still_confirming"])), json.dumps(r["verdicts"]),
                      json.dumps(r["sanitizer_tool_median_s"])
-                     + (f" +{r['sanitizer_cached']} cached" if r["sanitizer_cached"] else "")))
+                     + (f" +{r['sanitizer_cached']} cached" if r["sanitizer_cached"] else ""),
+                     json.dumps(r.get("step_median_s") or {})))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows)
 

@@ -248,9 +248,9 @@ class CounterFigures:
 @dataclass(frozen=True)
 class Placement:
     """Where and when an evaluation ran: the device in its worker, the host and GPU index of a
-    cluster's worker; the worker's process, when it took the request (epoch seconds) and how
-    long of it went to waiting for the GPU's lock (others' timed sections, or its own timed
-    section waiting for others' work)."""
+    cluster's worker; the worker's process, when it took the request (epoch seconds), how long
+    of it went to waiting for the GPU's lock (others' timed sections, or its own timed section
+    waiting for others' work) and the seconds of each of its steps (checks, stress, timing...)."""
 
     device: str = ""
     node: str = ""
@@ -258,3 +258,4 @@ class Placement:
     worker: int | None = None
     started_at: float | None = None
     gpu_wait_s: float | None = None
+    steps_s: dict[str, float] = field(default_factory=dict)

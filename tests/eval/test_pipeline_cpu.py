@@ -66,8 +66,12 @@ def test_an_evaluation_makes_way_for_a_waiting_timed_section_between_its_steps()
                                  loader=PyLoader(), gpu=CPU_GPU, settings=FAST)
     assert outcome.status is EvalStatus.OK, outcome.summary
     stress = len(outcome.correctness.stress)
-    # before each input set, each stress set, the check after timing and the host cost
-    assert runtime.made_way == len(outcome.correctness.sets) + stress + 2
+    # before each input set, each stress set, the timing, the check after it and the host cost
+    assert runtime.made_way == len(outcome.correctness.sets) + stress + 3
+    steps = outcome.placement.steps_s
+    assert set(steps) == {"checks", "stress", "timing", "recheck", "host cost"} - (
+        set() if stress else {"stress"})
+    assert 0 < sum(steps.values()) <= outcome.wall_s
 
 
 @pytest.mark.parametrize("name, card, candidate, expected", C.CHEATS,

@@ -30,8 +30,8 @@ import math
 import random
 import time
 import traceback
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -230,6 +230,7 @@ class Evaluation:
         self.written: list[int] = []
         self.exact = exact_op(card)
         self.typical: dict[int, tuple[float, float]] | None = None  # typical_errors, once
+        self.steps_s: dict[str, float] = {}  # the seconds of each step (``step``)
         # A runtime may bring its own competing work (the CPU tests' stand-in does).
         contend = getattr(runtime, "contention", None)
         self.contention: AbstractContextManager = (contend() if callable(contend)
@@ -237,6 +238,18 @@ class Evaluation:
         # Which timed calls are checked, what values they get and which elements a partial
         # update changes: nothing the candidate can see.
         self.chance = random.Random(random.SystemRandom().getrandbits(64))
+
+    @contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        """One step of the evaluation, its seconds added to ``steps_s``. The GPU is idle between
+        two steps, so a timed section of another process that waits for it runs first."""
+        self.runtime.make_way()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.steps_s[name] = round(self.steps_s.get(name, 0.0)
+                                       + time.perf_counter() - start, 4)
 
     def wait(self, what: str) -> None:
         """Let the GPU finish; a fault there is a crash of the candidate's kernels."""
@@ -431,10 +444,9 @@ class Evaluation:
         self.written = written_buffers(self.card.op, sets[0])
         checked: list[SetCheck] = []
         for i, inputs in enumerate(sets):
-            # each step ends with the GPU idle: a timed section that waits runs between two
-            self.runtime.make_way()
             try:
-                checked.append(self.verify(inputs, address_check=(i == 0)))
+                with self.step("checks"):
+                    checked.append(self.verify(inputs, address_check=(i == 0)))
             except Verdict as verdict:  # a repair is told which sets held, and how closely
                 verdict.evidence = replace(verdict.evidence or FailureEvidence(),
                                            sets_passed=tuple(checked))
@@ -443,16 +455,17 @@ class Evaluation:
         # precision rule, which holds honest half-precision kernels to eager's own error.
         stress, dropped = usable_stress_sets(self.factory, self.settings.stress_seed)
         stressed = []
-        for s in stress:
-            self.runtime.make_way()
-            stressed.append(self.verify(s, precision=False))
-        candidate, eager, work, out_dtypes = self.time_against_eager(self.timing_sets(sets))
+        for each in stress:
+            with self.step("stress"):
+                stressed.append(self.verify(each, precision=False))
+        with self.step("timing"):
+            candidate, eager, work, out_dtypes = self.time_against_eager(self.timing_sets(sets))
         del sets  # the last check needs only a fresh set
         fresh = self.factory.random_set(RECHECK_SEED)
-        self.runtime.make_way()
-        recheck = self.verify(fresh)
-        self.runtime.make_way()
-        host = self.host_cost(fresh)
+        with self.step("recheck"):
+            recheck = self.verify(fresh)
+        with self.step("host cost"):
+            host = self.host_cost(fresh)
         correctness = Correctness(
             tuple(checked), tuple(stressed), recheck,
             {str(d).removeprefix("torch."): tol
@@ -683,8 +696,10 @@ def evaluate_variant(card: OpCard, candidate: Candidate, *, runtime: Runtime,
             calls = CandidateCalls(runner, runtime)
             evaluation = Evaluation(card, calls, runtime, gpu, samples_dir, settings)
             correctness, timing, eager, work, host = evaluation.run()
-            counters = (evaluation.counters().figures()
-                        if settings.counters and runtime.device.type == "cuda" else None)
+            counters = None
+            if settings.counters and runtime.device.type == "cuda":
+                with evaluation.step("counters"):
+                    counters = evaluation.counters().figures()
     except Verdict as v:
         return outcome_from(v.status, v.summary, started, compiled, restart=v.restart,
                             failure=v.evidence)
@@ -709,5 +724,6 @@ def evaluate_variant(card: OpCard, candidate: Candidate, *, runtime: Runtime,
         correctness=correctness, timing=timing, eager=eager, speedup=speedup,
         bandwidth_gbs=work.moved / (timing.median_us * 1e3) if timing.median_us > 0 else None,
         floor_fraction=floor / timing.median_us if floor and timing.median_us > 0 else None,
-        work=work, host=host, counters=counters, placement=Placement(str(runtime.device)),
+        work=work, host=host, counters=counters,
+        placement=Placement(str(runtime.device), steps_s=evaluation.steps_s),
         confirmation=Confirmation(held=held) if held else None)
