@@ -33,6 +33,22 @@ def in_thread(work) -> threading.Thread:
     return thread
 
 
+def queue_timed_section(timer: GpuLock, order: list[str]) -> threading.Thread:
+    """A timed section on ``timer``, started in a thread and queued at the turnstile (behind a
+    shared holder) when this returns; it adds "timed" to ``order`` once it runs."""
+    waiting = threading.Event()
+
+    def time_it() -> None:
+        waiting.set()
+        with timer.exclusive():
+            order.append("timed")
+
+    thread = in_thread(time_it)
+    assert waiting.wait(WAIT_S)
+    time.sleep(0.2)  # the timed section reaches the turnstile
+    return thread
+
+
 def test_shared_holds_overlap_and_an_exclusive_one_waits_for_them(lock):
     a, b, timer = lock(), lock(), lock()
     timed = threading.Event()
@@ -66,19 +82,10 @@ def test_a_holder_counts_its_time_waiting_for_the_lock(lock):
 def test_a_check_makes_way_for_a_waiting_timed_section_between_its_steps(lock):
     check, timer = lock(), lock()
     order: list[str] = []
-    timer_waiting = threading.Event()
-
-    def time_it() -> None:
-        timer_waiting.set()
-        with timer.exclusive():
-            order.append("timed")
-
     with check.shared():
         check.make_way()  # no one waits: nothing given up
         order.append("step 1")
-        waiter = in_thread(time_it)
-        assert timer_waiting.wait(WAIT_S)
-        time.sleep(0.2)  # the timed section is queued at the turnstile
+        waiter = queue_timed_section(timer, order)
         check.make_way()
         order.append("step 2")
         waiter.join(WAIT_S)
@@ -88,21 +95,13 @@ def test_a_check_makes_way_for_a_waiting_timed_section_between_its_steps(lock):
 def test_a_waiting_timed_section_is_not_starved_by_new_checks(lock):
     first, timer, later = lock(), lock(), lock()
     order: list[str] = []
-    timer_waiting = threading.Event()
-
-    def time_it() -> None:
-        timer_waiting.set()
-        with timer.exclusive():
-            order.append("timed")
 
     def check() -> None:
         with later.shared():
             order.append("later check")
 
     with first.shared():
-        threads = [in_thread(time_it)]
-        assert timer_waiting.wait(WAIT_S)
-        time.sleep(0.2)  # the timed section is queued at the turnstile
+        threads = [queue_timed_section(timer, order)]
         threads.append(in_thread(check))
         time.sleep(0.2)
         assert order == []  # the later check waits behind the timed section
