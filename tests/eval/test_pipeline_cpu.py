@@ -5,6 +5,7 @@ suite, launch plan abuse included."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 
@@ -15,7 +16,7 @@ from kforge.core.candidate import Candidate, EvalOutcome, EvalStatus
 from kforge.errors import KforgeError
 from kforge.eval.verify.baseline import measure_baseline
 from kforge.eval.verify.evaluate import evaluate_candidate
-from kforge.eval.verify.pipeline import EvalSettings
+from kforge.eval.verify.pipeline import EvalSettings, Evaluation
 from kforge.runtime.device import CpuRuntime
 from kforge.runtime.plan import PlanRunner, resolve_for
 from kforge.runtime.timing import TimingPlan
@@ -62,6 +63,30 @@ def test_an_outcome_keeps_the_seconds_of_each_step_of_its_evaluation():
     assert set(steps) == {"checks", "stress", "timing", "recheck", "host cost"} - (
         set() if outcome.correctness.stress else {"stress"})
     assert 0 < sum(steps.values()) <= outcome.wall_s
+
+
+def test_the_counters_are_measured_in_the_timings_exclusive_hold(monkeypatch):
+    class Holding(CpuRuntime):
+        holds = 0  # exclusive holds taken, outermost only
+        depth = 0
+
+        @contextlib.contextmanager
+        def exclusive(self):
+            self.holds += self.depth == 0
+            self.depth += 1
+            try:
+                yield
+            finally:
+                self.depth -= 1
+
+    runtime, seen = Holding(), []
+    monkeypatch.setattr(Evaluation, "counter_figures",
+                        lambda self: seen.append(self.runtime.depth) or None)
+    card = C.relu_card()
+    outcome = evaluate_candidate(card, C.reference(card, "cpu"), runtime=runtime,
+                                 loader=PyLoader(), gpu=CPU_GPU, settings=FAST)
+    assert outcome.status is EvalStatus.OK, outcome.summary
+    assert seen == [1] and runtime.holds == 1  # one hold: the others' checks drain once
 
 
 @pytest.mark.parametrize("name, card, candidate, expected", C.CHEATS,

@@ -53,6 +53,7 @@ from kforge.core.outcome import (
     CompileFacts,
     Confirmation,
     Correctness,
+    CounterFigures,
     FailureEvidence,
     HostCost,
     Placement,
@@ -435,7 +436,7 @@ class Evaluation:
             raise
         return after
 
-    def run(self) -> tuple[Correctness, Timing, Timing, Work, HostCost]:
+    def run(self) -> tuple[Correctness, Timing, Timing, Work, HostCost, CounterFigures | None]:
         sets = self.factory.sets(self.settings.seeds)
         if not sets:
             raise Verdict(EvalStatus.INFRA, "no input sets: give seeds or samples")
@@ -456,8 +457,12 @@ class Evaluation:
         for each in stress:
             with self.step("stress"):
                 stressed.append(self.verify(each, precision=False))
-        with self.step("timing"):
-            candidate, eager, work, out_dtypes = self.time_against_eager(self.timing_sets(sets))
+        # The timing and the counters in one exclusive hold: the other workers' checks drain once
+        with self.runtime.exclusive():
+            with self.step("timing"):
+                candidate, eager, work, out_dtypes = self.time_against_eager(
+                    self.timing_sets(sets))
+            counters = self.counter_figures()
         del sets  # the last check needs only a fresh set
         fresh = self.factory.random_set(RECHECK_SEED)
         with self.step("recheck"):
@@ -468,10 +473,17 @@ class Evaluation:
             tuple(checked), tuple(stressed), recheck,
             {str(d).removeprefix("torch."): tol
              for d in out_dtypes if (tol := tolerance_for(d))}, dropped)
-        return correctness, candidate, eager, work, host
+        return correctness, candidate, eager, work, host, counters
+
+    def counter_figures(self) -> CounterFigures | None:
+        """The candidate's hardware counters where they are wanted and a GPU can give them."""
+        if not (self.settings.counters and self.runtime.device.type == "cuda"):
+            return None
+        with self.step("counters"):
+            return self.counters().figures()
 
     def counters(self) -> CounterReport:
-        """Hardware counters of one call's launches, measured after every check and timing
+        """Hardware counters of one call's launches, measured after the checks and the timing
         (each pass's memory is prepared and L2 flushed outside the measured launches)."""
         inputs = self.factory.random_set(RECHECK_SEED)
 
@@ -693,11 +705,7 @@ def evaluate_variant(card: OpCard, candidate: Candidate, *, runtime: Runtime,
         with runtime.scope():
             calls = CandidateCalls(runner, runtime)
             evaluation = Evaluation(card, calls, runtime, gpu, samples_dir, settings)
-            correctness, timing, eager, work, host = evaluation.run()
-            counters = None
-            if settings.counters and runtime.device.type == "cuda":
-                with evaluation.step("counters"):
-                    counters = evaluation.counters().figures()
+            correctness, timing, eager, work, host, counters = evaluation.run()
     except Verdict as v:
         return outcome_from(v.status, v.summary, started, compiled, restart=v.restart,
                             failure=v.evidence)
