@@ -14,7 +14,7 @@ wall time from the first node to the last confirmed winner, and the would-be bes
 confirming at the end.
 
 Run on a GPU machine from the repository root (about 3 minutes a model):
-    python3 bench/bench_throughput.py [--models llama,unet] [--time 140s] [--out DIR]
+    python3 bench/bench_throughput.py [--models llama,unet] [--time 140s] [--workers N] [--out DIR]
     python3 bench/bench_throughput.py --summary path/to/k.db   # the figures of a searched database
 """
 
@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import sqlite3
 import statistics
 import subprocess
@@ -39,7 +41,7 @@ MODELS = {"llama": f"{HERE / 'bench_e2e.py'}:build_llama",
 SESSION = 1
 
 
-def kforge(*args: str, timeout: float) -> float:
+def kforge(*args: str, timeout: float, env: dict[str, str] | None = None) -> float:
     """Run the kforge CLI; its wall time.
 
     The profile and the search run as commands of their own, not through ``kforge.app`` in this
@@ -48,7 +50,7 @@ def kforge(*args: str, timeout: float) -> float:
     ``timeout`` bounds a step that hangs."""
     started = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "kforge", *args], cwd=REPO, text=True,
-                          capture_output=True, timeout=timeout, check=False)
+                          capture_output=True, timeout=timeout, check=False, env=env)
     seconds = time.perf_counter() - started
     print(f"$ kforge {' '.join(args)}  ({seconds:.0f} s, rc {proc.returncode})", flush=True)
     print(proc.stdout[-1500:] + proc.stderr[-1500:], flush=True)
@@ -111,6 +113,11 @@ def summarize(db: Path, session: int = SESSION) -> dict:
         for tool, seconds in sanitizer.tool_seconds.items():
             tools.setdefault(tool, []).append(seconds)
     first = min((n["created_at"] for n in nodes), default=None)
+    # the pace between the first search evaluation's start and the last one's end: without the
+    # workers' start, the first baselines or the confirmations after the last evaluation
+    starts = [a for each in spans.values() for a, _ in each]
+    ends = [b for each in spans.values() for _, b in each]
+    sustained_s = max(ends) - min(starts) if len(starts) > 1 else 0.0
     winners = [c["best_node"] for c in cards if c["best_node"] is not None]
     # the workers' time on baselines, most of it torch.compile of each searched op
     compile_s = sum(json.loads(c["baseline"]).get("compile_s") or 0.0
@@ -118,6 +125,8 @@ def summarize(db: Path, session: int = SESSION) -> dict:
     return {
         "evaluations": len(evaluated), "search_s": round(run_s, 1),
         "evaluations_per_min": round(60 * len(evaluated) / run_s, 1) if run_s else None,
+        "sustained_per_min": (round(60 * len(evaluated) / sustained_s, 1) if sustained_s > 0
+                              else None),
         "confirmations": len(latencies), "verdicts": verdicts,
         "confirm_p50_s": percentile(latencies, 0.5), "confirm_p90_s": percentile(latencies, 0.9),
         "confirm_ran_p50_s": percentile(runs, 0.5), "confirm_ran_p90_s": percentile(runs, 0.9),
@@ -156,14 +165,14 @@ def gaps_between(spans: dict[int, list[tuple[float, float]]]) -> list[float]:
 
 
 def table(results: dict[str, dict]) -> str:
-    rows = [("model", "evals", "search s", "evals/min", "confirms", "p50 s", "p90 s",
+    rows = [("model", "evals", "search s", "evals/min", "sustained/min", "confirms", "p50 s", "p90 s",
              "ran p50 s", "ran p90 s", "sanitizer p50 s", "rerun p50 s", "eval p50 s",
              "baseline compile s", "workers busy", "GPU wait p50 s", "GPU wait share",
              "worker gap p50 s", "to last winner s", "winners", "confirming",
              "verdicts", "sanitizer s/tool", "evaluation steps p50 s")]
     for name, r in results.items():
         if "error" in r:
-            rows.append((name, r["error"][:80], *[""] * 21))
+            rows.append((name, r["error"][:80], *[""] * 22))
             continue
 
         def f(v):
@@ -172,6 +181,7 @@ def table(results: dict[str, dict]) -> str:
             return "-" if v is None else str(v)
 
         rows.append((name, str(r["evaluations"]), f(r["search_s"]), f(r["evaluations_per_min"]),
+                     f(r.get("sustained_per_min")),
                      str(r["confirmations"]), f(r["confirm_p50_s"]), f(r["confirm_p90_s"]),
                      f(r.get("confirm_ran_p50_s")), f(r.get("confirm_ran_p90_s")),
                      f(r.get("confirm_sanitizer_p50_s")), f(r.get("confirm_rerun_p50_s")),
@@ -194,6 +204,8 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=16)
     parser.add_argument("--time", default="240s", help="each search's time budget")
     parser.add_argument("--parallel", type=int, default=4, help="proposals in flight")
+    parser.add_argument("--workers", type=int, help="search workers per GPU (the [eval] "
+                        "setting; default: kforge's own)")
     parser.add_argument("--work", default="/tmp/kforge-throughput")
     parser.add_argument("--out", default="bench-out/throughput")
     parser.add_argument("--summary", nargs="*", type=Path, help="print the figures of these "
@@ -204,19 +216,27 @@ def main() -> int:
         return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    if args.workers:  # a config file of the bench's own, read by the profile and the search
+        config = Path(args.work) / "config.toml"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text(f"[eval]\nworkers = {args.workers}\n")
+        env["KFORGE_CONFIG"] = str(config)
     results: dict[str, dict] = {}
     for name in [m.strip() for m in args.models.split(",") if m.strip()]:
         db = Path(args.work) / name / "k.db"
         db.parent.mkdir(parents=True, exist_ok=True)
         db.unlink(missing_ok=True)
         try:
-            kforge("profile", MODELS[name], "--db", str(db), "--samples", "2", timeout=300)
+            kforge("profile", MODELS[name], "--db", str(db), "--samples", "2", timeout=300,
+                   env=env)
             search_s = kforge("search", "--session", str(SESSION), "--db", str(db),
                               "--proposer", "library", "--top", str(args.top), "--iterations",
                               str(args.iterations), "--parallel", str(args.parallel),
                               "--time", args.time,
-                              "--quiet", timeout=900)
+                              "--quiet", timeout=900, env=env)
             results[name] = {**summarize(db), "command_s": round(search_s, 1)}
+            shutil.copyfile(db, out / f"{name}.db")  # the search's record, for a later look
         except Exception as exc:  # one model failing leaves the other's figures standing
             results[name] = {"error": f"{type(exc).__name__}: {exc}"}
         (out / f"{name}.json").write_text(json.dumps(results[name], indent=1))

@@ -135,10 +135,13 @@ case $track in
   sanitizer)
     step 170 python3 bench/bench_sanitizer.py --cases softmax,matmul --json "$out/sanitizer.json"
     ;;
-  throughput)  # the Llama-shaped prefill and the UNet-style model; one: THROUGHPUT_MODELS=llama
+  throughput)  # the Llama-shaped prefill and the UNet-style model; one: THROUGHPUT_MODELS=llama;
+    # THROUGHPUT_WORKERS=3: search workers per GPU (default: kforge's own); each search's database
+    # is copied to $out/throughput/<model>.db
     step "${THROUGHPUT_LIMIT:-540}" python3 bench/bench_throughput.py \
         --models "${THROUGHPUT_MODELS:-llama,unet}" \
-        --time 240s --out "$out/throughput" --work "$work/throughput"
+        --time 240s --out "$out/throughput" --work "$work/throughput" \
+        ${THROUGHPUT_WORKERS:+--workers "$THROUGHPUT_WORKERS"}
     ;;
   mainjob)  # the README's main job to completion: its wall time, then its search's figures
     mkdir -p "$work/main" && rm -f "$work/main/k.db"*
