@@ -57,12 +57,15 @@ def test_reference_candidates_pass(card):
 
 def test_an_outcome_keeps_the_seconds_of_each_step_of_its_evaluation():
     card = C.relu_card()
+    run(card, C.reference(card, "cpu"))  # the process's one-time costs (imports) paid
     outcome = run(card, C.reference(card, "cpu"))
     assert outcome.status is EvalStatus.OK, outcome.summary
     steps = outcome.placement.steps_s
-    assert set(steps) == {"checks", "stress", "timing", "recheck", "host cost"} - (
-        set() if outcome.correctness.stress else {"stress"})
-    assert 0 < sum(steps.values()) <= outcome.wall_s
+    assert set(steps) == {"load", "inputs", "checks", "stress", "timing", "recheck",
+                          "host cost"}
+    # with the compile, the steps are most of the evaluation's time: little lies between them
+    covered = sum(steps.values()) + outcome.compile.seconds
+    assert 0.5 * outcome.wall_s < covered <= outcome.wall_s
 
 
 def test_the_counters_are_measured_in_the_timings_exclusive_hold(monkeypatch):

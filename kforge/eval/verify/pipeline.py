@@ -437,7 +437,8 @@ class Evaluation:
         return after
 
     def run(self) -> tuple[Correctness, Timing, Timing, Work, HostCost, CounterFigures | None]:
-        sets = self.factory.sets(self.settings.seeds)
+        with self.step("inputs"):
+            sets = self.factory.sets(self.settings.seeds)
         if not sets:
             raise Verdict(EvalStatus.INFRA, "no input sets: give seeds or samples")
         self.written = written_buffers(self.card.op, sets[0])
@@ -452,7 +453,8 @@ class Evaluation:
                 raise
         # Stress values are ill-conditioned on purpose: eager's tolerances judge them, not the
         # precision rule, which holds honest half-precision kernels to eager's own error.
-        stress, dropped = usable_stress_sets(self.factory, self.settings.stress_seed)
+        with self.step("stress"):
+            stress, dropped = usable_stress_sets(self.factory, self.settings.stress_seed)
         stressed = []
         for each in stress:
             with self.step("stress"):
@@ -700,11 +702,13 @@ def evaluate_variant(card: OpCard, candidate: Candidate, *, runtime: Runtime,
                          compiled.log.splitlines()[0] if compiled.log else "no log")
             return outcome_from(EvalStatus.COMPILE_ERROR, f"NVRTC: {first.strip()}", started,
                                 compiled)
+        loading = time.perf_counter()
         backend = loader.load(compiled)
         runner = plan_runner(card, candidate, backend, compiled, runtime.device)
         with runtime.scope():
             calls = CandidateCalls(runner, runtime)
             evaluation = Evaluation(card, calls, runtime, gpu, samples_dir, settings)
+            evaluation.steps_s["load"] = round(time.perf_counter() - loading, 4)
             correctness, timing, eager, work, host, counters = evaluation.run()
     except Verdict as v:
         return outcome_from(v.status, v.summary, started, compiled, restart=v.restart,
