@@ -102,6 +102,8 @@ def summarize(db: Path, session: int = SESSION) -> dict:
             where = outcome.placement
             if where is not None and where.gpu_wait_s is not None:
                 waits.append(where.gpu_wait_s)
+            if outcome.compile is not None:
+                steps.setdefault("compile", []).append(outcome.compile.seconds)
             for step, seconds in (where.steps_s if where is not None else {}).items():
                 steps.setdefault(step, []).append(seconds)
             if where is not None and where.worker is not None and where.started_at is not None:
