@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from kforge.core.candidate import EvalOutcome
-from kforge.core.outcome import Confirmation, SanitizerReport
+from kforge.core.outcome import Confirmation, Placement, SanitizerReport
 
 REPO = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
@@ -99,14 +99,14 @@ def summarize(db: Path, session: int = SESSION) -> dict:
                 confirmed_at.append(c.at)
         else:
             walls.append(outcome.wall_s)
-            where = outcome.placement
-            if where is not None and where.gpu_wait_s is not None:
+            where = outcome.placement or Placement()
+            if where.gpu_wait_s is not None:
                 waits.append(where.gpu_wait_s)
             if outcome.compile is not None:
                 steps.setdefault("compile", []).append(outcome.compile.seconds)
-            for step, seconds in (where.steps_s if where is not None else {}).items():
+            for step, seconds in where.steps_s.items():
                 steps.setdefault(step, []).append(seconds)
-            if where is not None and where.worker is not None and where.started_at is not None:
+            if where.worker is not None and where.started_at is not None:
                 spans.setdefault(where.worker, []).append(
                     (where.started_at, where.started_at + outcome.wall_s))
         sanitizer = c.sanitizer or SanitizerReport(True)
@@ -167,7 +167,8 @@ def gaps_between(spans: dict[int, list[tuple[float, float]]]) -> list[float]:
 
 
 def table(results: dict[str, dict]) -> str:
-    rows = [("model", "evals", "search s", "evals/min", "sustained/min", "confirms", "p50 s", "p90 s",
+    rows = [("model", "evals", "search s", "evals/min", "sustained/min", "confirms", "p50 s",
+             "p90 s",
              "ran p50 s", "ran p90 s", "sanitizer p50 s", "rerun p50 s", "eval p50 s",
              "baseline compile s", "workers busy", "GPU wait p50 s", "GPU wait share",
              "worker gap p50 s", "to last winner s", "winners", "confirming",

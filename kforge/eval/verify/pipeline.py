@@ -455,10 +455,7 @@ class Evaluation:
         # precision rule, which holds honest half-precision kernels to eager's own error.
         with self.step("stress"):
             stress, dropped = usable_stress_sets(self.factory, self.settings.stress_seed)
-        stressed = []
-        for each in stress:
-            with self.step("stress"):
-                stressed.append(self.verify(each, precision=False))
+            stressed = [self.verify(each, precision=False) for each in stress]
         # The timing and the counters in one exclusive hold: the other workers' checks drain once
         with self.runtime.exclusive():
             with self.step("timing"):
@@ -708,7 +705,7 @@ def evaluate_variant(card: OpCard, candidate: Candidate, *, runtime: Runtime,
         with runtime.scope():
             calls = CandidateCalls(runner, runtime)
             evaluation = Evaluation(card, calls, runtime, gpu, samples_dir, settings)
-            evaluation.steps_s["load"] = round(time.perf_counter() - loading, 4)
+            load_s = round(time.perf_counter() - loading, 4)
             correctness, timing, eager, work, host, counters = evaluation.run()
     except Verdict as v:
         return outcome_from(v.status, v.summary, started, compiled, restart=v.restart,
@@ -735,5 +732,6 @@ def evaluate_variant(card: OpCard, candidate: Candidate, *, runtime: Runtime,
         bandwidth_gbs=work.moved / (timing.median_us * 1e3) if timing.median_us > 0 else None,
         floor_fraction=floor / timing.median_us if floor and timing.median_us > 0 else None,
         work=work, host=host, counters=counters,
-        placement=Placement(str(runtime.device), steps_s=evaluation.steps_s),
+        placement=Placement(str(runtime.device),
+                            steps_s={"load": load_s, **evaluation.steps_s}),
         confirmation=Confirmation(held=held) if held else None)
