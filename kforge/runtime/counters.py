@@ -278,6 +278,15 @@ class _Host:
     keep: list = field(default_factory=list)  # buffers CUPTI points into
 
 
+def prepare_counters(device: int) -> None:
+    """CUPTI's set-up for ``device`` done now, where the calling thread has a CUDA context: host
+    work (the library, the chip's metrics and their config image; no kernel runs) that the first
+    measurement then finds made. Without a context nothing is done, and nothing is remembered."""
+    with contextlib.suppress(CuptiError):
+        current_context()
+        _session(device)
+
+
 @cache
 def _session(device: int) -> tuple[Cupti, _Host] | str:
     """CUPTI loaded and initialised for ``device`` once per process (its chip, the counters it

@@ -134,6 +134,16 @@ def driver_version() -> str:
         return ""
 
 
+def start_cuda(index: int = 0) -> None:
+    """PyTorch's CUDA state and GPU ``index``'s context made now: seconds of host work (the
+    driver, the libraries, the allocator), apart from the copy rate's short measurement."""
+    require_cuda()
+    import torch
+
+    if index < torch.cuda.device_count():
+        torch.cuda.mem_get_info(index)
+
+
 @cache
 def detect_gpu(index: int = 0) -> GpuInfo:
     """The GPU at ``index`` (among the visible ones), with its copy rate measured now."""

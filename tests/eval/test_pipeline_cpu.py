@@ -92,6 +92,33 @@ def test_the_counters_are_measured_in_the_timings_exclusive_hold(monkeypatch):
     assert seen == [1] and runtime.holds == 1  # one hold: the others' checks drain once
 
 
+def test_the_compile_gives_the_gpu_up_meanwhile():
+    class Idling(CpuRuntime):
+        idling = False
+
+        @contextlib.contextmanager
+        def idle(self):
+            self.idling = True
+            try:
+                yield
+            finally:
+                self.idling = False
+
+    class Watching(PyLoader):
+        compiled_idle: list[bool] = []
+
+        def compile(self, candidate):
+            self.compiled_idle.append(runtime.idling)
+            return super().compile(candidate)
+
+    runtime, loader = Idling(), Watching()
+    card = C.relu_card()
+    outcome = evaluate_candidate(card, C.reference(card, "cpu"), runtime=runtime,
+                                 loader=loader, gpu=CPU_GPU, settings=FAST)
+    assert outcome.status is EvalStatus.OK, outcome.summary
+    assert loader.compiled_idle == [True]  # NVRTC is host work: timed sections go on beside it
+
+
 @pytest.mark.parametrize("name, card, candidate, expected", C.CHEATS,
                          ids=[c[0] for c in C.CHEATS])
 def test_every_cheat_is_rejected(name, card, candidate, expected):

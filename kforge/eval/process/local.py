@@ -17,7 +17,7 @@ from kforge.eval.verify.baseline import measure_baseline
 from kforge.eval.verify.evaluate import evaluate_candidate
 from kforge.eval.verify.pipeline import EvalSettings
 from kforge.runtime.device import CudaRuntime
-from kforge.runtime.gpuinfo import detect_gpu
+from kforge.runtime.gpuinfo import detect_gpu, start_cuda
 from kforge.runtime.gpulock import GpuLock
 from kforge.runtime.kernel_loader import NvrtcLoader
 
@@ -36,7 +36,11 @@ def device_context(index: int) -> Device:
     """The runtime and loader of GPU ``index`` in this process (made once)."""
     if index not in _devices:
         lock = GpuLock.for_device(index)
-        with lock.exclusive() if lock is not None else nullcontext():  # its copy rate, alone
+        # A context's start is GPU work, not to run beside a timed section elsewhere, but mostly
+        # host work: held shared (others' checks go on), the copy rate's few copies alone.
+        with lock.shared() if lock is not None else nullcontext():
+            start_cuda(index)
+        with lock.exclusive() if lock is not None else nullcontext():
             gpu = detect_gpu(index)
         runtime = CudaRuntime(index, l2_bytes=int(gpu.l2_mb * (1 << 20)), lock=lock)
         _devices[index] = Device(gpu, runtime, NvrtcLoader(index, gpu.arch))

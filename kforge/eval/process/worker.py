@@ -38,6 +38,8 @@ from kforge.eval.process.protocol import (
 )
 
 if TYPE_CHECKING:
+    import torch
+
     from kforge.core.candidate import EvalOutcome
     from kforge.core.opcard import OpCard
 
@@ -67,6 +69,20 @@ WARM_UP_PLAN = {
 WARM_UP_ELEMENTS = 4096
 
 
+def _start_cublas(device: torch.device) -> None:
+    import torch
+
+    x = torch.ones(64, 64, device=device, dtype=torch.float16)
+    x @ x
+
+
+def _start_cudnn(device: torch.device) -> None:
+    import torch
+
+    x = torch.ones(1, 1, 64, 64, device=device, dtype=torch.float16)
+    torch.nn.functional.conv2d(x, x[:, :, :3, :3])
+
+
 def card_bytes(card: OpCard) -> int:
     """The bytes of a card's tensor inputs."""
     from kforge.eval.verify.inputs import Geometry, all_tensor_specs
@@ -84,7 +100,26 @@ class Worker:
         # once per torch build) belongs to the worker's start, not to the first candidate's
         # time limit. Where it cannot be built the Python guard serves, as in integration.
         native.available()
+        self.prepare()
         self.warm_up()
+
+    def prepare(self) -> None:
+        """The host half of the start, done before the warm-up takes the GPU's lock: the
+        evaluator's modules, NVRTC's start (the warm-up kernel's compile, which the warm-up then
+        finds cached) and CUPTI's counter set-up. A spare starts while other workers time their
+        candidates, and each of them waits for what it holds the GPU for."""
+        import kforge.eval.verify.evaluate  # noqa: F401 - imported for its cost, paid here
+        from kforge.core.candidate import Candidate
+        from kforge.runtime.counters import prepare_counters
+
+        self.ctx.loader.compile(Candidate(WARM_UP_SOURCE, plan=WARM_UP_PLAN,
+                                          meta={"family": "warm-up"}))
+        device = self.ctx.runtime.device
+        if device.type == "cuda":
+            import torch
+
+            torch.cuda.set_device(device)  # its context current: CUPTI's set-up asks for it
+            prepare_counters(device.index or 0)
 
     def warm_up(self) -> EvalOutcome | None:
         """Evaluate kforge's own relu as a candidate is evaluated, and start cuBLAS and cuDNN
@@ -103,11 +138,12 @@ class Worker:
         if self.ctx.runtime.device.type == "cuda" and self.ctx.runtime.alive():
             # best effort: a library that fails here fails in a reference later, where the
             # evaluation says so (an infrastructure outcome), not in the worker's start
-            with contextlib.suppress(RuntimeError), self.ctx.runtime.shared(), torch.no_grad():
-                x = torch.ones(64, 64, device=self.ctx.runtime.device, dtype=torch.float16)
-                x @ x
-                torch.nn.functional.conv2d(x.view(1, 1, 64, 64), x[:3, :3].reshape(1, 1, 3, 3))
-                torch.cuda.synchronize(self.ctx.runtime.device)
+            device = self.ctx.runtime.device
+            for start in (_start_cublas, _start_cudnn):  # a hold each: a timed section elsewhere
+                with contextlib.suppress(RuntimeError), self.ctx.runtime.shared(), \
+                        torch.no_grad():  # waits for one library's start, not two
+                    start(device)
+                    torch.cuda.synchronize(device)
         return reply.outcome if isinstance(reply, Evaluated) else None
 
     def handle(self, request: Evaluate | MeasureBaseline | Ping) -> Reply:

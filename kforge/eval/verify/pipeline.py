@@ -693,7 +693,8 @@ def evaluate_variant(card: OpCard, candidate: Candidate, *, runtime: Runtime,
     compiled: CompileResult | None = None
     try:
         admit(card, runtime)
-        compiled = loader.compile(candidate)
+        with runtime.idle():  # NVRTC is host work: a timed section elsewhere need not wait for it
+            compiled = loader.compile(candidate)
         if not compiled.ok:
             first = next((ln for ln in compiled.log.splitlines() if "error" in ln),
                          compiled.log.splitlines()[0] if compiled.log else "no log")
