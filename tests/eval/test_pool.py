@@ -370,6 +370,55 @@ async def test_two_confirmations_at_once_each_find_a_spare_started_ahead(monkeyp
     assert all(c.confirmed for c in confirmed)
 
 
+async def test_a_confirmations_worker_takes_the_place_of_the_next_retiring_worker(monkeypatch):
+    """A confirmation's worker whose candidate passed replaces the next search worker to retire,
+    so that replacement starts no process (a start holds the GPU while the search times)."""
+    import kforge.eval.process.sanitize as sanitize
+    from kforge.eval.process.pool import WorkerProcess
+
+    monkeypatch.setattr(sanitize, "sanitize_candidate",
+                        lambda card, cand, **kw: sanitize.SanitizerReport(True, "memcheck"))
+    evaluator = await started(settings={"recycle_after": 3, "spares": 1})
+    starts = []
+    start = WorkerProcess.start
+
+    async def counted(self, timeout_s):
+        starts.append(self)
+        return await start(self, timeout_s)
+
+    try:
+        first = await evaluator.evaluate(CARD, candidate())
+        confirmed = await evaluator.confirm(CARD, candidate(), first)
+        await asyncio.sleep(0.5)  # the spare taken for the confirmation is replaced
+        monkeypatch.setattr(WorkerProcess, "start", counted)
+        await evaluator.evaluate(CARD, candidate())
+        third = await evaluator.evaluate(CARD, candidate())  # its worker retires here
+        after = await evaluator.evaluate(CARD, candidate())
+        await asyncio.sleep(0.3)
+    finally:
+        await evaluator.close()
+    assert worker_said(third)["pid"] == worker_said(first)["pid"]
+    assert worker_said(after)["pid"] == worker_said(confirmed)["pid"]
+    assert starts == []  # no process started for the replacement
+
+
+async def test_a_rejected_confirmations_worker_is_ended(monkeypatch):
+    import kforge.eval.process.sanitize as sanitize
+
+    monkeypatch.setattr(sanitize, "sanitize_candidate", lambda card, cand, stop, **kw: (
+        stop.wait(0.5), sanitize.SanitizerReport(False, "memcheck", "Invalid __global__ write"))[1])
+    evaluator = await started(settings={"recycle_after": 1})
+    try:
+        first = await evaluator.evaluate(CARD, candidate())
+        outcome = await evaluator.confirm(CARD, candidate(), first)
+        assert outcome.status is EvalStatus.MISMATCH
+        assert evaluator._successors == {}
+        after = await evaluator.evaluate(CARD, candidate())
+    finally:
+        await evaluator.close()
+    assert after.ok and worker_said(after)["pid"] != worker_said(first)["pid"]
+
+
 async def test_a_sanitizer_report_rejects_the_new_best(monkeypatch):
     import kforge.eval.process.sanitize as sanitize
 

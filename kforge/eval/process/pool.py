@@ -12,7 +12,8 @@ worker that has run a candidate can never weigh on the verdict of another: it is
 crash or failure, and in any case after ``recycle_after`` evaluations. A candidate about to become
 an op's best is confirmed before it counts (``confirm``, which the engine runs beside the search):
 compute-sanitizer runs it while a worker that has run nothing before (the spare) evaluates and
-times it again on new inputs.
+times it again on new inputs. Once its candidate passed, that worker takes the place of the next
+search worker of its GPU that retires, so the replacement starts no process.
 """
 
 from __future__ import annotations
@@ -150,6 +151,10 @@ class WorkerProcess:
         telling = [ln for ln in lines if "error" in ln.lower() or "Error" in ln]
         return (telling or lines or ["no output"])[-1][:500]
 
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.returncode is None
+
     async def kill(self) -> None:
         if self.process is not None and self.process.returncode is None:
             with contextlib.suppress(ProcessLookupError):
@@ -201,6 +206,8 @@ class GpuEvaluator:
         self.spares = int(self.settings.get("spares", EvalSettings.spares))
         # device -> its spare workers, each started (or starting) ahead of need
         self._spares: dict[int, deque[asyncio.Task[WorkerProcess]]] = {}
+        # device -> a worker that confirmed a candidate, kept for the next retiring search worker
+        self._successors: dict[int, WorkerProcess] = {}
 
     @property
     def exhausted(self) -> bool:
@@ -282,6 +289,10 @@ class GpuEvaluator:
 
     async def _respawn(self, old: WorkerProcess) -> None:
         await old.kill()
+        successor = self._successors.pop(old.device, None)
+        if successor is not None and successor.running:
+            self._idle.put_nowait(successor)
+            return
         try:
             worker = await self._fresh(old.device)
         except KforgeError:
@@ -355,6 +366,7 @@ class GpuEvaluator:
         facts = replace(outcome.confirmation or Confirmation(), first_speedup=outcome.speedup)
         stop = threading.Event()  # a confirmation cancelled (superseded) ends its sanitizer run
         rerun = asyncio.create_task(self._fresh_evaluation(card, candidate, device))
+        kept = False
         try:
             if self.settings.get("sanitize", EvalSettings.sanitize):
                 report = await asyncio.to_thread(self._sanitize, card, candidate, outcome, device,
@@ -364,7 +376,16 @@ class GpuEvaluator:
                     return replace(outcome.judged_again(
                         EvalStatus.MISMATCH if report.ran else EvalStatus.INFRA, report.message),
                         confirmation=facts)
-            reply = await rerun
+            reply, worker = await rerun
+            if not isinstance(reply, Evaluated):
+                return replace(outcome.judged_again(
+                    EvalStatus.INFRA, f"the confirmation run answered {reply!r}"),
+                    confirmation=facts)
+            again = reply.outcome
+            kept = self._keep_as_successor(worker, reply)
+            return replace(again, confirmation=replace(
+                again.confirmation or Confirmation(), first_speedup=facts.first_speedup,
+                sanitizer=facts.sanitizer, confirmed=True))
         except (KforgeError, TimeoutError, WorkerGone) as exc:
             return replace(outcome.judged_again(EvalStatus.INFRA,
                                                 f"the confirmation run failed: {exc}"),
@@ -372,28 +393,39 @@ class GpuEvaluator:
         finally:
             stop.set()
             rerun.cancel()
-            await asyncio.gather(rerun, return_exceptions=True)  # its worker is gone
-        if not isinstance(reply, Evaluated):
-            return replace(outcome.judged_again(EvalStatus.INFRA,
-                                                f"the confirmation run answered {reply!r}"),
-                           confirmation=facts)
-        again = reply.outcome
-        return replace(again, confirmation=replace(
-            again.confirmation or Confirmation(), first_speedup=facts.first_speedup,
-            sanitizer=facts.sanitizer, confirmed=True))
+            (ran,) = await asyncio.gather(rerun, return_exceptions=True)
+            if isinstance(ran, tuple) and not kept:
+                await ran[1].kill()
 
-    async def _fresh_evaluation(self, card: OpCard, candidate: Candidate, device: int) -> Reply:
-        """``candidate`` evaluated on new inputs by a worker that has run nothing before; the
-        worker ends with the request (or its cancellation)."""
-        fresh: WorkerProcess | None = None
+    def _keep_as_successor(self, worker: WorkerProcess, reply: Evaluated) -> bool:
+        """Keep a confirmation's worker, whose one candidate passed every check and the
+        sanitizer, to take the place of the next search worker of its GPU that retires: that
+        replacement then starts no process (a start holds the GPU for its warm-up while the
+        search's timed sections wait). One a GPU; whether it was kept."""
+        if reply.outcome.status is not EvalStatus.OK or worker_exits_after(reply):
+            return False
+        worker.served += 1
+        old = self._successors.pop(worker.device, None)
+        self._successors[worker.device] = worker
+        if old is not None:
+            task = asyncio.create_task(old.kill())
+            self._respawns.add(task)
+            task.add_done_callback(self._respawns.discard)
+        return True
+
+    async def _fresh_evaluation(self, card: OpCard, candidate: Candidate, device: int
+                                ) -> tuple[Reply, WorkerProcess]:
+        """``candidate`` evaluated on new inputs by a worker that has run nothing before: the
+        reply and the worker, the caller's to keep or end (ended here if the request fails or
+        is cancelled)."""
+        fresh = await self._fresh(device)
         try:
-            fresh = await self._fresh(device)
             request = Evaluate(card, candidate, self.samples_dir,
                                confirmation_settings(self.settings))
-            return await fresh.request(request, self.timeout_s)
-        finally:
-            if fresh is not None:
-                await fresh.kill()
+            return await fresh.request(request, self.timeout_s), fresh
+        except BaseException:
+            await fresh.kill()
+            raise
 
     def _sanitize(self, card: OpCard, candidate: Candidate, outcome: EvalOutcome,
                   device: int, stop: threading.Event) -> SanitizerReport:
@@ -441,7 +473,8 @@ class GpuEvaluator:
             task.cancel()  # one still starting is killed; one started is stopped below
         workers = [w for w in await asyncio.gather(*spares, return_exceptions=True)
                    if isinstance(w, WorkerProcess)]
-        workers += list(self._working)
+        workers += list(self._working) + list(self._successors.values())
+        self._successors.clear()
         while not self._idle.empty():
             if (w := self._idle.get_nowait()) is not None:
                 workers.append(w)
