@@ -92,7 +92,7 @@ def test_the_counters_are_measured_in_the_timings_exclusive_hold(monkeypatch):
     assert seen == [1] and runtime.holds == 1  # one hold: the others' checks drain once
 
 
-def test_the_compile_gives_the_gpu_up_meanwhile():
+def test_the_admission_and_the_compile_give_the_gpu_up_meanwhile(monkeypatch):
     class Idling(CpuRuntime):
         idling = False
 
@@ -111,12 +111,19 @@ def test_the_compile_gives_the_gpu_up_meanwhile():
             self.compiled_idle.append(runtime.idling)
             return super().compile(candidate)
 
+    import kforge.eval.verify.pipeline as pipeline
+
+    admitted_idle: list[bool] = []
+    admit = pipeline.admit
+    monkeypatch.setattr(pipeline, "admit", lambda card, rt: (
+        admitted_idle.append(rt.idling), admit(card, rt))[1])
     runtime, loader = Idling(), Watching()
     card = C.relu_card()
     outcome = evaluate_candidate(card, C.reference(card, "cpu"), runtime=runtime,
                                  loader=loader, gpu=CPU_GPU, settings=FAST)
     assert outcome.status is EvalStatus.OK, outcome.summary
-    assert loader.compiled_idle == [True]  # NVRTC is host work: timed sections go on beside it
+    # host work (meta tensors, NVRTC): timed sections elsewhere go on beside it
+    assert loader.compiled_idle == [True] and admitted_idle == [True]
 
 
 @pytest.mark.parametrize("name, card, candidate, expected", C.CHEATS,

@@ -108,7 +108,8 @@ class Worker:
         evaluator's modules, NVRTC's start (the warm-up kernel's compile, which the warm-up then
         finds cached) and CUPTI's counter set-up. A spare starts while other workers time their
         candidates, and each of them waits for what it holds the GPU for."""
-        import kforge.eval.verify.evaluate  # noqa: F401 - imported for its cost, paid here
+        import kforge.eval.verify.baseline  # noqa: F401 - imported for their cost, paid here
+        import kforge.eval.verify.evaluate  # noqa: F401
         from kforge.core.candidate import Candidate
         from kforge.runtime.counters import prepare_counters
 

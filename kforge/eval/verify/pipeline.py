@@ -692,8 +692,10 @@ def evaluate_variant(card: OpCard, candidate: Candidate, *, runtime: Runtime,
     started = time.perf_counter()
     compiled: CompileResult | None = None
     try:
-        admit(card, runtime)
-        with runtime.idle():  # NVRTC is host work: a timed section elsewhere need not wait for it
+        # Host work (the call sized on meta tensors, whose first use in a process imports
+        # seconds of PyTorch; NVRTC): a timed section elsewhere need not wait for it
+        with runtime.idle():
+            admit(card, runtime)
             compiled = loader.compile(candidate)
         if not compiled.ok:
             first = next((ln for ln in compiled.log.splitlines() if "error" in ln),
