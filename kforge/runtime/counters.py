@@ -147,7 +147,11 @@ def find_cupti() -> str | None:
 
 
 # ----- CUPTI's parameter structs (cupti_target.h, cupti_profiler_target.h,
-# cupti_profiler_host.h, cupti_range_profiler.h); each starts with structSize and pPriv -----
+# cupti_profiler_host.h, cupti_range_profiler.h); each starts with structSize and pPriv. Each is
+# declared as the oldest CUPTI kforge meets has it (13.0, PyTorch's cu130 wheels): a newer CUPTI
+# takes an older struct by its structSize, an older one refuses a larger struct
+# (CUPTI_ERROR_INVALID_PARAMETER), so fields added since (GetCounterAvailability's
+# bAllowDeviceLevelCounters, CUDA 13.1) are left out, kforge setting none of them -----
 
 _P = ctypes.c_void_p
 _SIZE = ctypes.c_size_t
@@ -169,8 +173,7 @@ STRUCTS: dict[str, type[ctypes.Structure]] = {s.__name__: s for s in (
     _params("CUpti_Profiler_Initialize_Params", []),
     _params("CUpti_Profiler_DeInitialize_Params", []),
     _params("CUpti_Profiler_GetCounterAvailability_Params", [
-        ("ctx", _P), ("counterAvailabilityImageSize", _SIZE), ("pCounterAvailabilityImage", _P),
-        ("bAllowDeviceLevelCounters", ctypes.c_uint8)]),
+        ("ctx", _P), ("counterAvailabilityImageSize", _SIZE), ("pCounterAvailabilityImage", _P)]),
     _params("CUpti_Profiler_Host_Initialize_Params", [
         ("profilerType", ctypes.c_int), ("pChipName", _P), ("pCounterAvailabilityImage", _P),
         ("pHostObject", _P), ("pSinglePassMetricSetName", _P)]),
