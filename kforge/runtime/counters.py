@@ -150,8 +150,9 @@ def find_cupti() -> str | None:
 # cupti_profiler_host.h, cupti_range_profiler.h); each starts with structSize and pPriv. Each is
 # declared as the oldest CUPTI kforge meets has it (13.0, PyTorch's cu130 wheels): a newer CUPTI
 # takes an older struct by its structSize, an older one refuses a larger struct
-# (CUPTI_ERROR_INVALID_PARAMETER), so fields added since (GetCounterAvailability's
-# bAllowDeviceLevelCounters, CUDA 13.1) are left out, kforge setting none of them -----
+# (CUPTI_ERROR_INVALID_PARAMETER), so fields added since are left out, kforge setting none of
+# them: GetCounterAvailability's bAllowDeviceLevelCounters (13.1), Host_Initialize's
+# pSinglePassMetricSetName (13.2, PM sampling only) -----
 
 _P = ctypes.c_void_p
 _SIZE = ctypes.c_size_t
@@ -176,7 +177,7 @@ STRUCTS: dict[str, type[ctypes.Structure]] = {s.__name__: s for s in (
         ("ctx", _P), ("counterAvailabilityImageSize", _SIZE), ("pCounterAvailabilityImage", _P)]),
     _params("CUpti_Profiler_Host_Initialize_Params", [
         ("profilerType", ctypes.c_int), ("pChipName", _P), ("pCounterAvailabilityImage", _P),
-        ("pHostObject", _P), ("pSinglePassMetricSetName", _P)]),
+        ("pHostObject", _P)]),
     _params("CUpti_Profiler_Host_Deinitialize_Params", [("pHostObject", _P)]),
     _params("CUpti_Profiler_Host_GetBaseMetrics_Params", [
         ("pHostObject", _P), ("metricType", ctypes.c_int), ("ppMetricNames", _P),

@@ -69,6 +69,8 @@ def test_the_structs_are_cupti_13_0s_which_newer_cuptis_take_too():
     bAllowDeviceLevelCounters: CUPTI_ERROR_INVALID_PARAMETER, and no counters in any search."""
     availability = STRUCTS["CUpti_Profiler_GetCounterAvailability_Params"]
     assert struct_size(availability) == 40  # structSize, pPriv, ctx, size, image
+    host = STRUCTS["CUpti_Profiler_Host_Initialize_Params"]  # 13.2 added a single-pass set
+    assert struct_size(host) == 48  # structSize, pPriv, type, chip, availability, host object
 
 
 def test_without_counters_the_report_says_why_and_nothing_raises():
