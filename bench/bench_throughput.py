@@ -39,6 +39,9 @@ HERE = Path(__file__).resolve().parent
 MODELS = {"llama": f"{HERE / 'bench_e2e.py'}:build_llama",
           "unet": f"{HERE / 'bench_e2e.py'}:build_unet"}
 SESSION = 1
+# An evaluation that waited longer than this for the GPU's lock was stalled (an evaluation's own
+# wait for another's timed section is well under a second)
+STALL_S = 2.0
 
 
 def kforge(*args: str, timeout: float, env: dict[str, str] | None = None) -> float:
@@ -143,6 +146,10 @@ def summarize(db: Path, session: int = SESSION) -> dict:
         # of it, the time spent waiting for the GPU's lock (timed sections take turns)
         "gpu_wait_p50_s": percentile(waits, 0.5),
         "gpu_wait_share": round(sum(waits) / sum(walls), 2) if waits and sum(walls) else None,
+        # stalls: evaluations that waited over STALL_S for the lock (every search worker at once
+        # behind a long shared hold elsewhere, a starting process's say), and their wait in all
+        "stalled": len([w for w in waits if w > STALL_S]),
+        "stalled_wait_s": round(sum(w for w in waits if w > STALL_S), 1),
         # a search worker's time from one evaluation's end to the next one's start
         "worker_gap_p50_s": percentile(gaps_between(spans), 0.5),
         # where a search evaluation's time goes, step by step
@@ -171,11 +178,11 @@ def table(results: dict[str, dict]) -> str:
              "p90 s",
              "ran p50 s", "ran p90 s", "sanitizer p50 s", "rerun p50 s", "eval p50 s",
              "baseline compile s", "workers busy", "GPU wait p50 s", "GPU wait share",
-             "worker gap p50 s", "to last winner s", "winners", "confirming",
+             f"waited > {STALL_S:.0f} s (s)", "worker gap p50 s", "to last winner s", "winners", "confirming",
              "verdicts", "sanitizer s/tool", "evaluation steps p50 s")]
     for name, r in results.items():
         if "error" in r:
-            rows.append((name, r["error"][:80], *[""] * 22))
+            rows.append((name, r["error"][:80], *[""] * 23))
             continue
 
         def f(v):
@@ -190,7 +197,9 @@ def table(results: dict[str, dict]) -> str:
                      f(r.get("confirm_sanitizer_p50_s")), f(r.get("confirm_rerun_p50_s")),
                      f(r.get("evaluation_p50_s")), f(r.get("baseline_compile_s")),
                      f(r.get("workers_busy")), f(r.get("gpu_wait_p50_s")),
-                     f(r.get("gpu_wait_share")), f(r.get("worker_gap_p50_s")),
+                     f(r.get("gpu_wait_share")),
+                     f"{r.get('stalled', '-')} ({f(r.get('stalled_wait_s'))})",
+                     f(r.get("worker_gap_p50_s")),
                      f(r["to_last_confirmed_s"]), f"{r['winners']}/{r['cards']}",
                      str(len(r["still_confirming"])), json.dumps(r["verdicts"]),
                      json.dumps(r["sanitizer_tool_median_s"])
