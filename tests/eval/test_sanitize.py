@@ -409,3 +409,49 @@ def test_the_child_launches_the_candidate_alone_through_the_driver(tmp_path, fak
     assert launches == ["launch relu_f32 grid 10 1 1 block 256 1 1 shared 0"] * 3
     assert lines.count(expected) == 3 and lines.count("free") == 3
     assert (tmp_path / "locks" / f"gpu-{'ab' * 16}.lock").exists()  # it took the GPU's lock
+
+
+def test_the_child_holds_the_gpu_for_its_copies_and_calls_not_for_the_modules_load(
+        tmp_path, monkeypatch):
+    """The tool instruments the module as it loads (host work, seconds under racecheck): a timed
+    section elsewhere waits only for the child's copies and calls."""
+    import contextlib
+
+    import kforge.eval.process.sanitize_child as child
+    import kforge.runtime.gpulock as gpulock
+    from kforge.eval.process.sanitize import job_for, write_job
+    from tests.eval.candidates import reference, relu_card
+
+    events: list[str] = []
+    holding = [False]
+
+    class Lock:
+        def __init__(self, name, sync):
+            pass
+
+        @contextlib.contextmanager
+        def shared(self):
+            holding[0] = True
+            try:
+                yield
+            finally:
+                holding[0] = False
+
+    class Recording:
+        def __getattr__(self, name):
+            def record(*args):
+                events.append(f"{name} {'held' if holding[0] else 'free'}")
+                if name == "load":
+                    return {kernel: None for kernel in args[1]}
+                return (0, 0) if name == "allocate" else None
+            return record
+
+    monkeypatch.setattr(child, "Driver", Recording)
+    monkeypatch.setattr(gpulock, "GpuLock", Lock)
+    monkeypatch.setattr(gpulock, "device_uuid", lambda index: "ab" * 16)
+    card = relu_card([7, 333])
+    job = write_job(job_for(card, reference(card, "cuda"), b"CUBIN", tmp_path, calls=2), tmp_path)
+    child.run(child.Job.from_dict(json.loads(job.read_text())), {})
+    assert "load free" in events
+    assert [e for e in events if e.split()[0] in ("copy_in", "fill", "launch")] and all(
+        e.endswith("held") for e in events if e.split()[0] in ("copy_in", "fill", "launch"))
