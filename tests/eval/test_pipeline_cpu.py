@@ -126,6 +126,37 @@ def test_the_admission_and_the_compile_give_the_gpu_up_meanwhile(monkeypatch):
     assert loader.compiled_idle == [True] and admitted_idle == [True]
 
 
+def test_timed_calls_run_where_productions_memory_sits(monkeypatch):
+    """A plan with a fallback for misaligned pointers is timed on its aligned path, as a model's
+    tensors (on 512-byte boundaries) run it; the checks try the other placements."""
+    from tests.eval.redteam import ODD, vectorized_relu
+
+    backends = []
+
+    class Keeping(PyLoader):
+        def load(self, compiled):
+            backends.append(super().load(compiled))
+            return backends[-1]
+
+    timed: list[str] = []
+    time_against_eager = Evaluation.time_against_eager
+
+    def watched(self, buffers):
+        before = len(backends[0].launched)
+        try:
+            return time_against_eager(self, buffers)
+        finally:
+            timed.extend(backends[0].launched[before:])
+
+    monkeypatch.setattr(Evaluation, "time_against_eager", watched)
+    card = C.relu_card(ODD)
+    outcome = evaluate_candidate(card, vectorized_relu(), runtime=CpuRuntime(), loader=Keeping(),
+                                 gpu=CPU_GPU, settings=FAST)
+    assert outcome.status is EvalStatus.OK, outcome.summary
+    assert timed and set(timed) == {"relu_vec4"}
+    assert "relu_scalar" in set(backends[0].launched)  # the checks ran the fallback too
+
+
 @pytest.mark.parametrize("name, card, candidate, expected", C.CHEATS,
                          ids=[c[0] for c in C.CHEATS])
 def test_every_cheat_is_rejected(name, card, candidate, expected):

@@ -458,11 +458,12 @@ class InputFactory:
         else:
             self.models = defaults
 
-    def build(self, label: str, fill) -> InputSet:
-        """A new set (at the next placement) whose buffer ``i`` ``fill(i, buffer)`` fills; the
-        sets that stress an op's semantics are built so (``kforge.eval.verify.stress``)."""
+    def build(self, label: str, fill, shift: int | None = None) -> InputSet:
+        """A new set (at the next placement, or at ``shift``) whose buffer ``i``
+        ``fill(i, buffer)`` fills; the sets that stress an op's semantics are built so
+        (``kforge.eval.verify.stress``)."""
         buffers = []
-        shift = self.shifts.next()
+        shift = self.shifts.next() if shift is None else shift
         for i, g in enumerate(self.geometries):
             buf = allocate(g, self.device, shift)
             if g.span:
@@ -471,8 +472,9 @@ class InputFactory:
         return build_set(label, self.card.op, self.card.args, self.card.kwargs, buffers,
                          self.device, shift=shift)
 
-    def random_set(self, seed: int) -> InputSet:
-        return self.build(f"seed {seed}", self._random_fill(seed))
+    def random_set(self, seed: int, shift: int | None = None) -> InputSet:
+        """Random values drawn from ``seed``, at the next placement or at ``shift``."""
+        return self.build(f"seed {seed}", self._random_fill(seed), shift)
 
     def refill(self, inputs: InputSet, seed: int) -> None:
         """New random values (drawn as for ``random_set(seed)``) in a set built by this factory,

@@ -84,7 +84,7 @@ from kforge.eval.verify.ops import (
     memory_floor_us,
     traffic_bytes,
 )
-from kforge.eval.verify.placement import Shifts, shifts_for
+from kforge.eval.verify.placement import PRODUCTION, Shifts, shifts_for
 from kforge.eval.verify.poison import PoisonCycle
 from kforge.eval.verify.precision import (
     PrecisionReport,
@@ -148,9 +148,11 @@ class CandidateCalls:
         self.labels = ([f"result {i}" for i, o in enumerate(plan.outputs) if o.kind == "new"]
                        + [f"scratch {s.name!r}" for s in plan.scratch])
 
-    def memory(self) -> Allocation:
+    def memory(self, production: bool = False) -> Allocation:
+        """One call's fresh outputs and scratch: at the next placement, or where production's
+        sit (``production``: a timed call's)."""
         if self.fenced:
-            fences = Fences(self.shifts.next())
+            fences = Fences(PRODUCTION if production else self.shifts.next())
             made = self.runner.allocate(fences.empty)
             memory: Allocation = FencedAllocation(made.outputs, made.scratch, fences, self.labels)
         else:
@@ -484,10 +486,10 @@ class Evaluation:
     def counters(self) -> CounterReport:
         """Hardware counters of one call's launches, measured after the checks and the timing
         (each pass's memory is prepared and L2 flushed outside the measured launches)."""
-        inputs = self.factory.random_set(RECHECK_SEED)
+        inputs = self.factory.random_set(RECHECK_SEED, shift=PRODUCTION)
 
         def prepare() -> Allocation:
-            memory = self.calls.memory()
+            memory = self.calls.memory(production=True)
             self.runtime.flush()
             return memory
 
@@ -521,7 +523,7 @@ class Evaluation:
             self.factory.refill(inputs, values_seed + 2 * r)
             inputs.take_snapshot()
             if r != WALL_ROUND:
-                memory[r] = self.calls.memory()
+                memory[r] = self.calls.memory(production=True)
 
         def run_candidate(r: int) -> Any:
             inputs = buffers[r % k]
@@ -601,10 +603,15 @@ class Evaluation:
                           "when timed") from None
 
     def timing_sets(self, sets: list[InputSet]) -> list[InputSet]:
-        """A few sets to rotate while timing, as many as memory comfortably allows."""
+        """A few sets to rotate while timing, as many as memory comfortably allows, each where
+        production's tensors sit: a plan's path for aligned pointers is the one timed, as in a
+        model (its timed calls' outputs sit there too); the other placements are the checks'.
+        A set placed elsewhere is made again there (its values are drawn anew each call)."""
         per_set = max(sets[0].nbytes(), 1)
         fit = max(1, int(self.runtime.free_bytes() // (8 * per_set)))
-        return sets[:max(1, min(self.settings.timing_sets, fit, len(sets)))]
+        return [s if s.shift == PRODUCTION else self.factory.random_set(i, shift=PRODUCTION)
+                for i, s in enumerate(sets[:max(1, min(self.settings.timing_sets, fit,
+                                                       len(sets)))])]
 
     def host_cost(self, inputs: InputSet) -> HostCost:
         """Host time per call of the op patched with the candidate, as integration runs it (the
