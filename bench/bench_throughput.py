@@ -175,11 +175,10 @@ def gaps_between(spans: dict[int, list[tuple[float, float]]]) -> list[float]:
 
 def table(results: dict[str, dict]) -> str:
     rows = [("model", "evals", "search s", "evals/min", "sustained/min", "confirms", "p50 s",
-             "p90 s",
-             "ran p50 s", "ran p90 s", "sanitizer p50 s", "rerun p50 s", "eval p50 s",
+             "p90 s", "ran p50 s", "ran p90 s", "sanitizer p50 s", "rerun p50 s", "eval p50 s",
              "baseline compile s", "workers busy", "GPU wait p50 s", "GPU wait share",
-             f"waited > {STALL_S:.0f} s (s)", "worker gap p50 s", "to last winner s", "winners", "confirming",
-             "verdicts", "sanitizer s/tool", "evaluation steps p50 s")]
+             f"waited > {STALL_S:.0f} s (s)", "worker gap p50 s", "to last winner s", "winners",
+             "confirming", "verdicts", "sanitizer s/tool", "evaluation steps p50 s")]
     for name, r in results.items():
         if "error" in r:
             rows.append((name, r["error"][:80], *[""] * 23))
