@@ -105,16 +105,13 @@ class Worker:
 
     def prepare(self) -> None:
         """The host half of the start, done before the warm-up takes the GPU's lock: the
-        evaluator's modules, NVRTC's start (the warm-up kernel's compile, which the warm-up then
-        finds cached) and CUPTI's counter set-up. A spare starts while other workers time their
-        candidates, and each of them waits for what it holds the GPU for."""
+        evaluator's modules and CUPTI's counter set-up (the warm-up's admission and compile give
+        the lock up by themselves). A spare starts while other workers time their candidates,
+        and each of them waits for what it holds the GPU for."""
         import kforge.eval.verify.baseline  # noqa: F401 - imported for their cost, paid here
         import kforge.eval.verify.evaluate  # noqa: F401
-        from kforge.core.candidate import Candidate
         from kforge.runtime.counters import prepare_counters
 
-        self.ctx.loader.compile(Candidate(WARM_UP_SOURCE, plan=WARM_UP_PLAN,
-                                          meta={"family": "warm-up"}))
         device = self.ctx.runtime.device
         if device.type == "cuda":
             import torch
