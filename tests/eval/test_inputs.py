@@ -33,6 +33,23 @@ def test_allocation_keeps_shape_strides_offset_and_has_canaries_around():
     assert int(buf.view_mask().sum()) == g.span
 
 
+@pytest.mark.parametrize("shape, stride, offset", [((0,), (1,), 0), ((3, 0, 4), (0, 4, 1), 5)])
+def test_an_empty_tensor_is_checked_where_it_sits(shape, stride, offset):
+    """A tensor of no elements (cat's legacy empty cache) has address 0, so its place in its
+    buffer comes from the storage: its check is the canaries around it, not a walk of the
+    address space from 0 (which hung the evaluation)."""
+    buf = allocate(Geometry(shape, stride, offset, torch.float16), CPU, 130)
+    assert buf.view.data_ptr() == 0
+    trailing_canary = buf.base.numel() - buf.start - buf.geometry.span
+    assert buf.start == trailing_canary + offset  # the leading canary, then the storage offset
+    inputs = InputFactory(OpCard("aten.cat.default",
+                                 [{"t": "list", "items": [tensor([0]), tensor([2, 3])]}, 0]),
+                          CPU).random_set(1)
+    assert inputs.changed(set()) == []
+    inputs.buffers[0].base[0] = 5.0  # the empty tensor's leading canary
+    assert len(inputs.changed(set())) == 1
+
+
 def test_random_sets_are_reproducible_per_seed_and_differ_between_seeds():
     card = OpCard("aten.add.Tensor", [tensor([16, 8]), tensor([16, 8])])
     factory = InputFactory(card, CPU)

@@ -99,6 +99,14 @@ class Buffer:
     base: torch.Tensor
     view: torch.Tensor
 
+    @property
+    def start(self) -> int:
+        """Where the view's first element sits in ``base``. Read from the storages' addresses,
+        not the view's: a view of no elements has address 0."""
+        storage = self.view.untyped_storage().data_ptr()
+        return ((storage - self.base.data_ptr()) // self.base.element_size()
+                + self.view.storage_offset())
+
     def region(self) -> torch.Tensor:
         """The elements from the view's first to its last, as a 1-D tensor."""
         return self.view.as_strided((self.geometry.span,), (1,), self.view.storage_offset())
@@ -106,8 +114,7 @@ class Buffer:
     def view_mask(self) -> torch.Tensor:
         """Bool over ``base``: True from the view's first element to its last."""
         mask = torch.zeros(self.base.numel(), dtype=torch.bool, device=self.base.device)
-        start = (self.view.data_ptr() - self.base.data_ptr()) // self.base.element_size()
-        mask[start:start + self.geometry.span] = True
+        mask[self.start:self.start + self.geometry.span] = True
         return mask
 
 
@@ -342,7 +349,7 @@ class InputSet:
         integrity can be taken right after it while the stream is held and read later."""
         found = []
         for buf, snap in zip(self.buffers, self.snapshot):
-            start = (buf.view.data_ptr() - buf.base.data_ptr()) // buf.base.element_size()
+            start = buf.start
             end = start + buf.geometry.span
             found.append((differs_in(buf.base, snap, 0, start) | differs_in(buf.base, snap, end),
                           differs_in(buf.base, snap, start, end)))
