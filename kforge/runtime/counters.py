@@ -152,7 +152,7 @@ def find_cupti() -> str | None:
 # takes an older struct by its structSize, an older one refuses a larger struct
 # (CUPTI_ERROR_INVALID_PARAMETER), so fields added since are left out, kforge setting none of
 # them: GetCounterAvailability's bAllowDeviceLevelCounters (13.1), Host_Initialize's
-# pSinglePassMetricSetName (13.2, PM sampling only) -----
+# pSinglePassMetricSetName (13.2, PM sampling only), RangeProfiler_Enable's cacheControlMode -----
 
 _P = ctypes.c_void_p
 _SIZE = ctypes.c_size_t
@@ -194,8 +194,7 @@ STRUCTS: dict[str, type[ctypes.Structure]] = {s.__name__: s for s in (
         ("pHostObject", _P), ("pCounterDataImage", _P), ("counterDataImageSize", _SIZE),
         ("rangeIndex", _SIZE), ("ppMetricNames", _P), ("numMetrics", _SIZE),
         ("pMetricValues", _P)]),
-    _params("CUpti_RangeProfiler_Enable_Params", [
-        ("ctx", _P), ("pRangeProfilerObject", _P), ("cacheControlMode", ctypes.c_int)]),
+    _params("CUpti_RangeProfiler_Enable_Params", [("ctx", _P), ("pRangeProfilerObject", _P)]),
     _params("CUpti_RangeProfiler_Disable_Params", [("pRangeProfilerObject", _P)]),
     _params("CUpti_RangeProfiler_GetCounterDataSize_Params", [
         ("pRangeProfilerObject", _P), ("pMetricNames", _P), ("numMetrics", _SIZE),

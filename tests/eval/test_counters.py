@@ -64,13 +64,32 @@ def test_the_parameter_structs_match_cuptis_headers(tmp_path):
             assert getattr(struct, field).offset == int(value), f"{name}.{field}"
 
 
-def test_the_structs_are_cupti_13_0s_which_newer_cuptis_take_too():
-    """CUPTI 13.0 (PyTorch's cu130 wheels) refuses a GetCounterAvailability struct with 13.1's
-    bAllowDeviceLevelCounters: CUPTI_ERROR_INVALID_PARAMETER, and no counters in any search."""
-    availability = STRUCTS["CUpti_Profiler_GetCounterAvailability_Params"]
-    assert struct_size(availability) == 40  # structSize, pPriv, ctx, size, image
-    host = STRUCTS["CUpti_Profiler_Host_Initialize_Params"]  # 13.2 added a single-pass set
-    assert struct_size(host) == 48  # structSize, pPriv, type, chip, availability, host object
+# CUPTI_PROFILER_STRUCT_SIZE of each struct in CUPTI 13.0's headers (CUPTI_API_VERSION 130001,
+# the cu130 wheels'): an older CUPTI refuses a larger struct (CUPTI_ERROR_INVALID_PARAMETER).
+CUPTI_13_0_SIZES = {
+    "CUpti_Device_GetChipName_Params": 32, "CUpti_Profiler_Initialize_Params": 16,
+    "CUpti_Profiler_DeInitialize_Params": 16, "CUpti_Profiler_GetCounterAvailability_Params": 40,
+    "CUpti_Profiler_Host_Initialize_Params": 48, "CUpti_Profiler_Host_Deinitialize_Params": 24,
+    "CUpti_Profiler_Host_GetBaseMetrics_Params": 48,
+    "CUpti_Profiler_Host_ConfigAddMetrics_Params": 40,
+    "CUpti_Profiler_Host_GetConfigImageSize_Params": 32,
+    "CUpti_Profiler_Host_GetConfigImage_Params": 40,
+    "CUpti_Profiler_Host_GetNumOfPasses_Params": 40,
+    "CUpti_Profiler_Host_EvaluateToGpuValues_Params": 72,
+    "CUpti_RangeProfiler_Enable_Params": 32, "CUpti_RangeProfiler_Disable_Params": 24,
+    "CUpti_RangeProfiler_GetCounterDataSize_Params": 64,
+    "CUpti_RangeProfiler_CounterDataImage_Initialize_Params": 40,
+    "CUpti_RangeProfiler_SetConfig_Params": 90, "CUpti_RangeProfiler_Start_Params": 24,
+    "CUpti_RangeProfiler_Stop_Params": 41, "CUpti_RangeProfiler_DecodeData_Params": 32,
+    "CUpti_RangeProfiler_GetCounterDataInfo_Params": 40,
+}
+
+
+def test_every_struct_is_cupti_13_0s_which_newer_cuptis_take_too():
+    """CUPTI 13.0 (PyTorch's cu130 wheels) refused GetCounterAvailability with 13.1's
+    bAllowDeviceLevelCounters and RangeProfiler_Enable with a later cacheControlMode:
+    CUPTI_ERROR_INVALID_PARAMETER, and no counters in any search."""
+    assert {name: struct_size(s) for name, s in STRUCTS.items()} == CUPTI_13_0_SIZES
 
 
 def test_without_counters_the_report_says_why_and_nothing_raises():
