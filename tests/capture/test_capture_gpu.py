@@ -47,7 +47,8 @@ def library_of(result, fragment: str) -> str:
 def test_kernel_time_is_joined_to_cards(gpu_profile):
     result, _ = gpu_profile
     assert result.timing == "cuda" and result.total_us > 0
-    assert sum(c.share for c in result.cards) == pytest.approx(1.0)
+    # Op cards split the time; a region card's share is its member ops' share counted again.
+    assert sum(c.share for c in result.cards if c.region is None) == pytest.approx(1.0)
     big = [c for c in result.cards if c.target and c.share > 0.05]
     assert big and all(c.eager_us > 0 for c in big)
 
