@@ -16,7 +16,7 @@ import torch
 
 from kforge.errors import KforgeError
 from kforge.integrate.accelerate import Accelerated, check_faithful
-from kforge.integrate.backend import Backend, KforgeWarning, inductor_fuses
+from kforge.integrate.backend import Backend, KforgeWarning, unfused
 from kforge.integrate.decide import (
     choose,
     choose_compiled,
@@ -85,11 +85,8 @@ def backend(source: int | KernelTable | Patch, *, mode: str | None = None,
         except KforgeError as exc:
             table, notes = KernelTable(), [str(exc)]
         else:
-            fused = [e for e in loaded.table.entries if inductor_fuses(e.op)]
-            table = KernelTable(e for e in loaded.table.entries if e not in fused)
-            notes = [*loaded.notes, *(f"{e.label or e.op}: left to Inductor, which fuses it "
-                                      "(kforge.compile(..., example_inputs=...) tries it in "
-                                      "the model)" for e in fused)]
+            table, left = unfused(loaded.table)
+            notes = [*loaded.notes, *left]
     return Backend(table, mode=mode, options=options, dynamic=dynamic, notes=notes)
 
 

@@ -341,6 +341,15 @@ def inductor_fuses(op: str) -> bool:
     return torch.Tag.pointwise in func.tags or func in select_decomp_table()
 
 
+def unfused(table: KernelTable) -> tuple[KernelTable, list[str]]:
+    """The kernels a compiled model takes without a measurement in it: those of ops Inductor does
+    not fuse (``inductor_fuses``); and a note for each one left to Inductor."""
+    fused = [e for e in table.entries if inductor_fuses(e.op)]
+    notes = [f"{e.label or e.op}: left to Inductor, which fuses it (kforge.compile(..., "
+             "example_inputs=...) tries it in the model)" for e in fused]
+    return KernelTable(e for e in table.entries if e not in fused), notes
+
+
 @dataclass
 class GraphReport:
     """What kforge did in one compiled graph."""

@@ -12,7 +12,8 @@ runs produce N tokens):
   while the graphs are captured, so kforge's kernels are in them;
 - ``compile``: transformers compiles the decode step with Inductor (``compile_mode``, by default
   ``reduce-overhead`` as transformers does for a static cache); ``+kforge``: kforge's compile
-  backend (``kforge.integrate.backend``) in the same mode.
+  backend (``kforge.integrate.backend``) in the same mode, with the kernels ``kforge.backend``
+  takes from a session: those of ops Inductor does not fuse.
 
 The cache is the one users take for speed, a static cache (``cache_implementation="static"``:
 fixed shapes, so CUDA graphs and torch.compile apply), where the model supports one; otherwise
@@ -231,10 +232,13 @@ def compile_config(mode: GenerationMode, compile_mode: str, kernels: Patch | Non
     elif mode.kforge:
         from torch._dynamo import register_backend
 
-        from kforge.integrate.backend import Backend
+        from kforge.integrate.backend import Backend, unfused
 
         assert kernels is not None
-        chosen = Backend(kernels.table, mode=compile_mode, notes=kernels.notes)
+        # as kforge.backend(session) takes them: a kernel of an op Inductor fuses takes that op
+        # out of its fusions, which a generate does not measure kernel by kernel
+        table, left = unfused(kernels.table)
+        chosen = Backend(table, mode=compile_mode, notes=[*kernels.notes, *left])
         # by name: transformers deep-copies its compile config, and the backend holds kernels
         backend = f"kforge_generate_{next(_backend_names)}"
         register_backend(chosen, name=backend)
@@ -313,6 +317,13 @@ def _measure(run: GenerationRun, model: Any, input_ids: torch.Tensor, new_tokens
     mode back: ``run`` takes the mode's own figures."""
     mode = run.mode
     device = input_ids.device
+    if mode.kforge and mode.kind == COMPILE and against is not None and kernels is not None:
+        from kforge.integrate.backend import unfused
+
+        if not unfused(kernels.table)[0].entries:  # Inductor alone would compile it
+            run.seconds, run.tokens = list(against.seconds), against.tokens
+            run.kernels = f"{own_run(mode.base)}: every kernel is of an op Inductor fuses"
+            return
     patch = kernels if mode.kforge and mode.kind != COMPILE else None
     scope: Callable[[], contextlib.AbstractContextManager] = (
         (lambda: patch) if patch is not None else contextlib.nullcontext)
@@ -351,7 +362,9 @@ def _measure(run: GenerationRun, model: Any, input_ids: torch.Tensor, new_tokens
                 tokens = one()
         run.tokens = tokens.cpu()
         if chosen is not None:
-            run.kernels = f"{chosen.report.nodes} nodes"
+            left = len(kernels.table.entries) - len(chosen.table.entries) if kernels else 0
+            run.kernels = f"{chosen.report.nodes} nodes" + (
+                f", {left} kernels left to Inductor (it fuses their ops)" if left else "")
     except Exception as exc:  # Dynamo, Inductor, graph capture or the model gave up
         run.error = f"{type(exc).__name__}: {first_line(exc)}"
         run.seconds.clear()

@@ -17,12 +17,14 @@ from kforge.core.laws import Ranges, Symbol
 from kforge.core.opcard import OpCard
 from kforge.core.ranges import fit_laws, range_card, skeleton
 from kforge.errors import KforgeError
+from kforge.integrate import generate as generation
 from kforge.integrate.generate import (
     DYNAMIC,
     EAGER,
     MODES,
     STATIC,
     agreement,
+    compile_config,
     first_divergence,
     generate_tokens,
     parse_modes,
@@ -30,6 +32,7 @@ from kforge.integrate.generate import (
 )
 from kforge.runtime.guard import Patch
 from kforge.runtime.table import Entry, KernelTable
+from tests.eval.candidates import tensor
 
 CAT = "aten.cat.default"
 needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
@@ -234,3 +237,41 @@ def test_a_kforge_mode_no_faster_in_its_trial_is_handed_back(tiny):
     assert result.gain(EAGER) == 1.0 and patched.trial_s > eager.trial_s
     row = result.to_dict()["runs"][1]
     assert row["handed_back_tried"] == patched.tried and row["kforge_gain"] == 1.0
+
+
+def kernel_of(op: str, args: list, label: str) -> Entry:
+    return Entry(op, args, {}, lambda args, kwargs: None, torch.device("cpu"), label=label)
+
+
+@needs_transformers
+def test_the_compiled_kforge_mode_leaves_ops_inductor_fuses_to_inductor(monkeypatch):
+    """As ``kforge.backend(session)`` does: a kernel of an op Inductor fuses would take it out of
+    Inductor's fusions, which a generate does not weigh kernel by kernel."""
+    relu = kernel_of("aten.relu.default", [tensor([4, 8])], "relu")
+    mm = kernel_of("aten.mm.default", [tensor([4, 8]), tensor([8, 4])], "mm")
+    _, chosen = compile_config(MODES["compile+kforge"], "reduce-overhead",
+                               Patch(KernelTable([relu, mm])), torch.device("cpu"))
+    assert chosen.table.entries == [mm]
+    assert [n.split(":")[0] for n in chosen.report.notes] == ["relu"]
+
+    class Counting(torch.nn.Module):
+        """A generate that returns zeros and counts its calls (nothing is compiled)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls = 0
+
+        def generate(self, input_ids, **options):
+            self.calls += 1
+            return torch.cat([input_ids, torch.zeros_like(input_ids[:, :2])], dim=1)
+
+    monkeypatch.setattr(generation, "static_cache_problem", lambda model, input_ids: None)
+    model = Counting()
+    result = run_generation(model, torch.zeros(1, 3, dtype=torch.long), 2,
+                            modes=parse_modes("compile"), kernels=Patch(KernelTable([relu])),
+                            reps=1)
+    compiled, with_kforge = result.run("compile"), result.run("compile+kforge")
+    assert model.calls == 6  # eager's and compile's: setup, trial, one timed; none of kforge's
+    assert with_kforge.kernels == ("no kernels (Inductor's own): every kernel is of an op "
+                                   "Inductor fuses")
+    assert with_kforge.seconds == compiled.seconds and result.gain("compile") == 1.0
