@@ -8,6 +8,8 @@
 #   bash bench/run_gpu.sh models         # SD3.5, Qwen3.5 decode (8 layers), Qwen3.5 prefill profile
 #   bash bench/run_gpu.sh verify         # the evaluator's GPU red-team suite (compute-sanitizer
 #                                        # included) and the native guard's GPU tests
+#   GPUTESTS_PART=eval bash bench/run_gpu.sh gputests     # the GPU tests of tests/eval and
+#                                        # tests/capture; =library: tests/propose's, a step a dtype
 #   bash bench/run_gpu.sh host           # the evaluator's turnaround, the launch path's host cost
 #   OLD=path/to/old/tree bash bench/run_gpu.sh library   # the library's kernels under this
 #                                        # evaluator and under the one in OLD, side by side
@@ -66,6 +68,23 @@ case $track in
     step 220 "${bench_models[@]}" qwen35 --mode decode --layers 8 --cuda-graphs
     step 60 python3 -m kforge profile qwen35 --mode prefill --layers 8 --samples 0 \
         --db "$work/prefill.db"
+    ;;
+  gputests)  # every GPU test outside integration, in two calls: GPUTESTS_PART=eval (the red team,
+    # the controls, timing, counters, capture) or =library (the library's variants in every
+    # dtype, a step each, and its matmul and region families)
+    case ${GPUTESTS_PART:-eval} in
+      eval)
+        step 560 python3 -m pytest -m gpu -q -p no:cacheprovider --timeout 120 -rf \
+            tests/eval tests/capture ;;
+      library)
+        for dtype in float32 "float16 and not bfloat16" bfloat16; do
+          step 170 python3 -m pytest -m gpu -q -p no:cacheprovider --timeout 90 -rf \
+              tests/propose/test_library_gpu.py -k "$dtype"
+        done
+        step 170 python3 -m pytest -m gpu -q -p no:cacheprovider --timeout 90 -rf \
+            tests/propose/test_matmul_gpu.py tests/propose/test_region_families_gpu.py ;;
+      *) echo "unknown GPUTESTS_PART ${GPUTESTS_PART}: eval or library" >&2; exit 2 ;;
+    esac
     ;;
   verify)
     step 400 python3 -m pytest -m gpu -q -p no:cacheprovider --timeout 120 -rA tests/eval/test_gpu.py
