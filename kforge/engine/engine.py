@@ -521,9 +521,13 @@ class Engine:
                 why = (f"within the timing noise of the confirmed best "
                        f"({search.best.speedup:.2f}x over eager)")
             if why is None:
-                await self._log(f"node {node_id} would lead {search.card.op} at "
-                                f"{outcome.speedup:.2f}x over eager: confirming it once the "
-                                f"op's search settles")
+                ahead = self._pending_leader(search.card_id)
+                await self._log(
+                    f"node {node_id} would lead {search.card.op} at {outcome.speedup:.2f}x over "
+                    "eager: " + ("confirming it once the op's search settles"
+                                 if ahead is None or ahead.speedup < outcome.speedup else
+                                 f"a spare in case node {ahead.node_id} "
+                                 f"({ahead.speedup:.2f}x) is not confirmed"))
                 await self._record(search, node_id, outcome, None, confirming=True)
                 if search.would_lead(outcome.speedup):
                     self._queue(provisional)
@@ -546,13 +550,18 @@ class Engine:
         leader by less than the noise (or not at all) says the op's search has settled on the
         leader: it may be confirmed now."""
         card_id = p.search.card_id
-        leaders = list(self._waiting.get(card_id, {}).values())
-        if card_id in self._confirming:
-            leaders.append(self._confirming[card_id][0])
-        if leaders and not p.beats(max(leaders, key=lambda q: q.speedup)):
+        leader = self._pending_leader(card_id)
+        if leader is not None and not p.beats(leader):
             self._settled.add(card_id)
         self._waiting.setdefault(card_id, {})[p.node_id] = p
         self._pump()
+
+    def _pending_leader(self, card_id: int) -> Provisional | None:
+        """The fastest would-be best of an op that waits for its confirmation or is in it."""
+        leaders = list(self._waiting.get(card_id, {}).values())
+        if card_id in self._confirming:
+            leaders.append(self._confirming[card_id][0])
+        return max(leaders, key=lambda q: q.speedup, default=None)
 
     def _may_confirm(self, search: CardSearch) -> bool:
         """Whether ``search``'s would-be best may be confirmed now: its search has settled

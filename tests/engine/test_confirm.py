@@ -271,6 +271,19 @@ async def test_only_the_kernel_an_op_would_use_is_confirmed(store: Store):
     assert len(evaluator.confirmed) == 1
 
 
+async def test_a_slower_would_be_best_is_logged_as_the_spare_of_the_faster_one(store: Store):
+    """Both wait for the op to settle; the log does not call the slower one the op's leader."""
+    sid = await session(store)
+    status = await engine(store, sid, ScriptedProposer([3.0, 2.0, 1.1]), FakeEvaluator(),
+                          iterations_per_op=3).run()
+    assert status == SessionStatus.DONE
+    nodes = await by_speed(store, sid)
+    leads = [m.split(": ", 1)[1] for m in await logs(store, sid) if "would lead" in m]
+    assert leads == ["confirming it once the op's search settles",
+                     f"a spare in case node {nodes[3.0].id} (3.00x) is not confirmed"]
+    assert nodes[3.0].confirmed and not nodes[2.0].confirmed
+
+
 def test_a_kernel_short_of_every_baseline_says_so_for_each():
     from kforge.core.candidate import Baseline, Timing
     from kforge.core.reward import short_of_baselines
