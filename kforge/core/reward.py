@@ -86,6 +86,7 @@ def short_of_baselines(kernel: Timing | None, eager: Timing | None,
         spread = math.hypot(kernel.spread, base.spread)
         if significant_win(speedup, spread):
             return None
-        shortfalls.append(f"{speedup:.2f}x {name} is not faster beyond the timing noise "
+        shortfalls.append(f"{speedup:.2f}x {name} is slower" if speedup < 1.0 else
+                          f"{speedup:.2f}x {name} is not faster beyond the timing noise "
                           f"(±{spread:.0%})")
     return "; ".join(shortfalls) or "no baseline"

@@ -295,4 +295,5 @@ def test_a_kernel_short_of_every_baseline_says_so_for_each():
     assert short_of_baselines(timed(80.0), None, card) is None  # usable in eager and graphs
     assert short_of_baselines(timed(40.0), None, card) is None
     why = short_of_baselines(timed(99.0), None, card)
-    assert why is not None and "eager" in why and "torch.compile" in why
+    assert why == ("1.01x eager is not faster beyond the timing noise (±6%); 0.51x torch.compile "
+                   "is slower")
