@@ -223,13 +223,16 @@ _backend_names = itertools.count(1)
 def compile_config(mode: GenerationMode, compile_mode: str, kernels: Patch | None,
                    device: torch.device) -> tuple[Any, Any]:
     """transformers' ``CompileConfig`` for a CUDA graph or compiled mode, and kforge's compile
-    backend where the mode uses one (its ``report`` says what it replaced)."""
+    backend where the mode uses one (its ``report`` says what it replaced): None for a compiled
+    ``+kforge`` mode left no kernel, which Inductor then compiles alone."""
     from transformers import CompileConfig
 
     chosen = None
     if mode.kind == GRAPHS:
         backend, inductor_mode = "cudagraphs", "default"
-    elif mode.kforge:
+    else:
+        backend, inductor_mode = "inductor", compile_mode
+    if mode.kind == COMPILE and mode.kforge:
         from torch._dynamo import register_backend
 
         from kforge.integrate.backend import Backend, unfused
@@ -238,13 +241,12 @@ def compile_config(mode: GenerationMode, compile_mode: str, kernels: Patch | Non
         # as kforge.backend(session) takes them: a kernel of an op Inductor fuses takes that op
         # out of its fusions, which a generate does not measure kernel by kernel
         table, left = unfused(kernels.table)
-        chosen = Backend(table, mode=compile_mode, notes=[*kernels.notes, *left])
-        # by name: transformers deep-copies its compile config, and the backend holds kernels
-        backend = f"kforge_generate_{next(_backend_names)}"
-        register_backend(chosen, name=backend)
-        inductor_mode = "default"  # the backend applies compile_mode itself
-    else:
-        backend, inductor_mode = "inductor", compile_mode
+        if table.entries:
+            chosen = Backend(table, mode=compile_mode, notes=[*kernels.notes, *left])
+            # by name: transformers deep-copies its compile config, and the backend holds kernels
+            backend = f"kforge_generate_{next(_backend_names)}"
+            register_backend(chosen, name=backend)
+            inductor_mode = "default"  # the backend applies compile_mode itself
     config = CompileConfig(fullgraph=False, backend=backend, mode=inductor_mode)
     if device.type != "cuda":
         config._compile_all_devices = True  # transformers compiles on GPUs only, unless told
@@ -317,13 +319,6 @@ def _measure(run: GenerationRun, model: Any, input_ids: torch.Tensor, new_tokens
     mode back: ``run`` takes the mode's own figures."""
     mode = run.mode
     device = input_ids.device
-    if mode.kforge and mode.kind == COMPILE and against is not None and kernels is not None:
-        from kforge.integrate.backend import unfused
-
-        if not unfused(kernels.table)[0].entries:  # Inductor alone would compile it
-            run.seconds, run.tokens = list(against.seconds), against.tokens
-            run.kernels = f"{own_run(mode.base)}: every kernel is of an op Inductor fuses"
-            return
     patch = kernels if mode.kforge and mode.kind != COMPILE else None
     scope: Callable[[], contextlib.AbstractContextManager] = (
         (lambda: patch) if patch is not None else contextlib.nullcontext)
@@ -332,6 +327,11 @@ def _measure(run: GenerationRun, model: Any, input_ids: torch.Tensor, new_tokens
         if mode.kind != EAGER:
             torch._dynamo.reset()  # each compiled mode starts from nothing
             config, chosen = compile_config(mode, compile_mode, kernels, device)
+            if mode.kind == COMPILE and mode.kforge and chosen is None:
+                run.kernels = f"{own_run(mode.base)}: every kernel is of an op Inductor fuses"
+                if against is not None:  # its own figures, without compiling it again
+                    run.seconds, run.tokens = list(against.seconds), against.tokens
+                    return
 
         def one() -> torch.Tensor:
             _sync(device)
