@@ -31,6 +31,7 @@ from kforge.capture.recorder import (
     CallRecorder,
     ModuleTracker,
     SampleRecorder,
+    unwatched_note,
 )
 from kforge.capture.regions import RegionPlan, TraceRecorder, region_cards, region_reads
 from kforge.capture.samples import SampleBudget, spread
@@ -81,14 +82,17 @@ def profile(loaded: LoadedModel, *, samples_per_card: int, staging_dir: Path,
     repeats = repeats or (3 if on_gpu else 1)
 
     report("warmup", 0, 1)
-    _guarded(loaded, lambda: _forward(loaded, on_gpu))
+    _guarded(loaded, lambda: _forward(loaded, on_gpu), watched=False)
     report("warmup", 1, 1)
 
     recorder, times, unattributed_us = _timed_passes(loaded, on_gpu, repeats, report)
     cards = _cards(recorder, times, repeats)
+    unwatched = unwatched_note({name: max(1, round(calls / repeats))
+                                for name, calls in recorder.unwatched.items()})
     if not cards:
-        raise KforgeError(f"{loaded.name} ran no operator on {loaded.device}: its forward "
-                          "returned without calling any, so there is nothing to profile")
+        raise KforgeError(f"{loaded.name} ran no operator on {loaded.device}: "
+                          + (unwatched if unwatched else "its forward returned without calling "
+                             "any, so there is nothing to profile"))
     total_us = sum(card.total_us for card in cards)
     cards = [c.with_(share=c.total_us / total_us if total_us else 0.0) for c in cards]
     found = _regions(loaded, on_gpu, cards, total_us, report) if regions else None
@@ -98,6 +102,8 @@ def profile(loaded: LoadedModel, *, samples_per_card: int, staging_dir: Path,
         modules={key: list(paths) for key, paths in recorder.modules.items()})
     if found:
         result.modules.update(found.modules)
+    if unwatched:
+        result.warnings.append(unwatched)
     if not on_gpu:
         result.warnings.append("profiled on the CPU: times are CPU times, libraries not known")
     else:
@@ -222,8 +228,9 @@ def _sampled_forward(loaded: LoadedModel, on_gpu: bool, sampler: SampleRecorder)
         torch.cuda.synchronize(loaded.device)
 
 
-def _guarded(loaded: LoadedModel, work: Callable[[], Any]) -> Any:
-    """Run ``work``, turning the ways a model fails to run into one clear KforgeError."""
+def _guarded(loaded: LoadedModel, work: Callable[[], Any], watched: bool = True) -> Any:
+    """Run ``work``, turning the ways a model fails to run into one clear KforgeError;
+    ``watched``: the model runs under kforge's recorders, after a forward without them passed."""
     try:
         return work()
     except torch.OutOfMemoryError:
@@ -237,7 +244,9 @@ def _guarded(loaded: LoadedModel, work: Callable[[], Any]) -> Any:
         raise KforgeError(f"{loaded.name} called sys.exit({exc.code!r}) while running") from None
     except Exception as exc:
         dtype = str(loaded.dtype).removeprefix("torch.")
-        raise KforgeError(f"{loaded.name} failed to run on {loaded.device} in {dtype}: "
+        where = (" under kforge's op recorder (a torch dispatch mode; the forward before it, "
+                 "without the recorder, ran)") if watched else ""
+        raise KforgeError(f"{loaded.name} failed to run on {loaded.device} in {dtype}{where}: "
                           f"{type(exc).__name__}: {first_line(exc)}") from None
 
 

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 import torch
 from torch._C._profiler import _RecordFunctionFast
+from torch._ops import HigherOrderOperator
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from kforge.capture.classify import is_view_or_copy
@@ -97,7 +98,33 @@ class ModuleTracker:
             self.scopes.pop()
 
 
-class _KeyedMode(TorchDispatchMode):
+class HigherOrderPassThrough(TorchDispatchMode):
+    """A mode that lets higher-order operators (``torch.cond``, ``while_loop``,
+    ``flex_attention``) run as they are: their bodies are functions, not aten calls, and run out
+    of the mode's sight; ``unwatched`` counts their calls by name."""
+
+    supports_higher_order_operators = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unwatched: dict[str, int] = {}
+
+    def pass_through(self, func: HigherOrderOperator, args: tuple, kwargs: dict) -> Any:
+        name = func.name()
+        self.unwatched[name] = self.unwatched.get(name, 0) + 1
+        return func(*args, **kwargs)
+
+
+def unwatched_note(unwatched: dict[str, int]) -> str | None:
+    """What a profile says of the higher-order operators it could not look into."""
+    if not unwatched:
+        return None
+    calls = ", ".join(f"{n} x{c}" if c > 1 else n for n, c in sorted(unwatched.items()))
+    return (f"the ops inside higher-order operators ({calls}) have no op cards: kforge records "
+            "aten calls, and these run their bodies as functions")
+
+
+class _KeyedMode(HigherOrderPassThrough):
     """Computes each call's card key; subclasses decide what to do around the call."""
 
     def __init__(self) -> None:
@@ -129,6 +156,8 @@ class CallRecorder(_KeyedMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        if isinstance(func, HigherOrderOperator):
+            return self.pass_through(func, args, kwargs)
         call = self._describe(func, args, kwargs)
         if call is None:
             return func(*args, **kwargs)
@@ -169,6 +198,8 @@ class SampleRecorder(_KeyedMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        if isinstance(func, HigherOrderOperator):  # uncounted, as the trace's recorder does
+            return self.pass_through(func, args, kwargs)
         self.passed += 1
         if self.on_progress is not None and self.passed % PROGRESS_EVERY == 0:
             self.on_progress(self.passed)

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch._ops import HigherOrderOperator
 from torch.utils.weak import WeakIdKeyDictionary
 
 from kforge.capture.classify import is_fusible, is_region_view
-from kforge.capture.recorder import SKIPPED_NAMESPACES, ModuleTracker
+from kforge.capture.recorder import SKIPPED_NAMESPACES, HigherOrderPassThrough, ModuleTracker
 from kforge.capture.samples import spread
 from kforge.core.argspec import encode_call, walk
 from kforge.core.opcard import NATIVE, OpCard, variant_key
@@ -33,7 +33,7 @@ class ForwardCall:
     output: int | None = None
 
 
-class TraceRecorder(TorchDispatchMode):
+class TraceRecorder(HigherOrderPassThrough):
     """Records every call as a ``TraceCall``, and every module call (``forwards``, by scope);
     tensors are told apart by identity (a view is a tensor of its own). Bookkeeping calls are
     recorded too, unfusible, so that call indices are the same as a ``SampleRecorder``'s on the
@@ -90,6 +90,8 @@ class TraceRecorder(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        if isinstance(func, HigherOrderOperator):
+            return self.pass_through(func, args, kwargs)
         facts = self._facts.get(func)
         if facts is None:
             facts = self._facts[func] = (str(func), operator_facts(func))

@@ -69,11 +69,14 @@ class SampleBudget:
 
 
 def snapshot_value(value: Any, key: str, budget: SampleBudget) -> Any:
-    """``value`` with every tensor copied to the CPU, or replaced by its spec when over budget."""
+    """``value`` with every tensor copied to the CPU, or replaced by its spec when over budget
+    or when it is no plain strided tensor (sparse, nested, quantized: no kernel takes those)."""
     if isinstance(value, torch.Tensor):
-        if value.layout is torch.strided and budget.take(key, storage_bytes_needed(value)):
+        spec = encode_value(value)
+        if ("stride" in spec and not value.is_quantized
+                and budget.take(key, storage_bytes_needed(value))):
             return cpu_copy_keeping_layout(value)
-        return encode_value(value)
+        return spec
     if isinstance(value, (list, tuple)):
         return [snapshot_value(item, key, budget) for item in value]
     if isinstance(value, torch.memory_format):

@@ -4,7 +4,8 @@ that writes, walks, reads and binds it.
 An argument is described by a JSON-able *arg spec*:
 
 - a tensor: ``{"t": "tensor", "shape": [..], "stride": [..], "dtype": "bfloat16", "offset": 0}``
-  (a tensor of another layout, e.g. sparse, has ``"layout"`` instead of strides and offset)
+  (a tensor without one set of strides, sparse or nested, has ``"layout"`` instead of strides and
+  offset; a nested one has the shape ``[]``)
 - a list or tuple of arguments: ``{"t": "list", "items": [...]}``
 - a dtype / device / layout / memory format: ``{"t": "dtype", "v": "float32"}`` (and so on); a
   symbolic number ``{"t": "sym", "v": "s0"}``; any other object ``{"t": "other", "v": type name}``
@@ -72,14 +73,23 @@ def _encoder() -> dict[str, Callable[..., Any]]:
         return {"t": "tensor", "shape": list(t.shape), "stride": list(t.stride()),
                 "dtype": dtype_name(t.dtype), "offset": t.storage_offset()}
 
+    def unstrided_spec(t: torch.Tensor) -> dict:
+        """A sparse, nested or other tensor without one set of strides: its kind in ``layout``
+        (a nested tensor's components differ in size: it has no one shape either)."""
+        if t.is_nested:
+            return {"t": "tensor", "shape": [], "dtype": dtype_name(t.dtype), "layout": "nested"}
+        return {"t": "tensor", "shape": list(t.shape), "dtype": dtype_name(t.dtype),
+                "layout": str(t.layout).removeprefix("torch.")}
+
     def encode_value(value: Any) -> Any:
         """The arg spec of one argument value."""
         if isinstance(value, tensor):
-            if value.layout is not strided:  # sparse and other layouts have no strides
-                return {"t": "tensor", "shape": list(value.shape),
-                        "dtype": dtype_name(value.dtype),
-                        "layout": str(value.layout).removeprefix("torch.")}
-            return tensor_spec(value)
+            if value.layout is strided:
+                try:
+                    return tensor_spec(value)
+                except RuntimeError:  # a nested tensor: strided components, no one shape
+                    pass
+            return unstrided_spec(value)
         if value is None or isinstance(value, (bool, int, float, str)):
             return value
         if isinstance(value, (list, tuple)):

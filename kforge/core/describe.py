@@ -12,12 +12,16 @@ from kforge.core.laws import Ranges
 
 
 def describe_tensor(spec: dict) -> str:
-    """Short human form, e.g. ``bf16[8,4096]`` or ``f32[64,64]T`` for a non-contiguous tensor."""
+    """Short human form, e.g. ``bf16[8,4096]``, ``f32[64,64]*`` for a non-contiguous tensor,
+    ``f32[4,16] sparse_coo`` or ``f32 nested`` for one without strides."""
     short = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "float64": "f64",
              "int64": "i64", "int32": "i32", "bool": "b8", "uint8": "u8", "int8": "i8"}
+    dtype = short.get(spec["dtype"], spec["dtype"])
     dims = ",".join(str(d) for d in spec["shape"])
+    if "stride" not in spec:
+        return f"{dtype}[{dims}] {spec.get('layout')}" if dims else f"{dtype} {spec.get('layout')}"
     mark = "" if is_contiguous(spec["shape"], spec["stride"]) else "*"
-    return f"{short.get(spec['dtype'], spec['dtype'])}[{dims}]{mark}"
+    return f"{dtype}[{dims}]{mark}"
 
 
 def describe_args(args: list, kwargs: dict) -> str:

@@ -76,6 +76,17 @@ def test_a_failing_model_stores_nothing(tmp_path, capsys):
     assert not samples_root.exists() or not any(samples_root.iterdir())
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")  # sparse invariant checks left off
+def test_a_profile_with_a_sparse_input_is_stored_and_read_back(tmp_path, capsys):
+    db = tmp_path / "kforge.db"
+    unusual = Path(__file__).with_name("unusual_toy.py")
+    assert main(["profile", f"{unusual}:sparse_model", "--device", "cpu", "--db", str(db)]) == 0
+    capsys.readouterr()
+    assert main(["show", "1", "--db", str(db)]) == 0
+    assert "f32[4,16] sparse_coo" in capsys.readouterr().out
+    assert main(["apply", "1", "--db", str(db)]) == 0
+
+
 @pytest.mark.parametrize("factory, message", [
     ("idle_model", "ran no operator on cpu: its forward returned without calling any"),
     ("out_of_memory_model", "out of host memory running"),

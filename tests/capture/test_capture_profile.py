@@ -144,3 +144,43 @@ def test_a_model_that_fails_to_run_is_one_clear_error(tmp_path):
         profile(toy("failing_model"), samples_per_card=1, staging_dir=tmp_path)
     message = str(caught.value)
     assert "failed to run on cpu in float32: RuntimeError" in message and "\n" not in message
+
+
+UNUSUAL = Path(__file__).with_name("unusual_toy.py")
+
+
+def unusual(factory: str):
+    return load_model(f"{UNUSUAL}:{factory}", ModelOptions(device="cpu"))
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # prototype and deprecated tensor kinds
+@pytest.mark.parametrize(("factory", "op", "shown"), [
+    ("sparse_model", "aten._sparse_addmm.default", "f32[4,16] sparse_coo"),
+    ("nested_model", "aten.mul.Tensor", "f32 nested"),
+    ("quantized_model", "aten.dequantize.self", "quint8[4,8]"),
+])
+def test_tensors_without_one_set_of_strides_are_profiled_and_described(tmp_path, factory, op,
+                                                                       shown):
+    result = profile(unusual(factory), samples_per_card=1, staging_dir=tmp_path)
+    found = card(result, op)
+    assert shown in found.signature
+    # no copy of such a tensor is kept as a sample: its spec stands in for it
+    sample = torch.load(tmp_path / found.key / "0.pt", weights_only=True)
+    assert not any(isinstance(a, torch.Tensor) and (a.is_sparse or a.is_nested or a.is_quantized)
+                   for a in sample["args"])
+
+
+def test_higher_order_operators_run_and_the_profile_says_what_it_could_not_see(tmp_path):
+    result = profile(unusual("cond_model"), samples_per_card=0, staging_dir=tmp_path)
+    ops = {c.op for c in result.cards}
+    assert {"aten.sum.default", "aten.mul.Tensor"} <= ops  # the calls around the cond
+    assert not ops & {"aten.sin.default", "aten.cos.default"}  # the branches ran unseen
+    assert any("higher-order operators (cond)" in w for w in result.warnings)
+
+
+def test_a_model_that_fails_only_under_the_recorder_is_told_so(tmp_path):
+    with pytest.raises(KforgeError) as caught:
+        profile(unusual("shy_model"), samples_per_card=0, staging_dir=tmp_path)
+    message = str(caught.value)
+    assert "under kforge's op recorder" in message and "RuntimeError: watched" in message
+    assert "\n" not in message

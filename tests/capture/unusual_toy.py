@@ -1,0 +1,61 @@
+"""Models whose tensors or control flow are out of the ordinary, for the profile's tests: a sparse
+input, a nested input, a quantized input, ``torch.cond``, and a forward that only fails under a
+dispatch mode."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+
+class SparseMatmul(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(16, 8))
+
+    def forward(self, a: torch.Tensor) -> torch.Tensor:
+        return torch.sparse.mm(a, self.weight).relu()
+
+
+def sparse_model():
+    indices = torch.tensor([[0, 1, 3], [2, 0, 15]])
+    return SparseMatmul(), (torch.sparse_coo_tensor(indices, torch.randn(3), (4, 16)),)
+
+
+class Padded(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x * 2).to_padded_tensor(0.0).relu()
+
+
+def nested_model():
+    return Padded(), (torch.nested.nested_tensor([torch.randn(3, 4), torch.randn(5, 4)]),)
+
+
+class Dequantized(nn.Module):
+    def forward(self, q: torch.Tensor) -> torch.Tensor:
+        return q.dequantize().relu()
+
+
+def quantized_model():
+    return Dequantized(), (torch.quantize_per_tensor(torch.randn(4, 8), 0.1, 0, torch.quint8),)
+
+
+class Branches(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cond(x.sum() > 0, lambda t: t.sin(), lambda t: t.cos(), (x,)) * 2
+
+
+def cond_model():
+    return Branches(), (torch.randn(4, 8),)
+
+
+class Shy(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _get_current_dispatch_mode() is not None:
+            raise RuntimeError("watched")
+        return x.relu()
+
+
+def shy_model():
+    return Shy(), (torch.randn(4, 8),)
