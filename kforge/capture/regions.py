@@ -15,7 +15,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from kforge.capture.classify import is_fusible, is_region_view
 from kforge.capture.recorder import SKIPPED_NAMESPACES, HigherOrderPassThrough, ModuleTracker
 from kforge.capture.samples import spread
-from kforge.core.argspec import encode_call, walk
+from kforge.core.argspec import encode_call, tensor_specs, walk
 from kforge.core.opcard import NATIVE, OpCard, variant_key
 from kforge.core.region import RegionInstance, TraceCall, find_regions, operator_facts
 
@@ -107,7 +107,9 @@ class TraceRecorder(HigherOrderPassThrough):
                                                      else [result])
                        if isinstance(v, torch.Tensor))
         args_spec, kwargs_spec = encode_call(func, args, kwargs)
-        fusible = is_fusible(op, reads_tensors=bool(reads), **known)
+        # a kernel takes strided tensors only: sparse or nested ones keep their call out
+        fusible = (is_fusible(op, reads_tensors=bool(reads), **known)
+                   and all("stride" in t for t in tensor_specs([args_spec, kwargs_spec])))
         self.trace.append(TraceCall(op, args_spec, kwargs_spec, reads, writes, self.tracker.scope,
                                     fusible, is_region_view(op, aliases),
                                     variant_key(op, args_spec, kwargs_spec)))

@@ -164,6 +164,7 @@ def test_tensors_without_one_set_of_strides_are_profiled_and_described(tmp_path,
     result = profile(unusual(factory), samples_per_card=1, staging_dir=tmp_path)
     found = card(result, op)
     assert shown in found.signature
+    assert all(c.region is None for c in result.cards)  # no kernel fuses such tensors' ops
     # no copy of such a tensor is kept as a sample: its spec stands in for it
     sample = torch.load(tmp_path / found.key / "0.pt", weights_only=True)
     assert not any(isinstance(a, torch.Tensor) and (a.is_sparse or a.is_nested or a.is_quantized)

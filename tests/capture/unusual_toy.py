@@ -25,7 +25,7 @@ def sparse_model():
 
 class Padded(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (x * 2).to_padded_tensor(0.0).relu()
+        return (x * 2 + 1).to_padded_tensor(0.0).relu()
 
 
 def nested_model():
