@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from kforge.app.facts import SessionFacts, session_facts
 from kforge.core.gpu import NO_GPU, GpuInfo
 from kforge.store import Store
-from kforge.store.beside import own_folder
+from kforge.store.beside import samples_root
 from kforge.store.config import store_options
 
 if TYPE_CHECKING:
@@ -105,14 +105,15 @@ async def _profile_into_store(db: Path, request: ProfileRequest,
     from kforge.capture.ranges import profile_lengths, with_ranges
     from kforge.capture.staging import new_staging_dir, remove_abandoned
 
-    samples_root = own_folder(db.parent, "samples")  # where the store keeps them (no link)
+    samples = samples_root(db)  # where the store keeps them (no link)
     store = await Store.open(db, create=False, options=store_options()) if db.exists() else None
     staging = None
     try:
         options = ModelOptions(dtype=request.dtype, device=request.device, batch=request.batch,
                                seq_len=request.seq_len, mode=request.mode, layers=request.layers)
-        remove_abandoned(samples_root)
-        staging = new_staging_dir(samples_root)
+        for root in (samples, samples.parent):  # the parent: an older kforge's staging folders
+            remove_abandoned(root)
+        staging = new_staging_dir(samples)
         others = (profile_lengths(request.model, options, list(request.seq_lengths), progress)
                   if request.seq_lengths else [])
         loaded = load_model(request.model, options, progress)
@@ -129,8 +130,9 @@ async def _profile_into_store(db: Path, request: ProfileRequest,
     except BaseException:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
-            with contextlib.suppress(OSError):  # left only where it holds nothing else
-                samples_root.rmdir()
+            for folder in (samples, samples.parent):  # left only where they hold nothing else
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
         raise
     finally:
         if store is not None:

@@ -96,7 +96,7 @@ async def session_evaluator(store: Store, session_id: int, consent: PluginConsen
     consent.check(settings.search, session.settings.get("search") or {}, config.search)
     for note in stored.notes:
         await store.log(session_id, note, "warning")
-    ctx = SearchContext(session_id=session_id, samples_dir=store.samples_dir(session_id),
+    ctx = SearchContext(session_id=session_id, samples_dir=store.samples_to_read(session_id),
                         settings=settings, config=config,
                         gpu=session.gpu_info if session.gpu else None)
     evaluator = make_evaluator(settings.search.evaluator, ctx)

@@ -1,5 +1,5 @@
 """Files kforge keeps beside a database: the database itself, SQLite's write-ahead log and shared
-memory, the samples folder (one folder per session) and the engines' logs.
+memory, the samples folder (a folder per database, in it one per session) and the engines' logs.
 
 A database's folder may be someone else's (a shared folder, an unpacked archive) and hold links
 that lead anywhere: a ``logs`` link would have an engine append its output to any file, a
@@ -19,6 +19,7 @@ from kforge.core.files import check_own, no_link, open_append
 
 DATABASE_FILE = "kforge database file"
 _SQLITE_FILES = ("-wal", "-shm", "-journal")
+SAMPLES = "samples"
 
 
 def check_database_files(db: Path) -> None:
@@ -35,6 +36,19 @@ def own_folder(db_folder: Path, *parts: str) -> Path:
     for part in parts:
         path = no_link(path / part)
     return path
+
+
+def samples_root(db: Path) -> Path:
+    """``samples/<database file name>/`` beside the database ``db``: its sessions' samples, one
+    folder per session; a folder of its own, so that databases in one folder keep theirs apart."""
+    return own_folder(db.parent, SAMPLES, db.name)
+
+
+def legacy_samples_dir(db: Path, session_id: int) -> Path:
+    """``samples/<session id>/``, where databases kept their samples before each had a folder of
+    its own: read where the database's own has none, never written or removed (any database of
+    that folder may have written it)."""
+    return own_folder(db.parent, SAMPLES, str(session_id))
 
 
 def open_log(path: Path) -> BinaryIO:

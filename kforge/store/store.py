@@ -22,11 +22,12 @@ from typing import Any
 import aiosqlite
 
 from kforge.core.candidate import Baseline, Candidate, EvalOutcome, LlmCall
+from kforge.core.files import no_link
 from kforge.core.opcard import OpCard
 from kforge.core.schema import encode
 from kforge.core.settings import SessionSettings
 from kforge.errors import KforgeError
-from kforge.store.beside import own_folder
+from kforge.store.beside import legacy_samples_dir, samples_root
 from kforge.store.connection import Own, Redacting, write_event
 from kforge.store.events import (
     CardsAdded,
@@ -84,11 +85,26 @@ class Store(EngineLease):
 
     @property
     def samples_root(self) -> Path:
-        """``samples/`` beside the database; a KforgeError where it is a link."""
-        return own_folder(self.path.parent, "samples")
+        """This database's samples folder (``kforge.store.beside.samples_root``); a
+        KforgeError where a step of it is a link."""
+        return samples_root(self.path)
 
     def samples_dir(self, session_id: int) -> Path:
-        return own_folder(self.path.parent, "samples", str(session_id))
+        """Where this database keeps a session's samples: written by a profile, removed with
+        the session."""
+        return no_link(self.samples_root / str(session_id))
+
+    def samples_to_read(self, session_id: int) -> Path:
+        """The session's samples folder, or the shared one of an older kforge where the
+        database's own has none (``legacy_samples_dir``; never a link)."""
+        own = self.samples_dir(session_id)
+        if own.exists():
+            return own
+        try:
+            legacy = legacy_samples_dir(self.path, session_id)
+        except KforgeError:  # a link: not followed
+            return own
+        return legacy if legacy.is_dir() else own
 
     # ----- sessions -----
 

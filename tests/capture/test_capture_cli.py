@@ -76,6 +76,37 @@ def test_a_failing_model_stores_nothing(tmp_path, capsys):
     assert not samples_root.exists() or not any(samples_root.iterdir())
 
 
+def test_databases_in_one_folder_keep_their_samples_apart(tmp_path, capsys):
+    """Each database's session 1 has its own samples: a profile into one, or a delete in it,
+    leaves the other's alone."""
+    first, second = tmp_path / "a.db", tmp_path / "b.db"
+    for db in (first, second):
+        assert main(["profile", f"{TOY}:build", "--device", "cpu", "--samples", "1",
+                     "--db", str(db)]) == 0
+    capsys.readouterr()
+    first_samples = stored(first)[3] / "1"
+    second_samples = stored(second)[3] / "1"
+    assert first_samples != second_samples
+    assert any(first_samples.rglob("*.pt")) and any(second_samples.rglob("*.pt"))
+    assert main(["delete", "1", "--yes", "--db", str(second)]) == 0
+    assert not second_samples.exists() and any(first_samples.rglob("*.pt"))
+
+
+def test_samples_an_older_kforge_kept_in_the_shared_folder_are_still_read(tmp_path):
+    db = tmp_path / "kforge.db"
+    assert main(["profile", f"{TOY}:build", "--device", "cpu", "--samples", "1",
+                 "--db", str(db)]) == 0
+    own = stored(db)[3] / "1"
+    legacy = tmp_path / "samples" / "1"
+    own.replace(legacy)  # where an older kforge put them
+
+    async def read() -> Path:
+        async with await Store.open(db) as store:
+            return store.samples_to_read(1)
+
+    assert asyncio.run(read()) == legacy
+
+
 @pytest.mark.filterwarnings("ignore::UserWarning")  # sparse invariant checks left off
 def test_a_profile_with_a_sparse_input_is_stored_and_read_back(tmp_path, capsys):
     db = tmp_path / "kforge.db"

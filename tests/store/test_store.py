@@ -511,10 +511,19 @@ async def test_a_samples_link_beside_the_database_leads_nowhere(tmp_path: Path):
         assert (await store.get_session(sid)).id == sid  # nothing deleted
         (shared / "samples").unlink()
         (shared / "samples").mkdir()
-        (shared / "samples" / str(sid)).symlink_to(elsewhere / "1", target_is_directory=True)
+        (shared / "samples" / "k.db").symlink_to(elsewhere, target_is_directory=True)
+        with pytest.raises(KforgeError, match="is a link"):
+            store.samples_dir(sid)
+        (shared / "samples" / "k.db").unlink()
+        (shared / "samples" / "k.db").mkdir()
+        (shared / "samples" / "k.db" / str(sid)).symlink_to(elsewhere / "1",
+                                                            target_is_directory=True)
         with pytest.raises(KforgeError, match="is a link"):
             store.samples_dir(sid)
         with pytest.raises(KforgeError, match="is a link"):
             await store.delete_session(sid)
+        (shared / "samples" / "k.db" / str(sid)).unlink()
+        (shared / "samples" / str(sid)).symlink_to(elsewhere / "1", target_is_directory=True)
+        assert store.samples_to_read(sid) == store.samples_dir(sid)  # an old folder's link
     assert (elsewhere / "1" / "keep.txt").read_text() == "mine"
     assert sorted(p.name for p in elsewhere.rglob("*")) == ["1", "keep.txt"]
