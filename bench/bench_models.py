@@ -84,11 +84,12 @@ def iterations_to(speeds: list[float], target: float) -> int | None:
 
 
 def copy_session(src: Path, dst: Path) -> None:
-    """A second workspace holding the same profile (samples shared through a link)."""
+    """A second workspace holding the same profile and samples (copied: kforge follows no
+    link beside a database)."""
     dst.mkdir(parents=True, exist_ok=True)
     shutil.copy(src / "k.db", dst / "k.db")
     if (src / "samples").exists() and not (dst / "samples").exists():
-        (dst / "samples").symlink_to((src / "samples").resolve())
+        shutil.copytree(src / "samples", dst / "samples")
 
 
 def run_model(args: argparse.Namespace) -> dict:
