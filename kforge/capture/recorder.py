@@ -48,6 +48,21 @@ class _Call(NamedTuple):
     kwargs: dict
 
 
+def hookable_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """The submodules of ``model`` that take forward hooks, by dotted path: not TorchScript ones
+    (nor those inside them), whose ops are then said to come from the nearest module that does."""
+    found: list[tuple[str, torch.nn.Module]] = []
+    scripted: list[str] = []
+    for name, module in model.named_modules():
+        if not name or any(name.startswith(s + ".") for s in scripted):
+            continue
+        if isinstance(module, torch.jit.ScriptModule):
+            scripted.append(name)
+            continue
+        found.append((name, module))
+    return found
+
+
 class ModuleTracker:
     """Knows which module of ``model`` is running, as its dotted path (``model.layers.3.mlp``).
 
@@ -71,9 +86,7 @@ class ModuleTracker:
         return self.scopes[-1]
 
     def __enter__(self) -> ModuleTracker:
-        for name, module in self.model.named_modules():
-            if not name:
-                continue
+        for name, module in hookable_modules(self.model):
             self._handles.append(module.register_forward_pre_hook(self._enter(name)))
             self._handles.append(module.register_forward_hook(self._leave, always_call=True))
         return self

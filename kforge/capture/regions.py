@@ -13,7 +13,12 @@ from torch._ops import HigherOrderOperator
 from torch.utils.weak import WeakIdKeyDictionary
 
 from kforge.capture.classify import is_fusible, is_region_view
-from kforge.capture.recorder import SKIPPED_NAMESPACES, HigherOrderPassThrough, ModuleTracker
+from kforge.capture.recorder import (
+    SKIPPED_NAMESPACES,
+    HigherOrderPassThrough,
+    ModuleTracker,
+    hookable_modules,
+)
 from kforge.capture.samples import spread
 from kforge.core.argspec import encode_call, tensor_specs, walk
 from kforge.core.opcard import NATIVE, OpCard, variant_key
@@ -51,10 +56,9 @@ class TraceRecorder(HigherOrderPassThrough):
         self._handles: list[Any] = []
 
     def __enter__(self) -> TraceRecorder:
-        for name, module in self.tracker.model.named_modules():
-            if name:
-                self._handles.append(module.register_forward_pre_hook(self._entered(name)))
-                self._handles.append(module.register_forward_hook(self._left, always_call=True))
+        for name, module in hookable_modules(self.tracker.model):
+            self._handles.append(module.register_forward_pre_hook(self._entered(name)))
+            self._handles.append(module.register_forward_hook(self._left, always_call=True))
         return super().__enter__()
 
     def __exit__(self, *exc: object) -> Any:

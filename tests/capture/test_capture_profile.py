@@ -185,3 +185,11 @@ def test_a_model_that_fails_only_under_the_recorder_is_told_so(tmp_path):
     message = str(caught.value)
     assert "under kforge's op recorder" in message and "RuntimeError: watched" in message
     assert "\n" not in message
+
+
+def test_a_torchscript_submodule_is_profiled_its_ops_issued_by_its_parent(tmp_path):
+    result = profile(unusual("scripted_model"), samples_per_card=0, staging_dir=tmp_path)
+    tanh = card(result, "aten.tanh.default")  # run by the TorchScript interpreter
+    assert result.modules[tanh.key] == [""]  # a ScriptModule takes no hooks: its parent's
+    out = [c for c in result.cards if c.op == "aten.addmm.default" and c.args[0]["shape"] == [4]]
+    assert out and result.modules[out[0].key] == ["out"]

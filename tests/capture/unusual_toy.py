@@ -1,6 +1,6 @@
 """Models whose tensors or control flow are out of the ordinary, for the profile's tests: a sparse
-input, a nested input, a quantized input, ``torch.cond``, and a forward that only fails under a
-dispatch mode."""
+input, a nested input, a quantized input, ``torch.cond``, a forward that only fails under a
+dispatch mode, and a TorchScript submodule."""
 
 from __future__ import annotations
 
@@ -59,3 +59,17 @@ class Shy(nn.Module):
 
 def shy_model():
     return Shy(), (torch.randn(4, 8),)
+
+
+class Scripted(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = torch.jit.script(nn.Sequential(nn.Linear(8, 8), nn.Tanh()))
+        self.out = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.inner(x))
+
+
+def scripted_model():
+    return Scripted(), (torch.randn(4, 8),)
