@@ -211,8 +211,13 @@ def _load_factory(spec: str, options: ModelOptions, device: torch.device) -> Loa
             if given[name] is not None:
                 call_kwargs[name] = given[name]
         elif given[name] is not None and name not in ("device", "dtype"):
+            also = " and --seq-lengths" if name == "seq_len" else ""
             raise KforgeError(f"{spec} takes no {name!r} parameter, so "
-                              f"--{name.replace('_', '-')} cannot apply")
+                              f"--{name.replace('_', '-')}{also} cannot apply")
+    # what the factory ran with where it was not told: its own defaults (a length to vary)
+    defaults = {name: p.default for name, p in accepted.items()
+                if name in FACTORY_PARAMETERS and given[name] is None
+                and isinstance(p.default, (int, str)) and not isinstance(p.default, bool)}
     try:
         result = factory(**call_kwargs)
     except torch.OutOfMemoryError:
@@ -232,8 +237,8 @@ def _load_factory(spec: str, options: ModelOptions, device: torch.device) -> Loa
     return LoadedModel(
         name=spec, model=model, args=tuple(args), kwargs=kwargs, dtype=model_dtype, device=device,
         settings={"dtype": dtype_name(model_dtype), "device": str(device),
-                  "batch": options.batch, "seq_len": options.seq_len, "mode": options.mode,
-                  "layers": options.layers})
+                  **{name: defaults.get(name, given[name])
+                     for name in ("batch", "seq_len", "mode", "layers")}})
 
 
 def _model_call(spec: str, method: str, call: Callable[[], T], said: str | None = None) -> T:

@@ -56,7 +56,8 @@ def test_profile_stores_a_session_with_cards_modules_and_samples(tmp_path, capsy
     assert "_softmax" in output and "stored as session 1" in output
     sessions, cards, session, samples_root = stored(db)
     assert len(sessions) == 1 and session.model == f"{TOY}:build"
-    assert session.settings == {"dtype": "float32", "device": "cpu", "batch": 3, "seq_len": None,
+    # seq_len: the factory's own default, the length it ran at
+    assert session.settings == {"dtype": "float32", "device": "cpu", "batch": 3, "seq_len": 8,
                                 "mode": None, "layers": None, "samples": 1,
                                 "regions": True}
     assert session.gpu["name"] == "no GPU"
@@ -74,6 +75,12 @@ def test_a_failing_model_stores_nothing(tmp_path, capsys):
     assert not db.exists()
     samples_root = tmp_path / "samples"
     assert not samples_root.exists() or not any(samples_root.iterdir())
+
+
+def test_seq_lengths_vary_a_model_files_own_default_length(tmp_path, capsys):
+    assert main(["profile", f"{TOY}:build", "--device", "cpu", "--seq-lengths", "4,12",
+                 "--db", str(tmp_path / "k.db")]) == 0
+    assert "profiled at 4, 8, 12" in capsys.readouterr().out
 
 
 def test_databases_in_one_folder_keep_their_samples_apart(tmp_path, capsys):
