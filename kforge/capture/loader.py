@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import os
 import sys
 import uuid
 from collections.abc import Callable
@@ -194,7 +195,7 @@ def _load_builtin(entry: zoo.ZooModel, options: ModelOptions, device: torch.devi
 
 def _load_factory(spec: str, options: ModelOptions, device: torch.device) -> LoadedModel:
     path_text, factory_name = spec.rsplit(":", 1)
-    path = Path(path_text).expanduser().absolute()
+    path = Path(os.path.abspath(Path(path_text).expanduser()))  # no "..": one name a file
     spec = f"{path}:{factory_name}"  # stored with the session: rebuildable from any folder
     factory = _import_factory(path, factory_name)
     dtype = parse_dtype(options.dtype) if options.dtype else None

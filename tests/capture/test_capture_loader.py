@@ -122,3 +122,8 @@ def test_a_torchvision_made_for_another_torch_is_named_as_the_fault(monkeypatch)
 def test_a_relative_model_file_is_named_by_its_absolute_path(monkeypatch):
     monkeypatch.chdir(TOY.parent)
     assert load("capture_toy.py:build").name == f"{TOY}:build"
+
+
+def test_a_model_file_path_through_a_parent_step_is_named_without_it(monkeypatch):
+    monkeypatch.chdir(TOY.parent)
+    assert load(f"../{TOY.parent.name}/capture_toy.py:build").name == f"{TOY}:build"
