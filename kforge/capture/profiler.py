@@ -31,6 +31,7 @@ from kforge.capture.recorder import (
     CallRecorder,
     ModuleTracker,
     SampleRecorder,
+    elsewhere_note,
     unwatched_note,
 )
 from kforge.capture.regions import RegionPlan, TraceRecorder, region_cards, region_reads
@@ -102,8 +103,9 @@ def profile(loaded: LoadedModel, *, samples_per_card: int, staging_dir: Path,
         modules={key: list(paths) for key, paths in recorder.modules.items()})
     if found:
         result.modules.update(found.modules)
-    if unwatched:
-        result.warnings.append(unwatched)
+    for note in (unwatched, elsewhere_note(recorder.tracker.elsewhere)):
+        if note:
+            result.warnings.append(note)
     if not on_gpu:
         result.warnings.append("profiled on the CPU: times are CPU times, libraries not known")
     else:

@@ -10,6 +10,7 @@ is exactly the level that guarded integration replaces.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,6 +76,17 @@ class ModuleTracker:
         self.scopes: list[str] = [""]  # the same, each with its call number: "mlp#12"
         self.entered = 0
         self._handles: list[Any] = []
+        self._thread = threading.get_ident()
+        # modules the forward ran on other threads (a thread pool): dispatch modes are
+        # per-thread, so their ops go unseen; kept out of the stack, which is this thread's
+        self.elsewhere: dict[str, None] = {}
+
+    def on_its_thread(self, name: str) -> bool:
+        """Whether module ``name`` runs on the thread that entered the tracker (else noted)."""
+        if threading.get_ident() == self._thread:
+            return True
+        self.elsewhere[name] = None
+        return False
 
     @property
     def current(self) -> str:
@@ -86,9 +98,11 @@ class ModuleTracker:
         return self.scopes[-1]
 
     def __enter__(self) -> ModuleTracker:
+        self._thread = threading.get_ident()
         for name, module in hookable_modules(self.model):
             self._handles.append(module.register_forward_pre_hook(self._enter(name)))
-            self._handles.append(module.register_forward_hook(self._leave, always_call=True))
+            self._handles.append(module.register_forward_hook(self._leave(name),
+                                                              always_call=True))
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -100,15 +114,29 @@ class ModuleTracker:
 
     def _enter(self, name: str):
         def hook(module: torch.nn.Module, args: Any) -> None:
-            self.stack.append(name)
-            self.entered += 1
-            self.scopes.append(f"{name}#{self.entered}")
+            if self.on_its_thread(name):
+                self.stack.append(name)
+                self.entered += 1
+                self.scopes.append(f"{name}#{self.entered}")
         return hook
 
-    def _leave(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        if len(self.stack) > 1:
-            self.stack.pop()
-            self.scopes.pop()
+    def _leave(self, name: str):
+        def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
+            if self.on_its_thread(name) and len(self.stack) > 1:
+                self.stack.pop()
+                self.scopes.pop()
+        return hook
+
+
+def elsewhere_note(modules: dict[str, None]) -> str | None:
+    """What a profile says of modules its forward ran on other threads."""
+    if not modules:
+        return None
+    names = [n for n in modules  # the outermost: a child's ops are its parent's
+             if not any(n.startswith(other + ".") for other in modules)]
+    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    return (f"modules {shown} ran on other threads (a thread pool in the forward?): kforge "
+            "watches the thread that calls the model, so their ops have no op cards")
 
 
 class HigherOrderPassThrough(TorchDispatchMode):

@@ -58,7 +58,8 @@ class TraceRecorder(HigherOrderPassThrough):
     def __enter__(self) -> TraceRecorder:
         for name, module in hookable_modules(self.tracker.model):
             self._handles.append(module.register_forward_pre_hook(self._entered(name)))
-            self._handles.append(module.register_forward_hook(self._left, always_call=True))
+            self._handles.append(module.register_forward_hook(self._left(name),
+                                                              always_call=True))
         return super().__enter__()
 
     def __exit__(self, *exc: object) -> Any:
@@ -69,6 +70,8 @@ class TraceRecorder(HigherOrderPassThrough):
 
     def _entered(self, name: str) -> Any:
         def hook(module: torch.nn.Module, args: tuple) -> None:
+            if not self.tracker.on_its_thread(name):
+                return
             scope = self.tracker.scope  # the tracker's own hook ran first
             own = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
             self.forwards[scope] = ForwardCall(
@@ -78,11 +81,13 @@ class TraceRecorder(HigherOrderPassThrough):
             self._scopes.append(scope)
         return hook
 
-    def _left(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
-        if len(self._scopes) > 1:
-            scope = self._scopes.pop()
-            if isinstance(output, torch.Tensor):
-                self.forwards[scope].output = self._id(output)
+    def _left(self, name: str) -> Any:
+        def hook(module: torch.nn.Module, args: tuple, output: Any) -> None:
+            if self.tracker.on_its_thread(name) and len(self._scopes) > 1:
+                scope = self._scopes.pop()
+                if isinstance(output, torch.Tensor):
+                    self.forwards[scope].output = self._id(output)
+        return hook
 
     def _id(self, tensor: torch.Tensor) -> int:
         found = self._ids.get(tensor)

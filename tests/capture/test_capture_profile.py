@@ -193,3 +193,11 @@ def test_a_torchscript_submodule_is_profiled_its_ops_issued_by_its_parent(tmp_pa
     assert result.modules[tanh.key] == [""]  # a ScriptModule takes no hooks: its parent's
     out = [c for c in result.cards if c.op == "aten.addmm.default" and c.args[0]["shape"] == [4]]
     assert out and result.modules[out[0].key] == ["out"]
+
+
+def test_modules_run_on_other_threads_are_named_and_leave_attribution_alone(tmp_path):
+    result = profile(unusual("pooled_model"), samples_per_card=0, staging_dir=tmp_path)
+    assert any("modules branches.0, branches.1 ran on other threads" in w
+               for w in result.warnings)
+    addmm = [c for c in result.cards if c.op == "aten.addmm.default"]
+    assert [result.modules[c.key] for c in addmm] == [["own"]]  # the branches' are unseen

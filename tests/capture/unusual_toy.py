@@ -1,8 +1,10 @@
 """Models whose tensors or control flow are out of the ordinary, for the profile's tests: a sparse
 input, a nested input, a quantized input, ``torch.cond``, a forward that only fails under a
-dispatch mode, and a TorchScript submodule."""
+dispatch mode, a TorchScript submodule, and branches on a thread pool."""
 
 from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch import nn
@@ -73,3 +75,21 @@ class Scripted(nn.Module):
 
 def scripted_model():
     return Scripted(), (torch.randn(4, 8),)
+
+
+class Pooled(nn.Module):
+    """Two branches on a thread pool beside a layer of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.branches = nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.GELU()) for _ in range(2))
+        self.own = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with ThreadPoolExecutor(2) as pool:
+            futures = [pool.submit(branch, x) for branch in self.branches]
+            return self.own(x) + sum(f.result() for f in futures)
+
+
+def pooled_model():
+    return Pooled(), (torch.randn(4, 8),)
