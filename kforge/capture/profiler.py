@@ -103,7 +103,13 @@ def profile(loaded: LoadedModel, *, samples_per_card: int, staging_dir: Path,
         modules={key: list(paths) for key, paths in recorder.modules.items()})
     if found:
         result.modules.update(found.modules)
-    for note in (unwatched, elsewhere_note(recorder.tracker.elsewhere)):
+    left_out = found.unmatched if found else 0
+    changed = left_out and (
+        f"{left_out} fusion region{'s were' if left_out > 1 else ' was'} left out: the forward "
+        "that found them ran op variants the timed forwards did not (shapes that change from "
+        "one forward to the "
+        "next); op cards describe the timed forwards")
+    for note in (unwatched, elsewhere_note(recorder.tracker.elsewhere), changed):
         if note:
             result.warnings.append(note)
     if not on_gpu:

@@ -132,6 +132,9 @@ class RegionPlan:
     cards: list[OpCard]
     instances: dict[str, list[RegionInstance]]  # card key -> instances, in trace order
     modules: dict[str, list[str]]  # card key -> module paths
+    # region instances left out: calls whose variants the timed forwards never ran (the model
+    # runs other shapes from one forward to the next)
+    unmatched: int = 0
 
 
 def region_cards(trace: list[TraceCall], op_cards: Iterable[OpCard], total_us: float,
@@ -139,12 +142,17 @@ def region_cards(trace: list[TraceCall], op_cards: Iterable[OpCard], total_us: f
     """One region card per distinct region variant of ``trace``: calls per forward, and time per
     forward summed from its ops' cards (their per-call times). Where every instance of a region
     is the whole forward of a module (``forwards``: the module calls), the card's region says
-    which modules and how their arguments and parameters feed the region (``forward``)."""
+    which modules and how their arguments and parameters feed the region (``forward``). Given
+    op cards, an instance with a call none of them holds is left out (``unmatched``)."""
     per_call = {c.key: c.total_us / max(c.calls, 1) for c in op_cards}
     bind = _Binder(trace, forwards or {})
     instances: dict[str, list[RegionInstance]] = {}
     regions: dict[str, Any] = {}
+    unmatched = 0
     for instance in find_regions(trace):
+        if per_call and any(k not in per_call for k in instance.member_keys):
+            unmatched += 1
+            continue
         region = instance.region
         key = variant_key(region.op, list(region.inputs), {})
         instances.setdefault(key, []).append(instance)
@@ -166,7 +174,7 @@ def region_cards(trace: list[TraceCall], op_cards: Iterable[OpCard], total_us: f
                             library=NATIVE, target=True, eager_us=time_us / calls, key=key,
                             region=described))
         modules[key] = list(dict.fromkeys(i.scope.split("#")[0] for i in found))
-    return RegionPlan(cards, instances, modules)
+    return RegionPlan(cards, instances, modules, unmatched)
 
 
 class _Binder:

@@ -201,3 +201,9 @@ def test_modules_run_on_other_threads_are_named_and_leave_attribution_alone(tmp_
                for w in result.warnings)
     addmm = [c for c in result.cards if c.op == "aten.addmm.default"]
     assert [result.modules[c.key] for c in addmm] == [["own"]]  # the branches' are unseen
+
+
+def test_regions_of_shapes_the_timed_forwards_never_ran_are_left_out_and_said(tmp_path):
+    result = profile(unusual("wandering_model"), samples_per_card=0, staging_dir=tmp_path)
+    assert all(c.region is None for c in result.cards)
+    assert any("1 fusion region was left out" in w for w in result.warnings)

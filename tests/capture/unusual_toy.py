@@ -1,6 +1,7 @@
 """Models whose tensors or control flow are out of the ordinary, for the profile's tests: a sparse
 input, a nested input, a quantized input, ``torch.cond``, a forward that only fails under a
-dispatch mode, a TorchScript submodule, and branches on a thread pool."""
+dispatch mode, a TorchScript submodule, branches on a thread pool, and a new length every
+forward."""
 
 from __future__ import annotations
 
@@ -93,3 +94,19 @@ class Pooled(nn.Module):
 
 def pooled_model():
     return Pooled(), (torch.randn(4, 8),)
+
+
+class Wandering(nn.Module):
+    """Runs a new length on every forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return (x[:, : 2 + self.calls % 5] * 2).relu().sum(1)
+
+
+def wandering_model():
+    return Wandering(), (torch.randn(2, 8, 4),)
