@@ -298,5 +298,5 @@ def _cards(recorder: CallRecorder, times: dict[str, _RangeTimes], repeats: int) 
         cards.append(OpCard(
             op=spec.op, args=spec.args, kwargs=spec.kwargs, calls=calls, total_us=total_us,
             library=op_library(spec.op, spec.view_or_copy, measured.kernels),
-            target=not spec.view_or_copy, eager_us=total_us / calls))
+            target=not (spec.view_or_copy or spec.random), eager_us=total_us / calls))
     return cards

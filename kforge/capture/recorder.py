@@ -40,6 +40,7 @@ class CallSpec:
     args: list
     kwargs: dict
     view_or_copy: bool
+    random: bool = False  # draws from the random generator: no kernel can match eager's values
 
 
 class _Call(NamedTuple):
@@ -205,7 +206,8 @@ class CallRecorder(_KeyedMode):
         if call.key not in self.specs:
             view = is_view_or_copy(call.op, func.is_view, torch.Tag.view_copy in func.tags,
                                    any("Tensor" in str(r.type) for r in func._schema.returns))
-            self.specs[call.key] = CallSpec(call.op, call.args, call.kwargs, view)
+            self.specs[call.key] = CallSpec(call.op, call.args, call.kwargs, view,
+                                            torch.Tag.nondeterministic_seeded in func.tags)
             self.modules[call.key] = {}
         self.calls[call.key] = self.calls.get(call.key, 0) + 1
         self.modules[call.key][self.tracker.current] = None

@@ -113,7 +113,7 @@ def decide(row: CardRow, best: NodeDetail | None, *, made_on: str,
 
     if not card.target:
         return kept("not a target (view/copy)" if card.library == VIEW_OR_COPY
-                    else "not a target")
+                    else "not a target (it draws random numbers)")
     if best is None:
         return kept("not searched yet" if row.spent == 0 else "no verified kernel")
     outcome = best.outcome

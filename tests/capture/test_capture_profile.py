@@ -207,3 +207,9 @@ def test_regions_of_shapes_the_timed_forwards_never_ran_are_left_out_and_said(tm
     result = profile(unusual("wandering_model"), samples_per_card=0, staging_dir=tmp_path)
     assert all(c.region is None for c in result.cards)
     assert any("1 fusion region was left out" in w for w in result.warnings)
+
+
+def test_ops_that_draw_random_numbers_are_listed_but_not_targets(tmp_path):
+    result = profile(unusual("noisy_model"), samples_per_card=0, staging_dir=tmp_path)
+    assert not card(result, "aten.randn_like.default").target
+    assert card(result, "aten.add.Tensor").target

@@ -1,7 +1,7 @@
 """Models whose tensors or control flow are out of the ordinary, for the profile's tests: a sparse
 input, a nested input, a quantized input, ``torch.cond``, a forward that only fails under a
-dispatch mode, a TorchScript submodule, branches on a thread pool, and a new length every
-forward."""
+dispatch mode, a TorchScript submodule, branches on a thread pool, a new length every forward,
+and random numbers."""
 
 from __future__ import annotations
 
@@ -110,3 +110,12 @@ class Wandering(nn.Module):
 
 def wandering_model():
     return Wandering(), (torch.randn(2, 8, 4),)
+
+
+class Noisy(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.randn_like(x)
+
+
+def noisy_model():
+    return Noisy(), (torch.randn(4, 8),)
