@@ -22,6 +22,7 @@ from kforge.app.integrate import (
 )
 from kforge.cli.common import add_db_option, cells, err, out, resolve_db, session_id, whole
 from kforge.core.fmt import fmt_headline, fmt_projection, fmt_speedup, fmt_us
+from kforge.core.text import one_line
 from kforge.errors import KforgeError
 
 if TYPE_CHECKING:
@@ -157,7 +158,7 @@ def print_plan(plan: SessionPlan, patch: SessionPatch | None = None) -> None:
         runs, why = f"kernel {fmt_speedup(d.speedup)}" if d.replaced else "eager", d.reason
         if d.replaced and patch is not None and not patch.loaded(d):
             runs, why = "eager", "won, but does not load here (see the note)"
-        table.add_row(str(d.card.id), *cells(d.card.short_op), d.card.signature[:60],
+        table.add_row(str(d.card.id), *cells(d.card.short_op), one_line(d.card.signature, 60),
                       f"{100 * d.card.share:.1f}%", runs, *cells(why))
     out.print(table)
     if hidden:

@@ -34,6 +34,7 @@ from kforge.core.fmt import (
 from kforge.core.inert import capped, inert
 from kforge.core.region import folded
 from kforge.core.settings import SessionSettings
+from kforge.core.text import one_line
 from kforge.errors import KforgeError
 from kforge.store import Store
 from kforge.store.commands import is_alive, shown_status
@@ -153,7 +154,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         if mixed and c.eager_us is not None:
             eager += f" {EAGER_SOURCES[row.eager_source]}"
         table.add_row(str(row.id), ("└ " if region is not None else "") + cells(c.short_op)[0],
-                      c.signature[:70],
+                      one_line(c.signature, 70),
                       *(cells(c.range_text or "-") if ranged else ()), str(c.calls),
                       f"{100 * c.share:.1f}%", *cells(c.library), eager, fmt_us(c.compiled_us),
                       best_cell(row), kernel, host, str(row.spent), *cells(status),

@@ -9,6 +9,7 @@ from rich.text import Text
 
 from kforge.cli.common import err, is_tty
 from kforge.core.fmt import fmt_speedup
+from kforge.core.text import one_line
 from kforge.engine.engine import Snapshot
 
 
@@ -22,7 +23,7 @@ def render(snap: Snapshot, rows: int = 12) -> Group:
                           ("best", "right"), ("", "left")):
         table.add_column(name, justify=justify, no_wrap=True)
     for card in snap.cards[:rows]:
-        table.add_row(card.op, card.signature[:48], str(card.spent),
+        table.add_row(card.op, one_line(card.signature, 48), str(card.spent),
                       fmt_speedup(card.best_speedup), card.phase)
     more = len(snap.cards) - rows
     parts = [head, table]

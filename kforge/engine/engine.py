@@ -55,6 +55,7 @@ from kforge.core.schedule import (
     searched_cards,
 )
 from kforge.core.settings import SearchSettings
+from kforge.core.text import one_line
 from kforge.errors import KforgeError
 from kforge.eval.process.cluster import WORKERS_KEY
 from kforge.eval.process.pool import EvaluatorLost
@@ -748,7 +749,8 @@ class Engine:
             await self.store.update_card(search.card_id, status=CardStatus.DONE,
                                          stop_reason=reason)
             await self._reload_card(search.card_id)
-            await self._log(f"{search.card.short_op} [{search.card.signature[:60]}]: {reason}")
+            shown = one_line(search.card.signature, 60)
+            await self._log(f"{search.card.short_op} [{shown}]: {reason}")
 
     async def _request(self, search: CardSearch, decision: Decision,
                        node_id: int) -> ProposalRequest:
