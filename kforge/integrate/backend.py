@@ -71,6 +71,9 @@ EXTERN_OPS = frozenset({"mm", "bmm", "addmm", "baddbmm", "addbmm", "convolution"
 SYMBOLIC = "symbolic sizes (dynamic shapes)"
 OTHER_DEVICE = "its tensors are on another device than the kernel"
 OTHER_VARIANT = "no kernel for its exact variant"
+# Inductor hands an operator tagged needs_exact_strides a buffer of the traced strides, made
+# afresh: a view's storage offset is not kept, so the call would reach another variant.
+VIEW_OFFSET = "an input is a view into a larger tensor, which Inductor hands over as a copy"
 # ... and why a whole graph does.
 GRADIENTS = "it needs gradients, and kforge's kernels serve inference graphs"
 
@@ -430,6 +433,10 @@ class _Group:
             self.rejected[anchor] = SYMBOLIC
             return False
         specs = tuple(freeze(encode_value(v)) for v in values)
+        if any(v.storage_offset() for v in values) and any(k.specs == specs
+                                                          for k in self.kernels):
+            self.rejected[anchor] = VIEW_OFFSET
+            return False
         same = [k for k in self.kernels if k.specs == specs]
         self.chosen = next((k for k in same if all(v.device == k.entry.device for v in values)),
                            None)
@@ -644,7 +651,7 @@ class Backend:
         became one."""
         if graph.replaced or graph.cached or not self.kernels:
             return
-        for why in (SYMBOLIC, OTHER_DEVICE, OTHER_VARIANT):
+        for why in (SYMBOLIC, OTHER_DEVICE, VIEW_OFFSET, OTHER_VARIANT):
             if graph.kept[why]:
                 self.warn(why, f"kforge's kernels are not used in a compiled graph: "
                                f"{graph.kept[why]} call(s) shaped like a kernel's: {why}; "

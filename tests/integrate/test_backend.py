@@ -19,6 +19,7 @@ from kforge.integrate.backend import (
     OTHER_DEVICE,
     OTHER_VARIANT,
     SYMBOLIC,
+    VIEW_OFFSET,
     KernelPass,
     KforgeWarning,
     inductor_fuses,
@@ -466,3 +467,26 @@ def test_an_operator_keeps_each_entry_it_ran_once_however_often_tables_alternate
         op = kernel_op(second)
     assert op.entry is second
     assert sum(e is first for e in op.earlier) == 1 and sum(e is second for e in op.earlier) == 1
+
+
+def test_a_kernel_for_a_view_with_a_storage_offset_is_left_to_inductor_and_said(tmp_path):
+    """Inductor hands an operator of exact strides a fresh buffer: the view's storage offset,
+    part of the kernel's variant, would be lost, so the call is not replaced (nor counted)."""
+    from pathlib import Path
+
+    from kforge.capture import ModelOptions, load_model, profile
+
+    toy_file = Path(__file__).parents[1] / "capture" / "capture_toy.py"
+    loaded = load_model(f"{toy_file}:build", ModelOptions(device="cpu"))
+    sigmoid = next(c for c in profile(loaded, samples_per_card=0, staging_dir=tmp_path).cards
+                   if c.op == "aten.sigmoid.default")
+    assert sigmoid.args[0]["offset"] > 0  # the toy's sigmoid reads [:, 1:] of a result
+    calls: Counter = Counter()
+    chosen = backend(table_of([sigmoid], calls))
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled = torch.compile(loaded.model, backend=chosen)
+        assert close(compiled(*loaded.args), loaded.model(*loaded.args))
+    assert calls == {} and chosen.report.nodes == 0
+    assert chosen.report.kept[VIEW_OFFSET] == 1
+    assert any(VIEW_OFFSET in message for message in kforge_warnings(caught))
