@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from kforge.core.argspec import resolve_op
+from kforge.errors import KforgeError
 from kforge.runtime.native import (
     ENV_DISABLE,
     NativeRoute,
@@ -250,13 +251,27 @@ class Patch:
         self.notes = list(notes)
         self.active = False
         self._attached: list[tuple[tuple[str, str], _OpEntries]] = []
+        self._entered = 0  # nested ``with`` blocks of this patch: the outermost removes it
 
     def __enter__(self) -> Patch:
-        self.install()
+        self._entered += 1
+        if self._entered == 1:
+            try:
+                self.install()
+            except BaseException:
+                self._entered = 0
+                raise
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.remove()
+        self._entered -= 1
+        if self._entered == 0:
+            self.remove()
+
+    def __reduce_ex__(self, protocol: object) -> Any:
+        # a patch holds loaded kernels and routes in this process's dispatcher
+        raise KforgeError("a kforge patch cannot be copied or pickled: make another one with "
+                          "kforge.patch(...) where it is needed")
 
     def install(self) -> None:
         """Route the table's ops through the guard; nothing at all is registered for an empty

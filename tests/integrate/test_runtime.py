@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from kforge.core.argspec import encode_call, freeze, resolve_op
 from kforge.core.opcard import canonical_json
+from kforge.errors import KforgeError
 from kforge.runtime.guard import Patch, active_routes
 from kforge.runtime.plan import NULL, PlanRunner, resolve_for
 from kforge.runtime.table import Entry, KernelTable
@@ -276,6 +277,29 @@ def test_patches_nest_and_may_end_in_any_order():
     assert not is_marked(torch.softmax(x, -1)) and is_marked(torch.softmax(y, -1))
     second.remove()
     assert active_routes() == [] and not is_marked(torch.softmax(y, -1))
+
+
+def test_a_patch_in_a_with_block_of_its_own_stays_until_the_outermost_ends():
+    x = torch.randn(2, 8)
+    patch = Patch(KernelTable([softmax_entry(x)]))
+    with patch:
+        with patch:
+            assert is_marked(torch.softmax(x, -1))
+        assert is_marked(torch.softmax(x, -1))  # the inner block's end left it in place
+    assert active_routes() == [] and not is_marked(torch.softmax(x, -1))
+
+
+def test_a_patch_cannot_be_copied_or_pickled_and_stays_sound():
+    import copy
+    import pickle
+
+    x = torch.randn(2, 8)
+    with Patch(KernelTable([softmax_entry(x)])) as patch:
+        for attempt in (copy.copy, copy.deepcopy, pickle.dumps):
+            with pytest.raises(KforgeError, match="cannot be copied or pickled"):
+                attempt(patch)
+        assert is_marked(torch.softmax(x, -1))
+    assert active_routes() == []
 
 
 def test_two_kernels_for_one_variant_are_refused():
