@@ -13,7 +13,8 @@ from kforge.core.laws import Ranges
 
 def describe_tensor(spec: dict) -> str:
     """Short human form, e.g. ``bf16[8,4096]``, ``f32[64,64]*`` for a non-contiguous tensor,
-    ``f32[4,16] sparse_coo`` or ``f32 nested`` for one without strides."""
+    ``f32[2,8]*@25`` for one 25 elements into its storage, ``f32[4,16] sparse_coo`` or
+    ``f32 nested`` for one without strides."""
     short = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "float64": "f64",
              "int64": "i64", "int32": "i32", "bool": "b8", "uint8": "u8", "int8": "i8"}
     dtype = short.get(spec["dtype"], spec["dtype"])
@@ -21,7 +22,8 @@ def describe_tensor(spec: dict) -> str:
     if "stride" not in spec:
         return f"{dtype}[{dims}] {spec.get('layout')}" if dims else f"{dtype} {spec.get('layout')}"
     mark = "" if is_contiguous(spec["shape"], spec["stride"]) else "*"
-    return f"{dtype}[{dims}]{mark}"
+    offset = spec.get("offset", 0)  # a view into a larger tensor: another variant per place
+    return f"{dtype}[{dims}]{mark}" + (f"@{offset}" if offset else "")
 
 
 def describe_args(args: list, kwargs: dict) -> str:

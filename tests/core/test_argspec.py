@@ -122,6 +122,14 @@ def test_decoding_hooks_replace_each_kind():
     assert describe_args(spec[:2], {"dtype": spec[2]}) == "f32[2,3], [1, 2], dtype=bfloat16"
 
 
+def test_views_at_different_places_in_one_tensor_are_told_apart():
+    """Each step of a loop over ``x[:, t]`` is a variant of its own (its storage offset)."""
+    x = torch.randn(2, 24, 8)
+    first, later = encode_value(x[:, 0]), encode_value(x[:, 3])
+    assert describe_args([first], {}) == "f32[2,8]*"
+    assert describe_args([later], {}) == "f32[2,8]*@24"
+
+
 @pytest.mark.parametrize("spec", [{"t": "sym", "v": "s0"}, {"t": "other", "v": "Generator"},
                                   {"t": "dtype", "v": "float33"},
                                   {"t": "memory_format", "v": "strided"}, {"shape": [2]}])
