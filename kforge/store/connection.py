@@ -138,6 +138,11 @@ class Connection:
         commands change nothing on disk.
         """
         path = _checked_path(path, create=create)
+        wal = path.with_name(path.name + "-wal")
+        if not create and path.stat().st_size == 0 and not (wal.exists() and wal.stat().st_size):
+            # SQLite would make it a database
+            raise KforgeError(f"{path} is an empty file, not a kforge database (a profile makes "
+                              "one: `kforge profile MODEL --db FILE`)")
         if not path.exists():
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)

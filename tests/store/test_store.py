@@ -149,6 +149,16 @@ async def test_garbage_file_is_refused_and_left_unchanged(tmp_path: Path):
     assert path.read_bytes() == before
 
 
+async def test_an_empty_file_is_not_made_a_database_by_a_command_that_only_reads(tmp_path: Path):
+    path = tmp_path / "k.db"
+    path.touch()
+    with pytest.raises(KforgeError, match="is an empty file, not a kforge database"):
+        await Store.open(path, create=False)
+    assert path.stat().st_size == 0 and sorted(p.name for p in tmp_path.iterdir()) == ["k.db"]
+    async with await Store.open(path) as store:  # a profile may make it one
+        await make_session(store)
+
+
 @pytest.mark.parametrize("opener", ["open", "open_read_only"])
 @pytest.mark.parametrize("sql, named", [
     # rewrites what kforge has just checked, as kforge saves it (the plug-ins a session names)
