@@ -11,9 +11,11 @@ has no cubin for it compiles the sources with NVRTC.
 from __future__ import annotations
 
 import json
+import keyword
 import os
 import re
 import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +33,8 @@ from kforge.store.config import configured_secrets
 FORMAT = 1
 PROFILE_SETTINGS = ("dtype", "batch", "seq_len", "mode", "layers")
 _ARCH = re.compile(r"^sm_\d{2,3}[af]?$")
+# Names an exported package must not take: the standard library's, and what the package imports.
+_TAKEN_NAMES = frozenset({*sys.stdlib_module_names, "kforge", "torch", "numpy", "cuda"})
 _HERE = Path(__file__).resolve().parent
 _KFORGE = _HERE.parent
 # What the exported package's runtime/ folder holds, and the kforge imports rewritten there.
@@ -68,8 +72,12 @@ def export_session(plan: SessionPlan, out_dir: Path, *, name: str | None = None,
     if bad := [a for a in archs if not _ARCH.match(a)]:
         raise KforgeError(f"{bad[0]!r} is not a GPU architecture: use the form sm_90 or sm_121")
     name = name or package_name(sid)
-    if not name.isidentifier():
-        raise KforgeError(f"{name!r} cannot be a Python package name: use letters, digits and _")
+    if not name.isidentifier() or keyword.iskeyword(name):
+        raise KforgeError(f"{name!r} cannot be a Python package name: use letters, digits and _ "
+                          "(not a Python keyword)")
+    if name in _TAKEN_NAMES:
+        raise KforgeError(f"{name!r} is the name of a module Python or kforge imports: "
+                          f"`import {name}` would find that one; choose another --name")
     target = out_dir / name
     if target.exists() and not force:
         raise KforgeError(f"{target} already exists: remove it or pass --force")

@@ -189,6 +189,9 @@ def test_a_link_planted_in_the_staging_folder_is_never_written_through(session, 
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"archs": ["90"]}, "not a GPU architecture"),
     ({"name": "my-kernels"}, "cannot be a Python package name"),
+    ({"name": "class"}, "cannot be a Python package name"),
+    ({"name": "os"}, "is the name of a module Python or kforge imports"),
+    ({"name": "kforge"}, "is the name of a module Python or kforge imports"),
 ])
 def test_bad_names_are_refused(session, compiler, tmp_path, kwargs, message):
     db, sid = session
