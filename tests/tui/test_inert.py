@@ -139,7 +139,8 @@ async def test_the_session_screen_shows_stored_and_typed_text_literally(tmp_path
         await until(pilot, lambda: "#1 new compile error" in screen_text(app), what="the node")
         assert "soft[/final]" in screen_text(app)
         assert not [c for c in ("\x1b", "\x07", "\x9b") if c in screen_text(app)]
-        await pilot.press("d")
+        await until(pilot, lambda: app.screen.detail is not None, what="the node's kernel")
+        await pilot.press("d")  # (before its kernel has loaded, "d" says to try again)
         await until(pilot, lambda: "against its parent" in screen_text(app), what="the diff")
         assert "// [/final]" in screen_text(app) and "\x1b" not in screen_text(app)
         await pilot.press("escape", "1", "slash")
