@@ -24,7 +24,12 @@ from kforge.integrate.decide import (
     select_measured,
 )
 from kforge.integrate.measure import loaded_forward
-from kforge.integrate.patching import SessionPatch, by_saving, load_patch
+from kforge.integrate.patching import (
+    SessionPatch,
+    by_saving,
+    check_session_args,
+    load_patch,
+)
 from kforge.runtime.guard import Patch
 from kforge.runtime.table import Entry, KernelTable
 
@@ -78,6 +83,7 @@ def backend(source: int | KernelTable | Patch, *, mode: str | None = None,
     elif isinstance(source, KernelTable):
         table = source
     else:
+        check_session_args(source, db)  # a wrong argument is the caller's error, not a note
         try:
             # compiled code calls a kernel only for its exact variant, with no guard in front
             # of the op's other calls

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -99,11 +101,33 @@ def load_patch(session_id: int, *, db: str | os.PathLike[str] | None = None,
     """The session's winning kernels compiled and loaded on ``device`` (default: the current
     CUDA device): with ``cuda_graphs`` every winner, else only those projected to pay for their
     guard (``kforge.patch`` chooses them by measurement where it has the model)."""
+    path = session_database(session_id, db)
     cuda = cuda_device(device, "kforge.patch")
     arch = device_arch(cuda)
-    plan = read_plan(db_path(db), session_id, runs_on=arch, graphs=cuda_graphs)
+    plan = read_plan(path, session_id, runs_on=arch, graphs=cuda_graphs)
     check_arch(plan, cuda)
     return build_patch(plan, cuda)
+
+
+def check_session_args(session_id: Any, db: Any) -> None:
+    """A KforgeError naming ``session_id`` or ``db`` where it is not a session number or a
+    path: checked before anything else (a GPU, a compile)."""
+    if isinstance(session_id, bool) or not isinstance(session_id, int) or session_id < 1:
+        raise KforgeError(f"{session_id!r} is not a session number: pass one that "
+                          "`kforge sessions` lists")
+    if db is not None and not isinstance(db, (str, os.PathLike)):
+        raise KforgeError(f"db={db!r} is not a path to a kforge database")
+
+
+def session_database(session_id: Any, db: Any) -> Path:
+    """The database holding session ``session_id``, the arguments checked first
+    (``check_session_args``), then that the database is there."""
+    check_session_args(session_id, db)
+    path = db_path(db)
+    if not path.is_file():
+        raise KforgeError(f"no kforge database at {path} (profile a model first, or pass db= "
+                          "or set KFORGE_DB)")
+    return path
 
 
 def projected_patch(patch: SessionPatch) -> SessionPatch:

@@ -200,6 +200,15 @@ def test_a_failure_in_kforges_part_compiles_with_inductor_alone(cards, toy, monk
 
 def test_a_session_that_cannot_load_here_leaves_inductor_alone_with_one_warning(toy, tmp_path,
                                                                                 monkeypatch):
+    import asyncio
+
+    from kforge.store import Store
+
+    async def empty_database() -> None:
+        async with await Store.open(tmp_path / "k.db"):
+            pass
+
+    asyncio.run(empty_database())
     model, x = toy
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with warnings.catch_warnings(record=True) as caught:
@@ -490,3 +499,15 @@ def test_a_kernel_for_a_view_with_a_storage_offset_is_left_to_inductor_and_said(
     assert calls == {} and chosen.report.nodes == 0
     assert chosen.report.kept[VIEW_OFFSET] == 1
     assert any(VIEW_OFFSET in message for message in kforge_warnings(caught))
+
+
+@pytest.mark.parametrize(("session", "db", "named"), [
+    ("abc", None, "'abc' is not a session number"),
+    (True, None, "True is not a session number"),
+    (-1, None, "-1 is not a session number"),
+    (1, 123, "db=123 is not a path"),
+])
+def test_a_wrong_session_or_database_argument_is_named_before_anything_else(session, db, named):
+    for call in (lambda: kforge.patch(session, db=db), lambda: kforge.backend(session, db=db)):
+        with pytest.raises(KforgeError, match=named):
+            call()
