@@ -107,8 +107,7 @@ def profile(loaded: LoadedModel, *, samples_per_card: int, staging_dir: Path,
     changed = left_out and (
         f"{left_out} fusion region{'s were' if left_out > 1 else ' was'} left out: the forward "
         "that found them ran op variants the timed forwards did not (shapes that change from "
-        "one forward to the "
-        "next); op cards describe the timed forwards")
+        "one forward to the next); op cards describe the timed forwards")
     for note in (unwatched, elsewhere_note(recorder.tracker.elsewhere), changed):
         if note:
             result.warnings.append(note)
