@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from kforge.app.facts import SessionFacts, session_facts
 from kforge.core.gpu import NO_GPU, GpuInfo
+from kforge.errors import KforgeError
 from kforge.store import Store
 from kforge.store.beside import samples_root
 from kforge.store.config import store_options
@@ -58,6 +59,11 @@ class ProfileRequest:
     regions: bool = True  # fusion-region cards besides the op cards
     seq_lengths: tuple[int, ...] = ()  # more lengths to profile at, for range cards
     seq_range: tuple[int, int] | None = None  # the lengths range cards cover
+
+    def __post_init__(self) -> None:
+        if self.seq_range is not None and not self.seq_lengths:
+            raise KforgeError("--seq-range sets the lengths range cards cover, and range cards "
+                              "come from --seq-lengths: give both")
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,12 @@ def test_seq_lengths_vary_a_model_files_own_default_length(tmp_path, capsys):
     assert "profiled at 4, 8, 12" in capsys.readouterr().out
 
 
+def test_seq_range_without_seq_lengths_is_refused_before_anything_runs(tmp_path, capsys):
+    assert main(["profile", f"{TOY}:build", "--device", "cpu", "--seq-range", "1:16",
+                 "--db", str(tmp_path / "k.db")]) == 1
+    assert "give both" in capsys.readouterr().err and not any(tmp_path.iterdir())
+
+
 def test_databases_in_one_folder_keep_their_samples_apart(tmp_path, capsys):
     """Each database's session 1 has its own samples: a profile into one, or a delete in it,
     leaves the other's alone."""
