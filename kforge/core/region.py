@@ -261,7 +261,46 @@ def find_regions(trace: Sequence[TraceCall]) -> list[RegionInstance]:
         instance = _region(trace, members, producer, readers)
         if instance is not None:
             found.append(instance)
+            continue
+        for piece in _pieces(trace, members, producer):  # no one kernel: its parts may be
+            part = _region(trace, piece, producer, readers) if piece != members else None
+            if part is not None:
+                found.append(part)
     return sorted(found, key=lambda r: r.calls[0])
+
+
+def _pieces(trace: Sequence[TraceCall], members: list[int],
+            producer: dict[int, int]) -> list[list[int]]:
+    """A chain that cannot be one kernel, cut before each call that reads what a call outside
+    the chain made after the cut's start (a matmul between a norm and the next block's
+    activation), and each cut split into its connected parts."""
+    inside = set(members)
+    segments: list[list[int]] = [[]]
+    for index in members:
+        start = segments[-1][0] if segments[-1] else index
+        if any((source := producer.get(t)) is not None and source not in inside
+               and source > start for t in trace[index].reads):
+            segments.append([])
+        segments[-1].append(index)
+    pieces = []
+    for segment in segments:
+        parent = {i: i for i in segment}
+
+        def root(i: int) -> int:
+            while parent[i] != i:
+                i = parent[i]
+            return i
+
+        for index in segment:
+            for tensor in trace[index].reads:
+                source = producer.get(tensor)
+                if source in parent and source != index:
+                    parent[root(index)] = root(source)
+        groups: dict[int, list[int]] = {}
+        for index in segment:
+            groups.setdefault(root(index), []).append(index)
+        pieces += groups.values()
+    return pieces
 
 
 def _components(trace: Sequence[TraceCall], producer: dict[int, int]) -> list[list[int]]:

@@ -44,7 +44,25 @@ def test_module_calls_are_not_joined_and_one_op_is_not_a_region():
 def test_a_matmul_between_two_parts_of_a_chain_keeps_it_apart():
     trace = [call("silu", [0], [1]), call("mm", [1, 9], [2], fusible=False),
              call("mul", [1, 2], [3]), call("add", [3, 0], [4])]
-    assert find_regions(trace) == []
+    (found,) = find_regions(trace)
+    assert found.calls == (2, 3)  # the part after the matmul; the silu alone is no region
+
+
+def test_a_residual_chain_through_a_norm_in_a_loop_is_one_region_per_step():
+    """``h = norm(h + relu(linear(h)))`` four times in one module call: the norm (a module of
+    fusible ops alone) joins each step's chain to the next step's, through the matmul that
+    reads it; each step's relu and add are still a region of their own."""
+    trace, h = [], 0
+    for step in range(4):
+        base = 10 * (step + 1)
+        trace += [call("mm", [h, 99], [base], fusible=False, scope=f"blk#{step}"),
+                  call("relu", [base], [base + 1], scope=""),
+                  call("add", [h, base + 1], [base + 2], scope=""),
+                  call("norm", [base + 2], [base + 3], scope=f"n#{step}")]
+        h = base + 3
+    found = find_regions(trace)
+    assert [r.calls for r in found] == [(1, 2), (5, 6), (9, 10), (13, 14)]
+    assert len({r.region.name for r in found}) == 1
 
 
 def test_the_same_chain_at_two_shapes_is_one_operator_at_two_variants():
