@@ -433,11 +433,10 @@ class _Group:
             self.rejected[anchor] = SYMBOLIC
             return False
         specs = tuple(freeze(encode_value(v)) for v in values)
-        if any(v.storage_offset() for v in values) and any(k.specs == specs
-                                                          for k in self.kernels):
+        same = [k for k in self.kernels if k.specs == specs]
+        if same and any(v.storage_offset() for v in values):
             self.rejected[anchor] = VIEW_OFFSET
             return False
-        same = [k for k in self.kernels if k.specs == specs]
         self.chosen = next((k for k in same if all(v.device == k.entry.device for v in values)),
                            None)
         if self.chosen is None:
