@@ -284,29 +284,16 @@ def _pieces(trace: Sequence[TraceCall], members: list[int],
         segments[-1].append(index)
     pieces = []
     for segment in segments:
-        parent = {i: i for i in segment}
-
-        def root(i: int) -> int:
-            while parent[i] != i:
-                i = parent[i]
-            return i
-
-        for index in segment:
-            for tensor in trace[index].reads:
-                source = producer.get(tensor)
-                if source in parent and source != index:
-                    parent[root(index)] = root(source)
-        groups: dict[int, list[int]] = {}
-        for index in segment:
-            groups.setdefault(root(index), []).append(index)
-        pieces += groups.values()
+        within = set(segment)
+        pieces += _connected(segment, lambda i: [
+            s for t in trace[i].reads if (s := producer.get(t)) in within and s < i])
     return pieces
 
 
-def _components(trace: Sequence[TraceCall], producer: dict[int, int]) -> list[list[int]]:
-    """Fusible calls of one module call joined by data flow, each component in call order."""
+def _connected(calls: Iterable[int], earlier: Callable[[int], Iterable[int]]) -> list[list[int]]:
+    """``calls`` grouped by the links ``earlier(call)`` names (calls before it it joins), each
+    group in call order."""
     parent: dict[int, int] = {}
-    transparent = _transparent_scopes(trace)
 
     def root(i: int) -> int:
         while parent[i] != i:
@@ -314,19 +301,28 @@ def _components(trace: Sequence[TraceCall], producer: dict[int, int]) -> list[li
             i = parent[i]
         return i
 
-    for index, call in enumerate(trace):
-        if not call.fusible:
-            continue
+    for index in calls:
         parent[index] = index
-        for tensor in call.reads:
-            source = producer.get(tensor)
-            if (source is not None and source < index and trace[source].fusible
-                    and _same_module_call(trace[source].scope, call.scope, transparent)):
-                parent[root(index)] = root(source)
+        for source in earlier(index):
+            parent[root(index)] = root(source)
     groups: dict[int, list[int]] = {}
     for index in parent:
         groups.setdefault(root(index), []).append(index)
     return [sorted(g) for g in groups.values()]
+
+
+def _components(trace: Sequence[TraceCall], producer: dict[int, int]) -> list[list[int]]:
+    """Fusible calls of one module call joined by data flow, each component in call order."""
+    transparent = _transparent_scopes(trace)
+
+    def earlier(index: int) -> list[int]:
+        call = trace[index]
+        return [source for tensor in call.reads
+                if (source := producer.get(tensor)) is not None and source < index
+                and trace[source].fusible
+                and _same_module_call(trace[source].scope, call.scope, transparent)]
+
+    return _connected((i for i, call in enumerate(trace) if call.fusible), earlier)
 
 
 def _transparent_scopes(trace: Sequence[TraceCall]) -> set[str]:
