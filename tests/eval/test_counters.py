@@ -169,9 +169,9 @@ def test_a_correct_candidates_outcome_carries_its_kernels_counters_or_why_not():
     (kernel,) = counters.kernels
     assert kernel.kernel == "softmax_f32"
     assert kernel.duration_ns > 0
-    moved = kernel.get("dram_read_bytes", 0) + kernel.get("dram_write_bytes", 0)
+    moved = (kernel.dram_read_bytes or 0) + (kernel.dram_write_bytes or 0)
     assert moved >= 0.5 * 2 * 4096 * 4096 * 4  # read the input and write the output, cold L2
-    assert 0 < kernel["occupancy_pct"] <= 100
+    assert kernel.occupancy_pct is not None and 0 < kernel.occupancy_pct <= 100
 
 
 @pytest.mark.gpu

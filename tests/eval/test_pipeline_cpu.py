@@ -157,6 +157,39 @@ def test_timed_calls_run_where_productions_memory_sits(monkeypatch):
     assert "relu_scalar" in set(backends[0].launched)  # the checks ran the fallback too
 
 
+def test_the_two_runs_of_a_set_run_the_same_kernels(monkeypatch):
+    """A set's two runs put their memory at one placement, so a plan's align branch picks the
+    same kernel for both (a scalar twin's honest order may differ from the vector kernel's beyond
+    tolerance on ill-conditioned values, which is no race); the sets still vary the placement."""
+    from tests.eval.redteam import ODD, vectorized_relu
+
+    backends = []
+
+    class Keeping(PyLoader):
+        def load(self, compiled):
+            backends.append(super().load(compiled))
+            return backends[-1]
+
+    runs: dict[str, list[str]] = {}
+    run_candidate = Evaluation.run_candidate
+
+    def watched(self, inputs, what, contended=False, shift=None):
+        before = len(backends[0].launched)
+        try:
+            return run_candidate(self, inputs, what, contended, shift)
+        finally:
+            runs[what] = backends[0].launched[before:]
+
+    monkeypatch.setattr(Evaluation, "run_candidate", watched)
+    outcome = evaluate_candidate(C.relu_card(ODD), vectorized_relu(), runtime=CpuRuntime(),
+                                 loader=Keeping(), gpu=CPU_GPU, settings=FAST)
+    assert outcome.status is EvalStatus.OK, outcome.summary
+    pairs = [(runs[what], runs[what.replace("run 1", "run 2")])
+             for what in runs if what.endswith("run 1")]
+    assert pairs and all(first == second for first, second in pairs), runs
+    assert {"relu_vec4", "relu_scalar"} <= {k for first, _ in pairs for k in first}
+
+
 @pytest.mark.parametrize("name, card, candidate, expected", C.CHEATS,
                          ids=[c[0] for c in C.CHEATS])
 def test_every_cheat_is_rejected(name, card, candidate, expected):
