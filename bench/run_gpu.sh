@@ -9,7 +9,7 @@
 #   bash bench/run_gpu.sh verify         # the evaluator's GPU red-team suite (compute-sanitizer
 #                                        # included) and the native guard's GPU tests
 #   GPUTESTS_PART=eval bash bench/run_gpu.sh gputests     # the GPU tests of tests/eval and
-#                                        # tests/capture; =library: tests/propose's, a step a dtype
+#                                        # tests/capture; =library-a, =library-b: tests/propose's
 #   bash bench/run_gpu.sh host           # the evaluator's turnaround, the launch path's host cost
 #   OLD=path/to/old/tree bash bench/run_gpu.sh library   # the library's kernels under this
 #                                        # evaluator and under the one in OLD, side by side
@@ -69,21 +69,25 @@ case $track in
     step 60 python3 -m kforge profile qwen35 --mode prefill --layers 8 --samples 0 \
         --db "$work/prefill.db"
     ;;
-  gputests)  # every GPU test outside integration, in two calls: GPUTESTS_PART=eval (the red team,
-    # the controls, timing, counters, capture) or =library (the library's variants in every
-    # dtype, a step each, and its matmul and region families)
+  gputests)  # every GPU test outside integration, in three calls: GPUTESTS_PART=eval (the red
+    # team, the controls, timing, counters, capture), =library-a (the library's variants in float32
+    # and float16, a step each) or =library-b (bfloat16, and its matmul and region families)
     case ${GPUTESTS_PART:-eval} in
       eval)
         step 560 python3 -m pytest -m gpu -q -p no:cacheprovider --timeout 120 -rf \
             tests/eval tests/capture ;;
-      library)
-        for dtype in float32 "float16 and not bfloat16" bfloat16; do
-          step 170 python3 -m pytest -m gpu -q -p no:cacheprovider --timeout 90 -rf \
+      library-a)  # 104 cards a dtype, about 250 s each on an H100
+        for dtype in float32 "float16 and not bfloat16"; do
+          step 285 python3 -m pytest -m gpu -q -p no:cacheprovider --timeout 90 -rf \
               tests/propose/test_library_gpu.py -k "$dtype"
-        done
-        step 170 python3 -m pytest -m gpu -q -p no:cacheprovider --timeout 90 -rf \
+        done ;;
+      library-b)
+        step 285 python3 -m pytest -m gpu -q -p no:cacheprovider --timeout 90 -rf \
+            tests/propose/test_library_gpu.py -k bfloat16
+        step 285 python3 -m pytest -m gpu -q -p no:cacheprovider --timeout 90 -rf \
             tests/propose/test_matmul_gpu.py tests/propose/test_region_families_gpu.py ;;
-      *) echo "unknown GPUTESTS_PART ${GPUTESTS_PART}: eval or library" >&2; exit 2 ;;
+      *) echo "unknown GPUTESTS_PART ${GPUTESTS_PART}: eval, library-a or library-b" >&2
+         exit 2 ;;
     esac
     ;;
   verify)
