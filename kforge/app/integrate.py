@@ -140,6 +140,8 @@ def _prepare(db: Path, session: int, device_name: str | None, what: str, graphs:
     from kforge.integrate.plan import load_plan
     from kforge.runtime.cubin import device_arch
 
+    # a missing database or session is said before the GPU is asked for
+    with_store(db, lambda store: store.get_session(session), reads_only=True)
     device = cuda_device(device_name, what)
     plan = with_store(db, lambda store: load_plan(store, session, device_arch(device), graphs))
     check_arch(plan, device)

@@ -102,9 +102,15 @@ def test_a_session_profiled_without_a_gpu_has_nothing_to_apply(db, gb10, capsys)
            "kernels" in capsys.readouterr().out
 
 
-def test_an_unknown_session_is_one_line(db, no_gpu, capsys):
-    assert main(["export", "99", "--db", str(db)]) == 1
+@pytest.mark.parametrize("command", [["export"], ["apply", "--run"], ["e2e"]])
+def test_an_unknown_session_or_database_is_one_line_before_the_gpu(db, sid, no_gpu, tmp_path,
+                                                                    capsys, command):
+    assert main([*command, "99", "--db", str(db)]) == 1
     assert error_line(capsys).startswith("kforge: no session 99 in ")
+    missing = tmp_path / "none.db"
+    assert main([*command, str(sid), "--db", str(missing)]) == 1
+    assert error_line(capsys).startswith(f"kforge: no kforge database at {missing} ")
+    assert not missing.exists()
 
 
 def test_a_model_that_runs_none_of_the_kernels_is_named_plainly(db, sid):
