@@ -197,9 +197,12 @@ class ExportResult:
 def export(db: Path, request: ExportRequest, on_plan: PlanShown = _unshown) -> ExportResult:
     """Write the session's winners as a package that patches its model with only torch and
     cuda-python installed; needs no GPU."""
-    from kforge.integrate.export import export_session
+    from kforge.integrate.export import export_session, package_folder
     from kforge.integrate.plan import load_plan
 
+    # a bad --name, --arch or an existing folder is said before the plan is shown
+    package_folder(request.session, request.output, name=request.name, archs=request.archs,
+                   force=request.force)
     plan = with_store(db, lambda store: load_plan(store, request.session))
     on_plan(plan, None)
     package = export_session(plan, request.output, name=request.name,

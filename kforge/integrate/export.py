@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,6 +59,27 @@ def package_name(session_id: int) -> str:
     return f"kforge_session_{session_id}"
 
 
+def package_folder(session_id: int, out_dir: Path, *, name: str | None = None,
+                   archs: Iterable[str] = (), force: bool = False) -> Path:
+    """The folder in ``out_dir`` that package ``name`` (None: kforge_session_N) of session
+    ``session_id`` is written to; a KforgeError for an architecture or a name a package cannot
+    have, or a folder already there without ``force``. It reads nothing of the session, so an
+    export checks its arguments with it before it prints or writes anything."""
+    if bad := [a for a in archs if not _ARCH.match(a)]:
+        raise KforgeError(f"{bad[0]!r} is not a GPU architecture: use the form sm_90 or sm_121")
+    name = name or package_name(session_id)
+    if not name.isidentifier() or keyword.iskeyword(name):
+        raise KforgeError(f"{name!r} cannot be a Python package name: use letters, digits and _ "
+                          "(not a Python keyword)")
+    if name in _TAKEN_NAMES:
+        raise KforgeError(f"{name!r} is the name of a module Python or kforge imports: "
+                          f"`import {name}` would find that one; choose another --name")
+    target = out_dir / name
+    if target.exists() and not force:
+        raise KforgeError(f"{target} already exists: remove it or pass --force")
+    return target
+
+
 def export_session(plan: SessionPlan, out_dir: Path, *, name: str | None = None,
                    archs: list[str] | None = None, force: bool = False,
                    compiler: Compiler | None = None) -> Exported:
@@ -69,18 +91,8 @@ def export_session(plan: SessionPlan, out_dir: Path, *, name: str | None = None,
                           f"that beats eager beyond the timing noise (see `kforge apply {sid}` "
                           "or `kforge show`)")
     archs = list(dict.fromkeys(archs or [plan.made_on]))
-    if bad := [a for a in archs if not _ARCH.match(a)]:
-        raise KforgeError(f"{bad[0]!r} is not a GPU architecture: use the form sm_90 or sm_121")
-    name = name or package_name(sid)
-    if not name.isidentifier() or keyword.iskeyword(name):
-        raise KforgeError(f"{name!r} cannot be a Python package name: use letters, digits and _ "
-                          "(not a Python keyword)")
-    if name in _TAKEN_NAMES:
-        raise KforgeError(f"{name!r} is the name of a module Python or kforge imports: "
-                          f"`import {name}` would find that one; choose another --name")
-    target = out_dir / name
-    if target.exists() and not force:
-        raise KforgeError(f"{target} already exists: remove it or pass --force")
+    target = package_folder(sid, out_dir, name=name, archs=archs, force=force)
+    name = target.name
     if compiler is None:
         from kforge.runtime.kernel_loader import default_cache_dir
 

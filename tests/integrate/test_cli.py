@@ -69,6 +69,26 @@ def test_export_of_a_session_without_winners_says_so(db, tmp_path, capsys):
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("option, said", [
+    (["--name", "os"], "'os' is the name of a module Python or kforge imports: `import os` would "
+                       "find that one; choose another --name"),
+    (["--name", "my-kernels"], "'my-kernels' cannot be a Python package name: use letters, "
+                               "digits and _ (not a Python keyword)"),
+    (["--arch", "sm_90", "--arch", "hopper"], "'hopper' is not a GPU architecture: use the form "
+                                              "sm_90 or sm_121"),
+    (["--name", "taken"], "{output}/taken already exists: remove it or pass --force"),
+], ids=["a module's name", "no identifier", "no architecture", "a folder already there"])
+def test_a_bad_export_argument_is_its_one_line_before_the_table(db, sid, tmp_path, capsys,
+                                                                 option, said):
+    output = tmp_path / "out"
+    (output / "taken").mkdir(parents=True)
+    assert main(["export", str(sid), "--db", str(db), "-o", str(output), *option]) == 1
+    printed = capsys.readouterr()
+    assert printed.out == ""
+    assert printed.err == f"kforge: {said.format(output=output)}\n"
+    assert [path.name for path in output.iterdir()] == ["taken"]
+
+
 @pytest.mark.parametrize("command", [["apply", "--run"], ["e2e"]])
 def test_apply_run_and_e2e_need_a_gpu(db, sid, no_gpu, capsys, command):
     assert main([*command, str(sid), "--db", str(db)]) == 1
