@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kforge.capture.profiler import Profile
+from kforge.core.fmt import fmt_left_out
 from kforge.core.opcard import OpCard
 
 # "profile us": the profile's time per call in the model run (GPU time, or CPU time on the CPU),
@@ -40,7 +41,7 @@ def format_table(result: Profile, top: int = 15, targets_only: bool = False) -> 
              for row in rows]
     if len(cards) > len(shown):
         rest = sum(c.share for c in cards) - sum(c.share for c in shown)
-        lines.append(f"... {len(cards) - len(shown)} more op variants ({rest:.1%} of the time)")
+        lines.append(fmt_left_out(len(cards) - len(shown), rest))
     return "\n".join(lines)
 
 

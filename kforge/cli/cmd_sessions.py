@@ -19,6 +19,7 @@ from kforge.cli.common import (
     out,
     row_id,
     session_id,
+    whole,
     with_store,
 )
 from kforge.core.candidate import EvalOutcome
@@ -26,6 +27,7 @@ from kforge.core.fmt import (
     fmt_age,
     fmt_best_over_eager,
     fmt_headline,
+    fmt_left_out,
     fmt_mode_gains,
     fmt_projection,
     fmt_speedup,
@@ -41,6 +43,7 @@ from kforge.store.commands import is_alive, shown_status
 from kforge.store.config import db_path
 from kforge.store.events import ModelMeasured
 from kforge.store.records import CardRow, reading
+from kforge.store.store import MAX_CARDS
 
 if TYPE_CHECKING:
     from kforge.cli.main import Commands
@@ -54,6 +57,10 @@ def register(sub: Commands) -> None:
     p = sub.add_parser("show")
     p.add_argument("session", type=session_id)
     p.add_argument("--targets", action="store_true", help="hide views and copies")
+    p.add_argument("--top", type=whole(1, MAX_CARDS), metavar="N",
+                   help="only the table's first N op cards (targets by time share, then views "
+                        "and copies; a fusion region's op cards under it), and a line on the "
+                        "rest (default: all)")
     p.add_argument("--node", type=row_id, metavar="N",
                    help="show search node N in full: its outcome, kernel, plan and LLM calls")
     p.add_argument("--no-prompt", action="store_true",
@@ -138,13 +145,15 @@ def cmd_show(args: argparse.Namespace) -> int:
                         ("kernel device", True), ("host issue", True), ("tries", True),
                         ("status", False)):
         table.add_column(name, justify="right" if right else "left", overflow="fold")
-    hidden: set[int] = set()
-    untrusted = [f"card {row.id}: {check}" for row in cards if (check := profile_check(row))]
-    for row, region in folded(cards, attrgetter("card")):
+    rows = folded(cards, attrgetter("card"))
+    hidden = {row.id for row, _ in rows if args.targets and not row.card.target}
+    rows = [(row, region) for row, region in rows if row.id not in hidden]
+    shown = first_cards(rows, args.top)
+    shown_ids = {row.id for row, _ in shown}
+    untrusted = [f"card {row.id}: {check}" for row in cards
+                 if row.id in shown_ids and (check := profile_check(row))]
+    for row, region in shown:
         c = row.card
-        if args.targets and not c.target:
-            hidden.add(row.id)
-            continue
         status = row.status + (f": {row.stop_reason}" if row.stop_reason else "")
         status += "".join(f"; confirming node {n.id} ({fmt_speedup(n.speedup)} over eager)"
                           for n in confirming.get(row.id, []))
@@ -160,7 +169,9 @@ def cmd_show(args: argparse.Namespace) -> int:
                       best_cell(row), kernel, host, str(row.spent), *cells(status),
                       style=None if c.target and region is None else "dim")
     out.print(table)
-    if any(region is not None for _, region in folded(cards, attrgetter("card"))):
+    if len(shown) < len(rows):
+        out.print("  " + left_out_line(rows, shown))
+    if any(region is not None for _, region in shown):
         out.print("  (└: an op card inside the fusion region above it; the region's share "
                   "includes its ops')")
     if "profile" in sources:
@@ -171,11 +182,29 @@ def cmd_show(args: argparse.Namespace) -> int:
         out.print(f"  ({len(hidden)} views and copies hidden: they are never targets)")
     for line in untrusted:  # docs/evaluation.md, "Baselines against the profile"
         out.print(f"  no speedup shown for {capped(line, LINE_CHARS)}")
-    if confirming:
+    if shown_ids & confirming.keys():
         out.print("  (confirming: a would-be best under compute-sanitizer and re-timing; 'best vs "
                   "eager' counts confirmed kernels only, and `kforge resume` finishes a "
                   "confirmation a stop cut short)")
     return 0
+
+
+def first_cards(rows: list[tuple[CardRow, CardRow | None]], top: int | None
+                ) -> list[tuple[CardRow, CardRow | None]]:
+    """The first ``top`` (None: all) of the table's rows (``folded``) that stand on their own,
+    each region's with the rows of its op cards under it."""
+    standing = [index for index, (_, region) in enumerate(rows) if region is None]
+    return rows if top is None or top >= len(standing) else rows[:standing[top]]
+
+
+def left_out_line(rows: list[tuple[CardRow, CardRow | None]],
+                  shown: list[tuple[CardRow, CardRow | None]]) -> str:
+    """The line under a table cut to its first cards (``first_cards``): how many op cards it
+    leaves out, and their share of the time (that of the rows standing on their own: a region's
+    includes its op cards')."""
+    left = {row.id for row, _ in rows} - {row.id for row, _ in shown}
+    share = sum(row.card.share for row, region in rows[len(shown):] if region is None)
+    return fmt_left_out(len(left), share, "op card")
 
 
 def measured_line(measured: ModelMeasured, age_s: float) -> str:

@@ -42,6 +42,12 @@ def fmt_age(seconds: float) -> str:
     return f"{seconds / 86400:.0f}d ago"
 
 
+def fmt_left_out(count: int, share: float, what: str = "op variant") -> str:
+    """The last line of a table of the largest ops, on the ``count`` ``what``s it leaves out:
+    ``... 209 more op variants (51.4% of the time)``."""
+    return f"... {count} more {what}{'' if count == 1 else 's'} ({share:.1%} of the time)"
+
+
 def fmt_projection(projected: float, gains: dict[str, float]) -> str:
     """The op cards' projection (Amdahl over their device time: the eagerly run model with
     every winner, over eager) and its error against what each measured mode gained:

@@ -136,6 +136,9 @@ def test_bad_command_lines(db: Path, capsys, argv, said):
     (["profile", "toy", "--seq-lengths", "8,0"], "argument --seq-lengths: must be a whole "
                                                  "number from 1 to 16,777,216, not '0'"),
     (["e2e", "1", "--warmup", str(10**9)], "argument --warmup: must be a whole number from 1"),
+    (["show", "1", "--top", "0"],
+     "show: argument --top: must be a whole number from 1 to 100,000, not '0'"),
+    (["show", "1", "--top", "all"], "argument --top: must be a whole number from 1 to 100,000"),
 ])
 def test_a_number_out_of_its_stated_range_is_one_line(db: Path, capsys, argv, said):
     code, out, err = run(capsys, *argv, "--db", str(db))

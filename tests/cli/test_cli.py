@@ -99,10 +99,11 @@ def test_show_says_which_would_be_best_is_still_confirming(tmp_path: Path, capsy
     assert "confirming: a would-be best" in capsys.readouterr().out
 
 
-def test_show_folds_the_op_cards_of_a_region_under_it(tmp_path: Path, capsys):
+def make_region_db(path: Path) -> int:
+    """A session of the sample cards under a fusion region of add then softmax (90% of the
+    time), which the table lists first with their op cards under it."""
     from kforge.core.opcard import OpCard
 
-    db = tmp_path / "k.db"
     softmax, add, relu, view = sample_cards()
     ref = {"t": "ref", "v": "x0"}
     region = OpCard(op="kforge_region.r_0123456789ab.default", args=[add.args[0], add.args[1]],
@@ -117,12 +118,17 @@ def test_show_folds_the_op_cards_of_a_region_under_it(tmp_path: Path, capsys):
                             "members": sorted([softmax.key, add.key])})
 
     async def go() -> int:
-        async with await Store.open(db) as store:
+        async with await Store.open(path) as store:
             return await store.create_profiled_session(
                 "toy", {}, {"name": "Fake GPU", "arch": "sm_90"},
                 [region, softmax, add, relu, view])
 
-    sid = asyncio.run(go())
+    return asyncio.run(go())
+
+
+def test_show_folds_the_op_cards_of_a_region_under_it(tmp_path: Path, capsys):
+    db = tmp_path / "k.db"
+    sid = make_region_db(db)
     assert main(["show", str(sid), "--db", str(db)]) == 0
     lines = capsys.readouterr().out.splitlines()
     rows = [line for line in lines if "region(add,_softmax)" in line or "_softmax" in line
@@ -131,6 +137,28 @@ def test_show_folds_the_op_cards_of_a_region_under_it(tmp_path: Path, capsys):
     assert sum("└ _softmax" in r for r in rows) == 1 and sum("└ add" in r for r in rows) == 1
     assert not any("_softmax" in r and "└" not in r and "region" not in r for r in rows)
     assert "inside the fusion region above it" in "\n".join(lines)
+
+
+@pytest.mark.parametrize("make, options, ops, rest", [
+    (make_db, ["--top", "2"], ["_softmax", "add"], "2 more op cards (10.0% of the time)"),
+    (make_region_db, ["--top", "1"], ["region(add,_softmax)", "└ add", "└ _softmax"],
+     "2 more op cards (10.0% of the time)"),
+    (make_region_db, ["--top", "2", "--targets"],
+     ["region(add,_softmax)", "└ add", "└ _softmax", "relu"], None),
+    (make_db, ["--top", "2", "--targets"], ["_softmax", "add"], "1 more op card (5.0% of the "
+                                                                "time)"),
+], ids=["cards", "a region with its op cards", "all there is", "targets"])
+def test_show_top_lists_the_first_cards_and_a_line_on_the_rest(tmp_path: Path, capsys, make,
+                                                                options, ops, rest):
+    db = tmp_path / "k.db"
+    sid = make(db)
+    assert main(["show", str(sid), "--db", str(db), *options]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.lstrip().startswith("card "))
+    rows = lines[head + 1:head + 1 + len(ops)]
+    assert all(f" {op} " in row for op, row in zip(ops, rows, strict=True))
+    assert [line for line in lines if "..." in line] == ([f"  ... {rest}"] if rest else [])
+    assert not rest or lines[head + 1 + len(ops)] == f"  ... {rest}"  # right under the table
 
 
 def test_search_settings_persist_for_resume(tmp_path: Path):
