@@ -20,12 +20,16 @@ import aiosqlite
 
 from kforge.errors import KforgeError
 from kforge.store.connection import Connection, StoreOptions, write_event
-from kforge.store.events import EngineAttached, LogLine, SessionStatusChanged
-from kforge.store.records import SessionStatus
+from kforge.store.events import CommandDone, EngineAttached, LogLine, SessionStatusChanged
+from kforge.store.records import CommandKind, SessionStatus
 
 # An engine on another host that has not written a heartbeat for this long is taken to be gone
 # (on this host the process table says whether it still runs).
 ENGINE_STALE_S = 20.0
+# Commands only the engine they were sent to carries out. One left unread by an engine that died
+# is void for the next: a `kforge resume` would otherwise stop or pause at once on a stop or pause
+# sent to its dead predecessor. Prunes and focuses stand: the next engine carries them out.
+FOR_THEIR_ENGINE = (CommandKind.PAUSE, CommandKind.RESUME, CommandKind.STOP)
 
 
 class LeaseLost(KforgeError):
@@ -66,6 +70,7 @@ class EngineLease(Connection):
                 "UPDATE sessions SET engine_pid = ?, engine_host = ?, heartbeat_at = ?, "
                 "updated_at = ? WHERE id = ?", (pid, host, time.time(), time.time(), session_id))
             await write_event(db, session_id, EngineAttached(pid=pid, host=host))
+            await _void_unread_commands(db, session_id)
         self._lease, self._lost = Lease(session_id, pid, host), None
 
     async def heartbeat(self, session_id: int, run_seconds: float) -> None:
@@ -117,6 +122,21 @@ class EngineLease(Connection):
         self._lost = LeaseLost(f"session {lease.session_id} is no longer searched by this "
                                f"engine (its lease is now held by {holder}); stopped writing")
         raise self._lost
+
+
+async def _void_unread_commands(db: aiosqlite.Connection, session_id: int) -> None:
+    """Answer the pending commands that were for the session's previous engine alone, inside the
+    claim's transaction (a command sent after the claim is the new engine's)."""
+    marks = ", ".join("?" * len(FOR_THEIR_ENGINE))
+    cur = await db.execute(
+        f"UPDATE commands SET done_at = ?, result = ? WHERE session_id = ? AND done_at IS NULL "
+        f"AND kind IN ({marks}) RETURNING id, result",
+        (time.time(), "not carried out: the engine it was sent to ended before reading it",
+         session_id, *FOR_THEIR_ENGINE))
+    voided = await cur.fetchall()
+    await cur.close()
+    for row in sorted(voided, key=lambda r: r["id"]):
+        await write_event(db, session_id, CommandDone(command_id=row["id"], result=row["result"]))
 
 
 def engine_alive(pid: int | None, host: str | None, heartbeat_at: float | None) -> bool:

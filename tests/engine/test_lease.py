@@ -14,8 +14,10 @@ from kforge.engine.engine import Engine
 from kforge.errors import KforgeError
 from kforge.store import NodeStatus, SessionStatus, Store
 from kforge.store import lease as lease_module
+from kforge.store.events import CommandDone
 from tests.doubles import FakeEvaluator, FakeProposer
 from tests.engine.test_engine import session
+from tests.store.test_commands import dead_pid
 
 ITERATIONS = 4
 TARGET_OPS = 3
@@ -148,3 +150,25 @@ async def test_an_engine_whose_lease_is_taken_over_stops_writing_at_once(store: 
         assert (session_row.engine_pid, session_row.engine_host) == (4343, "elsewhere")
     finally:
         await other.close()
+
+
+async def test_a_resume_ignores_a_stop_or_pause_its_dead_predecessor_never_read(store: Store):
+    """`kforge stop` (or the TUI's pause) reached the queue of an engine that was killed before
+    it read it: the resumed search must run, not stop or pause at once. A focus sent to the dead
+    engine still counts: the next engine carries it out."""
+    sid = await session(store)
+    relu = next(c for c in await store.list_cards(sid) if c.card.op == "aten.relu.default")
+    await store.claim_engine(sid, pid=dead_pid())
+    await store.set_session_status(sid, SessionStatus.RUNNING)
+    sent = {await store.send_command(sid, kind, arg): kind
+            for kind, arg in (("pause", None), ("stop", None), ("focus", relu.id))}
+    assert await engine(store, sid, FakeEvaluator()).run() == SessionStatus.DONE
+    await all_finished(store, sid)
+    results = {e.record.command_id: e.record.result for e in await store.events_since(0, sid)
+               if isinstance(e.record, CommandDone)}
+    assert set(results) == set(sent)  # each answered once
+    for command_id, kind in sent.items():
+        if kind == "focus":
+            assert results[command_id].startswith("focused on relu")
+        else:
+            assert "not carried out" in results[command_id]
