@@ -40,9 +40,22 @@ def format_table(result: Profile, top: int = 15, targets_only: bool = False) -> 
                        for i, (cell, w) in enumerate(zip(row, widths, strict=True))).rstrip()
              for row in rows]
     if len(cards) > len(shown):
-        rest = sum(c.share for c in cards) - sum(c.share for c in shown)
-        lines.append(fmt_left_out(len(cards) - len(shown), rest))
+        lines.append(fmt_left_out(len(cards) - len(shown), left_out_share(cards, shown)))
     return "\n".join(lines)
+
+
+def left_out_share(cards: list[OpCard], shown: list[OpCard]) -> float:
+    """The share of the time in ``cards`` that the rows of ``shown`` leave out. A region card's
+    share is time its op cards' shares hold too, so the op cards' time is the whole, and a shown
+    region covers the op cards it calls (their calls elsewhere, if any, are taken as covered)."""
+    inside: dict[str, list[str]] = {}  # op card key -> the keys of the regions that call it
+    for card in cards:
+        for member in (card.region or {}).get("members", ()):
+            inside.setdefault(member, []).append(card.key)
+    shown_keys = {c.key for c in shown}
+    covered = sum(c.share for c in shown
+                  if c.region is not None or not shown_keys.intersection(inside.get(c.key, ())))
+    return max(0.0, sum(c.share for c in cards if c.region is None) - covered)
 
 
 def library_shares(result: Profile) -> dict[str, float]:
