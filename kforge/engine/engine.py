@@ -506,6 +506,14 @@ class Engine:
         await self._evaluate(search, node_id, proposal.candidates[0])
 
     async def _evaluate(self, search: CardSearch, node_id: int, candidate: Candidate) -> None:
+        outcome = await self._evaluation(search, node_id, candidate)
+        # the result is in hand: a stop meanwhile must not drop it (the node would be evaluated
+        # again on resume), however long the writes that store it wait for the database
+        await _completed(self._take(search, node_id, candidate, outcome))
+
+    async def _evaluation(self, search: CardSearch, node_id: int,
+                          candidate: Candidate) -> EvalOutcome:
+        """The evaluator's judgement of ``candidate``, an evaluator hiccup retried."""
         assert self._slots is not None
         for attempt in range(INFRA_RETRIES + 1):
             async with self._slots:
@@ -514,6 +522,12 @@ class Engine:
                 break
             await self._log(f"evaluator problem on node {node_id} (try {attempt + 1}): "
                             f"{outcome.summary}", "warning")
+        return outcome
+
+    async def _take(self, search: CardSearch, node_id: int, candidate: Candidate,
+                    outcome: EvalOutcome) -> None:
+        """Record an evaluation: a would-be best is stored as confirming and queued for its
+        confirmation, any other result is stored as it is."""
         if outcome.ok and search.would_lead(outcome.speedup):
             why = self._short_of_baselines(search, outcome)
             provisional = Provisional(search, node_id, candidate, outcome, time.monotonic())

@@ -234,6 +234,42 @@ async def test_a_resume_confirms_what_was_confirming_when_the_engine_stopped(sto
     assert card.best_node == nodes[1.5].id and nodes[1.5].confirmed
 
 
+async def test_a_stop_while_a_would_be_best_is_being_logged_keeps_its_evaluation(
+        store: Store, monkeypatch):
+    """The evaluation is in hand once the engine writes that the kernel would lead: a stop then
+    (that write waiting, say, for another process's lock on the database) must still store the
+    result, not leave the node to be evaluated again on resume."""
+    sid = await session(store)
+    first = engine(store, sid, ScriptedProposer([1.5]), FakeEvaluator(), iterations_per_op=2)
+    writing, written = asyncio.Event(), asyncio.Event()
+    real_log = store.log
+
+    async def slow_log(session_id: int, message: str, level: str = "info") -> None:
+        if "would lead" in message:
+            writing.set()
+            await written.wait()
+        await real_log(session_id, message, level)
+
+    monkeypatch.setattr(store, "log", slow_log)
+    run = asyncio.create_task(first.run())
+    await asyncio.wait_for(writing.wait(), 10)
+    first.request_stop()
+
+    async def closing() -> bool:
+        return first._closing  # the engine is cancelling its work now
+
+    await until(closing)
+    written.set()
+    assert await run == SessionStatus.STOPPED
+    node = (await by_speed(store, sid))[1.5]
+    assert node.status == NodeStatus.CONFIRMING  # its evaluation kept
+    digest = (await store.get_node(node.id)).candidate.digest
+    again = FakeEvaluator()
+    assert await engine(store, sid, ScriptedProposer([1.1]), again,
+                        iterations_per_op=2).run() == SessionStatus.DONE
+    assert digest not in again.evaluated and digest in again.confirmed
+
+
 async def test_the_search_ends_at_its_time_budget_saying_what_is_still_confirming(
         store: Store):
     sid = await session(store)
