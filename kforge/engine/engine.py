@@ -388,10 +388,12 @@ class Engine:
                 await self._log(f"{search.card.short_op}: skipped, cannot time eager: {exc}",
                                 "warning")
                 return False
-            await self.store.update_card(
+            # timed (torch.compile's may have taken minutes): stored even if the search is
+            # stopped meanwhile, not timed again on resume
+            await _completed(self.store.update_card(
                 card_id, eager_us=base.eager.median_us, floor_us=base.floor_us,
                 compiled_us=base.compiled.median_us if base.compiled else None,
-                baseline=base.to_dict())
+                baseline=base.to_dict()))
             await self._reload_card(card_id)
             self._notify()
             return True

@@ -270,6 +270,39 @@ async def test_a_stop_while_a_would_be_best_is_being_logged_keeps_its_evaluation
     assert digest not in again.evaluated and digest in again.confirmed
 
 
+async def test_a_stop_while_a_baseline_is_being_stored_keeps_it(store: Store, monkeypatch):
+    """Eager and torch.compile were timed for an op when the search is stopped while their
+    times are written: they are stored, not timed again on resume."""
+    sid = await session(store)
+    first = engine(store, sid, ScriptedProposer([1.5]), FakeEvaluator(), iterations_per_op=2)
+    writing, written = asyncio.Event(), asyncio.Event()
+    real_update = store.update_card
+
+    async def slow_update(card_id: int, **changes) -> None:
+        if "baseline" in changes:
+            writing.set()
+            await written.wait()
+        await real_update(card_id, **changes)
+
+    monkeypatch.setattr(store, "update_card", slow_update)
+    run = asyncio.create_task(first.run())
+    await asyncio.wait_for(writing.wait(), 10)
+    first.request_stop()
+
+    async def closing() -> bool:
+        return first._closing  # the engine is cancelling its work now
+
+    await until(closing)
+    written.set()
+    assert await run == SessionStatus.STOPPED
+    timed = [c for c in await store.list_cards(sid) if c.baseline is not None]
+    assert len(timed) == 1  # kept
+    again = FakeEvaluator()
+    assert await engine(store, sid, ScriptedProposer([1.1]), again,
+                        iterations_per_op=2).run() == SessionStatus.DONE
+    assert again.baselines == []
+
+
 async def test_the_search_ends_at_its_time_budget_saying_what_is_still_confirming(
         store: Store):
     sid = await session(store)
