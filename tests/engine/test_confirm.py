@@ -234,6 +234,22 @@ async def test_a_resume_confirms_what_was_confirming_when_the_engine_stopped(sto
     assert card.best_node == nodes[1.5].id and nodes[1.5].confirmed
 
 
+async def stopped_while_writing(engine: Engine, writing: asyncio.Event,
+                                written: asyncio.Event) -> SessionStatus:
+    """Run ``engine``, stop it once it is ``writing``, let the write finish (``written``) after
+    the engine has begun cancelling its work, and return how the run ended."""
+    run = asyncio.create_task(engine.run())
+    await asyncio.wait_for(writing.wait(), 10)
+    engine.request_stop()
+
+    async def closing() -> bool:
+        return engine._closing  # the engine is cancelling its work now
+
+    await until(closing)
+    written.set()
+    return await run
+
+
 async def test_a_stop_while_a_would_be_best_is_being_logged_keeps_its_evaluation(
         store: Store, monkeypatch):
     """The evaluation is in hand once the engine writes that the kernel would lead: a stop then
@@ -251,16 +267,7 @@ async def test_a_stop_while_a_would_be_best_is_being_logged_keeps_its_evaluation
         await real_log(session_id, message, level)
 
     monkeypatch.setattr(store, "log", slow_log)
-    run = asyncio.create_task(first.run())
-    await asyncio.wait_for(writing.wait(), 10)
-    first.request_stop()
-
-    async def closing() -> bool:
-        return first._closing  # the engine is cancelling its work now
-
-    await until(closing)
-    written.set()
-    assert await run == SessionStatus.STOPPED
+    assert await stopped_while_writing(first, writing, written) == SessionStatus.STOPPED
     node = (await by_speed(store, sid))[1.5]
     assert node.status == NodeStatus.CONFIRMING  # its evaluation kept
     digest = (await store.get_node(node.id)).candidate.digest
@@ -285,16 +292,7 @@ async def test_a_stop_while_a_baseline_is_being_stored_keeps_it(store: Store, mo
         await real_update(card_id, **changes)
 
     monkeypatch.setattr(store, "update_card", slow_update)
-    run = asyncio.create_task(first.run())
-    await asyncio.wait_for(writing.wait(), 10)
-    first.request_stop()
-
-    async def closing() -> bool:
-        return first._closing  # the engine is cancelling its work now
-
-    await until(closing)
-    written.set()
-    assert await run == SessionStatus.STOPPED
+    assert await stopped_while_writing(first, writing, written) == SessionStatus.STOPPED
     timed = [c for c in await store.list_cards(sid) if c.baseline is not None]
     assert len(timed) == 1  # kept
     again = FakeEvaluator()
